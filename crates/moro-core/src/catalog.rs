@@ -1,0 +1,1 @@
+//! The model configs compiled into the binary (`data/models/*.json`).

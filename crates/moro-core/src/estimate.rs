@@ -1,0 +1,1 @@
+//! The peak-memory model.

@@ -1,0 +1,614 @@
+//! What is being run: the job an estimate is for.
+//!
+//! A [`Job`] is plain data: the method, base-weight quantization, LoRA settings, optimizer,
+//! precision, shape, attention, loss, training stack and parallelism. The CLI and moro.yaml
+//! both build one; [`Job::validate`] checks it against a model before any arithmetic, so the
+//! estimator never sees a zero batch or an overflowing shape.
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::ModelSpec;
+
+/// Training (or inference) method.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Method {
+    /// All parameters trainable.
+    Full,
+    /// LoRA adapters on a frozen 16/32-bit base.
+    Lora,
+    /// LoRA adapters on a frozen quantized (bitsandbytes 4-bit by default) base.
+    Qlora,
+    /// Forward only, with a KV cache.
+    Inference,
+}
+
+impl Method {
+    /// All values, for listings and search.
+    pub const ALL: [Self; 4] = [Self::Full, Self::Lora, Self::Qlora, Self::Inference];
+
+    /// The name used on the command line and in moro.yaml.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Full => "full",
+            Self::Lora => "lora",
+            Self::Qlora => "qlora",
+            Self::Inference => "inference",
+        }
+    }
+
+    /// Whether the job trains adapters (LoRA / QLoRA).
+    #[must_use]
+    pub const fn is_peft(self) -> bool {
+        matches!(self, Self::Lora | Self::Qlora)
+    }
+}
+
+/// Storage of the frozen base weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Quantization {
+    /// The load dtype (see [`Precision`]).
+    None,
+    /// bitsandbytes LLM.int8.
+    Int8,
+    /// bitsandbytes NF4.
+    Nf4,
+    /// NF4 with double quantization of the absmax constants.
+    Nf4Dq,
+    /// bitsandbytes FP4.
+    Fp4,
+    /// FP4 with double quantization.
+    Fp4Dq,
+    /// A GPTQ/AWQ-style int4 checkpoint (group size 128, fp16 scales and packed zeros).
+    Gptq4,
+}
+
+impl Quantization {
+    /// All values.
+    pub const ALL: [Self; 7] =
+        [Self::None, Self::Int8, Self::Nf4, Self::Nf4Dq, Self::Fp4, Self::Fp4Dq, Self::Gptq4];
+
+    /// The name on the command line and in moro.yaml.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Int8 => "int8",
+            Self::Nf4 => "nf4",
+            Self::Nf4Dq => "nf4-dq",
+            Self::Fp4 => "fp4",
+            Self::Fp4Dq => "fp4-dq",
+            Self::Gptq4 => "gptq-int4",
+        }
+    }
+
+    /// Whether this is a bitsandbytes 4-bit type.
+    #[must_use]
+    pub const fn is_bnb4(self) -> bool {
+        matches!(self, Self::Nf4 | Self::Nf4Dq | Self::Fp4 | Self::Fp4Dq)
+    }
+
+    /// Whether the absmax constants are double-quantized.
+    #[must_use]
+    pub const fn double_quant(self) -> bool {
+        matches!(self, Self::Nf4Dq | Self::Fp4Dq)
+    }
+}
+
+/// Which Linear modules get LoRA adapters.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Targets {
+    /// Every Linear in the decoder layers (PEFT `all-linear`: all but the output layer).
+    AllLinear,
+    /// Modules by name (`q_proj`, `v_proj`, ...).
+    Names(Vec<String>),
+}
+
+impl Targets {
+    /// Whether a Linear named `name` is targeted.
+    #[must_use]
+    pub fn matches(&self, name: &str) -> bool {
+        match self {
+            Self::AllLinear => true,
+            Self::Names(v) => v.iter().any(|n| n == name),
+        }
+    }
+}
+
+/// LoRA hyper-parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoraConfig {
+    /// Rank r.
+    pub rank: u64,
+    /// Alpha (scaling = alpha / r); no effect on memory.
+    pub alpha: f64,
+    /// Dropout probability on the adapter input.
+    pub dropout: f64,
+    /// Targeted modules.
+    pub targets: Targets,
+    /// DoRA (weight-decomposed LoRA).
+    pub dora: bool,
+}
+
+impl Default for LoraConfig {
+    fn default() -> Self {
+        Self {
+            rank: 16,
+            alpha: 32.0,
+            dropout: 0.05,
+            targets: Targets::Names(
+                ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+                    .iter()
+                    .map(|s| (*s).to_owned())
+                    .collect(),
+            ),
+            dora: false,
+        }
+    }
+}
+
+/// Optimizer, named as the HF Trainer's `optim`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Optimizer {
+    /// `torch.optim.AdamW`, foreach implementation (a bare AdamW on CUDA).
+    AdamwTorch,
+    /// `torch.optim.AdamW(fused=True)`; the HF Trainer default with torch ≥ 2.8.
+    AdamwTorchFused,
+    /// bitsandbytes 8-bit AdamW.
+    Adamw8bit,
+    /// bitsandbytes paged 8-bit AdamW.
+    PagedAdamw8bit,
+    /// bitsandbytes paged 32-bit AdamW.
+    PagedAdamw32bit,
+    /// HF Adafactor.
+    Adafactor,
+    /// bitsandbytes Lion, 32-bit.
+    Lion32bit,
+    /// bitsandbytes Lion, 8-bit.
+    Lion8bit,
+    /// SGD without momentum.
+    Sgd,
+    /// SGD with momentum.
+    SgdMomentum,
+}
+
+impl Optimizer {
+    /// All values.
+    pub const ALL: [Self; 10] = [
+        Self::AdamwTorch,
+        Self::AdamwTorchFused,
+        Self::Adamw8bit,
+        Self::PagedAdamw8bit,
+        Self::PagedAdamw32bit,
+        Self::Adafactor,
+        Self::Lion32bit,
+        Self::Lion8bit,
+        Self::Sgd,
+        Self::SgdMomentum,
+    ];
+
+    /// The HF Trainer `optim` name.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::AdamwTorch => "adamw_torch",
+            Self::AdamwTorchFused => "adamw_torch_fused",
+            Self::Adamw8bit => "adamw_8bit",
+            Self::PagedAdamw8bit => "paged_adamw_8bit",
+            Self::PagedAdamw32bit => "paged_adamw_32bit",
+            Self::Adafactor => "adafactor",
+            Self::Lion32bit => "lion_32bit",
+            Self::Lion8bit => "lion_8bit",
+            Self::Sgd => "sgd",
+            Self::SgdMomentum => "sgd_momentum",
+        }
+    }
+
+    /// Parses an HF `optim` name (and a few aliases).
+    #[must_use]
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s.trim().to_ascii_lowercase().replace('-', "_").as_str() {
+            "adamw_torch" | "adamw" | "adamw_hf" | "adam" | "adamw_foreach" => Self::AdamwTorch,
+            "adamw_torch_fused" | "adamw_fused" => Self::AdamwTorchFused,
+            "adamw_8bit" | "adamw_bnb_8bit" | "adam8bit" | "adamw8bit" => Self::Adamw8bit,
+            "paged_adamw_8bit" | "paged_adam_8bit" => Self::PagedAdamw8bit,
+            "paged_adamw_32bit" | "paged_adamw" | "paged_adam_32bit" => Self::PagedAdamw32bit,
+            "adafactor" => Self::Adafactor,
+            "lion_32bit" | "lion" => Self::Lion32bit,
+            "lion_8bit" => Self::Lion8bit,
+            "sgd" => Self::Sgd,
+            "sgd_momentum" => Self::SgdMomentum,
+            _ => return None,
+        })
+    }
+
+    /// Whether states live in CUDA managed memory outside PyTorch's counters.
+    #[must_use]
+    pub const fn is_paged(self) -> bool {
+        matches!(self, Self::PagedAdamw8bit | Self::PagedAdamw32bit)
+    }
+}
+
+/// Numeric precision of weights and compute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Precision {
+    /// Weights (and trainable weights) in bf16, no autocast ("pure bf16", litgpt `bf16-true`).
+    Bf16,
+    /// fp32 trainable weights under bf16 autocast (HF Trainer `bf16=True`).
+    Bf16Mixed,
+    /// fp32 trainable weights under fp16 autocast (HF Trainer `fp16=True`).
+    Fp16Mixed,
+    /// Everything fp32.
+    Fp32,
+}
+
+impl Precision {
+    /// All values.
+    pub const ALL: [Self; 4] = [Self::Bf16, Self::Bf16Mixed, Self::Fp16Mixed, Self::Fp32];
+
+    /// The name on the command line and in moro.yaml.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Bf16 => "bf16",
+            Self::Bf16Mixed => "bf16-mixed",
+            Self::Fp16Mixed => "fp16-mixed",
+            Self::Fp32 => "fp32",
+        }
+    }
+
+    /// Whether autocast is on.
+    #[must_use]
+    pub const fn autocast(self) -> bool {
+        matches!(self, Self::Bf16Mixed | Self::Fp16Mixed)
+    }
+}
+
+/// Attention implementation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Attention {
+    /// FlashAttention-2.
+    Flash,
+    /// `torch.nn.functional.scaled_dot_product_attention` (flash / mem-efficient backends).
+    Sdpa,
+    /// Eager attention: materializes the a·s² probabilities.
+    Eager,
+}
+
+impl Attention {
+    /// The name on the command line and in moro.yaml.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Flash => "flash",
+            Self::Sdpa => "sdpa",
+            Self::Eager => "eager",
+        }
+    }
+}
+
+/// The training stack: libraries allocate differently (validation/README.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stack {
+    /// transformers Trainer + PEFT + bitsandbytes (+ accelerate).
+    Hf,
+    /// TRL `SFTTrainer` (current: chunked NLL loss, bf16 LoRA on quantized models).
+    Trl,
+    /// Lightning litgpt (chunked cross-entropy, bf16 adapters, pure bf16).
+    Litgpt,
+    /// torchtune (chunked cross-entropy, bf16 adapters).
+    Torchtune,
+}
+
+impl Stack {
+    /// All values.
+    pub const ALL: [Self; 4] = [Self::Hf, Self::Trl, Self::Litgpt, Self::Torchtune];
+
+    /// The name on the command line and in moro.yaml.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Hf => "hf",
+            Self::Trl => "trl",
+            Self::Litgpt => "litgpt",
+            Self::Torchtune => "torchtune",
+        }
+    }
+}
+
+/// How the loss is computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LossImpl {
+    /// Full logits + `F.cross_entropy` (transformers `ForCausalLMLoss`).
+    Standard,
+    /// TRL ≥ 1.7 `chunked_nll`: lm_head applied in 256-token checkpointed chunks.
+    ChunkedNll,
+    /// litgpt / torchtune chunked cross-entropy (logits in chunks, fp32 upcast per chunk).
+    Chunked,
+    /// Fused linear cross-entropy (Liger, cut-cross-entropy): no T·V buffer.
+    Fused,
+}
+
+/// Whether every sample fills `seq_len` or batches are padded to their longest sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Padding {
+    /// Packed or padding-free: no attention mask.
+    Packed,
+    /// Right-padded to `seq_len`: an attention mask is passed.
+    Padded,
+}
+
+/// How the job is spread over GPUs (one GPU: [`Parallel::single`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Parallel {
+    /// Data-parallel (sharding) degree.
+    pub data_parallel: u64,
+    /// Tensor-parallel degree.
+    pub tensor_parallel: u64,
+    /// Pipeline / sequential layer-placement degree (layers split over GPUs, no data parallel).
+    pub pipeline: u64,
+    /// Sharding strategy over the data-parallel group.
+    pub sharding: Sharding,
+    /// CPU offload of optimizer states (and with ZeRO-3/FSDP, parameters).
+    pub offload: Offload,
+}
+
+impl Parallel {
+    /// One GPU, no sharding.
+    #[must_use]
+    pub const fn single() -> Self {
+        Self {
+            data_parallel: 1,
+            tensor_parallel: 1,
+            pipeline: 1,
+            sharding: Sharding::None,
+            offload: Offload::None,
+        }
+    }
+
+    /// GPUs used.
+    #[must_use]
+    pub const fn gpus(&self) -> u64 {
+        self.data_parallel * self.tensor_parallel * self.pipeline
+    }
+}
+
+impl Default for Parallel {
+    fn default() -> Self {
+        Self::single()
+    }
+}
+
+/// Sharding strategy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Sharding {
+    /// Plain DDP (or one GPU).
+    None,
+    /// DeepSpeed ZeRO-1: optimizer states sharded.
+    Zero1,
+    /// DeepSpeed ZeRO-2: + gradients sharded.
+    Zero2,
+    /// DeepSpeed ZeRO-3: + parameters sharded.
+    Zero3,
+    /// FSDP FULL_SHARD (≈ ZeRO-3).
+    FsdpFullShard,
+    /// FSDP SHARD_GRAD_OP (≈ ZeRO-2).
+    FsdpShardGradOp,
+    /// FSDP HYBRID_SHARD: full shard inside a node, replicate across nodes.
+    FsdpHybridShard,
+}
+
+/// What is offloaded to host memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Offload {
+    /// Nothing.
+    None,
+    /// Optimizer states (and fp32 master weights).
+    Optimizer,
+    /// Optimizer states and parameters (ZeRO-3 / FSDP only).
+    OptimizerAndParams,
+}
+
+/// KV-cache storage for inference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvDtype {
+    /// Same as the compute dtype (bf16/fp16).
+    F16,
+    /// fp8 KV cache.
+    F8,
+    /// fp32 KV cache (fp32 models).
+    F32,
+}
+
+/// A job to estimate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    /// Method.
+    pub method: Method,
+    /// Base-weight quantization (QLoRA defaults to NF4 with double quant).
+    pub quantization: Quantization,
+    /// LoRA settings (LoRA / QLoRA).
+    pub lora: LoraConfig,
+    /// Micro-batch per GPU (inference: concurrent sequences).
+    pub micro_batch_size: u64,
+    /// Tokens per sequence (inference: prompt + generated context).
+    pub seq_len: u64,
+    /// Gradient accumulation steps.
+    pub grad_accum: u64,
+    /// Optimizer.
+    pub optimizer: Optimizer,
+    /// Gradient checkpointing.
+    pub gradient_checkpointing: bool,
+    /// Attention implementation.
+    pub attention: Attention,
+    /// Precision.
+    pub precision: Precision,
+    /// Training stack.
+    pub stack: Stack,
+    /// Loss implementation; `None` = the stack's default.
+    pub loss: Option<LossImpl>,
+    /// Packed or padded batches.
+    pub padding: Padding,
+    /// Parallelism.
+    pub parallel: Parallel,
+    /// KV cache dtype (inference).
+    pub kv_dtype: KvDtype,
+}
+
+impl Default for Job {
+    fn default() -> Self {
+        Self {
+            method: Method::Lora,
+            quantization: Quantization::None,
+            lora: LoraConfig::default(),
+            micro_batch_size: 1,
+            seq_len: 2048,
+            grad_accum: 1,
+            optimizer: Optimizer::AdamwTorchFused,
+            gradient_checkpointing: false,
+            attention: Attention::Sdpa,
+            precision: Precision::Bf16Mixed,
+            stack: Stack::Hf,
+            loss: None,
+            padding: Padding::Packed,
+            parallel: Parallel::single(),
+            kv_dtype: KvDtype::F16,
+        }
+    }
+}
+
+/// Largest sequence length moro accepts (tokens): far above any real context, small
+/// enough that every product of shapes stays inside `u64`.
+pub const MAX_SEQ_LEN: u64 = 1 << 24;
+/// Largest micro-batch moro accepts.
+pub const MAX_BATCH: u64 = 1 << 16;
+
+/// A job that cannot be estimated, naming the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{field}`: {message}")]
+pub struct JobError {
+    /// The offending field, as named in moro.yaml / on the command line.
+    pub field: &'static str,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl Job {
+    /// The loss the stack uses unless told otherwise.
+    #[must_use]
+    pub const fn loss_impl(&self) -> LossImpl {
+        match self.loss {
+            Some(l) => l,
+            None => match self.stack {
+                Stack::Hf => LossImpl::Standard,
+                Stack::Trl => LossImpl::ChunkedNll,
+                Stack::Litgpt | Stack::Torchtune => LossImpl::Chunked,
+            },
+        }
+    }
+
+    /// Checks the job's values against each other and the model.
+    ///
+    /// # Errors
+    /// The first invalid field.
+    pub fn validate(&self, model: &ModelSpec) -> Result<(), JobError> {
+        let err = |field, message: String| Err(JobError { field, message });
+        if self.micro_batch_size == 0 || self.micro_batch_size > MAX_BATCH {
+            return err(
+                "micro_batch_size",
+                format!("must be between 1 and {MAX_BATCH}, got {}", self.micro_batch_size),
+            );
+        }
+        if self.seq_len == 0 || self.seq_len > MAX_SEQ_LEN {
+            return err(
+                "max_seq_length",
+                format!("must be between 1 and {MAX_SEQ_LEN} tokens, got {}", self.seq_len),
+            );
+        }
+        if self.grad_accum == 0 || self.grad_accum > 1 << 20 {
+            return err(
+                "gradient_accumulation_steps",
+                format!("must be between 1 and {}, got {}", 1 << 20, self.grad_accum),
+            );
+        }
+        let p = &self.parallel;
+        for (name, v) in [
+            ("parallel.data_parallel", p.data_parallel),
+            ("parallel.tensor_parallel", p.tensor_parallel),
+            ("parallel.pipeline", p.pipeline),
+        ] {
+            if v == 0 || v > 1 << 16 {
+                return err(name, format!("must be between 1 and 65536, got {v}"));
+            }
+        }
+        if self.method.is_peft() {
+            let r = self.lora.rank;
+            if r == 0 {
+                return err("lora_rank", "must be at least 1".to_owned());
+            }
+            if r > model.hidden_size {
+                return err(
+                    "lora_rank",
+                    format!(
+                        "{r} is above the model's hidden size {}; a rank that large is a full \
+                         fine-tune with extra steps",
+                        model.hidden_size
+                    ),
+                );
+            }
+            if !(0.0..1.0).contains(&self.lora.dropout) {
+                return err("lora_dropout", format!("must be in [0, 1), got {}", self.lora.dropout));
+            }
+            if !self.lora.alpha.is_finite() || self.lora.alpha <= 0.0 {
+                return err("lora_alpha", format!("must be positive, got {}", self.lora.alpha));
+            }
+            if let Targets::Names(names) = &self.lora.targets {
+                if names.is_empty() {
+                    return err("target_modules", "is empty".to_owned());
+                }
+                for n in names {
+                    if !model.linears().any(|(_, l)| &l.name == n) {
+                        let mut known: Vec<&str> =
+                            model.linears().map(|(_, l)| l.name.as_str()).collect();
+                        known.dedup();
+                        return err(
+                            "target_modules",
+                            format!(
+                                "`{n}` is not a Linear of this model ({}); it has: {}",
+                                model.model_type,
+                                known.join(", ")
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+        if self.method == Method::Qlora && !matches!(self.quantization, q if q.is_bnb4() || q == Quantization::Int8 || q == Quantization::Gptq4)
+        {
+            return err(
+                "quantization",
+                "QLoRA needs a quantized base (nf4, nf4-dq, fp4, fp4-dq, int8)".to_owned(),
+            );
+        }
+        if self.method == Method::Full && self.quantization != Quantization::None {
+            return err(
+                "quantization",
+                "a full fine-tune cannot train quantized weights; use lora/qlora or none"
+                    .to_owned(),
+            );
+        }
+        Ok(())
+    }
+}

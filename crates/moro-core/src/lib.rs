@@ -1,0 +1,19 @@
+//! moro-core: the pure heart of moro.
+//!
+//! Everything here is a function over plain data. No files, environment, network,
+//! processes or clock: callers at the edge read bytes and hand them in. CI checks that
+//! this crate's dependency tree has no I/O crates (`.ci/check-core-purity`).
+//!
+//! - [`model`]: the architecture description ([`model::ModelSpec`]) and exact parameter counts.
+//! - [`arch`]: HF `config.json` bytes → [`model::ModelSpec`], per `model_type`.
+//! - [`catalog`]: the configs compiled into the binary.
+//! - [`job`]: what is being run (method, quantization, LoRA, optimizer, shape, stack).
+//! - [`estimate`]: the peak-memory model.
+//! - [`units`]: byte constants and formatting helpers.
+
+pub mod arch;
+pub mod catalog;
+pub mod estimate;
+pub mod job;
+pub mod model;
+pub mod units;

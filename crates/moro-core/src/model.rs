@@ -1,0 +1,353 @@
+//! The architecture description every estimate starts from.
+//!
+//! A [`ModelSpec`] holds the scalar shape of a decoder-only transformer (hidden size, heads,
+//! vocabulary, ...) and, for exact byte accounting, the list of its parameter tensors grouped
+//! by layer kind: every `nn.Linear` with its real input/output width (so LoRA adapters, 4-bit
+//! storage and dequantization transients are computed per module), and the remaining
+//! non-Linear parameters (norms, embeddings, routers' biases).
+//!
+//! It is built from a HF `config.json` by [`crate::arch`], and can be built by hand in tests.
+//! The parameter count ([`ModelSpec::total_params`]) must equal the count transformers
+//! instantiates for the same config, to the parameter (tested against
+//! `docs/model-params.md` for every catalog model).
+
+use serde::{Deserialize, Serialize};
+
+/// Storage dtype of a tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    /// 32-bit float.
+    F32,
+    /// bfloat16.
+    Bf16,
+    /// float16.
+    F16,
+    /// 8-bit float (e4m3 / e5m2).
+    F8,
+    /// 8-bit integer.
+    I8,
+}
+
+impl Dtype {
+    /// Bytes per element.
+    #[must_use]
+    pub const fn bytes(self) -> u64 {
+        match self {
+            Self::F32 => 4,
+            Self::Bf16 | Self::F16 => 2,
+            Self::F8 | Self::I8 => 1,
+        }
+    }
+
+    /// Parses a HF `torch_dtype` / `dtype` string (`bfloat16`, `float16`, `float32`, ...).
+    #[must_use]
+    pub fn from_hf(s: &str) -> Option<Self> {
+        match s.trim().trim_start_matches("torch.") {
+            "float32" | "fp32" | "float" => Some(Self::F32),
+            "bfloat16" | "bf16" => Some(Self::Bf16),
+            "float16" | "fp16" | "half" => Some(Self::F16),
+            "float8_e4m3fn" | "float8_e5m2" | "fp8" => Some(Self::F8),
+            "int8" => Some(Self::I8),
+            _ => None,
+        }
+    }
+}
+
+/// What a Linear belongs to; drives which modules LoRA `all-linear` targets, which a
+/// quantizer replaces, and which take part in a token's forward pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LinearRole {
+    /// Attention projections (q/k/v/o, fused qkv, MLA's low-rank projections).
+    Attention,
+    /// Dense MLP projections.
+    Mlp,
+    /// A routed expert's projection (`count` = number of experts).
+    Expert,
+    /// A shared expert's projection (always active).
+    SharedExpert,
+    /// The MoE router / gate (a Linear, quantized by bitsandbytes, not a LoRA target by
+    /// PEFT's `all-linear`? It is: PEFT excludes only the output layer).
+    Router,
+}
+
+/// One `nn.Linear` (or HF `Conv1D`) kind inside a layer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Linear {
+    /// The module name as PEFT sees it (`q_proj`, `query_key_value`, `c_attn`, `w1`, ...).
+    pub name: String,
+    /// Input features.
+    pub in_features: u64,
+    /// Output features.
+    pub out_features: u64,
+    /// Whether it has a bias vector (`out_features` extra parameters per copy).
+    pub bias: bool,
+    /// How many copies of this Linear one layer holds (experts: `n_routed_experts`).
+    pub count: u64,
+    /// How many of those copies one token passes through (experts: `num_experts_per_tok`;
+    /// otherwise `count`).
+    pub active: u64,
+    /// Its role.
+    pub role: LinearRole,
+}
+
+impl Linear {
+    /// A plain single Linear.
+    #[must_use]
+    pub fn new(name: &str, in_features: u64, out_features: u64, bias: bool, role: LinearRole) -> Self {
+        Self { name: name.to_owned(), in_features, out_features, bias, count: 1, active: 1, role }
+    }
+
+    /// Weight elements of one copy (`in · out`).
+    #[must_use]
+    pub const fn weight_numel(&self) -> u64 {
+        self.in_features * self.out_features
+    }
+
+    /// All parameters of all copies (weights and biases).
+    #[must_use]
+    pub const fn params(&self) -> u64 {
+        self.count * (self.weight_numel() + if self.bias { self.out_features } else { 0 })
+    }
+}
+
+/// Attention kind of a layer, for the KV cache and eager attention's s² term.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttentionKind {
+    /// Attends to the whole context.
+    Full,
+    /// Attends to the last `window` tokens.
+    Sliding {
+        /// The window, in tokens.
+        window: u64,
+    },
+}
+
+/// A group of identical decoder layers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerGroup {
+    /// How many layers of this kind (consecutive or not).
+    pub count: u64,
+    /// The Linears of one such layer.
+    pub linears: Vec<Linear>,
+    /// Parameters of one such layer that are not in a Linear: norm weights/biases, q/k norms,
+    /// MoE correction biases. Kept in the load dtype (never quantized).
+    pub other_params: u64,
+    /// Attention kind of each layer in the group (`count` entries are implied: one kind for
+    /// the whole group).
+    pub attention: AttentionKind,
+    /// Whether this group's MLP is a mixture of experts.
+    pub moe: bool,
+}
+
+impl LayerGroup {
+    /// Parameters of one layer of this group.
+    #[must_use]
+    pub fn layer_params(&self) -> u64 {
+        self.linears.iter().map(Linear::params).sum::<u64>() + self.other_params
+    }
+}
+
+/// Normalization kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NormKind {
+    /// RMSNorm: weight only.
+    RmsNorm,
+    /// LayerNorm: weight and bias.
+    LayerNorm,
+}
+
+/// Mixture-of-experts shape.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoeSpec {
+    /// Routed experts per MoE layer.
+    pub num_experts: u64,
+    /// Routed experts each token passes through.
+    pub experts_per_token: u64,
+    /// Shared (always-on) experts.
+    pub num_shared_experts: u64,
+    /// Intermediate size of one routed expert.
+    pub expert_intermediate_size: u64,
+    /// Intermediate size of the shared expert block (0 when none).
+    pub shared_intermediate_size: u64,
+    /// Leading layers that are dense instead of MoE.
+    pub first_dense_layers: u64,
+}
+
+/// DeepSeek multi-head latent attention shape.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MlaSpec {
+    /// Rank of the query compression (`None`: q is a full projection).
+    pub q_lora_rank: Option<u64>,
+    /// Rank of the joint KV compression (what the KV cache stores).
+    pub kv_lora_rank: u64,
+    /// Rotary part of each query/key head.
+    pub qk_rope_head_dim: u64,
+    /// Non-rotary part of each query/key head.
+    pub qk_nope_head_dim: u64,
+    /// Value head dim.
+    pub v_head_dim: u64,
+}
+
+/// The architecture of a decoder-only language model, as moro needs it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelSpec {
+    /// HF `model_type` (`llama`, `qwen2`, ...; `gemma3` configs resolve to their text part).
+    pub model_type: String,
+    /// Hidden size h.
+    pub hidden_size: u64,
+    /// Dense MLP intermediate size I (MoE layers use [`MoeSpec`]).
+    pub intermediate_size: u64,
+    /// Decoder layers L.
+    pub num_layers: u64,
+    /// Query heads a.
+    pub num_heads: u64,
+    /// Key/value heads k (GQA/MQA; equals `num_heads` for MHA).
+    pub num_kv_heads: u64,
+    /// Head dim d (`head_dim` when the config gives it, else h / a).
+    pub head_dim: u64,
+    /// Vocabulary rows of the embedding V.
+    pub vocab_size: u64,
+    /// Whether lm_head shares the embedding's weight.
+    pub tie_word_embeddings: bool,
+    /// Learned absolute position embeddings (GPT-2: `n_positions`), 0 for rotary models.
+    pub position_embeddings: u64,
+    /// Context length the model was trained for.
+    pub max_position_embeddings: u64,
+    /// Norm kind.
+    pub norm: NormKind,
+    /// Gated (3-matrix, SwiGLU/GeGLU) MLP instead of a 2-matrix one.
+    pub gated_mlp: bool,
+    /// Bias on q/k/v.
+    pub qkv_bias: bool,
+    /// Bias on the attention output projection.
+    pub o_bias: bool,
+    /// Bias on MLP projections.
+    pub mlp_bias: bool,
+    /// Mixture of experts, when the model has one.
+    pub moe: Option<MoeSpec>,
+    /// Multi-head latent attention, when the model has it.
+    pub mla: Option<MlaSpec>,
+    /// Layer groups (dense, MoE, sliding / full attention), whose counts sum to `num_layers`.
+    pub layers: Vec<LayerGroup>,
+    /// Parameters outside the decoder layers that are not the token embedding or lm_head:
+    /// the final norm (and, for multimodal configs, nothing: only the text model is counted).
+    pub final_norm_params: u64,
+    /// The dtype the checkpoint is stored in (`torch_dtype` / `dtype`), bf16 when absent.
+    pub load_dtype: Dtype,
+}
+
+impl ModelSpec {
+    /// Token-embedding parameters (V · h).
+    #[must_use]
+    pub const fn embedding_params(&self) -> u64 {
+        self.vocab_size * self.hidden_size
+    }
+
+    /// lm_head parameters counted separately (0 when tied).
+    #[must_use]
+    pub const fn lm_head_params(&self) -> u64 {
+        if self.tie_word_embeddings { 0 } else { self.vocab_size * self.hidden_size }
+    }
+
+    /// Parameters of all decoder layers.
+    #[must_use]
+    pub fn layer_params(&self) -> u64 {
+        self.layers.iter().map(|g| g.count * g.layer_params()).sum()
+    }
+
+    /// Exact total parameter count (tied lm_head counted once).
+    #[must_use]
+    pub fn total_params(&self) -> u64 {
+        self.embedding_params()
+            + self.lm_head_params()
+            + self.position_embeddings * self.hidden_size
+            + self.layer_params()
+            + self.final_norm_params
+    }
+
+    /// Parameters one token passes through (MoE: router + top-k + shared experts).
+    /// Embedding and lm_head are included (the HF convention used by model cards).
+    #[must_use]
+    pub fn active_params(&self) -> u64 {
+        let layers: u64 = self
+            .layers
+            .iter()
+            .map(|g| {
+                let lin: u64 = g
+                    .linears
+                    .iter()
+                    .map(|l| {
+                        l.active * (l.weight_numel() + if l.bias { l.out_features } else { 0 })
+                    })
+                    .sum();
+                g.count * (lin + g.other_params)
+            })
+            .sum();
+        self.embedding_params()
+            + self.lm_head_params()
+            + self.position_embeddings * self.hidden_size
+            + layers
+            + self.final_norm_params
+    }
+
+    /// All Linear kinds of all layer groups with the number of layers holding them.
+    pub fn linears(&self) -> impl Iterator<Item = (u64, &Linear)> {
+        self.layers.iter().flat_map(|g| g.linears.iter().map(move |l| (g.count, l)))
+    }
+
+    /// Parameters held in decoder-layer Linears (what bitsandbytes quantizes).
+    #[must_use]
+    pub fn linear_params(&self) -> u64 {
+        self.linears().map(|(n, l)| n * l.params()).sum()
+    }
+
+    /// Largest single Linear weight, in elements (one expert for MoE).
+    #[must_use]
+    pub fn largest_linear_numel(&self) -> u64 {
+        self.linears().map(|(_, l)| l.weight_numel()).max().unwrap_or(0)
+    }
+
+    /// Effective q-projection width a·d (MLA: heads × (nope + rope)).
+    #[must_use]
+    pub fn q_width(&self) -> u64 {
+        match &self.mla {
+            Some(m) => self.num_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim),
+            None => self.num_heads * self.head_dim,
+        }
+    }
+
+    /// Width of one of K or V per token (k·d; MLA: heads × head dims after decompression).
+    #[must_use]
+    pub fn kv_width(&self) -> u64 {
+        match &self.mla {
+            Some(m) => self.num_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim),
+            None => self.num_kv_heads * self.head_dim,
+        }
+    }
+
+    /// Elements the KV cache stores per token per layer (K and V together; MLA stores the
+    /// compressed latent plus the rotary key).
+    #[must_use]
+    pub fn kv_cache_elems_per_token_layer(&self) -> u64 {
+        match &self.mla {
+            Some(m) => m.kv_lora_rank + m.qk_rope_head_dim,
+            None => 2 * self.num_kv_heads * self.head_dim,
+        }
+    }
+
+    /// MLP intermediate width one token goes through in an average layer (dense I, or for MoE
+    /// layers top-k · expert I + shared I), used for activation sizes.
+    #[must_use]
+    pub fn active_intermediate(&self, moe_layer: bool) -> u64 {
+        match (&self.moe, moe_layer) {
+            (Some(m), true) => {
+                m.experts_per_token * m.expert_intermediate_size + m.shared_intermediate_size
+            }
+            _ => self.intermediate_size,
+        }
+    }
+}

@@ -1,0 +1,5 @@
+//! The `moro` command line.
+
+fn main() {
+    println!("moro");
+}
