@@ -9,11 +9,13 @@
 //! - [`catalog`]: the configs compiled into the binary.
 //! - [`job`]: what is being run (method, quantization, LoRA, optimizer, shape, stack).
 //! - [`estimate`]: the peak-memory model.
+//! - [`formats`]: safetensors and GGUF header parsers over bytes.
 //! - [`units`]: byte constants and formatting helpers.
 
 pub mod arch;
 pub mod catalog;
 pub mod estimate;
+pub mod formats;
 pub mod job;
 pub mod model;
 pub mod units;

@@ -1,0 +1,1 @@
+//! GGUF headers (placeholder; filled in by the next commit).
