@@ -10,12 +10,14 @@
 //! - [`job`]: what is being run (method, quantization, LoRA, optimizer, shape, stack).
 //! - [`estimate`]: the peak-memory model.
 //! - [`formats`]: safetensors and GGUF header parsers over bytes.
+//! - [`hardware`]: the GPU catalog, [`hardware::Device`] and the `--hardware` parser.
 //! - [`units`]: byte constants and formatting helpers.
 
 pub mod arch;
 pub mod catalog;
 pub mod estimate;
 pub mod formats;
+pub mod hardware;
 pub mod job;
 pub mod model;
 pub mod units;
