@@ -1,1 +1,0 @@
-//! The peak-memory model.

@@ -1,0 +1,344 @@
+//! Saved activations of a decoder layer, built op by op from PyTorch's autograd rules.
+//!
+//! The rule behind every term (memory-anatomy, preamble): an op saves an input only when
+//! the *other* input needs a gradient (`gen_variable_type.py` `guard_for`). A frozen weight
+//! therefore does not make `linear` save its input; a trainable one, or a LoRA adapter
+//! reading the same input, does. The terms per token and layer:
+//!
+//! - **norms** (§5): RMSNorm's `pow` saves the fp32 copy of its input (4h; in an fp32
+//!   stream the input itself); `weight * normed` saves `normed` only when the norm weight is
+//!   trainable. LayerNorm saves its input.
+//! - **linear inputs**: a trainable weight saves the input once per input group (q/k/v share
+//!   one); under autocast an fp32 input is cast per Linear into an *uncached* bf16 copy
+//!   (autocast caches only leaf tensors that require grad: `autocast_mode.cpp`
+//!   `cached_cast`). LoRA adapters (§2.3): plain `lora.Linear` casts x to the adapter dtype
+//!   (`_cast_input_dtype`), so fp32 adapters under autocast each save a private bf16 copy;
+//!   the bnb layer casts only without autocast; `lora_A`'s output (r per adapter) is saved by
+//!   `lora_B`; dropout saves a bool mask and gives each adapter a private copy.
+//! - **attention** (§5, §8): flash / SDPA save q, k, v, out and an fp32 log-sum-exp (4a);
+//!   with a padding mask SDPA expands GQA heads (`repeat_kv`) and the mem-efficient kernel
+//!   keeps an additive bias of 2·s per token; eager saves fp32 and bf16 probabilities,
+//!   `a·s·(4 + 2)` per token.
+//! - **MLP** (§5): SiLU saves its input g, `silu(g)*u` saves silu(g) and u (3 · I);
+//!   a 2-matrix MLP saves the activation's input (I).
+//!
+//! The oracle (../shared/oracle) matches the full-FT bf16 sum of these terms to the byte:
+//! `16h + 4ad + 4kd + 4a + 8I` per token per layer.
+
+use crate::job::{Attention, Job, Method, Padding};
+use crate::model::{LayerGroup, Linear, LinearRole, ModelSpec, NormKind};
+
+use super::Regime;
+
+/// Activation bytes for one GPU's micro-batch.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Activations {
+    /// Saved bytes of every layer (checkpoints only, under gradient checkpointing).
+    all: u64,
+    /// Saved bytes of the largest single layer (recomputed under checkpointing).
+    pub one_layer: u64,
+    /// One layer's checkpoint (its input hidden state).
+    pub checkpoint_one: u64,
+    /// Final norm, lm_head inputs and cast weight copies saved for backward.
+    pub head: u64,
+    /// Autocast's cached bf16 copies of fp32 trainable weights, alive from forward into
+    /// backward (`cached_cast`; memory-anatomy §6 "Autocast weight cache").
+    pub autocast_weight_cache: u64,
+    /// Transient buffers of one layer's backward: FlashAttention's `dq_accum` (fp32),
+    /// `softmax_d`, dq/dk/dv and GQA-expanded dk/dv (`flash_api.cpp` `mha_bwd`), or the MLP's
+    /// gradient intermediates, whichever is larger, plus the residual gradient.
+    /// [DERIVED, memory-anatomy §4]
+    pub layer_backward_transient: u64,
+}
+
+/// Input group of a Linear: which tensor it reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Group {
+    /// q/k/v (and fused qkv, MLA's down projections): the attention norm's output.
+    AttnIn,
+    /// The attention output projection: SDPA's output (already saved by SDPA).
+    AttnOut,
+    /// MLP input projections (gate/up/fc1, experts' gate/up): the MLP norm's output.
+    MlpIn,
+    /// MLP output projection (down/fc2): the product / activation output.
+    MlpOut,
+    /// MoE router: reads the MLP norm's output; tiny output.
+    Router,
+}
+
+fn group_of(l: &Linear, h: u64) -> Group {
+    const ATTN_OUT: [&str; 6] = ["o_proj", "dense", "c_proj", "out_proj", "wo", "o"];
+    const MLP_OUT: [&str; 6] = ["down_proj", "dense_4h_to_h", "c_proj", "fc2", "w2", "down"];
+    match l.role {
+        LinearRole::Router => Group::Router,
+        LinearRole::Attention => {
+            if ATTN_OUT.contains(&l.name.as_str()) && l.out_features == h {
+                Group::AttnOut
+            } else {
+                Group::AttnIn
+            }
+        }
+        LinearRole::Mlp | LinearRole::Expert | LinearRole::SharedExpert => {
+            if MLP_OUT.contains(&l.name.as_str()) || (l.out_features == h && l.in_features != h)
+            {
+                Group::MlpOut
+            } else {
+                Group::MlpIn
+            }
+        }
+    }
+}
+
+/// Shape inputs of the per-layer formula.
+struct Ctx<'a> {
+    m: &'a ModelSpec,
+    job: &'a Job,
+    r: &'a Regime,
+    tp: u64,
+}
+
+impl Ctx<'_> {
+    /// Bytes of a (non-quantized or quantized) Linear's output for a given input dtype.
+    /// Under autocast an `nn.Linear` returns bf16; a bitsandbytes 4-bit Linear returns its
+    /// *input* dtype (`Linear4bit.forward`: `.to(inp_dtype)`, memory-anatomy §1.2).
+    fn linear_out_bytes(&self, input_bytes: u64) -> u64 {
+        let quantized_base = self.job.method != Method::Full && self.r.bnb_lora_layer;
+        if quantized_base {
+            input_bytes
+        } else if self.r.autocast {
+            2
+        } else {
+            input_bytes
+        }
+    }
+
+    /// Bytes per element of attention tensors SDPA saves (autocast casts to bf16).
+    fn attn_bytes(&self, qkv_bytes: u64) -> u64 {
+        if self.r.autocast { 2 } else { qkv_bytes }
+    }
+
+    fn norms_per_layer(g: &LayerGroup, m: &ModelSpec) -> u64 {
+        let per = match m.norm {
+            NormKind::RmsNorm => m.hidden_size,
+            NormKind::LayerNorm => 2 * m.hidden_size,
+        };
+        (g.other_params / per.max(1)).clamp(1, 4)
+    }
+
+    /// Saved bytes per token of one layer of group `g`.
+    #[allow(clippy::too_many_lines)]
+    fn layer_bytes(&self, g: &LayerGroup) -> u64 {
+        let m = self.m;
+        let job = self.job;
+        let r = self.r;
+        let tp = self.tp.max(1);
+        let h = m.hidden_size;
+        let s = r.stream_bytes;
+        let full = job.method == Method::Full;
+        let peft = job.method.is_peft();
+
+        // Norms.
+        let n_norms = Self::norms_per_layer(g, m);
+        let per_norm = match m.norm {
+            NormKind::RmsNorm => 4 * h + if full { s * h } else { 0 },
+            NormKind::LayerNorm => s * h,
+        };
+        let mut bytes = n_norms * per_norm;
+
+        // Linear inputs, per group.
+        let o = self.linear_out_bytes(s);
+        let attn_b = self.attn_bytes(o);
+        let group_input_bytes = |grp: Group| match grp {
+            Group::AttnIn | Group::MlpIn | Group::Router => s,
+            Group::AttnOut => attn_b,
+            Group::MlpOut => o,
+        };
+        let dropout = peft && job.lora.dropout > 0.0;
+        let ab = if r.autocast { 2 } else { r.adapter_bytes };
+        for grp in [Group::AttnIn, Group::AttnOut, Group::MlpIn, Group::MlpOut] {
+            let xb = group_input_bytes(grp);
+            let mut shared = false;
+            let mut private = 0u64;
+            for l in g.linears.iter().filter(|l| group_of(l, h) == grp) {
+                let k_in = l.in_features;
+                // Tokens reaching the module: experts see top-k copies per token.
+                let mult = match l.role {
+                    LinearRole::Expert => l.active,
+                    _ => 1,
+                };
+                let sharded = if matches!(grp, Group::AttnOut | Group::MlpOut) {
+                    k_in / tp
+                } else {
+                    k_in
+                };
+                if full {
+                    if r.autocast && xb == 4 {
+                        private += 2 * sharded * mult;
+                    } else {
+                        shared = true;
+                    }
+                    if l.role == LinearRole::Expert {
+                        // Each expert gathers its tokens into a new tensor it saves.
+                        private += sharded * xb * mult;
+                        shared = false;
+                    }
+                }
+                if peft && job.lora.targets.matches(&l.name) {
+                    let cast_copy = if r.autocast {
+                        let plain_cast = !r.bnb_lora_layer && r.adapter_bytes == 4;
+                        if plain_cast || xb == 4 { Some(2) } else { None }
+                    } else if xb != r.adapter_bytes {
+                        Some(r.adapter_bytes)
+                    } else {
+                        None
+                    };
+                    match (cast_copy, dropout) {
+                        (Some(cb), d) => {
+                            private += sharded * mult * (cb + u64::from(d));
+                        }
+                        (None, true) => private += sharded * mult * (xb + 1),
+                        (None, false) => {
+                            if l.role == LinearRole::Expert {
+                                private += sharded * xb * mult;
+                            } else {
+                                shared = true;
+                            }
+                        }
+                    }
+                    // lora_A's output, saved by lora_B.
+                    bytes += job.lora.rank * ab * mult * l.count.min(1);
+                    if job.lora.dora {
+                        // DoRA saves base_result and lora_result (§2.4).
+                        bytes += 2 * l.out_features / tp * o * mult;
+                    }
+                }
+            }
+            // The attention output is saved by SDPA already.
+            if shared && grp != Group::AttnOut {
+                let width = match grp {
+                    Group::MlpOut => g
+                        .linears
+                        .iter()
+                        .filter(|l| group_of(l, h) == Group::MlpOut)
+                        .map(|l| l.in_features)
+                        .max()
+                        .unwrap_or(0)
+                        / tp,
+                    _ => h,
+                };
+                bytes += width * xb;
+            }
+            bytes += private;
+        }
+
+        // Attention core.
+        let a = m.num_heads / tp;
+        let ad = m.q_width() / tp;
+        let kd = m.kv_width() / tp;
+        let padded = job.padding == Padding::Padded;
+        let seq = job.seq_len;
+        bytes += match job.attention {
+            Attention::Flash | Attention::Sdpa => {
+                let kv = if padded && job.attention == Attention::Sdpa { ad } else { kd };
+                let mut b = attn_b * (2 * ad + 2 * kv) + 4 * a;
+                if padded && job.attention == Attention::Sdpa {
+                    // mem-efficient kernel's additive mask: (b, 1, s, s) in query dtype per
+                    // layer, 2·s bytes per token [DERIVED, memory-anatomy §5].
+                    b += 2 * seq;
+                }
+                if padded && job.attention == Attention::Flash {
+                    // `_upad_input` / `_pad_input` copies: a second copy of out.
+                    b += attn_b * ad;
+                }
+                b
+            }
+            Attention::Eager => {
+                // q, repeat_kv-expanded k and v, fp32 softmax + bf16 probs.
+                attn_b * 3 * ad + a * seq * (4 + attn_b)
+            }
+        };
+
+        // MLP core.
+        let i_act = m.active_intermediate(g.moe) / tp;
+        let mlp_o = o;
+        bytes += if m.gated_mlp { 3 * mlp_o * i_act } else { mlp_o * i_act };
+        if g.moe {
+            if let Some(moe) = &m.moe {
+                // Router probabilities (fp32 softmax over experts) and the weighted expert
+                // outputs `expert_out * routing_weight` (saves expert_out: k·h).
+                bytes += 4 * moe.num_experts + moe.experts_per_token * h * mlp_o;
+            }
+        }
+        bytes
+    }
+
+    /// Backward transient of one layer, per token.
+    fn layer_backward(&self, g: &LayerGroup) -> u64 {
+        let tp = self.tp.max(1);
+        let m = self.m;
+        let ad = m.q_width() / tp;
+        let kd = m.kv_width() / tp;
+        let o = self.linear_out_bytes(self.r.stream_bytes);
+        let attn = match self.job.attention {
+            Attention::Flash | Attention::Sdpa => 12 * ad + 4 * kd,
+            Attention::Eager => 3 * 2 * ad + 8 * (m.num_heads / tp) * self.job.seq_len,
+        };
+        let mlp = 3 * o * m.active_intermediate(g.moe) / tp;
+        attn.max(mlp) + 2 * self.r.stream_bytes * m.hidden_size
+    }
+}
+
+impl Activations {
+    /// Activations of `job` on `model` with tensor-parallel degree `tp`.
+    #[must_use]
+    pub fn new(model: &ModelSpec, job: &Job, r: &Regime, tp: u64) -> Self {
+        let ctx = Ctx { m: model, job, r, tp };
+        let t = job.micro_batch_size * job.seq_len;
+        let h = model.hidden_size;
+        let ckpt = r.stream_bytes * h;
+        let mut all = 0u64;
+        let mut one = 0u64;
+        let mut bwd = 0u64;
+        for g in &model.layers {
+            let layer = ctx.layer_bytes(g);
+            one = one.max(layer);
+            bwd = bwd.max(ctx.layer_backward(g));
+            all += g.count * if job.gradient_checkpointing { ckpt } else { layer };
+        }
+        // Final norm: fp32 copy; trainable weight saves `normed`; lm_head's input is saved
+        // when lm_head is trainable (and cast per autocast from an fp32 stream).
+        let full = job.method == Method::Full;
+        let mut head = 4 * h + if full { r.stream_bytes * h + 2 * h } else { 0 };
+        let mut head_fixed = 0u64;
+        if r.kbit_prepare && r.autocast {
+            // Frozen fp32 lm_head under autocast: `mm` saves the uncached bf16 weight copy
+            // and the bf16 input copy (memory-anatomy §3.3).
+            head += 2 * h;
+            head_fixed += 2 * model.vocab_size * h;
+        }
+        let autocast_weight_cache = if full && r.autocast_weight_copies && r.param_bytes == 4 {
+            // bf16 copies of every matmul weight (lm_head included, embedding excluded).
+            let mm = model.total_params() - model.embedding_params()
+                + if model.tie_word_embeddings { model.embedding_params() } else { 0 };
+            2 * mm / tp
+        } else if job.method.is_peft() && r.autocast && r.adapter_bytes == 4 {
+            2 * r.trainable_params / tp
+        } else {
+            0
+        };
+        Self {
+            all: all * t,
+            one_layer: one * t,
+            checkpoint_one: ckpt * t,
+            head: head * t + head_fixed / tp,
+            autocast_weight_cache,
+            layer_backward_transient: bwd * t,
+        }
+    }
+
+    /// Saved bytes of all layers (checkpoints only under gradient checkpointing).
+    #[must_use]
+    pub const fn all_layers(&self) -> u64 {
+        self.all
+    }
+}

@@ -1,0 +1,105 @@
+//! Logits and loss buffers (memory-anatomy §3).
+
+use crate::job::{Job, LossImpl, Method, Stack};
+use crate::model::ModelSpec;
+
+use super::Regime;
+
+/// TRL's chunk of tokens for `chunked_nll` (`_CHUNKED_LM_HEAD_CHUNK_SIZE = 256`).
+pub const TRL_CHUNK: u64 = 256;
+/// litgpt's `lm_head_chunk_size=128` in its fine-tuning scripts.
+pub const LITGPT_CHUNK: u64 = 128;
+
+/// Loss-side bytes at each moment of a step.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Loss {
+    /// Held at the end of the forward pass.
+    pub forward_peak: u64,
+    /// Short-lived in the forward pass (per-chunk buffers).
+    pub forward_transient: u64,
+    /// Held at the backward of the loss.
+    pub backward_peak: u64,
+    /// Short-lived in the loss backward.
+    pub backward_transient: u64,
+    /// Still held while the last decoder layer runs its backward.
+    pub after_backward: u64,
+}
+
+impl Loss {
+    /// Loss buffers of `job` on `model` (vocabulary split over `tp` GPUs).
+    #[must_use]
+    pub fn new(model: &ModelSpec, job: &Job, r: &Regime, tp: u64) -> Self {
+        let t = job.micro_batch_size * job.seq_len;
+        let v = model.vocab_size / tp.max(1);
+        let h = model.hidden_size;
+        let tv = t * v;
+        let s = r.stream_bytes;
+        match r.loss {
+            // transformers `ForCausalLMLoss`: `logits.float()` then `F.cross_entropy`
+            // (log_softmax saves its fp32 output). Forward: bf16 logits (2) + fp32 copy (4)
+            // + log-probs (4) = 10 B per logit; accelerate's `convert_to_fp32` then makes
+            // another fp32 copy of the outputs under AMP. Backward: log-probs (4) + the
+            // dense nll grad (4) + log_softmax grad (4) = 12 B (memory-anatomy §3.3; the
+            // oracle measures 12·T·ΔV between vocabularies).
+            LossImpl::Standard => {
+                let fwd = if r.compute_bytes == 4 && !r.autocast { 8 } else { 10 };
+                Self {
+                    forward_peak: fwd * tv,
+                    forward_transient: 0,
+                    backward_peak: 12 * tv,
+                    backward_transient: 0,
+                    after_backward: 2 * tv,
+                }
+            }
+            // TRL ≥ 1.7 `chunked_nll`: no logits tensor; the shifted and gathered hidden
+            // states (two T·h copies) are saved; each 256-token chunk runs under
+            // checkpoint with `h.float() @ w.float().t()`: ~4 fp32 chunk×V buffers plus an
+            // fp32 copy of lm_head (and its bf16 autocast re-cast). [DERIVED, §3.4]
+            LossImpl::ChunkedNll => {
+                let chunk = TRL_CHUNK.min(t) * v * 4 * 4;
+                let w = v * h * if r.autocast { 6 } else { 4 };
+                Self {
+                    forward_peak: 2 * t * h * s,
+                    forward_transient: chunk + w,
+                    backward_peak: 2 * t * h * s,
+                    backward_transient: chunk + w + t * h * s,
+                    after_backward: t * h * s,
+                }
+            }
+            // litgpt: the chunked lm_head returns a list of bf16 logit chunks kept alive by
+            // the training loop, and `chunked_cross_entropy` runs per chunk in the logits'
+            // dtype (bf16 log-probs saved). torchtune's `CEWithChunkedOutputLoss` upcasts each
+            // chunk (`logits.float()`), so its saved log-probs are fp32.
+            LossImpl::Chunked => {
+                let (saved, chunk_tokens) = match job.stack {
+                    Stack::Torchtune => (2 + 4, t.div_ceil(8)),
+                    _ => (2 + r.compute_bytes, (LITGPT_CHUNK * job.micro_batch_size).min(t)),
+                };
+                let chunk = chunk_tokens * v * 3 * 4;
+                Self {
+                    forward_peak: saved * tv,
+                    forward_transient: chunk,
+                    backward_peak: saved * tv,
+                    backward_transient: chunk,
+                    after_backward: 2 * tv,
+                }
+            }
+            // Liger fused linear cross-entropy: gradients computed in forward; grad_input
+            // (T·h) and, when lm_head trains, grad_weight (V·h) stay alive; chunk logits of
+            // `next_power_of_2(T / ceil(V/h))` rows (§3.5).
+            LossImpl::Fused => {
+                let grad_w = if job.method == Method::Full { v * h * r.param_bytes } else { 0 };
+                let inc = v.div_ceil(h.max(1)).max(1);
+                let chunk_rows = t.div_ceil(inc).next_power_of_two();
+                let chunk = chunk_rows * v * 4 * 2;
+                Self {
+                    forward_peak: t * h * 2 + grad_w,
+                    forward_transient: chunk,
+                    backward_peak: t * h * 2 + grad_w,
+                    backward_transient: 0,
+                    after_backward: t * h * 2,
+                }
+            }
+        }
+    }
+}

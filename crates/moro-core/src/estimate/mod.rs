@@ -1,0 +1,409 @@
+//! The peak-memory model.
+//!
+//! [`estimate`] turns a [`ModelSpec`], a [`Job`] and a [`DeviceProfile`] into an [`Estimate`]:
+//! the bytes at the peak of a training step (or of inference), broken into components, the
+//! phase of the step where the peak happens, and three levels:
+//!
+//! 1. **allocated**: tensors, as `torch.cuda.max_memory_allocated` counts them;
+//! 2. **reserved**: plus the caching allocator's cached-but-free blocks
+//!    (`torch.cuda.max_memory_reserved`);
+//! 3. **device**: plus the CUDA context and memory outside PyTorch's allocator (bitsandbytes'
+//!    paged optimizer states, NCCL), as nvidia-smi shows it.
+//!
+//! The peak is the maximum over the phases of a step, never the sum of every component's
+//! own maximum. The byte counts come from `docs/memory-anatomy.md` (the code citations there
+//! are repeated on each formula below); see [`activations`] for the per-layer model,
+//! [`weights`] for storage, [`optimizer`] for optimizer states, [`loss`] for the logits
+//! buffers and [`parallel`] for sharding.
+
+pub mod activations;
+pub mod inference;
+pub mod loss;
+pub mod optimizer;
+pub mod parallel;
+pub mod regime;
+pub mod weights;
+
+use serde::{Deserialize, Serialize};
+
+use crate::job::{Job, JobError, Method};
+use crate::model::ModelSpec;
+use crate::units::{MIB, round_up};
+
+pub use regime::Regime;
+
+/// What the device adds to the tensor bytes. Defaults come from
+/// [`DeviceProfile::for_compute_capability`]; `moro calibrate` measures them per machine.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceProfile {
+    /// cuBLAS workspace per handle/stream (PyTorch `CublasHandlePool.cpp`
+    /// `parseChosenWorkspaceSize`: 32 MiB on sm90+, `4096·1024·2 + 16·1024·8` = 8.125 MiB
+    /// otherwise).
+    pub cublas_workspace_bytes: u64,
+    /// CUDA context plus lazily loaded kernels, outside PyTorch's counters. stas00's
+    /// ml-engineering measured 0.47 GiB (lazy loading, which PyTorch sets itself in
+    /// `CUDAHooks::init`) to 0.92 GiB (eager) on an A100; training loads more kernels than
+    /// the bare context, so the default sits between the two. [UNVERIFIED on Hopper]
+    pub cuda_context_bytes: u64,
+    /// Fraction of the churning (non-resident) allocations that the caching allocator keeps
+    /// reserved on top of them at the peak (fragmentation: freed blocks of the wrong size).
+    /// memory-anatomy §7: "several percent up to ~15%" without expandable segments.
+    /// [UNVERIFIED; `moro calibrate` measures it]
+    pub reserve_ratio: f64,
+    /// NCCL / torch.distributed buffers per GPU when more than one GPU takes part
+    /// (ml-engineering: "~1-2GiB … the more GPUs the higher"). [UNVERIFIED]
+    pub nccl_bytes: u64,
+    /// A systematic correction in bytes learned on this machine (`moro calibrate`,
+    /// `moro run` under-predictions), added at the allocated level.
+    pub offset_bytes: i64,
+}
+
+impl Default for DeviceProfile {
+    fn default() -> Self {
+        Self::for_compute_capability(Some((8, 0)))
+    }
+}
+
+impl DeviceProfile {
+    /// Defaults for a GPU of the given compute capability (`None`: unknown, treated as sm80).
+    #[must_use]
+    pub fn for_compute_capability(cc: Option<(u32, u32)>) -> Self {
+        let major = cc.map_or(8, |c| c.0);
+        let cublas = if major >= 9 { 32 * MIB } else { 4096 * 1024 * 2 + 16 * 1024 * 8 };
+        Self {
+            cublas_workspace_bytes: cublas,
+            cuda_context_bytes: 600 * MIB,
+            reserve_ratio: 0.08,
+            nccl_bytes: 1024 * MIB,
+            offset_bytes: 0,
+        }
+    }
+}
+
+/// A named part of the memory at the peak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum Component {
+    /// Base model weights (quantized storage included).
+    Weights,
+    /// LoRA / DoRA adapter weights.
+    Adapters,
+    /// Gradients of the trainable parameters.
+    Gradients,
+    /// Optimizer states (and fp32 master weights where the stack keeps them).
+    OptimizerStates,
+    /// Saved activations (checkpoints, the layer being recomputed, autocast weight copies).
+    Activations,
+    /// Logits and the loss buffers.
+    LogitsLoss,
+    /// KV cache (inference).
+    KvCache,
+    /// Short-lived buffers: dequantized weights, optimizer-step temporaries, backward
+    /// workspaces, cuBLAS workspaces, communication buckets.
+    Transients,
+    /// Cached but free blocks of the caching allocator (reserved level).
+    AllocatorReserve,
+    /// Memory outside PyTorch's allocator: paged optimizer states, NCCL (device level).
+    OutsideAllocator,
+    /// CUDA context (device level).
+    CudaContext,
+}
+
+impl Component {
+    /// Display name.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Weights => "weights",
+            Self::Adapters => "adapters",
+            Self::Gradients => "gradients",
+            Self::OptimizerStates => "optimizer_states",
+            Self::Activations => "activations",
+            Self::LogitsLoss => "logits_loss",
+            Self::KvCache => "kv_cache",
+            Self::Transients => "transients",
+            Self::AllocatorReserve => "allocator_reserve",
+            Self::OutsideAllocator => "outside_allocator",
+            Self::CudaContext => "cuda_context",
+        }
+    }
+}
+
+/// Moments of a step where the peak can happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Weights loaded, nothing else.
+    Load,
+    /// End of the forward pass (all saved activations alive, loss buffers being built).
+    ForwardEnd,
+    /// Backward of the loss: every activation alive plus the loss buffers.
+    LossBackward,
+    /// Backward through the last decoder layer (its transients; the recompute under
+    /// gradient checkpointing).
+    LayerBackward,
+    /// End of backward: all gradients, little else.
+    BackwardEnd,
+    /// The optimizer step.
+    OptimizerStep,
+    /// Inference prefill.
+    Prefill,
+    /// Inference decoding at full context.
+    Decode,
+}
+
+impl Phase {
+    /// Display name.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Load => "load",
+            Self::ForwardEnd => "forward_end",
+            Self::LossBackward => "loss_backward",
+            Self::LayerBackward => "layer_backward",
+            Self::BackwardEnd => "backward_end",
+            Self::OptimizerStep => "optimizer_step",
+            Self::Prefill => "prefill",
+            Self::Decode => "decode",
+        }
+    }
+}
+
+/// Allocated bytes of one phase, by component.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PhaseBytes {
+    /// The phase.
+    pub phase: Phase,
+    /// Components alive in it (allocated level).
+    pub components: Vec<(Component, u64)>,
+}
+
+impl PhaseBytes {
+    /// Total allocated bytes of the phase.
+    #[must_use]
+    pub fn total(&self) -> u64 {
+        self.components.iter().map(|c| c.1).sum()
+    }
+}
+
+/// The result of an estimate. All sizes in bytes, per GPU.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Estimate {
+    /// Peak of `torch.cuda.max_memory_allocated`.
+    pub peak_allocated_bytes: u64,
+    /// Peak of `torch.cuda.max_memory_reserved`.
+    pub peak_reserved_bytes: u64,
+    /// What nvidia-smi shows at the peak.
+    pub peak_device_bytes: u64,
+    /// Where in the step the peak happens.
+    pub peak_phase: Phase,
+    /// Components at the peak, all three levels (allocated components, then the allocator
+    /// reserve, memory outside the allocator and the CUDA context).
+    pub components: Vec<(Component, u64)>,
+    /// Every phase considered, allocated level.
+    pub phases: Vec<PhaseBytes>,
+    /// Host (CPU) memory the job needs for offloaded states and parameters.
+    pub host_bytes: u64,
+    /// Total parameters of the model.
+    pub total_params: u64,
+    /// Trainable parameters.
+    pub trainable_params: u64,
+    /// How the stack was resolved (dtypes, loss, adapter dtype), for display.
+    pub regime: Regime,
+}
+
+impl Estimate {
+    /// Bytes of a component at the peak (0 when absent).
+    #[must_use]
+    pub fn component(&self, c: Component) -> u64 {
+        self.components.iter().filter(|x| x.0 == c).map(|x| x.1).sum()
+    }
+}
+
+/// Estimates the peak memory of `job` on `model` per GPU.
+///
+/// # Errors
+/// The job is invalid for the model ([`Job::validate`]).
+pub fn estimate(model: &ModelSpec, job: &Job, device: &DeviceProfile) -> Result<Estimate, JobError> {
+    job.validate(model)?;
+    let regime = Regime::resolve(model, job);
+    let phases = if job.method == Method::Inference {
+        inference::phases(model, job, &regime, device)
+    } else {
+        training_phases(model, job, &regime, device)
+    };
+    Ok(finish(model, job, &regime, device, phases))
+}
+
+/// Builds the phase list of a training step.
+fn training_phases(
+    model: &ModelSpec,
+    job: &Job,
+    regime: &Regime,
+    device: &DeviceProfile,
+) -> Vec<PhaseBytes> {
+    let par = parallel::Sharded::new(model, job, regime);
+    let w = par.weights;
+    let adapters = par.adapters;
+    let grads = par.grads;
+    let states = par.states_on_gpu;
+    // With gradient accumulation > 1, the gradients of earlier micro-batches stay alive
+    // through the next forward and backward (the Trainer zeroes them only after the
+    // optimizer step; with GA = 1 `zero_grad(set_to_none=True)` frees them first).
+    let grads_in_fwd = if job.grad_accum > 1 { grads } else { 0 };
+
+    let acts = activations::Activations::new(model, job, regime, par.tp);
+    let head = loss::Loss::new(model, job, regime, par.tp);
+    // cuBLAS keeps one workspace per (handle, stream); the autograd engine runs CUDA
+    // backward on its own thread, so forward and backward each own one.
+    // [DERIVED, memory-anatomy §7]
+    let cublas = 2 * device.cublas_workspace_bytes;
+    let dequant = weights::dequant_transient(model, job, regime);
+    let comm = par.comm_buffers;
+    let unit = par.gathered_params;
+
+    let base = |extra: Vec<(Component, u64)>| {
+        let mut c = vec![
+            (Component::Weights, w),
+            (Component::Adapters, adapters),
+            (Component::OptimizerStates, states),
+        ];
+        c.extend(extra);
+        c
+    };
+
+    let mut phases = Vec::new();
+    phases.push(PhaseBytes { phase: Phase::Load, components: base(vec![]) });
+
+    // Sequential layer placement (pipeline) splits the layers and their activations.
+    let all_layers = acts.all_layers() / job.parallel.pipeline.max(1);
+    // End of forward: activations + the forward loss buffers.
+    phases.push(PhaseBytes {
+        phase: Phase::ForwardEnd,
+        components: base(vec![
+            (Component::Gradients, grads_in_fwd),
+            (Component::Activations, all_layers + acts.head + acts.autocast_weight_cache),
+            (Component::LogitsLoss, head.forward_peak),
+            (Component::Transients, cublas + dequant.max(head.forward_transient) + comm + unit),
+        ]),
+    });
+    // Backward of the loss: all activations still alive, the loss's backward buffers.
+    phases.push(PhaseBytes {
+        phase: Phase::LossBackward,
+        components: base(vec![
+            (Component::Gradients, grads_in_fwd),
+            (Component::Activations, all_layers + acts.head + acts.autocast_weight_cache),
+            (Component::LogitsLoss, head.backward_peak),
+            (Component::Transients, cublas + head.backward_transient + comm + unit),
+        ]),
+    });
+    // Backward through the last layer: under checkpointing its activations are recomputed
+    // (the checkpoints of every layer plus one full layer); the layer's backward transients.
+    // lm_head's gradient (full FT) already exists.
+    let layer_acts = if job.gradient_checkpointing {
+        all_layers + acts.one_layer
+    } else {
+        all_layers
+    };
+    phases.push(PhaseBytes {
+        phase: Phase::LayerBackward,
+        components: base(vec![
+            (Component::Gradients, grads_in_fwd.max(par.head_grads)),
+            (Component::Activations, layer_acts + acts.autocast_weight_cache),
+            (Component::LogitsLoss, head.after_backward),
+            (Component::Transients, cublas + acts.layer_backward_transient + dequant + comm + unit),
+        ]),
+    });
+    // End of backward: all gradients exist; one layer's transients may still be live for
+    // the first layer (checkpointing recomputes it too).
+    let first_layer = if job.gradient_checkpointing { acts.one_layer } else { 0 };
+    phases.push(PhaseBytes {
+        phase: Phase::BackwardEnd,
+        components: base(vec![
+            (Component::Gradients, grads),
+            (Component::Activations, first_layer + acts.checkpoint_one + acts.autocast_weight_cache),
+            (Component::Transients, cublas + acts.layer_backward_transient + dequant + comm + unit),
+        ]),
+    });
+    // Optimizer step.
+    phases.push(PhaseBytes {
+        phase: Phase::OptimizerStep,
+        components: base(vec![
+            (Component::Gradients, grads),
+            (Component::Transients, cublas / 2 + par.step_transient + par.step_comm),
+        ]),
+    });
+    phases
+}
+
+/// Picks the peak phase and adds the reserved and device levels.
+fn finish(
+    model: &ModelSpec,
+    job: &Job,
+    regime: &Regime,
+    device: &DeviceProfile,
+    phases: Vec<PhaseBytes>,
+) -> Estimate {
+    let peak = phases
+        .iter()
+        .max_by_key(|p| p.total())
+        .cloned()
+        .unwrap_or(PhaseBytes { phase: Phase::Load, components: vec![] });
+    let offset = device.offset_bytes;
+    let raw = peak.total();
+    let allocated = if offset >= 0 {
+        raw.saturating_add(offset.unsigned_abs())
+    } else {
+        raw.saturating_sub(offset.unsigned_abs())
+    };
+    // Resident allocations (weights, adapters, states, gradients) are made once and sit in
+    // their own segments, rounded to 2 MiB (`kRoundLarge`, CUDACachingAllocator.cpp); the
+    // churning rest (activations, loss buffers, transients) fragments the cache.
+    let resident: u64 = peak
+        .components
+        .iter()
+        .filter(|c| {
+            matches!(
+                c.0,
+                Component::Weights
+                    | Component::Adapters
+                    | Component::OptimizerStates
+                    | Component::Gradients
+                    | Component::KvCache
+            )
+        })
+        .map(|c| c.1)
+        .sum();
+    let churn = allocated.saturating_sub(resident);
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+    let frag = (churn as f64 * device.reserve_ratio.max(0.0)) as u64;
+    let reserve = round_up(allocated + frag, 2 * MIB) - allocated;
+    let reserved = allocated + reserve;
+    let mut outside = optimizer::paged_bytes(model, job, regime);
+    if job.parallel.gpus() > 1 && job.method != Method::Inference {
+        outside += device.nccl_bytes;
+    } else if job.parallel.gpus() > 1 {
+        outside += device.nccl_bytes / 2;
+    }
+    let device_total = reserved + outside + device.cuda_context_bytes;
+    let mut components = peak.components.clone();
+    components.retain(|c| c.1 > 0);
+    components.push((Component::AllocatorReserve, reserve));
+    if outside > 0 {
+        components.push((Component::OutsideAllocator, outside));
+    }
+    components.push((Component::CudaContext, device.cuda_context_bytes));
+    let par = parallel::Sharded::new(model, job, regime);
+    Estimate {
+        peak_allocated_bytes: allocated,
+        peak_reserved_bytes: reserved,
+        peak_device_bytes: device_total,
+        peak_phase: peak.phase,
+        components,
+        phases,
+        host_bytes: par.host_bytes,
+        total_params: model.total_params(),
+        trainable_params: regime.trainable_params,
+        regime: regime.clone(),
+    }
+}

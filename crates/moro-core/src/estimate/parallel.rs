@@ -1,0 +1,192 @@
+//! Resident bytes per GPU under data, tensor and pipeline parallelism, DeepSpeed ZeRO and
+//! FSDP (memory-anatomy §9).
+//!
+//! One GPU is the case `data_parallel = tensor_parallel = pipeline = 1`, no sharding.
+
+use crate::job::{Job, Method, Offload, Sharding};
+use crate::model::ModelSpec;
+
+use super::optimizer;
+use super::weights::{base_weight_bytes, lora_params};
+use super::Regime;
+
+/// Per-GPU resident memory and communication buffers.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sharded {
+    /// Base weights held by this GPU (its shard, or all of them).
+    pub weights: u64,
+    /// Adapter weights.
+    pub adapters: u64,
+    /// Gradients held at the end of backward.
+    pub grads: u64,
+    /// Gradients already produced when the last layer's backward runs (full FT: lm_head).
+    pub head_grads: u64,
+    /// Optimizer states (and fp32 master weights) on this GPU.
+    pub states_on_gpu: u64,
+    /// Temporaries of the optimizer step.
+    pub step_transient: u64,
+    /// Communication buffers during the step (ZeRO-1/2 all-gather of updated params).
+    pub step_comm: u64,
+    /// Reduce buckets (DeepSpeed) / DDP buckets alive in forward and backward.
+    pub comm_buffers: u64,
+    /// Parameters gathered from other shards (ZeRO-3 / FSDP units, current + prefetched).
+    pub gathered_params: u64,
+    /// Host memory for offloaded states / params.
+    pub host_bytes: u64,
+    /// Tensor-parallel degree (activations and logits are split by it).
+    pub tp: u64,
+}
+
+/// Whether the strategy is DeepSpeed's (16-bit model, fp32 master weights in the partitions,
+/// no autocast: `native_amp` is False for DEEPSPEED).
+#[must_use]
+pub const fn is_deepspeed(s: Sharding) -> bool {
+    matches!(s, Sharding::Zero1 | Sharding::Zero2 | Sharding::Zero3)
+}
+
+impl Sharded {
+    /// Resident bytes of `job` per GPU.
+    #[must_use]
+    #[allow(clippy::too_many_lines)]
+    pub fn new(model: &ModelSpec, job: &Job, r: &Regime) -> Self {
+        let p = &job.parallel;
+        let tp = p.tensor_parallel.max(1);
+        let pp = p.pipeline.max(1);
+        let split = tp * pp;
+        let n = p.data_parallel.max(1);
+        let total = model.total_params();
+        let h = model.hidden_size;
+        let full = job.method == Method::Full;
+        let tb = optimizer::trainable_bytes(job, r);
+        let trainable = if full { total } else { lora_params(model, job) };
+        let base = base_weight_bytes(model, job, r) / split;
+        let adapters = if job.method.is_peft() { trainable * r.adapter_bytes / split } else { 0 };
+        let (states, _paged) = optimizer::states(model, job, r);
+        let states = states / split;
+        let grads = trainable * tb / split;
+        let step_transient = optimizer::step_transient(model, job, r) / split;
+        let head_grads = if full {
+            model.vocab_size * h * tb / tp
+        } else {
+            0
+        };
+        let layer_params = model
+            .layers
+            .iter()
+            .map(crate::model::LayerGroup::layer_params)
+            .max()
+            .unwrap_or(0)
+            / tp;
+        let mut s = Self {
+            weights: base,
+            adapters,
+            grads,
+            head_grads,
+            states_on_gpu: states,
+            step_transient,
+            step_comm: 0,
+            comm_buffers: 0,
+            gathered_params: 0,
+            host_bytes: 0,
+            tp,
+        };
+        if job.method == Method::Inference {
+            return s;
+        }
+        let sharding = p.sharding;
+        if n == 1 && sharding == Sharding::None {
+            return s;
+        }
+        // DeepSpeed's "auto" reduce bucket as the HF integration fills it: h·h elements
+        // (`integrations/deepspeed.py`), 16-bit.
+        let bucket = h * h * 2;
+        match sharding {
+            Sharding::None => {
+                // DDP keeps gradient buckets; with `gradient_as_bucket_view=False` (default)
+                // they are a second copy of all gradients.
+                if r.ddp_bucket_copy {
+                    s.comm_buffers = grads;
+                }
+            }
+            Sharding::Zero1 | Sharding::Zero2 | Sharding::Zero3 => {
+                // DeepSpeed: 16-bit params and grads; the partitions hold fp32 master
+                // weights (4), fp32 gradient partitions (4) and Adam states (8):
+                // `estimate_zero2_model_states_mem_needs`: `2 * total_params +
+                // int(18 * total_params / total_gpus)`; ZeRO-3:
+                // `largest_layer_memory + 18·P/N`.
+                let states_fp32 = if full {
+                    let st = optimizer::states(model, job, r).0;
+                    // states are computed at param_bytes; DeepSpeed's are fp32 over fp32 master.
+                    let fp32_states = if r.param_bytes == 2 { st * 2 } else { st };
+                    fp32_states + trainable * (4 + 4)
+                } else {
+                    states + trainable * 4
+                } / split;
+                let p16 = if full { total * 2 / split } else { base };
+                let g16 = trainable * 2 / split;
+                let offload_opt = !matches!(p.offload, Offload::None);
+                let offload_params =
+                    matches!(p.offload, Offload::OptimizerAndParams) && sharding == Sharding::Zero3;
+                s.adapters = if full { 0 } else { adapters };
+                match sharding {
+                    Sharding::Zero1 => {
+                        s.weights = p16;
+                        s.grads = g16;
+                        s.states_on_gpu = if offload_opt { 0 } else { states_fp32 / n };
+                        s.comm_buffers = bucket;
+                        s.step_comm = bucket;
+                    }
+                    Sharding::Zero2 => {
+                        s.weights = p16;
+                        s.grads = g16 / n;
+                        s.states_on_gpu = if offload_opt { 0 } else { states_fp32 / n };
+                        // contiguous_gradients buffer + overlap_comm's second buffer.
+                        s.comm_buffers = 2 * bucket + g16 / n;
+                        s.step_comm = bucket;
+                    }
+                    _ => {
+                        s.weights = if offload_params { 0 } else { p16 / n };
+                        s.grads = g16 / n;
+                        s.states_on_gpu = if offload_opt { 0 } else { states_fp32 / n };
+                        s.comm_buffers = bucket;
+                        // Gathered layer (current + prefetch) in 16-bit.
+                        s.gathered_params = 2 * layer_params * 2;
+                    }
+                }
+                s.head_grads = if full { model.vocab_size * h * 2 / tp / n } else { 0 };
+                s.step_transient = 0;
+                if offload_opt {
+                    // DeepSpeed's estimator: `cpu_mem = total_params * max(4 * total_gpus,
+                    // 16) * additional_buffer_factor` (1.5) for ZeRO-2 with offload.
+                    s.host_bytes = trainable * (4 * n).max(16) * 3 / 2;
+                }
+            }
+            Sharding::FsdpFullShard | Sharding::FsdpShardGradOp | Sharding::FsdpHybridShard => {
+                let group = if sharding == Sharding::FsdpHybridShard { n.min(8) } else { n };
+                let offload = !matches!(p.offload, Offload::None);
+                // Flat parameters in their load dtype, sharded; FSDP's MixedPrecision
+                // all-gathers a unit in bf16 (current + prefetched unit).
+                s.gathered_params = 2 * layer_params * 2;
+                match sharding {
+                    Sharding::FsdpShardGradOp => {
+                        s.weights = base + adapters;
+                    }
+                    _ => {
+                        s.weights = if offload { 0 } else { (base + adapters) / group };
+                    }
+                }
+                s.adapters = 0;
+                s.grads = grads / group;
+                s.states_on_gpu = if offload { 0 } else { states / group };
+                // Unsharded gradients of one unit before reduce-scatter.
+                s.comm_buffers = layer_params * 2;
+                s.head_grads = head_grads / group;
+                s.step_transient = step_transient / group;
+                if offload {
+                    s.host_bytes = (base + adapters + states + grads) / group;
+                }
+            }
+        }
+        s
+    }
+}

@@ -1,0 +1,135 @@
+//! How a training stack lays out dtypes for a job: the facts every formula below depends on.
+//!
+//! The same "QLoRA, bf16" means different bytes in different stacks (memory-anatomy §2.1,
+//! §2.2, §3.4 and validation/README.md "Stacks differ"). [`Regime::resolve`] makes those
+//! choices explicit once, so the formulas stay free of stack conditionals.
+
+use serde::{Deserialize, Serialize};
+
+use crate::job::{Job, LossImpl, Method, Precision, Quantization, Stack};
+use crate::model::ModelSpec;
+
+/// The resolved dtypes and switches of a job on its stack.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Regime {
+    /// Bytes per element of trainable parameters (full FT: 4 under AMP/fp32, 2 pure bf16).
+    pub param_bytes: u64,
+    /// Bytes per element of frozen, unquantized base weights.
+    pub frozen_bytes: u64,
+    /// Bytes per element of the modules a quantized model keeps unquantized (embeddings,
+    /// lm_head, norms, biases): fp32 after PEFT's `prepare_model_for_kbit_training`
+    /// (`other.py`: "param.data = param.data.to(torch.float32)"), else the load dtype.
+    pub unquantized_bytes: u64,
+    /// Bytes per element of the residual stream between layers (fp32 when the embedding
+    /// output is fp32: fp32 weights under autocast, or after the kbit upcast).
+    pub stream_bytes: u64,
+    /// Bytes per element of matmul outputs (2 under autocast or pure 16-bit, else 4).
+    pub compute_bytes: u64,
+    /// Bytes per element of LoRA weights: PEFT casts adapters to fp32
+    /// (`cast_adapter_dtype`, `autocast_adapter_dtype=True`); TRL ≥ 0.26 casts trainable
+    /// params of quantized models to bf16 (`sft_trainer.py`); litgpt and torchtune keep them
+    /// in the model dtype.
+    pub adapter_bytes: u64,
+    /// Autocast on.
+    pub autocast: bool,
+    /// PEFT's `prepare_model_for_kbit_training` was applied (classic QLoRA).
+    pub kbit_prepare: bool,
+    /// Whether lm_head is quantized too (Lightning's bitsandbytes plugin replaces every
+    /// Linear, lm_head included).
+    pub quantize_lm_head: bool,
+    /// The loss implementation.
+    pub loss: LossImpl,
+    /// Trainable parameters.
+    pub trainable_params: u64,
+    /// Whether PEFT wraps a bitsandbytes layer (`lora.bnb.Linear4bit`: no input cast under
+    /// autocast) rather than a plain `nn.Linear` (`_cast_input_dtype` always).
+    pub bnb_lora_layer: bool,
+    /// HF Trainer gives `nn.Embedding` 32-bit states under bnb 8-bit optimizers
+    /// (`trainer.py`: `register_module_override(module, "weight", {"optim_bits": 32})`).
+    pub embedding_states_32bit: bool,
+    /// Autocast keeps bf16 copies of fp32 trainable weights during forward and backward
+    /// (off when DeepSpeed or FSDP hand the layers already-16-bit parameters).
+    pub autocast_weight_copies: bool,
+    /// DDP (HF Trainer) keeps a separate copy of all gradients in its buckets
+    /// (`gradient_as_bucket_view=False` default).
+    pub ddp_bucket_copy: bool,
+}
+
+impl Regime {
+    /// Resolves the regime of `job` on `model`.
+    #[must_use]
+    pub fn resolve(model: &ModelSpec, job: &Job) -> Self {
+        let precision = job.precision;
+        let stack = job.stack;
+                let autocast = precision.autocast();
+        let fp32 = precision == Precision::Fp32;
+        let quantized = job.quantization != Quantization::None;
+        let method = job.method;
+
+        let (param_bytes, frozen_bytes) = match method {
+            Method::Full => match precision {
+                Precision::Bf16 => (2, 2),
+                Precision::Bf16Mixed | Precision::Fp16Mixed | Precision::Fp32 => (4, 4),
+            },
+            Method::Lora | Method::Qlora | Method::Inference => {
+                if fp32 { (4, 4) } else { (2, 2) }
+            }
+        };
+
+        let kbit_prepare = method.is_peft()
+            && quantized
+            && matches!(stack, Stack::Hf)
+            && job.quantization != Quantization::Gptq4;
+        let unquantized_bytes = if kbit_prepare { 4 } else { frozen_bytes };
+
+        let adapter_bytes = match stack {
+            Stack::Litgpt | Stack::Torchtune => {
+                if fp32 {
+                    4
+                } else {
+                    2
+                }
+            }
+            Stack::Trl if quantized => 2,
+            Stack::Hf | Stack::Trl => 4,
+        };
+
+        // The residual stream takes the embedding's output dtype: fp32 when the embedding
+        // weight is fp32 (full FT under AMP, fp32, or after the kbit upcast).
+        // DeepSpeed runs a 16-bit model without autocast; FSDP's MixedPrecision all-gathers
+        // 16-bit parameters: either way layers compute on 16-bit weights.
+        let sharded_16bit = !matches!(job.parallel.sharding, crate::job::Sharding::None)
+            && precision != Precision::Fp32;
+        let stream_bytes = match method {
+            Method::Full if sharded_16bit => 2,
+            Method::Full => param_bytes,
+            _ if kbit_prepare => 4,
+            _ => frozen_bytes,
+        };
+        let compute_bytes = if autocast || !fp32 { 2 } else { 4 };
+
+        let trainable_params = match method {
+            Method::Full => model.total_params(),
+            Method::Lora | Method::Qlora => crate::estimate::weights::lora_params(model, job),
+            Method::Inference => 0,
+        };
+
+        Self {
+            param_bytes,
+            frozen_bytes,
+            unquantized_bytes,
+            stream_bytes,
+            compute_bytes,
+            adapter_bytes,
+            autocast,
+            kbit_prepare,
+            quantize_lm_head: quantized && stack == Stack::Litgpt,
+            loss: job.loss_impl(),
+            trainable_params,
+            bnb_lora_layer: quantized && job.quantization != Quantization::Gptq4,
+            autocast_weight_copies: autocast && !sharded_16bit,
+            embedding_states_32bit: matches!(stack, Stack::Hf | Stack::Trl),
+            ddp_bucket_copy: matches!(stack, Stack::Hf | Stack::Trl),
+        }
+    }
+}

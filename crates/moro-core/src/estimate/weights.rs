@@ -1,0 +1,141 @@
+//! Weight storage: dense, bitsandbytes 4-bit and 8-bit, GPTQ; LoRA / DoRA adapters; the
+//! dequantization transient of a quantized matmul.
+
+use crate::job::{Job, Method, Quantization};
+use crate::model::{Linear, ModelSpec};
+
+use super::Regime;
+
+/// bitsandbytes' 4-bit block size: `functional.py` `quantize_4bit`: `if blocksize is None:
+/// blocksize = 64`; transformers' `BitsAndBytesConfig` has no option to change it.
+pub const NF4_BLOCK: u64 = 64;
+/// Block size of the double-quantized absmax: `quantize_blockwise(_absmax - offset,
+/// blocksize=256)` (`functional.py`).
+pub const NF4_DQ_BLOCK: u64 = 256;
+/// Fixed bytes per 4-bit Linear: the 16-entry fp32 code (64 B) and, with double quant, the
+/// 256-entry fp32 `state2.code` (1 KiB) and the fp32 offset, each rounded up to the
+/// allocator's 512 B minimum block (`kMinBlockSize`, CUDACachingAllocator.cpp).
+const NF4_FIXED: u64 = 512;
+const NF4_DQ_FIXED: u64 = 512 + 1024 + 512;
+/// GPTQ group size (AutoGPTQ / Qwen's Int4 checkpoints: `group_size: 128`).
+pub const GPTQ_GROUP: u64 = 128;
+
+/// Stored bytes of one copy of a quantized Linear weight with `n = in·out` elements.
+///
+/// - NF4/FP4 (memory-anatomy §1.1, bitsandbytes `_ops.py` fake `quantize_4bit`): packed
+///   `n/2` bytes + fp32 absmax per 64-element block; double quant stores the absmax as uint8
+///   plus an fp32 absmax per 256 of them.
+/// - LLM.int8 (§1.4): int8 `CB` (n bytes) + fp32 row scales `SCB` (4·out).
+/// - GPTQ int4: packed `qweight` n/2, fp16 `scales` (in/128)·out, packed int4 `qzeros`
+///   (in/128)·out/2 and int32 `g_idx` (4·in) (AutoGPTQ `QuantLinear.__init__`).
+#[must_use]
+pub fn quantized_linear_bytes(l: &Linear, q: Quantization) -> u64 {
+    let n = l.weight_numel();
+    let blocks = n.div_ceil(NF4_BLOCK);
+    match q {
+        Quantization::Nf4 | Quantization::Fp4 => n.div_ceil(2) + 4 * blocks + NF4_FIXED,
+        Quantization::Nf4Dq | Quantization::Fp4Dq => {
+            n.div_ceil(2) + blocks + 4 * blocks.div_ceil(NF4_DQ_BLOCK) + NF4_DQ_FIXED
+        }
+        Quantization::Int8 => n + 4 * l.out_features,
+        Quantization::Gptq4 => {
+            let groups = l.in_features.div_ceil(GPTQ_GROUP);
+            n.div_ceil(2) + groups * l.out_features * 2 + groups * l.out_features.div_ceil(2)
+                + 4 * l.in_features
+        }
+        Quantization::None => n * 2,
+    }
+}
+
+/// Bytes of the base model's weights as the job holds them (adapters excluded).
+///
+/// Only `nn.Linear` modules inside the decoder layers are quantized; embeddings, norms,
+/// biases and lm_head stay in the load dtype (transformers `replace_with_bnb_linear` and
+/// `get_keys_to_not_convert`, memory-anatomy §1.2) — except under Lightning's plugin, which
+/// quantizes lm_head too.
+#[must_use]
+pub fn base_weight_bytes(model: &ModelSpec, job: &Job, r: &Regime) -> u64 {
+    let total = model.total_params();
+    if job.method == Method::Full {
+        return total * r.param_bytes;
+    }
+    let q = job.quantization;
+    if q == Quantization::None {
+        return total * r.frozen_bytes;
+    }
+    let mut quant = 0u64;
+    let mut quantized_params = 0u64;
+    for (layers, l) in model.linears() {
+        quant += layers * l.count * quantized_linear_bytes(l, q);
+        quantized_params += layers * l.count * l.weight_numel();
+    }
+    if r.quantize_lm_head {
+        let head = Linear::new(
+            "lm_head",
+            model.hidden_size,
+            model.vocab_size,
+            false,
+            crate::model::LinearRole::Mlp,
+        );
+        quant += quantized_linear_bytes(&head, q);
+        if !model.tie_word_embeddings {
+            quantized_params += head.weight_numel();
+        }
+    }
+    quant + (total - quantized_params.min(total)) * r.unquantized_bytes
+}
+
+/// LoRA parameters of the targeted decoder-layer Linears: `r·(in + out)` per adapted copy
+/// (PEFT `LoraLayer.update_layer`: `lora_A = nn.Linear(in_features, r)`,
+/// `lora_B = nn.Linear(r, out_features)`, no biases), plus DoRA's magnitude vector of
+/// `out` per adapted copy (`lora/dora.py`).
+#[must_use]
+pub fn lora_params(model: &ModelSpec, job: &Job) -> u64 {
+    let r = job.lora.rank;
+    model
+        .linears()
+        .filter(|(_, l)| job.lora.targets.matches(&l.name))
+        .map(|(layers, l)| {
+            let per = r * (l.in_features + l.out_features)
+                + if job.lora.dora { l.out_features } else { 0 };
+            layers * l.count * per
+        })
+        .sum()
+}
+
+/// The adapter tensors (numel each), for optimizer-state rules that depend on tensor size.
+pub fn lora_tensors(model: &ModelSpec, job: &Job) -> impl Iterator<Item = (u64, u64)> {
+    // (copies, numel)
+    let r = job.lora.rank;
+    let dora = job.lora.dora;
+    model.linears().filter(move |(_, l)| job.lora.targets.matches(&l.name)).flat_map(
+        move |(layers, l)| {
+            let copies = layers * l.count;
+            let mut v = vec![(copies, r * l.in_features), (copies, r * l.out_features)];
+            if dora {
+                v.push((copies, l.out_features));
+            }
+            v
+        },
+    )
+}
+
+/// The transient of a quantized matmul: the dequantized weight of the largest quantized
+/// Linear in the compute dtype, plus (double quant) its dequantized fp32 absmax.
+///
+/// bitsandbytes ≤ 0.49 `MatMul4Bit.forward`: `F.dequantize_4bit(B, quant_state).to(A.dtype)`;
+/// bnb 0.50 `_dequant_linear_fallback` for M > 1536 rows: `B_dq = torch.empty(shapeB,
+/// dtype=A.dtype)` + `absmax_dq` fp32 (memory-anatomy §1.3). LLM.int8's backward makes
+/// `CB.to(ctx.dtype_A)` (§1.4). GPTQ kernels dequantize to fp16 for large batches.
+#[must_use]
+pub fn dequant_transient(model: &ModelSpec, job: &Job, r: &Regime) -> u64 {
+    if job.quantization == Quantization::None || job.method == Method::Full {
+        return 0;
+    }
+    let mut n = model.largest_linear_numel();
+    if r.quantize_lm_head {
+        n = n.max(model.vocab_size * model.hidden_size);
+    }
+    let absmax = if job.quantization.double_quant() { 4 * n.div_ceil(NF4_BLOCK) } else { 0 };
+    n * r.compute_bytes + absmax
+}
