@@ -1,4 +1,20 @@
 //! HF `config.json` bytes → [`ModelSpec`], one adapter per `model_type`.
+//!
+//! Each adapter mirrors the module tree transformers (or, for `qwen`, the checkpoint's
+//! own remote code) instantiates for that `model_type`: every `nn.Linear`/`Conv1D` with its
+//! real module name, every norm and bias, and the config class's defaults for absent keys.
+//! Counts are checked to the parameter against `docs/model-params.md` (tests/params.rs).
+//!
+//! Sizes are validated (positive, bounded, heads dividing evenly) and every product is
+//! recounted with checked arithmetic, so hostile or corrupt configs give an [`ArchError`]
+//! naming the field instead of a panic or an overflow.
+
+mod cfg;
+mod common;
+mod llama;
+mod qwen2;
+
+use serde_json::Value;
 
 use crate::model::ModelSpec;
 
@@ -26,10 +42,37 @@ pub enum ArchError {
     },
 }
 
+/// Every `model_type` [`parse_config`] accepts.
+pub const SUPPORTED: &[&str] = &[
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+];
+
 /// Parses a HF `config.json`.
 ///
 /// # Errors
-/// See [`ArchError`].
-pub fn parse_config(_bytes: &[u8]) -> Result<ModelSpec, ArchError> {
-    Err(ArchError::Json("not implemented yet".into()))
+/// [`ArchError::Json`] when the bytes are not a JSON object, [`ArchError::Unsupported`] for
+/// an unknown `model_type`, [`ArchError::Field`] for a missing, mistyped or absurd field.
+pub fn parse_config(bytes: &[u8]) -> Result<ModelSpec, ArchError> {
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| ArchError::Json(e.to_string()))?;
+    let Value::Object(map) = &value else {
+        return Err(ArchError::Json("the top level is not an object".to_owned()));
+    };
+    let c = cfg::Cfg::new(map);
+    let model_type = c
+        .opt_str("model_type")?
+        .ok_or_else(|| c.err("model_type", "is missing"))?;
+    match model_type {
+        "llama" | "mistral" | "mixtral" => llama::parse(&c, model_type),
+        "qwen2" | "qwen2_moe" | "qwen3" | "qwen3_moe" => qwen2::parse(&c, model_type),
+        other => Err(ArchError::Unsupported {
+            model_type: other.to_owned(),
+            supported: SUPPORTED.join(", "),
+        }),
+    }
 }
