@@ -29,6 +29,12 @@ macro_rules! row {
 /// Rows of docs/model-params.md's table, one per `data/models` file.
 const CATALOG: &[Row] = &[
     row!(
+        "allenai--OLMo-2-1124-7B",
+        7_298_617_344,
+        6_476_533_760,
+        None
+    ),
+    row!(
         "deepseek-ai--DeepSeek-R1-Distill-Llama-70B",
         70_553_706_496,
         68_452_360_192,
@@ -64,6 +70,63 @@ const CATALOG: &[Row] = &[
         6_525_621_760,
         None
     ),
+    row!(
+        "deepseek-ai--DeepSeek-V2-Lite",
+        15_706_484_224,
+        15_287_053_824,
+        Some(266)
+    ),
+    row!(
+        "deepseek-ai--DeepSeek-V3",
+        671_026_419_200,
+        669_173_061_120,
+        Some(3755)
+    ),
+    row!(
+        "EleutherAI--pythia-1.4b",
+        1_414_647_808,
+        1_208_602_624,
+        None
+    ),
+    row!(
+        "EleutherAI--pythia-12b",
+        11_846_072_320,
+        11_327_027_200,
+        None
+    ),
+    row!("EleutherAI--pythia-160m", 162_322_944, 85_056_000, None),
+    row!("EleutherAI--pythia-1b", 1_011_781_632, 805_736_448, None),
+    row!(
+        "EleutherAI--pythia-2.8b",
+        2_775_208_960,
+        2_517_652_480,
+        None
+    ),
+    row!("EleutherAI--pythia-410m", 405_334_016, 302_311_424, None),
+    row!(
+        "EleutherAI--pythia-6.9b",
+        6_857_302_016,
+        6_444_163_072,
+        None
+    ),
+    row!("EleutherAI--pythia-70m", 70_426_624, 18_915_328, None),
+    row!("google--gemma-2-27b", 27_227_128_320, 26_047_480_320, None),
+    row!("google--gemma-2-2b", 2_614_341_888, 2_024_517_888, None),
+    row!("google--gemma-2-9b", 9_241_705_984, 8_324_201_984, None),
+    row!(
+        "google--gemma-3-12b-it",
+        11_766_034_176,
+        10_759_155_456,
+        None
+    ),
+    row!("google--gemma-3-1b-it", 999_885_952, 697_896_064, None),
+    row!(
+        "google--gemma-3-27b-it",
+        27_009_346_304,
+        25_599_716_096,
+        None
+    ),
+    row!("google--gemma-3-4b-it", 3_880_263_168, 3_209_010_688, None),
     row!(
         "HuggingFaceTB--SmolLM2-1.7B",
         1_711_376_384,
@@ -143,6 +206,25 @@ const CATALOG: &[Row] = &[
         None
     ),
     row!(
+        "microsoft--Phi-3-medium-4k-instruct",
+        13_960_238_080,
+        13_631_902_720,
+        None
+    ),
+    row!(
+        "microsoft--Phi-3-mini-4k-instruct",
+        3_821_079_552,
+        3_624_078_336,
+        None
+    ),
+    row!(
+        "microsoft--Phi-3.5-mini-instruct",
+        3_821_079_552,
+        3_624_078_336,
+        None
+    ),
+    row!("microsoft--phi-4", 14_659_507_200, 13_631_902_720, None),
+    row!(
         "mistralai--Mistral-7B-v0.1",
         7_241_732_096,
         6_979_588_096,
@@ -178,6 +260,25 @@ const CATALOG: &[Row] = &[
         46_440_648_704,
         Some(1288)
     ),
+    row!("openai-community--gpt2", 124_439_808, 85_842_432, None),
+    row!(
+        "openai-community--gpt2-large",
+        774_030_080,
+        709_701_120,
+        None
+    ),
+    row!(
+        "openai-community--gpt2-medium",
+        354_823_168,
+        303_360_000,
+        None
+    ),
+    row!(
+        "openai-community--gpt2-xl",
+        1_557_611_200,
+        1_477_200_000,
+        None
+    ),
     row!("Qwen--Qwen2.5-0.5B", 494_032_768, 357_898_112, None),
     row!("Qwen--Qwen2.5-1.5B", 1_543_714_304, 1_310_340_608, None),
     row!("Qwen--Qwen2.5-14B", 14_770_033_664, 13_212_898_304, None),
@@ -209,6 +310,7 @@ const CATALOG: &[Row] = &[
     row!("Qwen--Qwen3-32B", 32_762_123_264, 31_206_298_624, None),
     row!("Qwen--Qwen3-4B", 4_022_468_096, 3_633_511_936, None),
     row!("Qwen--Qwen3-8B", 8_190_735_360, 6_946_075_648, None),
+    row!("tiiuae--falcon-7b", 6_921_720_704, 6_626_251_648, None),
     row!(
         "TinyLlama--TinyLlama-1.1B-Chat-v1.0",
         1_100_048_384,
@@ -258,4 +360,287 @@ fn check(rows: &[Row]) {
 #[test]
 fn catalog_configs_match_exact_counts() {
     check(CATALOG);
+}
+
+fn catalog_spec(file: &str) -> moro_core::model::ModelSpec {
+    let (_, json, ..) = CATALOG.iter().find(|r| r.0 == file).expect("row exists");
+    parse_config(json.as_bytes()).expect("parses")
+}
+
+/// `(full layers, sliding layers with their window)` of a spec.
+fn attention_split(spec: &moro_core::model::ModelSpec) -> (u64, Vec<(u64, u64)>) {
+    use moro_core::model::AttentionKind;
+    let mut full = 0;
+    let mut sliding = Vec::new();
+    for g in &spec.layers {
+        match g.attention {
+            AttentionKind::Full => full += g.count,
+            AttentionKind::Sliding { window } => sliding.push((g.count, window)),
+        }
+    }
+    (full, sliding)
+}
+
+#[test]
+fn sliding_window_patterns_follow_the_configs() {
+    // Mistral 7B v0.1: sliding_window 4096 on all 32 layers; v0.3: null → full.
+    assert_eq!(
+        attention_split(&catalog_spec("mistralai--Mistral-7B-v0.1")),
+        (0, vec![(32, 4096)])
+    );
+    assert_eq!(
+        attention_split(&catalog_spec("mistralai--Mistral-7B-v0.3")),
+        (32, vec![])
+    );
+    // Gemma 2 9B: 42 layers alternating, even indices sliding (4096).
+    assert_eq!(
+        attention_split(&catalog_spec("google--gemma-2-9b")),
+        (21, vec![(21, 4096)])
+    );
+    // Gemma 3 27B: 62 layers, every 6th global → 10 global, 52 local (window 1024).
+    assert_eq!(
+        attention_split(&catalog_spec("google--gemma-3-27b-it")),
+        (10, vec![(52, 1024)])
+    );
+    // Gemma 3 1B: 26 layers → 4 global, 22 local (window 512).
+    assert_eq!(
+        attention_split(&catalog_spec("google--gemma-3-1b-it")),
+        (4, vec![(22, 512)])
+    );
+    // Qwen2.5: use_sliding_window false → all full.
+    assert_eq!(
+        attention_split(&catalog_spec("Qwen--Qwen2.5-7B")),
+        (28, vec![])
+    );
+}
+
+#[test]
+fn moe_and_mla_shapes() {
+    use moro_core::model::LinearRole;
+    let v3 = catalog_spec("deepseek-ai--DeepSeek-V3");
+    let moe = v3.moe.as_ref().expect("moe");
+    assert_eq!(
+        (
+            moe.num_experts,
+            moe.experts_per_token,
+            moe.num_shared_experts
+        ),
+        (256, 8, 1)
+    );
+    assert_eq!(moe.first_dense_layers, 3);
+    let dense: u64 = v3.layers.iter().filter(|g| !g.moe).map(|g| g.count).sum();
+    assert_eq!(dense, 3);
+    // MLA caches kv_lora_rank + qk_rope_head_dim = 512 + 64 per token per layer.
+    assert_eq!(v3.kv_cache_elems_per_token_layer(), 576);
+
+    let mixtral = catalog_spec("mistralai--Mixtral-8x7B-v0.1");
+    let names: Vec<(&str, LinearRole, u64, u64)> = mixtral
+        .linears()
+        .map(|(_, l)| (l.name.as_str(), l.role, l.count, l.active))
+        .collect();
+    assert!(names.contains(&("gate", LinearRole::Router, 1, 1)));
+    assert!(names.contains(&("w1", LinearRole::Expert, 8, 2)));
+    assert!(names.contains(&("w2", LinearRole::Expert, 8, 2)));
+    assert!(names.contains(&("w3", LinearRole::Expert, 8, 2)));
+}
+
+#[test]
+fn linear_names_are_the_hf_module_names() {
+    let names = |file: &str| -> Vec<String> {
+        let mut v: Vec<String> = catalog_spec(file)
+            .linears()
+            .map(|(_, l)| l.name.clone())
+            .collect();
+        v.dedup();
+        v
+    };
+    assert_eq!(
+        names("microsoft--Phi-3-mini-4k-instruct"),
+        ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
+    );
+    assert_eq!(
+        names("openai-community--gpt2"),
+        ["c_attn", "c_proj", "c_fc", "c_proj"]
+    );
+    assert_eq!(
+        names("EleutherAI--pythia-70m"),
+        ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"]
+    );
+    assert_eq!(
+        names("meta-llama--Llama-3.1-8B"),
+        [
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj"
+        ]
+    );
+    assert_eq!(
+        names("deepseek-ai--DeepSeek-V2-Lite")[..4],
+        ["q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"]
+    );
+}
+
+#[test]
+fn defaults_for_absent_keys() {
+    use moro_core::model::Dtype;
+    // GPT-2's config has no torch_dtype (fp32 checkpoint) and no tie key (ties by default).
+    let gpt2 = catalog_spec("openai-community--gpt2");
+    assert_eq!(gpt2.load_dtype, Dtype::F32);
+    assert!(gpt2.tie_word_embeddings);
+    // phi-4 has no torch_dtype: bf16.
+    assert_eq!(catalog_spec("microsoft--phi-4").load_dtype, Dtype::Bf16);
+    // Gemma 2 has no tie key: ties by default.
+    assert!(catalog_spec("google--gemma-2-2b").tie_word_embeddings);
+    assert_eq!(catalog_spec("google--gemma-2-2b").load_dtype, Dtype::F32);
+    // Falcon-7B: FalconConfig ties by default; multi_query → one KV head.
+    let falcon = catalog_spec("tiiuae--falcon-7b");
+    assert!(falcon.tie_word_embeddings);
+    assert_eq!((falcon.num_kv_heads, falcon.head_dim), (1, 64));
+}
+
+mod errors {
+    use moro_core::arch::{ArchError, parse_config};
+
+    const LLAMA: &str = r#"{"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+        "vocab_size": 32000}"#;
+
+    fn with(key: &str, value: serde_json::Value) -> Vec<u8> {
+        let mut v: serde_json::Value = serde_json::from_str(LLAMA).unwrap();
+        v[key] = value;
+        serde_json::to_vec(&v).unwrap()
+    }
+
+    fn field_of(r: Result<moro_core::model::ModelSpec, ArchError>) -> String {
+        match r {
+            Err(ArchError::Field { field, .. }) => field,
+            other => panic!("expected a field error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn baseline_parses() {
+        assert_eq!(
+            parse_config(LLAMA.as_bytes()).unwrap().total_params(),
+            6_738_415_616
+        );
+    }
+
+    #[test]
+    fn absurd_sizes_name_the_field() {
+        assert_eq!(
+            field_of(parse_config(&with("hidden_size", (1u64 << 40).into()))),
+            "hidden_size"
+        );
+        assert_eq!(
+            field_of(parse_config(&with("hidden_size", 0.into()))),
+            "hidden_size"
+        );
+        assert_eq!(
+            field_of(parse_config(&with("vocab_size", (-5).into()))),
+            "vocab_size"
+        );
+        assert_eq!(
+            field_of(parse_config(&with("num_hidden_layers", "32".into()))),
+            "num_hidden_layers"
+        );
+        assert_eq!(
+            field_of(parse_config(&with("intermediate_size", 1.5.into()))),
+            "intermediate_size"
+        );
+        assert_eq!(
+            field_of(parse_config(&with("num_key_value_heads", 5.into()))),
+            "num_key_value_heads"
+        );
+        assert_eq!(
+            field_of(parse_config(&with("num_attention_heads", 96.into()))),
+            "num_attention_heads"
+        );
+        assert_eq!(
+            field_of(parse_config(&with("tie_word_embeddings", 1.into()))),
+            "tie_word_embeddings"
+        );
+        assert_eq!(
+            field_of(parse_config(&with("torch_dtype", "complex64".into()))),
+            "torch_dtype"
+        );
+    }
+
+    #[test]
+    fn missing_fields_are_named() {
+        let mut v: serde_json::Value = serde_json::from_str(LLAMA).unwrap();
+        v.as_object_mut().unwrap().remove("num_hidden_layers");
+        let e = parse_config(&serde_json::to_vec(&v).unwrap()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "config.json: field `num_hidden_layers` is missing"
+        );
+        assert_eq!(
+            field_of(parse_config(br#"{"hidden_size": 4}"#)),
+            "model_type"
+        );
+    }
+
+    #[test]
+    fn huge_but_bounded_sizes_error_instead_of_overflowing() {
+        let json = r#"{"model_type": "mixtral", "hidden_size": 262144, "intermediate_size": 2097152,
+            "num_hidden_layers": 4096, "num_attention_heads": 4096, "vocab_size": 8388608,
+            "num_local_experts": 16384, "num_experts_per_tok": 2}"#;
+        assert!(matches!(
+            parse_config(json.as_bytes()),
+            Err(ArchError::Field { .. })
+        ));
+    }
+
+    #[test]
+    fn unsupported_and_malformed() {
+        match parse_config(br#"{"model_type": "t5"}"#) {
+            Err(ArchError::Unsupported {
+                model_type,
+                supported,
+            }) => {
+                assert_eq!(model_type, "t5");
+                for t in [
+                    "llama",
+                    "gemma3",
+                    "deepseek_v3",
+                    "gpt_bigcode",
+                    "bloom",
+                    "qwen",
+                ] {
+                    assert!(supported.split(", ").any(|s| s == t), "{t} listed");
+                }
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(parse_config(b"not json"), Err(ArchError::Json(_))));
+        assert!(matches!(parse_config(b"[1, 2]"), Err(ArchError::Json(_))));
+    }
+
+    #[test]
+    fn layer_types_must_match_layer_count() {
+        let json = r#"{"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072,
+            "num_hidden_layers": 2, "num_attention_heads": 16, "num_key_value_heads": 8,
+            "vocab_size": 151936, "layer_types": ["full_attention"]}"#;
+        assert_eq!(field_of(parse_config(json.as_bytes())), "layer_types");
+    }
+
+    proptest::proptest! {
+        /// Any integer in any size field gives a spec or an error, never a panic; a returned
+        /// spec can be counted without overflow.
+        #[test]
+        fn never_panics(key in proptest::sample::select(vec![
+            "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "vocab_size", "head_dim", "max_position_embeddings",
+        ]), value in proptest::num::i64::ANY) {
+            if let Ok(spec) = parse_config(&with(key, value.into())) {
+                let _ = spec.total_params();
+                let _ = spec.active_params();
+            }
+        }
+    }
 }

@@ -69,6 +69,11 @@ impl<'a> Cfg<'a> {
         self.map.get(key).filter(|v| !v.is_null())
     }
 
+    /// Whether `key` is written at all, even as `null`.
+    pub(crate) fn has_key(&self, key: &str) -> bool {
+        self.map.contains_key(key)
+    }
+
     /// Whether `key` is present and not null.
     pub(crate) fn has(&self, key: &str) -> bool {
         self.get(key).is_some()

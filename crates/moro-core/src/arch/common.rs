@@ -54,7 +54,7 @@ pub(crate) fn heads(
     let hd = match (c.opt_dim("head_dim", MAX_HEAD_DIM)?, hd_default) {
         (Some(hd), _) | (None, Some(hd)) => hd,
         (None, None) => {
-            if hidden % nh != 0 {
+            if !hidden.is_multiple_of(nh) {
                 let key = nh_keys.first().copied().unwrap_or("num_attention_heads");
                 return Err(c.err(key, format!("({nh}) must divide hidden size ({hidden})")));
             }
@@ -140,9 +140,10 @@ pub(crate) fn max_positions(c: &Cfg<'_>, keys: &[&str], default: u64) -> Result<
     Ok(default)
 }
 
-/// The sliding window (`sliding_window`), when set. Accepts 0 as "none" (some configs write 0).
+/// The sliding window (`sliding_window`): `default` when the key is absent, none when it is
+/// `null` (Mistral v0.3 writes `"sliding_window": null` to switch the 4096 default off) or 0.
 pub(crate) fn sliding_window(c: &Cfg<'_>, default: Option<u64>) -> Result<Option<u64>, ArchError> {
-    if !c.has("sliding_window") {
+    if !c.has_key("sliding_window") {
         return Ok(default);
     }
     match c.uint_or("sliding_window", 0, MAX_POSITIONS)? {

@@ -9,10 +9,21 @@
 //! recounted with checked arithmetic, so hostile or corrupt configs give an [`ArchError`]
 //! naming the field instead of a panic or an overflow.
 
+mod bloom;
 mod cfg;
 mod common;
+mod deepseek;
+mod falcon;
+mod gemma;
+mod gpt2;
+mod gpt_neox;
 mod llama;
+mod olmo2;
+mod phi;
+mod phi3;
+mod qwen1;
 mod qwen2;
+mod stablelm;
 
 use serde_json::Value;
 
@@ -51,6 +62,22 @@ pub const SUPPORTED: &[&str] = &[
     "qwen2_moe",
     "qwen3",
     "qwen3_moe",
+    "gemma",
+    "gemma2",
+    "gemma3",
+    "gemma3_text",
+    "phi3",
+    "deepseek_v2",
+    "deepseek_v3",
+    "olmo2",
+    "gpt2",
+    "gpt_bigcode",
+    "gpt_neox",
+    "falcon",
+    "phi",
+    "stablelm",
+    "qwen",
+    "bloom",
 ];
 
 /// Parses a HF `config.json`.
@@ -70,6 +97,18 @@ pub fn parse_config(bytes: &[u8]) -> Result<ModelSpec, ArchError> {
     match model_type {
         "llama" | "mistral" | "mixtral" => llama::parse(&c, model_type),
         "qwen2" | "qwen2_moe" | "qwen3" | "qwen3_moe" => qwen2::parse(&c, model_type),
+        "gemma" | "gemma2" | "gemma3" | "gemma3_text" => gemma::parse(&c, model_type),
+        "phi3" => phi3::parse(&c),
+        "deepseek_v2" | "deepseek_v3" => deepseek::parse(&c, model_type),
+        "olmo2" => olmo2::parse(&c),
+        "gpt2" | "gpt_bigcode" => gpt2::parse(&c, model_type),
+        "gpt_neox" => gpt_neox::parse(&c),
+        // Falcon's original remote-code checkpoints say RefinedWeb / RefinedWebModel.
+        "falcon" | "RefinedWeb" | "RefinedWebModel" => falcon::parse(&c),
+        "phi" => phi::parse(&c),
+        "stablelm" => stablelm::parse(&c),
+        "qwen" => qwen1::parse(&c),
+        "bloom" => bloom::parse(&c),
         other => Err(ArchError::Unsupported {
             model_type: other.to_owned(),
             supported: SUPPORTED.join(", "),

@@ -101,7 +101,7 @@ struct Moe {
 impl Moe {
     /// Whether layer `i` is sparse.
     fn sparse(&self, i: u64) -> bool {
-        !self.dense_only.contains(&i) && (i + 1) % self.step == 0
+        !self.dense_only.contains(&i) && (i + 1).is_multiple_of(self.step)
     }
 }
 

@@ -1,0 +1,54 @@
+//! `olmo2` (OLMo 2): Llama-style projections, but no input norms: RMSNorm
+//! `post_attention_layernorm` and `post_feedforward_layernorm` (2H per layer), plus
+//! `q_norm` over the full query width nh·hd and `k_norm` over kv·hd (transformers
+//! `Olmo2Attention`), and a final `norm`.
+
+use super::ArchError;
+use super::cfg::{Cfg, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS, MAX_VOCAB};
+use super::common::{self, Plan};
+use crate::model::{Dtype, LinearRole, ModelSpec, NormKind};
+
+/// Parses an `olmo2` config.
+pub(crate) fn parse(c: &Cfg<'_>) -> Result<ModelSpec, ArchError> {
+    let hidden = c.dim("hidden_size", MAX_HIDDEN)?;
+    let intermediate = c.dim("intermediate_size", MAX_INTERMEDIATE)?;
+    let layers = c.dim("num_hidden_layers", MAX_LAYERS)?;
+    let vocab = c.dim("vocab_size", MAX_VOCAB)?;
+    let heads = common::heads(
+        c,
+        hidden,
+        &["num_attention_heads"],
+        "num_key_value_heads",
+        None,
+        None,
+    )?;
+    // Olmo2Config: attention_bias defaults to false.
+    let bias = c.bool_or("attention_bias", false)?;
+    common::build(Plan {
+        model_type: "olmo2".to_owned(),
+        hidden,
+        intermediate,
+        heads,
+        vocab,
+        // Olmo2Config: tie_word_embeddings defaults to false.
+        tie: c.bool_or("tie_word_embeddings", false)?,
+        position_embeddings: 0,
+        max_positions: common::max_positions(c, &["max_position_embeddings"], 2048)?,
+        norm: NormKind::RmsNorm,
+        gated_mlp: true,
+        qkv_bias: bias,
+        o_bias: bias,
+        mlp_bias: false,
+        attn: common::qkvo(hidden, heads, bias, bias),
+        layer_other: 2 * hidden + heads.q() + heads.kv_width(),
+        dense_mlp: common::gated_mlp(hidden, intermediate, false, LinearRole::Mlp),
+        moe: None,
+        kinds: common::all_full(c, layers)?
+            .into_iter()
+            .map(|a| (a, false))
+            .collect(),
+        mla: None,
+        final_norm: hidden,
+        load_dtype: c.dtype_or(Dtype::Bf16)?,
+    })
+}
