@@ -2,8 +2,14 @@
 //!
 //! - [`classify`] (pure): exit status + output tail → [`classify::Outcome`].
 //! - [`ladder`] (pure): the five-level heal ladder over [`moro_core::job::Job`].
-//! - [`run`](mod@run) (I/O): the supervisor: spawns the command in its own process group,
-//!   streams its output, forwards signals, heals, journals.
+//! - [`run`](mod@run) (I/O): the supervisor loop and its public API, [`run()`].
+//! - `process` (I/O): one attempt: own process group, live output, signal forwarding.
+//! - [`journal`] (I/O): `.moro/heal.jsonl`, the per-machine correction file, atomic writes.
 
 pub mod classify;
+pub mod journal;
 pub mod ladder;
+mod process;
+pub mod run;
+
+pub use run::{End, Error, HookError, Hooks, ResumeFlag, RunOptions, RunReport, run};
