@@ -20,4 +20,6 @@ pub mod formats;
 pub mod hardware;
 pub mod job;
 pub mod model;
+pub mod targets;
 pub mod units;
+pub mod validation;

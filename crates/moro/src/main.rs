@@ -1,5 +1,50 @@
-//! The `moro` command line.
+//! The `moro` command line: glue between the pure core (`moro-core`) and the outside world
+//! (files, environment, GPUs, processes, the network).
+//!
+//! Exit codes: 0 success (and "fits"), 1 "does not fit" / no configuration fits, 2 invalid
+//! input or a runtime error. `moro run` exits with the child's final exit code.
 
-fn main() {
-    println!("moro");
+mod commands;
+mod error;
+mod hw;
+mod jobargs;
+mod output;
+mod resolve;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Predict peak GPU memory of LLM fine-tuning and inference before touching a GPU.
+#[derive(Debug, Parser)]
+#[command(name = "moro", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Predict the peak memory of a job, broken down by component.
+    Estimate(commands::estimate::EstimateArgs),
+    /// Compare predictions with measured runs (validation/measured.jsonl schema).
+    Validate(commands::validate::ValidateArgs),
+    /// List the models in the embedded catalog.
+    Models(commands::models::ModelsArgs),
+    /// Show the GPUs on this machine.
+    Hardware(commands::hardware::HardwareArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Estimate(a) => commands::estimate::run(a),
+        Command::Validate(a) => commands::validate::run(a),
+        Command::Models(a) => commands::models::run(a),
+        Command::Hardware(a) => commands::hardware::run(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => error::report(&e),
+    }
 }

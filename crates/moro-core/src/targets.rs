@@ -1,0 +1,97 @@
+//! LoRA target names across naming schemes.
+//!
+//! PEFT matches `target_modules` against module names by suffix, so the names depend on the
+//! architecture (`q_proj`, fused `qkv_proj` / `query_key_value` / `c_attn`, `dense`, ...).
+//! litgpt names its targets by role (`query`, `key`, `value`, `projection`, `mlp`, `head`)
+//! and torchtune uses `output_proj`. [`resolve`] maps a requested list onto the Linears the
+//! model really has, so the same recipe means the same adapters on every model.
+
+use crate::job::Targets;
+use crate::model::{LinearRole, ModelSpec};
+
+/// Roles a module name can stand for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Q,
+    K,
+    V,
+    O,
+    MlpIn,
+    MlpOut,
+}
+
+fn roles_of_request(name: &str) -> &'static [Role] {
+    match name {
+        "query" | "q" | "wq" | "q_proj" => &[Role::Q],
+        "key" | "k" | "wk" | "k_proj" => &[Role::K],
+        "value" | "v" | "wv" | "v_proj" => &[Role::V],
+        "qkv_proj" | "query_key_value" | "c_attn" | "wqkv" | "w_pack" | "attn" => {
+            &[Role::Q, Role::K, Role::V]
+        }
+        "projection" | "o" | "wo" | "o_proj" | "output_proj" | "out_proj" | "dense" => &[Role::O],
+        "mlp" | "ffn" | "feed_forward" => &[Role::MlpIn, Role::MlpOut],
+        "gate_proj" | "up_proj" | "gate_up_proj" | "w1" | "w3" | "fc1" | "c_fc"
+        | "dense_h_to_4h" | "fc_in" => &[Role::MlpIn],
+        "down_proj" | "w2" | "fc2" | "dense_4h_to_h" | "fc_out" => &[Role::MlpOut],
+        _ => &[],
+    }
+}
+
+fn roles_of_linear(name: &str, role: LinearRole, out: u64, h: u64) -> &'static [Role] {
+    match role {
+        LinearRole::Router => &[],
+        LinearRole::Attention => match name {
+            "q_proj" | "q_a_proj" | "q_b_proj" | "query" => &[Role::Q],
+            "k_proj" | "key" => &[Role::K],
+            "v_proj" | "value" => &[Role::V],
+            "kv_a_proj_with_mqa" | "kv_b_proj" => &[Role::K, Role::V],
+            "o_proj" | "dense" | "out_proj" | "wo" | "c_proj" => &[Role::O],
+            _ if out == h => &[Role::O],
+            _ => &[Role::Q, Role::K, Role::V],
+        },
+        LinearRole::Mlp | LinearRole::Expert | LinearRole::SharedExpert => match name {
+            "down_proj" | "w2" | "fc2" | "dense_4h_to_h" | "c_proj" | "fc_out" => &[Role::MlpOut],
+            _ if out == h => &[Role::MlpOut],
+            _ => &[Role::MlpIn],
+        },
+    }
+}
+
+/// Maps requested target names onto the model's Linear names. Names the model has are kept
+/// as they are; role names (`query`, `mlp`, `output_proj`, ...) become the model's Linears of
+/// that role; `head`/`lm_head` is dropped (adapters on lm_head are not modelled); unknown
+/// names are kept so that [`crate::job::Job::validate`] reports them.
+#[must_use]
+pub fn resolve(model: &ModelSpec, targets: &Targets) -> Targets {
+    let Targets::Names(names) = targets else { return targets.clone() };
+    let h = model.hidden_size;
+    let mut out: Vec<String> = Vec::new();
+    let mut push = |n: &str| {
+        if !out.iter().any(|o| o == n) {
+            out.push(n.to_owned());
+        }
+    };
+    for name in names {
+        let lower = name.to_ascii_lowercase();
+        if matches!(lower.as_str(), "head" | "lm_head" | "output") {
+            continue;
+        }
+        if model.linears().any(|(_, l)| &l.name == name) {
+            push(name);
+            continue;
+        }
+        let wanted = roles_of_request(&lower);
+        let mut found = false;
+        for (_, l) in model.linears() {
+            let has = roles_of_linear(&l.name, l.role, l.out_features, h);
+            if has.iter().any(|r| wanted.contains(r)) {
+                push(&l.name);
+                found = true;
+            }
+        }
+        if !found {
+            push(name);
+        }
+    }
+    Targets::Names(out)
+}

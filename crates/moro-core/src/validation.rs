@@ -1,0 +1,805 @@
+//! Reading measured peak-memory rows (`validation/measured.jsonl`, schema in
+//! `validation/README.md`) into jobs, and scoring predictions against them.
+//!
+//! The rows were written by people, from papers, READMEs and benchmark tables: their fields
+//! are partly free text (`"bf16 AMP (--bf16 True)"`, `"bnb.optim.PagedAdamW (32-bit,
+//! paged)"`). [`interpret`] reads them by keywords, the same way for every row, so that rows
+//! moro has never seen are read the same way. What a row describes that moro does not model
+//! (other PEFT methods, encoder models, activation offload) is skipped with a reason.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::hardware;
+use crate::job::{
+    Attention, Job, LoraConfig, LossImpl, Method, Offload, Optimizer, Padding, Parallel,
+    Precision, Quantization, Sharding, Stack, Targets,
+};
+use crate::units::GIB;
+
+/// Which level of the answer a row measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Metric {
+    /// `torch.cuda.max_memory_allocated` (and torchtune's "peak active").
+    Allocated,
+    /// `torch.cuda.max_memory_reserved`.
+    Reserved,
+    /// nvidia-smi / NVML: the whole device.
+    Device,
+}
+
+/// A row moro can predict.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Row {
+    /// Row id.
+    pub id: String,
+    /// Source key (for per-source summaries).
+    pub source: String,
+    /// The model id as the row names it.
+    pub model_id: String,
+    /// The job.
+    pub job: Job,
+    /// Which level was measured.
+    pub metric: Metric,
+    /// Measured bytes per GPU (`per_gpu_gib` × 2^30).
+    pub measured_bytes: u64,
+    /// The run did not fit (`outcome: OOM`).
+    pub oom: bool,
+    /// Memory of the GPU, when known (for OOM rows).
+    pub gpu_memory_bytes: Option<u64>,
+    /// Compute capability of the GPU, when known.
+    pub compute_capability: Option<(u32, u32)>,
+    /// `confidence` field.
+    pub confidence: String,
+}
+
+fn text(v: &Value, key: &str) -> String {
+    match v.get(key) {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Null) | None => String::new(),
+        Some(other) => other.to_string(),
+    }
+}
+
+fn num(v: &Value, key: &str) -> Option<u64> {
+    match v.get(key)? {
+        Value::Number(n) => n.as_u64().or_else(|| {
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            n.as_f64().filter(|f| *f >= 0.0 && f.is_finite()).map(|f| f.round() as u64)
+        }),
+        Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+}
+
+fn truthy(v: &Value, key: &str) -> Option<bool> {
+    match v.get(key)? {
+        Value::Bool(b) => Some(*b),
+        Value::String(s) => {
+            let l = s.to_ascii_lowercase();
+            if l.starts_with("true") || l.starts_with("yes") || l.starts_with("on") {
+                Some(true)
+            } else if l.starts_with("false") || l.starts_with("no") || l.starts_with("off") {
+                Some(false)
+            } else {
+                None
+            }
+        }
+        _ => None,
+    }
+}
+
+/// Reads a row. `Err` carries the reason it is skipped.
+///
+/// # Errors
+/// A one-line reason the row cannot be predicted.
+#[allow(clippy::too_many_lines)]
+pub fn interpret(v: &Value) -> Result<Row, String> {
+    let id = text(v, "id");
+    let method_text = text(v, "method").to_ascii_lowercase();
+    let framework = format!("{} {}", text(v, "framework"), text(v, "framework_version"));
+    let fw = framework.to_ascii_lowercase();
+    let model_id = text(v, "model_hf_id");
+    if model_id.is_empty() {
+        return Err("no model_hf_id".into());
+    }
+    let quant_text = v
+        .get("quantization")
+        .map(|q| q.to_string().to_ascii_lowercase())
+        .unwrap_or_default();
+    let quant_text = if quant_text == "null" { String::new() } else { quant_text };
+    let double_quant = v
+        .get("quantization")
+        .and_then(|q| q.get("double_quant"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+
+    let method = match method_text.as_str() {
+        "full" => Method::Full,
+        "lora" => Method::Lora,
+        "qlora" | "gptq-lora" => Method::Qlora,
+        m if m.starts_with("inference") => Method::Inference,
+        other => return Err(format!("PEFT method `{other}` is not modelled (LoRA/QLoRA only)")),
+    };
+    let quantization = if quant_text.is_empty() {
+        Quantization::None
+    } else if quant_text.contains("gptq") {
+        Quantization::Gptq4
+    } else if quant_text.contains("int8") || quant_text.contains("8-bit") {
+        Quantization::Int8
+    } else if quant_text.contains("nf4") || quant_text.contains("4-bit") || quant_text.contains("fp4") {
+        let fp4 = quant_text.contains("fp4") && !quant_text.contains("nf4");
+        match (fp4, double_quant || quant_text.contains("torchao")) {
+            (true, true) => Quantization::Fp4Dq,
+            (true, false) => Quantization::Fp4,
+            (false, true) => Quantization::Nf4Dq,
+            (false, false) => Quantization::Nf4,
+        }
+    } else {
+        return Err(format!("quantization `{quant_text}` is not modelled"));
+    };
+    let method = if method == Method::Lora && quantization != Quantization::None {
+        Method::Qlora
+    } else {
+        method
+    };
+
+    let stack = if fw.contains("litgpt") || fw.contains("lit-gpt") {
+        Stack::Litgpt
+    } else if fw.contains("torchtune") {
+        Stack::Torchtune
+    } else if trl_at_least(&fw, 0, 26) {
+        Stack::Trl
+    } else {
+        Stack::Hf
+    };
+
+    let arch = text(v, "arch").to_ascii_lowercase();
+    if arch.contains("t5") || arch.contains("bert") || arch.contains("encoder") {
+        return Err(format!("encoder / encoder-decoder architecture `{arch}` is not modelled"));
+    }
+
+    // Shape.
+    let inference = v.get("inference").filter(|i| !i.is_null());
+    let (micro_batch_size, seq_len) = if method == Method::Inference {
+        let inf = inference.ok_or("inference row without an `inference` object")?;
+        let new = num(inf, "max_new_tokens").unwrap_or(0);
+        let prompt = num(inf, "prompt_tokens_approx").or_else(|| {
+            let p = text(inf, "prompt").to_ascii_lowercase();
+            // "short (~20 tokens)"
+            p.split(|c: char| !c.is_ascii_digit())
+                .find(|s| !s.is_empty())
+                .and_then(|s| s.parse().ok())
+                .filter(|_| p.contains("token"))
+        });
+        let prompt = prompt.unwrap_or(32);
+        (num(inf, "batch_size").unwrap_or(1), prompt + new)
+    } else {
+        let b = num(v, "micro_batch_size").ok_or("no micro_batch_size")?;
+        let s = num(v, "seq_len").ok_or("no seq_len")?;
+        (b, s)
+    };
+    if micro_batch_size == 0 || seq_len == 0 {
+        return Err("zero batch or sequence length".into());
+    }
+
+    // Precision.
+    let prec_text = text(v, "precision").to_ascii_lowercase();
+    let weights_text = text(v, "base_weights_dtype").to_ascii_lowercase();
+    let precision = if prec_text.contains("32-true") || (prec_text.starts_with("fp32") && !prec_text.contains("amp")) {
+        Precision::Fp32
+    } else if prec_text.contains("fp16") && (prec_text.contains("amp") || prec_text.contains("mixed")) {
+        Precision::Fp16Mixed
+    } else if prec_text.contains("bf16-true")
+        || prec_text.contains("pure")
+        || prec_text.contains("no amp")
+        || (prec_text.contains("bf16") && prec_text.contains("torch_dtype bfloat16"))
+    {
+        Precision::Bf16
+    } else if prec_text.contains("amp") || prec_text.contains("mixed") {
+        if method == Method::Full && (weights_text.contains("bf16") || weights_text.contains("bfloat16")) {
+            Precision::Bf16
+        } else {
+            Precision::Bf16Mixed
+        }
+    } else if prec_text.contains("bf16") || prec_text.contains("fp16") || prec_text.is_empty() {
+        Precision::Bf16
+    } else {
+        Precision::Bf16Mixed
+    };
+
+    // Optimizer.
+    let opt_text =
+        format!("{} {}", text(v, "optimizer"), text(v, "optimizer_state_dtype")).to_ascii_lowercase();
+    let optimizer = if opt_text.contains("paged") {
+        if opt_text.contains("8bit") || opt_text.contains("8-bit") {
+            Optimizer::PagedAdamw8bit
+        } else {
+            Optimizer::PagedAdamw32bit
+        }
+    } else if opt_text.contains("8bit") || opt_text.contains("8-bit") {
+        Optimizer::Adamw8bit
+    } else if opt_text.contains("adafactor") {
+        Optimizer::Adafactor
+    } else if opt_text.contains("lion") {
+        Optimizer::Lion32bit
+    } else if opt_text.contains("sgd") {
+        Optimizer::SgdMomentum
+    } else if opt_text.contains("fused") || opt_text.contains("deepspeed") || opt_text.contains("adamw_hf")
+    {
+        Optimizer::AdamwTorchFused
+    } else {
+        Optimizer::AdamwTorch
+    };
+
+    // LoRA.
+    let mut lora = LoraConfig { dropout: 0.0, ..LoraConfig::default() };
+    if let Some(l) = v.get("lora").filter(|l| !l.is_null()) {
+        if let Some(r) = num(l, "r") {
+            lora.rank = r;
+        }
+        if let Some(a) = l.get("alpha").and_then(Value::as_f64) {
+            lora.alpha = a;
+        }
+        lora.dropout = l.get("dropout").and_then(Value::as_f64).unwrap_or(0.0);
+        lora.targets = match l.get("target_modules") {
+            Some(Value::Array(a)) => Targets::Names(
+                a.iter().filter_map(Value::as_str).map(str::to_owned).collect(),
+            ),
+            Some(Value::String(s)) if s.to_ascii_lowercase().contains("all") => Targets::AllLinear,
+            _ => Targets::Names(vec!["q_proj".into(), "v_proj".into()]),
+        };
+    }
+
+    let attn_text = text(v, "attention_impl").to_ascii_lowercase();
+    let attention = if attn_text.contains("eager") {
+        Attention::Eager
+    } else if attn_text.contains("flash") && !attn_text.contains("sdpa") {
+        Attention::Flash
+    } else {
+        Attention::Sdpa
+    };
+    let loss_text = text(v, "loss_impl").to_ascii_lowercase();
+    let loss = if loss_text.contains("liger") || loss_text.contains("fused") {
+        Some(LossImpl::Fused)
+    } else if loss_text.contains("chunk") {
+        Some(LossImpl::Chunked)
+    } else if loss_text.contains("crossentropy") || loss_text.contains("cross_entropy") {
+        Some(LossImpl::Standard)
+    } else {
+        None
+    };
+    let gradient_checkpointing = truthy(v, "gradient_checkpointing").unwrap_or(false);
+    let kind = text(v, "seq_len_kind").to_ascii_lowercase();
+    let padding = if kind.contains("pack") || kind.contains("random token") || kind.is_empty() {
+        Padding::Packed
+    } else {
+        Padding::Padded
+    };
+
+    if truthy(v, "activation_offload") == Some(true) {
+        return Err("activation offloading to the CPU is not modelled yet".into());
+    }
+    if truthy(v, "optimizer_in_backward") == Some(true) {
+        return Err("optimizer-in-backward (gradients freed per parameter) is not modelled yet".into());
+    }
+
+    // Parallelism.
+    let gpus = num(v, "num_gpus").unwrap_or(1).max(1);
+    let sharding_text = text(v, "sharding").to_ascii_lowercase();
+    let cpu_text = text(v, "cpu_offload").to_ascii_lowercase();
+    let offload = if cpu_text.contains("param") {
+        Offload::OptimizerAndParams
+    } else if cpu_text.contains("optim") {
+        Offload::Optimizer
+    } else {
+        Offload::None
+    };
+    let mut parallel = Parallel { offload, ..Parallel::single() };
+    if sharding_text.contains("zero-3") || sharding_text.contains("zero3") {
+        parallel.sharding = Sharding::Zero3;
+        parallel.data_parallel = gpus;
+    } else if sharding_text.contains("zero-2") || sharding_text.contains("zero2") {
+        parallel.sharding = Sharding::Zero2;
+        parallel.data_parallel = gpus;
+    } else if sharding_text.contains("zero-1") {
+        parallel.sharding = Sharding::Zero1;
+        parallel.data_parallel = gpus;
+    } else if sharding_text.contains("shard_grad_op") {
+        parallel.sharding = Sharding::FsdpShardGradOp;
+        parallel.data_parallel = gpus;
+    } else if sharding_text.contains("hybrid") {
+        parallel.sharding = Sharding::FsdpHybridShard;
+        parallel.data_parallel = gpus;
+    } else if sharding_text.contains("fsdp") || sharding_text.contains("full_shard") {
+        parallel.sharding = Sharding::FsdpFullShard;
+        parallel.data_parallel = gpus;
+    } else if sharding_text.contains("tensor") {
+        parallel.tensor_parallel = gpus;
+    } else if sharding_text.contains("pipeline") || sharding_text.contains("sequential") {
+        parallel.pipeline = gpus;
+    } else if gpus > 1 {
+        parallel.data_parallel = gpus;
+    }
+    if offload != Offload::None && parallel.sharding == Sharding::None {
+        return Err("CPU offload without ZeRO/FSDP (accelerate big-model offload) is not modelled".into());
+    }
+
+    let job = Job {
+        method,
+        quantization,
+        lora,
+        micro_batch_size,
+        seq_len,
+        grad_accum: num(v, "grad_accum").unwrap_or(1).max(1),
+        optimizer,
+        gradient_checkpointing,
+        attention,
+        precision,
+        stack,
+        loss,
+        padding,
+        parallel,
+        kv_dtype: if precision == Precision::Fp32 {
+            crate::job::KvDtype::F32
+        } else {
+            crate::job::KvDtype::F16
+        },
+    };
+
+    let metric_text = text(v, "metric").to_ascii_lowercase();
+    let metric = if metric_text.contains("nvidia") || metric_text.contains("nvml") {
+        Metric::Device
+    } else if metric_text.contains("reserved") && !metric_text.contains("alloc") {
+        Metric::Reserved
+    } else if metric_text.contains("reserved") && metric_text.starts_with("torch.cuda.max_memory_reserved") {
+        Metric::Reserved
+    } else {
+        Metric::Allocated
+    };
+    let oom = text(v, "outcome").eq_ignore_ascii_case("oom");
+    let measured_gib = v.get("per_gpu_gib").and_then(Value::as_f64).or_else(|| {
+        v.get("measured_gib").and_then(Value::as_f64)
+    });
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+    let measured_bytes = match measured_gib {
+        Some(g) if g.is_finite() && g > 0.0 => (g * GIB as f64) as u64,
+        _ if oom => 0,
+        _ => return Err("no measured value".into()),
+    };
+    let gpu = text(v, "gpu");
+    let (gpu_memory_bytes, compute_capability) = gpu_facts(&gpu);
+    if oom && gpu_memory_bytes.is_none() {
+        return Err(format!("OOM row on an unknown GPU `{gpu}`"));
+    }
+    Ok(Row {
+        id,
+        source: text(v, "source_key"),
+        model_id,
+        job,
+        metric,
+        measured_bytes,
+        oom,
+        gpu_memory_bytes,
+        compute_capability,
+        confidence: text(v, "confidence"),
+    })
+}
+
+/// `trl X.Y` in a framework-version string is at least `major.minor`.
+fn trl_at_least(fw: &str, major: u64, minor: u64) -> bool {
+    let Some(pos) = fw.find("trl ") else { return false };
+    let rest = &fw[pos + 4..];
+    let mut parts = rest.split(|c: char| !c.is_ascii_digit()).filter(|s| !s.is_empty());
+    let (Some(a), Some(b)) = (parts.next(), parts.next()) else { return false };
+    let (Ok(a), Ok(b)) = (a.parse::<u64>(), b.parse::<u64>()) else { return false };
+    (a, b) >= (major, minor)
+}
+
+/// Memory and compute capability of a GPU named in free text ("NVIDIA A100-SXM4-40GB",
+/// "1x RTX 4090", "A100 40GB (per text)").
+#[must_use]
+pub fn gpu_facts(gpu: &str) -> (Option<u64>, Option<(u32, u32)>) {
+    if let Some(m) = hardware::match_name(gpu) {
+        return (m.memory_bytes, m.compute_capability);
+    }
+    let l = gpu.to_ascii_lowercase();
+    let cc = if l.contains("h100") || l.contains("h200") || l.contains("h800") {
+        Some((9, 0))
+    } else if l.contains("a100") || l.contains("a800") {
+        Some((8, 0))
+    } else if l.contains("a10g") || l.contains("a6000") || l.contains("3090") || l.contains("a10 ") {
+        Some((8, 6))
+    } else if l.contains("l40") || l.contains("4090") || l.contains("l4") {
+        Some((8, 9))
+    } else if l.contains("v100") {
+        Some((7, 0))
+    } else if l.contains("t4") {
+        Some((7, 5))
+    } else {
+        None
+    };
+    // "40GB", "80 GB", "(24 GB)"
+    let digits: Vec<(usize, &str)> = l
+        .match_indices(|c: char| c.is_ascii_digit())
+        .collect::<Vec<_>>();
+    let mut mem = None;
+    if !digits.is_empty() {
+        let bytes = l.as_bytes();
+        let mut i = 0;
+        while i < bytes.len() {
+            if bytes[i].is_ascii_digit() {
+                let start = i;
+                while i < bytes.len() && bytes[i].is_ascii_digit() {
+                    i += 1;
+                }
+                let n: u64 = l[start..i].parse().unwrap_or(0);
+                let rest = l[i..].trim_start();
+                if rest.starts_with("gb") || rest.starts_with("gib") {
+                    if (8..=300).contains(&n) {
+                        // vendors' "80GB" cards report ~79.2 GiB usable (nvidia-smi MiB).
+                        mem = Some(n * GIB - n * GIB / 100);
+                    }
+                }
+            } else {
+                i += 1;
+            }
+        }
+    }
+    (mem, cc)
+}
+
+/// Status of one validated row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Predicted and compared.
+    Ok,
+    /// Not predicted.
+    Skipped,
+    /// OOM row, predicted not to fit.
+    OomOk,
+    /// OOM row, predicted to fit.
+    OomMissed,
+}
+
+/// The naive formula the product started from, for reference:
+/// `VRAM = M_base + M_lora + M_optimizer + M_activations + M_cuda_ctx`, with
+/// `M_base = N·bits/8`, `M_lora = 2·r·d_model·N_targets·4`, `M_optimizer = 2·M_lora`,
+/// `M_activations = b·s·L·(34·d_model + 5·s·h)` (h = attention heads), `M_cuda_ctx ≈ 1 GB`.
+#[must_use]
+pub fn naive_formula(model: &crate::model::ModelSpec, job: &Job) -> u64 {
+    let n = model.total_params();
+    let bits = match job.quantization {
+        Quantization::None => {
+            if job.precision == Precision::Fp32 {
+                32
+            } else {
+                16
+            }
+        }
+        Quantization::Int8 => 8,
+        _ => 4,
+    };
+    let base = n * bits / 8;
+    let targets = if job.method.is_peft() {
+        model.linears().filter(|(_, l)| job.lora.targets.matches(&l.name)).map(|(c, _)| c).sum()
+    } else {
+        0
+    };
+    let lora = 2 * job.lora.rank * model.hidden_size * targets * 4;
+    let opt = 2 * lora;
+    let acts = if job.method == Method::Inference {
+        0
+    } else {
+        job.micro_batch_size
+            * job.seq_len
+            * model.num_layers
+            * (34 * model.hidden_size + 5 * job.seq_len * model.num_heads)
+    };
+    base + lora + opt + acts + GIB
+}
+
+/// Summary statistics of signed relative errors.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Stats {
+    /// Rows compared.
+    pub n: usize,
+    /// Median of |error|.
+    pub median_abs: f64,
+    /// Mean of |error|.
+    pub mean_abs: f64,
+    /// 90th percentile of |error|.
+    pub p90_abs: f64,
+    /// Share of rows under-predicted by more than 5 %.
+    pub under_5pct_share: f64,
+}
+
+/// Statistics of signed relative errors (`(predicted - measured) / measured`).
+#[must_use]
+#[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+pub fn stats(errors: &[f64]) -> Stats {
+    if errors.is_empty() {
+        return Stats::default();
+    }
+    let mut abs: Vec<f64> = errors.iter().map(|e| e.abs()).collect();
+    abs.sort_by(f64::total_cmp);
+    let n = abs.len();
+    let pct = |p: f64| {
+        // nearest-rank percentile
+        let rank = ((p * n as f64).ceil() as usize).clamp(1, n);
+        abs[rank - 1]
+    };
+    let median = if n % 2 == 1 { abs[n / 2] } else { (abs[n / 2 - 1] + abs[n / 2]) / 2.0 };
+    Stats {
+        n,
+        median_abs: median,
+        mean_abs: abs.iter().sum::<f64>() / n as f64,
+        p90_abs: pct(0.9),
+        under_5pct_share: errors.iter().filter(|e| **e < -0.05).count() as f64 / n as f64,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_by_hand() {
+        let s = stats(&[0.1, -0.2, 0.05, -0.01]);
+        assert_eq!(s.n, 4);
+        assert!((s.median_abs - 0.075).abs() < 1e-12);
+        assert!((s.mean_abs - 0.09).abs() < 1e-12);
+        assert!((s.p90_abs - 0.2).abs() < 1e-12);
+        assert!((s.under_5pct_share - 0.25).abs() < 1e-12);
+    }
+
+    #[test]
+    fn gpu_text() {
+        let (m, cc) = gpu_facts("A100 40GB (per text)");
+        assert_eq!(cc, Some((8, 0)));
+        assert!(m.unwrap() > 39 * GIB && m.unwrap() < 40 * GIB);
+    }
+
+    #[test]
+    fn trl_versions() {
+        assert!(trl_at_least("torch 2.4, trl 0.26.1", 0, 26));
+        assert!(trl_at_least("trl 1.2.0", 0, 26));
+        assert!(!trl_at_least("trl 0.13.0", 0, 26));
+        assert!(!trl_at_least("peft 0.13", 0, 26));
+    }
+}
+
+/// The outcome of one row.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RowResult {
+    /// Row id.
+    pub id: String,
+    /// Status.
+    pub status: Status,
+    /// Source key.
+    pub source: String,
+    /// Method (as modelled), for grouping.
+    pub method: Option<&'static str>,
+    /// Stack (as modelled), for grouping.
+    pub stack: Option<&'static str>,
+    /// Level compared.
+    pub metric: Option<Metric>,
+    /// moro's prediction at that level.
+    pub predicted_bytes: Option<u64>,
+    /// The measurement.
+    pub measured_bytes: Option<u64>,
+    /// `(predicted - measured) / measured`.
+    pub error: Option<f64>,
+    /// The product's naive formula on the same row.
+    pub naive_bytes: Option<u64>,
+    /// Its signed error.
+    pub naive_error: Option<f64>,
+    /// Phase of moro's peak.
+    pub phase: Option<&'static str>,
+    /// Why it was skipped.
+    pub reason: Option<String>,
+}
+
+/// Aggregates over the compared rows.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Summary {
+    /// Rows read.
+    pub rows: usize,
+    /// Rows predicted (ok + OOM rows).
+    pub covered: usize,
+    /// Rows skipped.
+    pub skipped: usize,
+    /// `covered / rows`.
+    pub coverage: f64,
+    /// OOM rows predicted not to fit.
+    pub oom_ok: usize,
+    /// OOM rows predicted to fit.
+    pub oom_missed: usize,
+    /// moro over all compared rows.
+    pub overall: Stats,
+    /// The naive formula over the same rows.
+    pub naive: Stats,
+    /// By method.
+    pub by_method: std::collections::BTreeMap<String, Stats>,
+    /// By source.
+    pub by_source: std::collections::BTreeMap<String, Stats>,
+    /// By stack.
+    pub by_stack: std::collections::BTreeMap<String, Stats>,
+}
+
+/// A validation report.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Report {
+    /// One entry per input row.
+    pub rows: Vec<RowResult>,
+    /// Aggregates.
+    pub summary: Summary,
+}
+
+/// What validating needs from the edge: resolving a model id to its architecture.
+pub trait ModelSource {
+    /// The architecture of `id`, or why not.
+    ///
+    /// # Errors
+    /// Why the model is unavailable.
+    fn model(&self, id: &str) -> Result<crate::model::ModelSpec, String>;
+}
+
+/// Models from the embedded catalog.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CatalogModels;
+
+impl ModelSource for CatalogModels {
+    fn model(&self, id: &str) -> Result<crate::model::ModelSpec, String> {
+        let e = crate::catalog::find(id).ok_or_else(|| format!("model `{id}` is not in the catalog"))?;
+        crate::catalog::load(e).map_err(|e| e.to_string())
+    }
+}
+
+/// Predicts every row of a JSONL text and scores the predictions. Rows with
+/// `confidence: low` are skipped unless `include_low`.
+#[must_use]
+pub fn validate(jsonl: &str, models: &dyn ModelSource, include_low: bool) -> Report {
+    let mut rows = Vec::new();
+    for (i, line) in jsonl.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let skip = |id: String, reason: String| RowResult {
+            id,
+            status: Status::Skipped,
+            source: String::new(),
+            method: None,
+            stack: None,
+            metric: None,
+            predicted_bytes: None,
+            measured_bytes: None,
+            error: None,
+            naive_bytes: None,
+            naive_error: None,
+            phase: None,
+            reason: Some(reason),
+        };
+        let v: Value = match serde_json::from_str(line) {
+            Ok(v) => v,
+            Err(e) => {
+                rows.push(skip(format!("line {}", i + 1), format!("not JSON: {e}")));
+                continue;
+            }
+        };
+        let id = text(&v, "id");
+        let id = if id.is_empty() { format!("line {}", i + 1) } else { id };
+        if !include_low && text(&v, "confidence") == "low" {
+            let mut r = skip(id, "confidence: low".into());
+            r.source = text(&v, "source_key");
+            rows.push(r);
+            continue;
+        }
+        let row = match interpret(&v) {
+            Ok(r) => r,
+            Err(reason) => {
+                let mut r = skip(id, reason);
+                r.source = text(&v, "source_key");
+                rows.push(r);
+                continue;
+            }
+        };
+        rows.push(predict_row(&row, models));
+    }
+    let summary = summarize(&rows);
+    Report { rows, summary }
+}
+
+fn predict_row(row: &Row, models: &dyn ModelSource) -> RowResult {
+    let mut out = RowResult {
+        id: row.id.clone(),
+        status: Status::Skipped,
+        source: row.source.clone(),
+        method: Some(row.job.method.as_str()),
+        stack: Some(row.job.stack.as_str()),
+        metric: Some(row.metric),
+        predicted_bytes: None,
+        measured_bytes: if row.oom { None } else { Some(row.measured_bytes) },
+        error: None,
+        naive_bytes: None,
+        naive_error: None,
+        phase: None,
+        reason: None,
+    };
+    let spec = match models.model(&row.model_id) {
+        Ok(s) => s,
+        Err(e) => {
+            out.reason = Some(e);
+            return out;
+        }
+    };
+    let mut job = row.job.clone();
+    job.lora.targets = crate::targets::resolve(&spec, &job.lora.targets);
+    let profile = crate::estimate::DeviceProfile::for_compute_capability(row.compute_capability);
+    let est = match crate::estimate::estimate(&spec, &job, &profile) {
+        Ok(e) => e,
+        Err(e) => {
+            out.reason = Some(e.to_string());
+            return out;
+        }
+    };
+    out.phase = Some(est.peak_phase.as_str());
+    if row.oom {
+        let mem = row.gpu_memory_bytes.unwrap_or(u64::MAX);
+        out.predicted_bytes = Some(est.peak_device_bytes);
+        out.status =
+            if est.peak_device_bytes > mem { Status::OomOk } else { Status::OomMissed };
+        return out;
+    }
+    let predicted = match row.metric {
+        Metric::Allocated => est.peak_allocated_bytes,
+        Metric::Reserved => est.peak_reserved_bytes,
+        Metric::Device => est.peak_device_bytes,
+    };
+    #[allow(clippy::cast_precision_loss)]
+    let err = |p: u64| (p as f64 - row.measured_bytes as f64) / row.measured_bytes.max(1) as f64;
+    out.predicted_bytes = Some(predicted);
+    out.error = Some(err(predicted));
+    let naive = naive_formula(&spec, &job) / job.parallel.gpus().max(1);
+    out.naive_bytes = Some(naive);
+    out.naive_error = Some(err(naive));
+    out.status = Status::Ok;
+    out
+}
+
+fn summarize(rows: &[RowResult]) -> Summary {
+    use std::collections::BTreeMap;
+    let ok: Vec<&RowResult> = rows.iter().filter(|r| r.status == Status::Ok).collect();
+    let errors: Vec<f64> = ok.iter().filter_map(|r| r.error).collect();
+    let naive: Vec<f64> = ok.iter().filter_map(|r| r.naive_error).collect();
+    let group = |key: &dyn Fn(&RowResult) -> String| {
+        let mut m: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+        for r in &ok {
+            if let Some(e) = r.error {
+                m.entry(key(r)).or_default().push(e);
+            }
+        }
+        m.into_iter().map(|(k, v)| (k, stats(&v))).collect::<BTreeMap<_, _>>()
+    };
+    let oom_ok = rows.iter().filter(|r| r.status == Status::OomOk).count();
+    let oom_missed = rows.iter().filter(|r| r.status == Status::OomMissed).count();
+    let covered = ok.len() + oom_ok + oom_missed;
+    let considered = rows.iter().filter(|r| r.reason.as_deref() != Some("confidence: low")).count();
+    #[allow(clippy::cast_precision_loss)]
+    let coverage = if considered == 0 { 0.0 } else { covered as f64 / considered as f64 };
+    Summary {
+        rows: considered,
+        covered,
+        skipped: considered - covered,
+        coverage,
+        oom_ok,
+        oom_missed,
+        overall: stats(&errors),
+        naive: stats(&naive),
+        by_method: group(&|r| r.method.unwrap_or("?").to_owned()),
+        by_source: group(&|r| r.source.clone()),
+        by_stack: group(&|r| r.stack.unwrap_or("?").to_owned()),
+    }
+}

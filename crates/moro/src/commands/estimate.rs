@@ -1,0 +1,247 @@
+//! `moro estimate`: the peak memory of one job, by component, at three levels.
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::Args;
+use moro_core::estimate::{Component, Estimate, estimate};
+use moro_core::job::{Job, Method};
+use serde::Serialize;
+
+use crate::error::user;
+use crate::jobargs::JobArgs;
+use crate::output::{Table, bar, gib, json, size, stdout};
+use crate::resolve;
+
+/// Arguments of `moro estimate`.
+#[derive(Debug, Args)]
+pub(crate) struct EstimateArgs {
+    /// Model: a Hugging Face id (`Qwen/Qwen2.5-7B`), a config.json or a model directory.
+    #[arg(long, short)]
+    pub(crate) model: Option<String>,
+    #[command(flatten)]
+    pub(crate) job: JobArgs,
+    /// Memory available per GPU (`24GiB`, `80GB`): say whether it fits and the headroom.
+    #[arg(long, conflicts_with = "hardware")]
+    pub(crate) memory: Option<String>,
+    /// Hardware: `detect`, a preset (`rtx-4090`, `a100-sxm4-80gb`), a GPU name, `8xh100-sxm`.
+    #[arg(long)]
+    pub(crate) hardware: Option<String>,
+    /// Print one JSON object (sizes in bytes) instead of the table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// The JSON document of `moro estimate --json`.
+#[derive(Debug, Serialize)]
+pub(crate) struct EstimateJson<'a> {
+    pub(crate) model: ModelJson<'a>,
+    pub(crate) job: &'a Job,
+    pub(crate) peak_allocated_bytes: u64,
+    pub(crate) peak_reserved_bytes: u64,
+    pub(crate) peak_device_bytes: u64,
+    pub(crate) peak_phase: &'static str,
+    pub(crate) components: serde_json::Map<String, serde_json::Value>,
+    pub(crate) phases: Vec<PhaseJson>,
+    pub(crate) total_params: u64,
+    pub(crate) trainable_params: u64,
+    pub(crate) host_bytes: u64,
+    pub(crate) memory_bytes: Option<u64>,
+    pub(crate) fits: Option<bool>,
+    pub(crate) headroom_bytes: Option<i64>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct ModelJson<'a> {
+    pub(crate) id: &'a str,
+    pub(crate) source: &'a str,
+    pub(crate) model_type: &'a str,
+    pub(crate) parameters: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct PhaseJson {
+    pub(crate) phase: &'static str,
+    pub(crate) allocated_bytes: u64,
+}
+
+/// Headroom of `est` on a GPU of `memory` bytes (negative: does not fit).
+pub(crate) fn headroom(est: &Estimate, memory: u64) -> i64 {
+    let m = i64::try_from(memory).unwrap_or(i64::MAX);
+    let p = i64::try_from(est.peak_device_bytes).unwrap_or(i64::MAX);
+    m - p
+}
+
+/// Resolves targets and runs the estimator, mapping errors to user errors.
+pub(crate) fn run_estimate(
+    spec: &moro_core::model::ModelSpec,
+    job: &mut Job,
+    profile: &moro_core::estimate::DeviceProfile,
+) -> Result<Estimate> {
+    job.lora.targets = moro_core::targets::resolve(spec, &job.lora.targets);
+    estimate(spec, job, profile).map_err(|e| user(e.to_string()))
+}
+
+pub(crate) fn run(args: &EstimateArgs) -> Result<ExitCode> {
+    let Some(model_arg) = args.model.as_deref() else {
+        return Err(crate::error::user_hint(
+            "`--model` is required",
+            "e.g. `moro estimate --model Qwen/Qwen2.5-7B --method qlora --seq-len 2048`",
+        ));
+    };
+    let model = resolve::model(model_arg)?;
+    let mut job = args.job.apply(None);
+    let target = crate::hw::resolve(args.hardware.as_deref(), args.memory.as_deref())?;
+    let profile = target.as_ref().map(crate::hw::Target::profile).unwrap_or_default();
+    let est = run_estimate(&model.spec, &mut job, &profile)?;
+    let memory = target.as_ref().and_then(crate::hw::Target::memory_bytes);
+    let fits = memory.map(|m| est.peak_device_bytes <= m);
+
+    if args.json {
+        let doc = to_json(&model, &job, &est, memory);
+        stdout(&json(&doc)?)?;
+    } else {
+        stdout(&render(&model, &job, &est, target.as_ref()))?;
+    }
+    Ok(match fits {
+        Some(false) => ExitCode::from(1),
+        _ => ExitCode::SUCCESS,
+    })
+}
+
+pub(crate) fn to_json<'a>(
+    model: &'a resolve::Resolved,
+    job: &'a Job,
+    est: &Estimate,
+    memory: Option<u64>,
+) -> EstimateJson<'a> {
+    let mut components = serde_json::Map::new();
+    for (c, b) in &est.components {
+        components.insert(c.as_str().to_owned(), serde_json::Value::from(*b));
+    }
+    EstimateJson {
+        model: ModelJson {
+            id: &model.id,
+            source: &model.source,
+            model_type: &model.spec.model_type,
+            parameters: model.spec.total_params(),
+        },
+        job,
+        peak_allocated_bytes: est.peak_allocated_bytes,
+        peak_reserved_bytes: est.peak_reserved_bytes,
+        peak_device_bytes: est.peak_device_bytes,
+        peak_phase: est.peak_phase.as_str(),
+        components,
+        phases: est
+            .phases
+            .iter()
+            .map(|p| PhaseJson { phase: p.phase.as_str(), allocated_bytes: p.total() })
+            .collect(),
+        total_params: est.total_params,
+        trainable_params: est.trainable_params,
+        host_bytes: est.host_bytes,
+        memory_bytes: memory,
+        fits: memory.map(|m| est.peak_device_bytes <= m),
+        headroom_bytes: memory.map(|m| headroom(est, m)),
+    }
+}
+
+fn describe(job: &Job) -> String {
+    let mut s = format!("{}", job.method.as_str());
+    if job.quantization != moro_core::job::Quantization::None {
+        s.push_str(&format!(" ({})", job.quantization.as_str()));
+    }
+    if job.method.is_peft() {
+        s.push_str(&format!(", r={}", job.lora.rank));
+    }
+    if job.method == Method::Inference {
+        s.push_str(&format!(", batch {}, context {}", job.micro_batch_size, job.seq_len));
+    } else {
+        s.push_str(&format!(
+            ", micro-batch {} × {} tokens, grad-accum {}, {}, {}{}",
+            job.micro_batch_size,
+            job.seq_len,
+            job.grad_accum,
+            job.optimizer.as_str(),
+            job.precision.as_str(),
+            if job.gradient_checkpointing { ", checkpointing" } else { "" },
+        ));
+    }
+    s.push_str(&format!(", {} attention, stack {}", job.attention.as_str(), job.stack.as_str()));
+    if job.parallel.gpus() > 1 {
+        s.push_str(&format!(", {} GPUs ({:?})", job.parallel.gpus(), job.parallel.sharding));
+    }
+    s
+}
+
+pub(crate) fn render(
+    model: &resolve::Resolved,
+    job: &Job,
+    est: &Estimate,
+    target: Option<&crate::hw::Target>,
+) -> String {
+    let mut out = String::new();
+    #[allow(clippy::cast_precision_loss)]
+    let params_b = model.spec.total_params() as f64 / 1e9;
+    out.push_str(&format!(
+        "model   {} ({}, {params_b:.2}B parameters, from {})\n",
+        model.id, model.spec.model_type, model.source
+    ));
+    out.push_str(&format!("job     {}\n", describe(job)));
+    out.push_str(&format!(
+        "peak    at {} (trainable parameters: {})\n\n",
+        est.peak_phase.as_str(),
+        est.trainable_params
+    ));
+    let mut t = Table::new(&["component", "GiB", "share"], &[false, true, false]);
+    let total = est.peak_device_bytes.max(1);
+    for (c, b) in &est.components {
+        if *b == 0 {
+            continue;
+        }
+        #[allow(clippy::cast_precision_loss)]
+        let frac = *b as f64 / total as f64;
+        t.row(vec![c.as_str().replace('_', " "), gib(*b), bar(frac, 24)]);
+    }
+    out.push_str(&t.render());
+    out.push('\n');
+    let mut lv = Table::new(&["level", "GiB", "what reports it"], &[false, true, false]);
+    lv.row(vec![
+        "allocated".into(),
+        gib(est.peak_allocated_bytes),
+        "torch.cuda.max_memory_allocated()".into(),
+    ]);
+    lv.row(vec![
+        "reserved".into(),
+        gib(est.peak_reserved_bytes),
+        "torch.cuda.max_memory_reserved()".into(),
+    ]);
+    lv.row(vec!["device".into(), gib(est.peak_device_bytes), "nvidia-smi".into()]);
+    out.push_str(&lv.render());
+    if est.host_bytes > 0 {
+        out.push_str(&format!("\nhost memory for offload: {}\n", size(est.host_bytes)));
+    }
+    if est.component(Component::OutsideAllocator) > 0 {
+        out.push_str(
+            "\nnote: paged optimizer states / NCCL buffers sit outside PyTorch's allocator: \
+             nvidia-smi shows them, torch.cuda counters do not\n",
+        );
+    }
+    if let Some(t) = target {
+        if let Some(m) = t.memory_bytes() {
+            let h = headroom(est, m);
+            let verdict = if h >= 0 {
+                format!("fits on {} ({} GiB): {} GiB headroom", t.display(), gib(m), gib(h.unsigned_abs()))
+            } else {
+                format!(
+                    "does NOT fit on {} ({} GiB): {} GiB over",
+                    t.display(),
+                    gib(m),
+                    gib(h.unsigned_abs())
+                )
+            };
+            out.push_str(&format!("\n{verdict}\n"));
+        }
+    }
+    out
+}

@@ -1,0 +1,100 @@
+//! `moro validate FILE.jsonl`: predictions against measured runs.
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::Args;
+use moro_core::validation::{self, CatalogModels, Stats, Status};
+
+use crate::error::user;
+use crate::output::{Table, json, stdout};
+
+/// Arguments of `moro validate`.
+#[derive(Debug, Args)]
+pub(crate) struct ValidateArgs {
+    /// Measured rows, one JSON object per line (validation/README.md has the schema).
+    pub(crate) file: std::path::PathBuf,
+    /// Print `{"rows": [...], "summary": {...}}`.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Also compare rows marked `confidence: low`.
+    #[arg(long)]
+    pub(crate) include_low: bool,
+}
+
+fn pct(x: f64) -> String {
+    format!("{:+.1}%", x * 100.0)
+}
+
+fn stats_line(name: &str, s: &Stats) -> Vec<String> {
+    vec![
+        name.to_owned(),
+        s.n.to_string(),
+        format!("{:.1}%", s.median_abs * 100.0),
+        format!("{:.1}%", s.mean_abs * 100.0),
+        format!("{:.1}%", s.p90_abs * 100.0),
+        format!("{:.0}%", s.under_5pct_share * 100.0),
+    ]
+}
+
+pub(crate) fn run(args: &ValidateArgs) -> Result<ExitCode> {
+    let text = std::fs::read_to_string(&args.file)
+        .map_err(|e| user(format!("cannot read `{}`: {e}", args.file.display())))?;
+    let report = validation::validate(&text, &CatalogModels, args.include_low);
+    if args.json {
+        stdout(&json(&report)?)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut t = Table::new(
+        &["id", "method", "level", "predicted GiB", "measured GiB", "error", "naive", "status"],
+        &[false, false, false, true, true, true, true, false],
+    );
+    let g = |b: Option<u64>| b.map_or_else(|| "-".to_owned(), crate::output::gib);
+    for r in &report.rows {
+        if r.status == Status::Skipped {
+            continue;
+        }
+        t.row(vec![
+            r.id.clone(),
+            r.method.unwrap_or("-").to_owned(),
+            r.metric.map_or("-".to_owned(), |m| format!("{m:?}").to_ascii_lowercase()),
+            g(r.predicted_bytes),
+            g(r.measured_bytes),
+            r.error.map_or_else(|| "-".into(), pct),
+            r.naive_error.map_or_else(|| "-".into(), pct),
+            format!("{:?}", r.status).to_ascii_lowercase(),
+        ]);
+    }
+    let mut out = t.render();
+    out.push_str("\nskipped:\n");
+    for r in report.rows.iter().filter(|r| r.status == Status::Skipped) {
+        out.push_str(&format!("  {}: {}\n", r.id, r.reason.as_deref().unwrap_or("")));
+    }
+    let s = &report.summary;
+    out.push_str(&format!(
+        "\ncovered {} of {} rows ({:.0}%), OOM rows right {} / missed {}\n\n",
+        s.covered,
+        s.rows,
+        s.coverage * 100.0,
+        s.oom_ok,
+        s.oom_missed
+    ));
+    let mut st = Table::new(
+        &["group", "rows", "median |err|", "mean |err|", "p90 |err|", "under >5%"],
+        &[false, true, true, true, true, true],
+    );
+    st.row(stats_line("moro (all)", &s.overall));
+    st.row(stats_line("naive formula", &s.naive));
+    for (k, v) in &s.by_method {
+        st.row(stats_line(&format!("method {k}"), v));
+    }
+    for (k, v) in &s.by_stack {
+        st.row(stats_line(&format!("stack {k}"), v));
+    }
+    for (k, v) in &s.by_source {
+        st.row(stats_line(&format!("source {k}"), v));
+    }
+    out.push_str(&st.render());
+    stdout(&out)?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,63 @@
+//! Error reporting: `error: …`, optional `caused by: …` lines and a `hint: …`, on stderr.
+
+use std::fmt;
+use std::process::ExitCode;
+
+/// An error the user can fix, with an optional hint and an exit code.
+#[derive(Debug)]
+pub(crate) struct UserError {
+    pub(crate) message: String,
+    pub(crate) hint: Option<String>,
+    pub(crate) code: u8,
+}
+
+impl UserError {
+    /// Invalid input (exit 2).
+    pub(crate) fn new(message: impl Into<String>) -> Self {
+        Self { message: message.into(), hint: None, code: 2 }
+    }
+
+    /// Adds a hint.
+    pub(crate) fn hint(mut self, hint: impl Into<String>) -> Self {
+        self.hint = Some(hint.into());
+        self
+    }
+}
+
+impl fmt::Display for UserError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for UserError {}
+
+/// Shorthand for a [`UserError`] wrapped in anyhow.
+pub(crate) fn user(message: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(UserError::new(message))
+}
+
+/// Shorthand for a [`UserError`] with a hint.
+pub(crate) fn user_hint(message: impl Into<String>, hint: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(UserError::new(message).hint(hint))
+}
+
+/// Prints the error and returns its exit code (2 unless it says otherwise).
+pub(crate) fn report(e: &anyhow::Error) -> ExitCode {
+    use std::io::Write;
+    let mut err = anstream::stderr();
+    let red = anstyle::Style::new().bold().fg_color(Some(anstyle::AnsiColor::Red.into()));
+    let cyan = anstyle::Style::new().bold().fg_color(Some(anstyle::AnsiColor::Cyan.into()));
+    let _ = writeln!(err, "{red}error{red:#}: {e}");
+    for cause in e.chain().skip(1) {
+        let _ = writeln!(err, "  caused by: {cause}");
+    }
+    let mut code = 2;
+    if let Some(u) = e.downcast_ref::<UserError>() {
+        code = u.code;
+        if let Some(h) = &u.hint {
+            let _ = writeln!(err, "\n{cyan}hint{cyan:#}: {h}");
+        }
+    }
+    ExitCode::from(code)
+}

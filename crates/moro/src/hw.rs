@@ -1,0 +1,69 @@
+//! `--hardware` and `--memory` at the edge: parse the spec (pure, moro-core) or probe the
+//! machine (moro-gpu).
+
+use anyhow::Result;
+use moro_core::estimate::DeviceProfile;
+use moro_core::hardware::{Hardware, HardwareSpec, parse_hardware_spec};
+
+use crate::error::{user, user_hint};
+
+/// The hardware a command targets.
+#[derive(Debug, Clone)]
+pub(crate) struct Target {
+    /// The devices.
+    pub(crate) hardware: Hardware,
+    /// Whether they were detected on this machine.
+    pub(crate) detected: bool,
+    /// The spec as given.
+    pub(crate) spec: String,
+}
+
+impl Target {
+    /// Memory of the smallest device.
+    pub(crate) fn memory_bytes(&self) -> Option<u64> {
+        self.hardware.min_total_bytes()
+    }
+
+    /// The estimator's device profile for the first device.
+    pub(crate) fn profile(&self) -> DeviceProfile {
+        let cc = self.hardware.devices.first().and_then(|d| d.compute_capability);
+        DeviceProfile::for_compute_capability(cc)
+    }
+
+    /// Name for display (`2 × NVIDIA A100-SXM4-80GB`).
+    pub(crate) fn display(&self) -> String {
+        let Some(first) = self.hardware.devices.first() else { return "none".into() };
+        let n = self.hardware.devices.len();
+        if n > 1 { format!("{n} × {}", first.name) } else { first.name.clone() }
+    }
+}
+
+/// Resolves `--hardware SPEC` (or `--memory SIZE`).
+pub(crate) fn resolve(spec: Option<&str>, memory: Option<&str>) -> Result<Option<Target>> {
+    if let Some(m) = memory {
+        let bytes = moro_core::units::parse_size(m).map_err(|e| user(format!("--memory: {e}")))?;
+        let d = moro_core::hardware::Device::generic(bytes);
+        return Ok(Some(Target {
+            hardware: Hardware { devices: vec![d] },
+            detected: false,
+            spec: m.to_owned(),
+        }));
+    }
+    let Some(spec) = spec else { return Ok(None) };
+    match parse_hardware_spec(spec).map_err(|e| user(e.to_string()))? {
+        HardwareSpec::Given(hardware) => {
+            Ok(Some(Target { hardware, detected: false, spec: spec.to_owned() }))
+        }
+        HardwareSpec::Detect => {
+            let found = moro_gpu::detect(&moro_gpu::DetectOptions::default());
+            if found.hardware.is_empty() {
+                return Err(user_hint(
+                    "no GPU found on this machine (CPU only)",
+                    "name the hardware by hand: --hardware rtx-4090, --hardware a100-sxm4-80gb, \
+                     --hardware 24GiB (`moro hardware` shows what was probed)",
+                ));
+            }
+            Ok(Some(Target { hardware: found.hardware, detected: true, spec: spec.to_owned() }))
+        }
+    }
+}

@@ -1,0 +1,284 @@
+//! The job flags shared by `estimate`, `recipe` and `fit`: raw clap values, then a validated
+//! [`Job`] (flags override the recipe file).
+
+use clap::Args;
+use moro_core::job::{
+    Attention, Job, KvDtype, LossImpl, Method, Offload, Optimizer, Padding, Precision,
+    Quantization, Sharding, Stack, Targets,
+};
+
+fn parse_method(s: &str) -> Result<Method, String> {
+    Method::ALL
+        .into_iter()
+        .find(|m| m.as_str() == s.to_ascii_lowercase())
+        .ok_or_else(|| format!("unknown method `{s}`; use full, lora, qlora or inference"))
+}
+
+pub(crate) fn parse_quantization(s: &str) -> Result<Quantization, String> {
+    let l = s.to_ascii_lowercase();
+    Quantization::ALL.into_iter().find(|q| q.as_str() == l || (l == "gptq" && *q == Quantization::Gptq4)).ok_or_else(|| {
+        format!("unknown quantization `{s}`; use none, int8, nf4, nf4-dq, fp4, fp4-dq or gptq-int4")
+    })
+}
+
+pub(crate) fn parse_optimizer(s: &str) -> Result<Optimizer, String> {
+    Optimizer::parse(s).ok_or_else(|| {
+        format!(
+            "unknown optimizer `{s}`; use one of {}",
+            Optimizer::ALL.iter().map(|o| o.as_str()).collect::<Vec<_>>().join(", ")
+        )
+    })
+}
+
+pub(crate) fn parse_precision(s: &str) -> Result<Precision, String> {
+    let l = s.to_ascii_lowercase().replace('_', "-");
+    let l = match l.as_str() {
+        "bf16-true" | "bfloat16" => "bf16".to_owned(),
+        "32-true" | "float32" => "fp32".to_owned(),
+        "fp16" | "16-mixed" => "fp16-mixed".to_owned(),
+        _ => l,
+    };
+    Precision::ALL
+        .into_iter()
+        .find(|p| p.as_str() == l)
+        .ok_or_else(|| format!("unknown precision `{s}`; use bf16, bf16-mixed, fp16-mixed or fp32"))
+}
+
+pub(crate) fn parse_attention(s: &str) -> Result<Attention, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "flash" | "flash_attention_2" | "fa2" | "flash-attention" => Ok(Attention::Flash),
+        "sdpa" => Ok(Attention::Sdpa),
+        "eager" => Ok(Attention::Eager),
+        _ => Err(format!("unknown attention `{s}`; use flash, sdpa or eager")),
+    }
+}
+
+pub(crate) fn parse_stack(s: &str) -> Result<Stack, String> {
+    Stack::ALL
+        .into_iter()
+        .find(|x| x.as_str() == s.to_ascii_lowercase())
+        .ok_or_else(|| format!("unknown stack `{s}`; use hf, trl, litgpt or torchtune"))
+}
+
+pub(crate) fn parse_loss(s: &str) -> Result<LossImpl, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "standard" | "hf" => Ok(LossImpl::Standard),
+        "chunked-nll" | "chunked_nll" => Ok(LossImpl::ChunkedNll),
+        "chunked" => Ok(LossImpl::Chunked),
+        "fused" | "liger" | "cce" => Ok(LossImpl::Fused),
+        _ => Err(format!("unknown loss `{s}`; use standard, chunked-nll, chunked or fused")),
+    }
+}
+
+pub(crate) fn parse_sharding(s: &str) -> Result<Sharding, String> {
+    Ok(match s.to_ascii_lowercase().replace('-', "_").as_str() {
+        "none" | "ddp" => Sharding::None,
+        "zero1" => Sharding::Zero1,
+        "zero2" => Sharding::Zero2,
+        "zero3" => Sharding::Zero3,
+        "fsdp" | "fsdp_full_shard" | "full_shard" => Sharding::FsdpFullShard,
+        "fsdp_shard_grad_op" | "shard_grad_op" => Sharding::FsdpShardGradOp,
+        "fsdp_hybrid_shard" | "hybrid_shard" => Sharding::FsdpHybridShard,
+        _ => {
+            return Err(format!(
+                "unknown strategy `{s}`; use none, zero1, zero2, zero3, fsdp_full_shard, \
+                 fsdp_shard_grad_op or fsdp_hybrid_shard"
+            ));
+        }
+    })
+}
+
+fn parse_offload(s: &str) -> Result<Offload, String> {
+    match s.to_ascii_lowercase().replace('-', "_").as_str() {
+        "none" => Ok(Offload::None),
+        "optimizer" => Ok(Offload::Optimizer),
+        "optimizer_and_params" | "all" => Ok(Offload::OptimizerAndParams),
+        _ => Err(format!("unknown offload `{s}`; use none, optimizer or optimizer_and_params")),
+    }
+}
+
+fn parse_count(s: &str) -> Result<u64, String> {
+    let v: i128 = s.trim().parse().map_err(|_| format!("`{s}` is not a whole number"))?;
+    if v <= 0 {
+        return Err(format!("must be at least 1, got {v}"));
+    }
+    u64::try_from(v).map_err(|_| format!("`{s}` is too large"))
+}
+
+fn parse_fraction(s: &str) -> Result<f64, String> {
+    let v: f64 = s.trim().parse().map_err(|_| format!("`{s}` is not a number"))?;
+    if !v.is_finite() {
+        return Err(format!("`{s}` is not a finite number"));
+    }
+    Ok(v)
+}
+
+/// Flags describing a job.
+#[derive(Debug, Clone, Default, Args)]
+pub(crate) struct JobArgs {
+    /// Method: full, lora, qlora or inference [default: lora; qlora with --quantization].
+    #[arg(long, value_parser = parse_method, help_heading = "Job")]
+    pub(crate) method: Option<Method>,
+    /// Base weights: none, int8, nf4, nf4-dq, fp4, fp4-dq, gptq-int4 [qlora default: nf4-dq].
+    #[arg(long, value_parser = parse_quantization, help_heading = "Job")]
+    pub(crate) quantization: Option<Quantization>,
+    /// LoRA rank [default: 16].
+    #[arg(long, value_parser = parse_count, help_heading = "LoRA")]
+    pub(crate) lora_rank: Option<u64>,
+    /// LoRA alpha [default: 2 × rank].
+    #[arg(long, value_parser = parse_fraction, help_heading = "LoRA")]
+    pub(crate) lora_alpha: Option<f64>,
+    /// LoRA dropout [default: 0.05].
+    #[arg(long, value_parser = parse_fraction, help_heading = "LoRA")]
+    pub(crate) lora_dropout: Option<f64>,
+    /// Target modules: comma-separated names, or all-linear [default: the 7 projections].
+    #[arg(long, value_delimiter = ',', help_heading = "LoRA")]
+    pub(crate) target_modules: Option<Vec<String>>,
+    /// Weight-decomposed LoRA (DoRA).
+    #[arg(long, help_heading = "LoRA")]
+    pub(crate) dora: bool,
+    /// Micro-batch per GPU (inference: concurrent sequences) [default: 1].
+    #[arg(long, visible_alias = "batch-size", value_parser = parse_count, help_heading = "Shape")]
+    pub(crate) micro_batch_size: Option<u64>,
+    /// Sequence length in tokens (inference: prompt + generated) [default: 2048].
+    #[arg(long, visible_alias = "max-seq-length", value_parser = parse_count, help_heading = "Shape")]
+    pub(crate) seq_len: Option<u64>,
+    /// Gradient accumulation steps [default: 1].
+    #[arg(long, visible_alias = "gradient-accumulation-steps", value_parser = parse_count, help_heading = "Shape")]
+    pub(crate) grad_accum: Option<u64>,
+    /// Batches are padded to --seq-len with an attention mask (default: packed).
+    #[arg(long, help_heading = "Shape")]
+    pub(crate) padded: bool,
+    /// Optimizer, as HF Trainer's `optim` [default: adamw_torch_fused].
+    #[arg(long, value_parser = parse_optimizer, help_heading = "Training")]
+    pub(crate) optimizer: Option<Optimizer>,
+    /// Gradient checkpointing (`--gradient-checkpointing` or `=false`).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", help_heading = "Training")]
+    pub(crate) gradient_checkpointing: Option<bool>,
+    /// Attention: flash, sdpa or eager [default: sdpa].
+    #[arg(long, value_parser = parse_attention, help_heading = "Training")]
+    pub(crate) attention: Option<Attention>,
+    /// Precision: bf16, bf16-mixed, fp16-mixed, fp32 [default: bf16-mixed for LoRA/QLoRA,
+    /// bf16 for full fine-tuning and inference].
+    #[arg(long, value_parser = parse_precision, help_heading = "Training")]
+    pub(crate) precision: Option<Precision>,
+    /// Training stack: hf, trl, litgpt, torchtune [default: hf].
+    #[arg(long, value_parser = parse_stack, help_heading = "Training")]
+    pub(crate) stack: Option<Stack>,
+    /// Loss: standard, chunked-nll, chunked, fused [default: the stack's].
+    #[arg(long, value_parser = parse_loss, help_heading = "Training")]
+    pub(crate) loss: Option<LossImpl>,
+    /// Data-parallel GPUs [default: 1].
+    #[arg(long, value_parser = parse_count, help_heading = "Parallel")]
+    pub(crate) gpus: Option<u64>,
+    /// Sharding strategy: none, zero1, zero2, zero3, fsdp_full_shard, fsdp_shard_grad_op,
+    /// fsdp_hybrid_shard.
+    #[arg(long, value_parser = parse_sharding, help_heading = "Parallel")]
+    pub(crate) strategy: Option<Sharding>,
+    /// Tensor-parallel degree.
+    #[arg(long, value_parser = parse_count, help_heading = "Parallel")]
+    pub(crate) tensor_parallel: Option<u64>,
+    /// CPU offload: none, optimizer, optimizer_and_params.
+    #[arg(long, value_parser = parse_offload, help_heading = "Parallel")]
+    pub(crate) offload: Option<Offload>,
+}
+
+impl JobArgs {
+    /// Applies the flags over `base` (a recipe's job, or the defaults).
+    pub(crate) fn apply(&self, base: Option<Job>) -> Job {
+        let from_recipe = base.is_some();
+        let mut job = base.unwrap_or_default();
+        if let Some(q) = self.quantization {
+            job.quantization = q;
+        }
+        if let Some(m) = self.method {
+            job.method = m;
+        } else if !from_recipe && self.quantization.is_some_and(|q| q != Quantization::None) {
+            job.method = Method::Qlora;
+        }
+        if job.method == Method::Qlora && job.quantization == Quantization::None {
+            job.quantization = Quantization::Nf4Dq;
+        }
+        if let Some(r) = self.lora_rank {
+            job.lora.rank = r;
+            if self.lora_alpha.is_none() && !from_recipe {
+                #[allow(clippy::cast_precision_loss)]
+                let a = 2.0 * r as f64;
+                job.lora.alpha = a;
+            }
+        }
+        if let Some(a) = self.lora_alpha {
+            job.lora.alpha = a;
+        }
+        if let Some(d) = self.lora_dropout {
+            job.lora.dropout = d;
+        }
+        if let Some(t) = &self.target_modules {
+            job.lora.targets = if t.len() == 1 && t[0].eq_ignore_ascii_case("all-linear") {
+                Targets::AllLinear
+            } else {
+                Targets::Names(t.iter().map(|s| s.trim().to_owned()).collect())
+            };
+        }
+        if self.dora {
+            job.lora.dora = true;
+        }
+        if let Some(b) = self.micro_batch_size {
+            job.micro_batch_size = b;
+        }
+        if let Some(s) = self.seq_len {
+            job.seq_len = s;
+        }
+        if let Some(g) = self.grad_accum {
+            job.grad_accum = g;
+        }
+        if self.padded {
+            job.padding = Padding::Padded;
+        }
+        if let Some(o) = self.optimizer {
+            job.optimizer = o;
+        }
+        if let Some(s) = self.stack {
+            job.stack = s;
+            if !from_recipe && s == Stack::Trl && self.gradient_checkpointing.is_none() {
+                // TRL's SFTConfig: "gradient_checkpointing: Defaults to True".
+                job.gradient_checkpointing = true;
+            }
+            if !from_recipe && matches!(s, Stack::Litgpt | Stack::Torchtune) && self.precision.is_none() {
+                job.precision = Precision::Bf16;
+            }
+        }
+        if let Some(g) = self.gradient_checkpointing {
+            job.gradient_checkpointing = g;
+        }
+        if let Some(a) = self.attention {
+            job.attention = a;
+        }
+        if let Some(p) = self.precision {
+            job.precision = p;
+        } else if !from_recipe && matches!(job.method, Method::Full | Method::Inference) {
+            // transformers 5 loads `dtype="auto"` (bf16 checkpoints stay bf16), so a full
+            // fine-tune trains bf16 weights with bf16 AdamW states.
+            job.precision = Precision::Bf16;
+        }
+        if let Some(l) = self.loss {
+            job.loss = Some(l);
+        }
+        if let Some(n) = self.gpus {
+            job.parallel.data_parallel = n;
+        }
+        if let Some(s) = self.strategy {
+            job.parallel.sharding = s;
+        }
+        if let Some(t) = self.tensor_parallel {
+            job.parallel.tensor_parallel = t;
+        }
+        if let Some(o) = self.offload {
+            job.parallel.offload = o;
+        }
+        if job.precision == Precision::Fp32 {
+            job.kv_dtype = KvDtype::F32;
+        }
+        job
+    }
+}
