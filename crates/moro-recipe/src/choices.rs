@@ -1,0 +1,344 @@
+//! The named choices of moro.yaml (method, quantization, optimizer, ...).
+//!
+//! They mirror the engine's enums in [`moro_core::job`] but own their spelling in the file:
+//! the engine's serde names are not the file format (the optimizer is written as the HF
+//! Trainer's `optim`, e.g. `adamw_8bit`). Each converts to and from its engine twin with an
+//! exhaustive `match`, so a variant added to the engine fails to compile here until the file
+//! format says how it is spelled.
+
+use std::fmt;
+
+use moro_core::job as core;
+use serde::{Deserialize, Serialize};
+
+/// Declares a file-format enum, its spellings, and the conversions to the engine's enum.
+macro_rules! choice {
+    (
+        $(#[$meta:meta])*
+        $name:ident => $core:ty {
+            $(
+                $(#[$vmeta:meta])*
+                $var:ident = $text:literal $(| $alias:literal)* => $cvar:ident
+            ),+ $(,)?
+        }
+    ) => {
+        choice! {
+            $(#[$meta])*
+            $name {
+                $(
+                    $(#[$vmeta])*
+                    $var = $text $(| $alias)*
+                ),+
+            }
+        }
+
+        impl From<$name> for $core {
+            fn from(v: $name) -> Self {
+                match v {
+                    $($name::$var => <$core>::$cvar,)+
+                }
+            }
+        }
+
+        impl From<$core> for $name {
+            fn from(v: $core) -> Self {
+                match v {
+                    $(<$core>::$cvar => Self::$var,)+
+                }
+            }
+        }
+    };
+    (
+        $(#[$meta:meta])*
+        $name:ident {
+            $(
+                $(#[$vmeta:meta])*
+                $var:ident = $text:literal $(| $alias:literal)*
+            ),+ $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+        pub enum $name {
+            $(
+                $(#[$vmeta])*
+                #[serde(rename = $text $(, alias = $alias)*)]
+                $var,
+            )+
+        }
+
+        impl $name {
+            /// Every value, in declaration order.
+            pub const ALL: &'static [Self] = &[$(Self::$var),+];
+
+            /// The spelling in moro.yaml.
+            #[must_use]
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$var => $text,)+
+                }
+            }
+
+            /// Parses the spelling in moro.yaml (or one of its accepted aliases).
+            #[must_use]
+            pub fn parse(s: &str) -> Option<Self> {
+                match s {
+                    $($text $(| $alias)* => Some(Self::$var),)+
+                    _ => None,
+                }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    };
+}
+
+choice! {
+    /// Training (or inference) method (`model.method`).
+    Method => core::Method {
+        /// All parameters trainable.
+        Full = "full" => Full,
+        /// LoRA adapters on a frozen 16/32-bit base.
+        Lora = "lora" => Lora,
+        /// LoRA adapters on a frozen quantized base.
+        Qlora = "qlora" => Qlora,
+        /// Forward only, with a KV cache.
+        Inference = "inference" => Inference,
+    }
+}
+
+choice! {
+    /// Storage of the frozen base weights (`model.quantization`).
+    Quantization => core::Quantization {
+        /// The load dtype (no quantization).
+        None = "none" => None,
+        /// bitsandbytes LLM.int8 (`load_in_8bit`).
+        Int8 = "int8" => Int8,
+        /// bitsandbytes 4-bit NormalFloat (`bnb_4bit_quant_type="nf4"`).
+        Nf4 = "nf4" => Nf4,
+        /// NF4 with double quantization (`bnb_4bit_use_double_quant=True`).
+        Nf4Dq = "nf4-dq" => Nf4Dq,
+        /// bitsandbytes 4-bit float.
+        Fp4 = "fp4" => Fp4,
+        /// FP4 with double quantization.
+        Fp4Dq = "fp4-dq" => Fp4Dq,
+        /// A GPTQ/AWQ int4 checkpoint (group size 128).
+        GptqInt4 = "gptq-int4" => Gptq4,
+    }
+}
+
+choice! {
+    /// Optimizer, named as the HF Trainer's `optim` (`training.optimizer`).
+    Optimizer => core::Optimizer {
+        /// `torch.optim.AdamW`, foreach implementation.
+        AdamwTorch = "adamw_torch" => AdamwTorch,
+        /// `torch.optim.AdamW(fused=True)`.
+        AdamwTorchFused = "adamw_torch_fused" => AdamwTorchFused,
+        /// bitsandbytes 8-bit AdamW.
+        Adamw8bit = "adamw_8bit" | "adamw_bnb_8bit" => Adamw8bit,
+        /// bitsandbytes paged 8-bit AdamW.
+        PagedAdamw8bit = "paged_adamw_8bit" => PagedAdamw8bit,
+        /// bitsandbytes paged 32-bit AdamW.
+        PagedAdamw32bit = "paged_adamw_32bit" => PagedAdamw32bit,
+        /// HF Adafactor.
+        Adafactor = "adafactor" => Adafactor,
+        /// bitsandbytes Lion, 32-bit.
+        Lion32bit = "lion_32bit" => Lion32bit,
+        /// bitsandbytes Lion, 8-bit.
+        Lion8bit = "lion_8bit" => Lion8bit,
+        /// SGD without momentum.
+        Sgd = "sgd" => Sgd,
+        /// SGD with momentum.
+        SgdMomentum = "sgd_momentum" => SgdMomentum,
+    }
+}
+
+choice! {
+    /// Numeric precision of weights and compute (`training.precision`).
+    Precision => core::Precision {
+        /// Weights and trainable weights in bf16, no autocast.
+        Bf16 = "bf16" => Bf16,
+        /// fp32 trainable weights under bf16 autocast (HF Trainer `bf16=True`).
+        Bf16Mixed = "bf16-mixed" => Bf16Mixed,
+        /// fp32 trainable weights under fp16 autocast (HF Trainer `fp16=True`).
+        Fp16Mixed = "fp16-mixed" => Fp16Mixed,
+        /// Everything fp32.
+        Fp32 = "fp32" => Fp32,
+    }
+}
+
+choice! {
+    /// Attention implementation (`training.attention`).
+    Attention => core::Attention {
+        /// FlashAttention-2 (HF `attn_implementation="flash_attention_2"`).
+        Flash = "flash" | "flash_attention_2" => Flash,
+        /// PyTorch scaled_dot_product_attention.
+        Sdpa = "sdpa" => Sdpa,
+        /// Eager attention (materializes the attention probabilities).
+        Eager = "eager" => Eager,
+    }
+}
+
+choice! {
+    /// The training stack, since libraries allocate differently (`training.stack`).
+    Stack => core::Stack {
+        /// transformers Trainer + PEFT + bitsandbytes.
+        Hf = "hf" => Hf,
+        /// TRL SFTTrainer.
+        Trl = "trl" => Trl,
+        /// Lightning litgpt.
+        Litgpt = "litgpt" => Litgpt,
+        /// torchtune.
+        Torchtune = "torchtune" => Torchtune,
+    }
+}
+
+choice! {
+    /// How the loss is computed (`training.loss`).
+    Loss => core::LossImpl {
+        /// Full logits + cross-entropy (transformers `ForCausalLMLoss`).
+        Standard = "standard" => Standard,
+        /// TRL chunked NLL (lm_head in checkpointed chunks).
+        ChunkedNll = "chunked-nll" => ChunkedNll,
+        /// litgpt / torchtune chunked cross-entropy.
+        Chunked = "chunked" => Chunked,
+        /// Fused linear cross-entropy (Liger, cut-cross-entropy).
+        Fused = "fused" => Fused,
+    }
+}
+
+choice! {
+    /// Sharding strategy over the data-parallel GPUs (`parallel.strategy`).
+    Strategy => core::Sharding {
+        /// Plain DDP (or one GPU).
+        None = "none" => None,
+        /// DeepSpeed ZeRO-1: optimizer states sharded.
+        Zero1 = "zero1" => Zero1,
+        /// DeepSpeed ZeRO-2: optimizer states and gradients sharded.
+        Zero2 = "zero2" => Zero2,
+        /// DeepSpeed ZeRO-3: optimizer states, gradients and parameters sharded.
+        Zero3 = "zero3" => Zero3,
+        /// FSDP FULL_SHARD.
+        FsdpFullShard = "fsdp_full_shard" => FsdpFullShard,
+        /// FSDP SHARD_GRAD_OP.
+        FsdpShardGradOp = "fsdp_shard_grad_op" => FsdpShardGradOp,
+        /// FSDP HYBRID_SHARD.
+        FsdpHybridShard = "fsdp_hybrid_shard" => FsdpHybridShard,
+    }
+}
+
+impl Strategy {
+    /// Whether parameters are sharded (so they can be offloaded).
+    #[must_use]
+    pub const fn shards_params(self) -> bool {
+        matches!(
+            self,
+            Self::Zero3 | Self::FsdpFullShard | Self::FsdpHybridShard
+        )
+    }
+}
+
+choice! {
+    /// What is offloaded to host memory (`parallel.offload`).
+    Offload => core::Offload {
+        /// Nothing.
+        None = "none" => None,
+        /// Optimizer states (and fp32 master weights).
+        Optimizer = "optimizer" => Optimizer,
+        /// Optimizer states and parameters (ZeRO-3 / FSDP full or hybrid shard).
+        OptimizerAndParams = "optimizer_and_params" => OptimizerAndParams,
+    }
+}
+
+choice! {
+    /// KV-cache storage for inference (`training.kv_cache_dtype`).
+    KvCacheDtype => core::KvDtype {
+        /// The compute dtype (bf16 / fp16).
+        F16 = "f16" | "bf16" | "fp16" => F16,
+        /// fp8.
+        F8 = "f8" | "fp8" => F8,
+        /// fp32.
+        F32 = "f32" | "fp32" => F32,
+    }
+}
+
+choice! {
+    /// Learning-rate schedule, named as the HF Trainer's `lr_scheduler_type`
+    /// (`training.lr_scheduler`). No effect on memory; carried for exports.
+    LrScheduler {
+        /// Linear decay.
+        Linear = "linear",
+        /// Cosine decay.
+        Cosine = "cosine",
+        /// Cosine with hard restarts.
+        CosineWithRestarts = "cosine_with_restarts",
+        /// Cosine decay to a floor.
+        CosineWithMinLr = "cosine_with_min_lr",
+        /// Polynomial decay.
+        Polynomial = "polynomial",
+        /// Constant.
+        Constant = "constant",
+        /// Constant after warmup.
+        ConstantWithWarmup = "constant_with_warmup",
+        /// Inverse square root.
+        InverseSqrt = "inverse_sqrt",
+        /// Reduce on plateau.
+        ReduceLrOnPlateau = "reduce_lr_on_plateau",
+        /// Warmup-stable-decay.
+        WarmupStableDecay = "warmup_stable_decay",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_choice_round_trips_through_its_spelling_and_the_engine() {
+        for &m in Method::ALL {
+            assert_eq!(Method::parse(m.as_str()), Some(m));
+            assert_eq!(Method::from(core::Method::from(m)), m);
+        }
+        for &q in Quantization::ALL {
+            assert_eq!(Quantization::parse(q.as_str()), Some(q));
+            assert_eq!(Quantization::from(core::Quantization::from(q)), q);
+        }
+        for &o in Optimizer::ALL {
+            assert_eq!(Optimizer::parse(o.as_str()), Some(o));
+            let c = core::Optimizer::from(o);
+            assert_eq!(Optimizer::from(c), o);
+            // The file spells optimizers exactly as the engine's HF names.
+            assert_eq!(c.as_str(), o.as_str());
+        }
+        for &s in Strategy::ALL {
+            assert_eq!(Strategy::from(core::Sharding::from(s)), s);
+        }
+        for &k in KvCacheDtype::ALL {
+            assert_eq!(KvCacheDtype::from(core::KvDtype::from(k)), k);
+        }
+        assert_eq!(
+            Optimizer::parse("adamw_bnb_8bit"),
+            Some(Optimizer::Adamw8bit)
+        );
+        assert_eq!(LrScheduler::parse("cosine"), Some(LrScheduler::Cosine));
+        assert_eq!(Precision::Bf16Mixed.to_string(), "bf16-mixed");
+    }
+
+    #[test]
+    fn engine_spellings_match_where_the_engine_has_one() {
+        for &q in Quantization::ALL {
+            assert_eq!(core::Quantization::from(q).as_str(), q.as_str());
+        }
+        for &p in Precision::ALL {
+            assert_eq!(core::Precision::from(p).as_str(), p.as_str());
+        }
+        for &s in Stack::ALL {
+            assert_eq!(core::Stack::from(s).as_str(), s.as_str());
+        }
+    }
+}

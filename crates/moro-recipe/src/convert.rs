@@ -1,0 +1,203 @@
+//! [`Recipe`] ⇄ [`Job`]: the file's view and the engine's view of the same run.
+//!
+//! [`Recipe::to_job`] applies the documented defaults and checks values;
+//! [`Recipe::from_job`] writes every engine setting explicitly (so a generated moro.yaml does
+//! not depend on defaults that may change), plus the [`TrainingExtras`] the engine does not
+//! use. Job → Recipe → Job is the identity.
+
+use moro_core::job::{Job, JobError, LoraConfig, Padding, Parallel};
+
+use crate::choices::{LrScheduler, Method};
+use crate::error::RecipeError;
+use crate::recipe::{ModelSection, ParallelSection, Recipe, TrainingSection};
+
+/// Training settings that do not change memory but belong in a recipe (for exports and
+/// `moro run`).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TrainingExtras {
+    /// The recipe's version (`version:`).
+    pub version: Option<String>,
+    /// `training.auto_heal`.
+    pub auto_heal: bool,
+    /// `training.learning_rate`.
+    pub learning_rate: Option<f64>,
+    /// `training.num_epochs`.
+    pub num_epochs: Option<f64>,
+    /// `training.warmup_ratio`.
+    pub warmup_ratio: Option<f64>,
+    /// `training.weight_decay`.
+    pub weight_decay: Option<f64>,
+    /// `training.lr_scheduler`.
+    pub lr_scheduler: Option<LrScheduler>,
+    /// `training.dataset`.
+    pub dataset: Option<String>,
+    /// `training.output_dir`.
+    pub output_dir: Option<String>,
+}
+
+impl Recipe {
+    /// A recipe for `base_model_id` with every engine setting of `job` written out.
+    ///
+    /// LoRA fields are written for LoRA/QLoRA jobs, and for other methods only when they differ
+    /// from the defaults (so the round trip keeps them). `parallel:` is written only for more
+    /// than one GPU or a non-default layout. `hardware:` and `prediction:` are left empty for the
+    /// caller to fill.
+    #[must_use]
+    pub fn from_job(
+        name: impl Into<String>,
+        base_model_id: impl Into<String>,
+        job: &Job,
+        extras: TrainingExtras,
+    ) -> Self {
+        let lora = &job.lora;
+        let write_lora = job.method.is_peft() || *lora != LoraConfig::default();
+        let model = ModelSection {
+            base: base_model_id.into(),
+            method: Some(job.method.into()),
+            quantization: Some(job.quantization.into()),
+            lora_rank: write_lora.then_some(lora.rank),
+            lora_alpha: write_lora.then_some(lora.alpha),
+            lora_dropout: write_lora.then_some(lora.dropout),
+            target_modules: write_lora.then(|| lora.targets.clone().into()),
+            dora: write_lora.then_some(lora.dora),
+        };
+        let training = TrainingSection {
+            micro_batch_size: job.micro_batch_size,
+            gradient_accumulation_steps: job.grad_accum,
+            max_seq_length: job.seq_len,
+            optimizer: job.optimizer.into(),
+            gradient_checkpointing: job.gradient_checkpointing,
+            auto_heal: extras.auto_heal,
+            precision: job.precision.into(),
+            attention: job.attention.into(),
+            stack: job.stack.into(),
+            loss: job.loss.map(Into::into),
+            packing: job.padding == Padding::Packed,
+            kv_cache_dtype: job.kv_dtype.into(),
+            learning_rate: extras.learning_rate,
+            num_epochs: extras.num_epochs,
+            warmup_ratio: extras.warmup_ratio,
+            weight_decay: extras.weight_decay,
+            lr_scheduler: extras.lr_scheduler,
+            dataset: extras.dataset,
+            output_dir: extras.output_dir,
+        };
+        let p = &job.parallel;
+        let parallel = (*p != Parallel::single()).then(|| ParallelSection {
+            gpus: p.gpus(),
+            strategy: p.sharding.into(),
+            tensor_parallel: p.tensor_parallel,
+            pipeline_parallel: p.pipeline,
+            offload: p.offload.into(),
+        });
+        Self {
+            name: Some(name.into()),
+            version: extras.version,
+            model,
+            training,
+            parallel,
+            hardware: None,
+            prediction: None,
+        }
+    }
+
+    /// The settings of this recipe that [`Job`] does not carry.
+    #[must_use]
+    pub fn extras(&self) -> TrainingExtras {
+        let t = &self.training;
+        TrainingExtras {
+            version: self.version.clone(),
+            auto_heal: t.auto_heal,
+            learning_rate: t.learning_rate,
+            num_epochs: t.num_epochs,
+            warmup_ratio: t.warmup_ratio,
+            weight_decay: t.weight_decay,
+            lr_scheduler: t.lr_scheduler,
+            dataset: t.dataset.clone(),
+            output_dir: t.output_dir.clone(),
+        }
+    }
+
+    /// The engine job this recipe describes, with the documented defaults applied.
+    ///
+    /// # Errors
+    /// An invalid value ([`Recipe::validate`]), named by its field path, without a position.
+    pub fn to_job(&self) -> Result<Job, RecipeError> {
+        self.validate()?;
+        let m = &self.model;
+        let t = &self.training;
+        let parallel = match &self.parallel {
+            None => Parallel::single(),
+            Some(p) => Parallel {
+                // validate() checked the division is exact and non-zero.
+                data_parallel: p.gpus / (p.tensor_parallel * p.pipeline_parallel),
+                tensor_parallel: p.tensor_parallel,
+                pipeline: p.pipeline_parallel,
+                sharding: p.strategy.into(),
+                offload: p.offload.into(),
+            },
+        };
+        Ok(Job {
+            method: m.effective_method().into(),
+            quantization: m.effective_quantization().into(),
+            lora: m.lora_config(),
+            micro_batch_size: t.micro_batch_size,
+            seq_len: t.max_seq_length,
+            grad_accum: t.gradient_accumulation_steps,
+            optimizer: t.optimizer.into(),
+            gradient_checkpointing: t.gradient_checkpointing,
+            attention: t.attention.into(),
+            precision: t.precision.into(),
+            stack: t.stack.into(),
+            loss: t.loss.map(Into::into),
+            padding: if t.packing {
+                Padding::Packed
+            } else {
+                Padding::Padded
+            },
+            parallel,
+            kv_dtype: t.kv_cache_dtype.into(),
+        })
+    }
+
+    /// Whether the recipe trains adapters (its effective method is LoRA or QLoRA).
+    #[must_use]
+    pub fn is_peft(&self) -> bool {
+        matches!(self.model.effective_method(), Method::Lora | Method::Qlora)
+    }
+}
+
+/// The moro.yaml path of a field named in an engine [`JobError`].
+#[must_use]
+pub fn job_field_path(field: &str) -> String {
+    match field {
+        "micro_batch_size"
+        | "gradient_accumulation_steps"
+        | "max_seq_length"
+        | "optimizer"
+        | "gradient_checkpointing"
+        | "precision"
+        | "attention"
+        | "stack"
+        | "loss"
+        | "packing" => {
+            format!("training.{field}")
+        }
+        "lora_rank" | "lora_alpha" | "lora_dropout" | "target_modules" | "quantization"
+        | "method" | "dora" | "base" => format!("model.{field}"),
+        "parallel.data_parallel" => "parallel.gpus".to_owned(),
+        "parallel.pipeline" => "parallel.pipeline_parallel".to_owned(),
+        other => other.to_owned(),
+    }
+}
+
+/// An engine [`JobError`] (from [`Job::validate`], which knows the model) as a recipe error,
+/// positioned in `text` when the recipe came from it.
+#[must_use]
+pub fn job_error(err: &JobError, text: Option<&str>) -> RecipeError {
+    let e = RecipeError::value(job_field_path(err.field), err.message.clone());
+    match text {
+        Some(text) => crate::yaml::position(text, e),
+        None => e,
+    }
+}

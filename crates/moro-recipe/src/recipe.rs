@@ -1,0 +1,540 @@
+//! The moro.yaml data model: [`Recipe`] and its sections.
+//!
+//! Field names and nesting are the file format (issue 2 §5, plus the sections moro adds).
+//! Unknown keys are an error everywhere. Every optional field documents its default; the
+//! defaults of engine settings are taken from [`moro_core::job::Job::default`] so a recipe that
+//! omits them means the same as the command line without the flag.
+
+use std::fmt;
+
+use moro_core::job::{Job, LoraConfig, Targets};
+use serde::de::{self, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::choices::{
+    Attention, KvCacheDtype, Loss, LrScheduler, Method, Offload, Optimizer, Precision,
+    Quantization, Stack, Strategy,
+};
+
+/// A moro.yaml recipe.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", schemars(title = "moro.yaml", extend("$id" = crate::SCHEMA_URL)))]
+#[serde(deny_unknown_fields)]
+pub struct Recipe {
+    /// A name for the recipe (free text).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The recipe's own version (free text, e.g. `0.1.0`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// The model and how its weights are adapted.
+    pub model: ModelSection,
+    /// Shape, optimizer, precision and the training stack.
+    #[serde(default)]
+    pub training: TrainingSection,
+    /// Multi-GPU layout; absent = one GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel: Option<ParallelSection>,
+    /// The hardware the recipe was made for (informational when read back).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hardware: Option<HardwareSection>,
+    /// What moro predicted when it wrote the recipe (informational when read back).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prediction: Option<PredictionSection>,
+}
+
+/// `model:` — the base model and the adaptation method.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    /// Hugging Face model id (`Qwen/Qwen2.5-1.5B`), or a path to a model directory or config.json.
+    pub base: String,
+    /// Method. Default: `qlora` when `quantization` is set to a quantized type, else `lora` when
+    /// any LoRA field is set, else `full`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<Method>,
+    /// Base-weight quantization. Default: `nf4-dq` for `qlora`, else `none`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantization: Option<Quantization>,
+    /// LoRA rank r. Default: 16.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 65536)))]
+    pub lora_rank: Option<u64>,
+    /// LoRA alpha (scaling = alpha / r). Default: 32.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora_alpha: Option<f64>,
+    /// Dropout on the adapter input, in [0, 1). Default: 0.05.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora_dropout: Option<f64>,
+    /// Modules that get adapters: a list of names or `all-linear`. Default: the attention and
+    /// MLP projections (`q_proj`, `k_proj`, `v_proj`, `o_proj`, `gate_proj`, `up_proj`,
+    /// `down_proj`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_modules: Option<TargetModules>,
+    /// DoRA (weight-decomposed LoRA). Default: false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dora: Option<bool>,
+}
+
+impl ModelSection {
+    /// A section with only the base model set (every other field takes its default).
+    #[must_use]
+    pub fn new(base: impl Into<String>) -> Self {
+        Self {
+            base: base.into(),
+            method: None,
+            quantization: None,
+            lora_rank: None,
+            lora_alpha: None,
+            lora_dropout: None,
+            target_modules: None,
+            dora: None,
+        }
+    }
+
+    /// Whether any LoRA field is set.
+    #[must_use]
+    pub const fn has_lora_fields(&self) -> bool {
+        self.lora_rank.is_some()
+            || self.lora_alpha.is_some()
+            || self.lora_dropout.is_some()
+            || self.target_modules.is_some()
+            || self.dora.is_some()
+    }
+
+    /// The method, with the documented default applied.
+    #[must_use]
+    pub fn effective_method(&self) -> Method {
+        if let Some(m) = self.method {
+            return m;
+        }
+        match self.quantization {
+            Some(q) if q != Quantization::None => Method::Qlora,
+            _ if self.has_lora_fields() => Method::Lora,
+            _ => Method::Full,
+        }
+    }
+
+    /// The quantization, with the documented default applied.
+    #[must_use]
+    pub fn effective_quantization(&self) -> Quantization {
+        match (self.quantization, self.effective_method()) {
+            (Some(q), _) => q,
+            (None, Method::Qlora) => Quantization::Nf4Dq,
+            (None, _) => Quantization::None,
+        }
+    }
+
+    /// The LoRA settings, with the documented defaults applied.
+    #[must_use]
+    pub fn lora_config(&self) -> LoraConfig {
+        let d = LoraConfig::default();
+        LoraConfig {
+            rank: self.lora_rank.unwrap_or(d.rank),
+            alpha: self.lora_alpha.unwrap_or(d.alpha),
+            dropout: self.lora_dropout.unwrap_or(d.dropout),
+            targets: self.target_modules.clone().map_or(d.targets, Targets::from),
+            dora: self.dora.unwrap_or(d.dora),
+        }
+    }
+}
+
+/// `model.target_modules`: module names, or `all-linear`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TargetModules {
+    /// Every Linear in the decoder layers (PEFT `all-linear`).
+    AllLinear,
+    /// Modules by name (`q_proj`, `v_proj`, ...).
+    Names(Vec<String>),
+}
+
+impl TargetModules {
+    /// The spelling of [`Self::AllLinear`].
+    pub const ALL_LINEAR: &'static str = "all-linear";
+}
+
+impl From<TargetModules> for Targets {
+    fn from(t: TargetModules) -> Self {
+        match t {
+            TargetModules::AllLinear => Self::AllLinear,
+            TargetModules::Names(v) => Self::Names(v),
+        }
+    }
+}
+
+impl From<Targets> for TargetModules {
+    fn from(t: Targets) -> Self {
+        match t {
+            Targets::AllLinear => Self::AllLinear,
+            Targets::Names(v) => Self::Names(v),
+        }
+    }
+}
+
+impl Serialize for TargetModules {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::AllLinear => s.serialize_str(Self::ALL_LINEAR),
+            Self::Names(v) => crate::yaml::flow_seq(v, s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for TargetModules {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = TargetModules;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("`all-linear` or a list of module names")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<TargetModules, E> {
+                if s == TargetModules::ALL_LINEAR {
+                    Ok(TargetModules::AllLinear)
+                } else {
+                    Err(E::invalid_value(de::Unexpected::Str(s), &self))
+                }
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<TargetModules, A::Error> {
+                let mut v = Vec::new();
+                while let Some(s) = seq.next_element::<String>()? {
+                    v.push(s);
+                }
+                Ok(TargetModules::Names(v))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `training:` — shape, optimizer, precision, stack, and the hyper-parameters exports need.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct TrainingSection {
+    /// Sequences per GPU per step (inference: concurrent sequences). Default: 1.
+    #[serde(default = "defaults::micro_batch_size")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 65536)))]
+    pub micro_batch_size: u64,
+    /// Micro-batches accumulated per optimizer step. Default: 1.
+    #[serde(default = "defaults::gradient_accumulation_steps")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 1_048_576)))]
+    pub gradient_accumulation_steps: u64,
+    /// Tokens per sequence (inference: prompt + generated context). Default: 2048.
+    #[serde(default = "defaults::max_seq_length")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 16_777_216)))]
+    pub max_seq_length: u64,
+    /// Optimizer (HF Trainer `optim` name). Default: `adamw_torch_fused`.
+    #[serde(default = "defaults::optimizer")]
+    pub optimizer: Optimizer,
+    /// Gradient checkpointing. Default: false.
+    #[serde(default)]
+    pub gradient_checkpointing: bool,
+    /// Let `moro run` recover from out-of-memory by walking the heal ladder. Default: false.
+    #[serde(default)]
+    pub auto_heal: bool,
+    /// Precision. Default: `bf16-mixed` (HF Trainer `bf16=True`).
+    #[serde(default = "defaults::precision")]
+    pub precision: Precision,
+    /// Attention implementation. Default: `sdpa`.
+    #[serde(default = "defaults::attention")]
+    pub attention: Attention,
+    /// Training stack. Default: `hf`.
+    #[serde(default = "defaults::stack")]
+    pub stack: Stack,
+    /// Loss implementation. Default: the stack's own (`standard` for hf, `chunked-nll` for trl,
+    /// `chunked` for litgpt and torchtune).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<Loss>,
+    /// Packed (or padding-free) batches: every sequence fills `max_seq_length` with no
+    /// attention mask. false = right-padded with a mask. Default: true.
+    #[serde(default = "defaults::packing")]
+    pub packing: bool,
+    /// KV-cache storage (inference). Default: `f16` (the compute dtype).
+    #[serde(default = "defaults::kv_cache_dtype")]
+    pub kv_cache_dtype: KvCacheDtype,
+    /// Peak learning rate. No effect on memory. Default: the exporter's choice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub learning_rate: Option<f64>,
+    /// Epochs (may be fractional). No effect on memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_epochs: Option<f64>,
+    /// Share of steps used for warmup, in [0, 1]. No effect on memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmup_ratio: Option<f64>,
+    /// Weight decay. No effect on memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_decay: Option<f64>,
+    /// Learning-rate schedule (HF `lr_scheduler_type`). No effect on memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lr_scheduler: Option<LrScheduler>,
+    /// Dataset: a Hugging Face dataset id or a local path (for exports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataset: Option<String>,
+    /// Where the trainer writes checkpoints (for exports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_dir: Option<String>,
+}
+
+impl Default for TrainingSection {
+    fn default() -> Self {
+        Self {
+            micro_batch_size: defaults::micro_batch_size(),
+            gradient_accumulation_steps: defaults::gradient_accumulation_steps(),
+            max_seq_length: defaults::max_seq_length(),
+            optimizer: defaults::optimizer(),
+            gradient_checkpointing: false,
+            auto_heal: false,
+            precision: defaults::precision(),
+            attention: defaults::attention(),
+            stack: defaults::stack(),
+            loss: None,
+            packing: defaults::packing(),
+            kv_cache_dtype: defaults::kv_cache_dtype(),
+            learning_rate: None,
+            num_epochs: None,
+            warmup_ratio: None,
+            weight_decay: None,
+            lr_scheduler: None,
+            dataset: None,
+            output_dir: None,
+        }
+    }
+}
+
+/// `parallel:` — how the job is spread over GPUs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ParallelSection {
+    /// GPUs in all (data × tensor × pipeline parallel). Default: 1.
+    #[serde(default = "defaults::one")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 65536)))]
+    pub gpus: u64,
+    /// Sharding strategy over the data-parallel GPUs. Default: `none` (DDP).
+    #[serde(default = "defaults::strategy")]
+    pub strategy: Strategy,
+    /// Tensor-parallel degree; divides `gpus`. Default: 1.
+    #[serde(default = "defaults::one")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 65536)))]
+    pub tensor_parallel: u64,
+    /// Pipeline (layer-placement) degree; divides `gpus`. Default: 1.
+    #[serde(default = "defaults::one")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 65536)))]
+    pub pipeline_parallel: u64,
+    /// CPU offload. Default: `none`.
+    #[serde(default = "defaults::offload")]
+    pub offload: Offload,
+}
+
+impl Default for ParallelSection {
+    fn default() -> Self {
+        Self {
+            gpus: 1,
+            strategy: defaults::strategy(),
+            tensor_parallel: 1,
+            pipeline_parallel: 1,
+            offload: defaults::offload(),
+        }
+    }
+}
+
+/// `hardware:` — the GPU(s) the recipe was made for. Informational when read back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct HardwareSection {
+    /// GPU name (as nvidia-smi prints it, or the catalog's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Catalog preset id (`rtx-4090`, `a100-sxm4-80gb`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preset: Option<String>,
+    /// Memory of one GPU, bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+    /// Number of GPUs. Default: 1.
+    #[serde(default = "defaults::one")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 65536)))]
+    pub count: u64,
+    /// Whether it was detected on the machine (true) or named by hand (false). Default: false.
+    #[serde(default)]
+    pub detected: bool,
+}
+
+impl Default for HardwareSection {
+    fn default() -> Self {
+        Self {
+            name: None,
+            preset: None,
+            memory_bytes: None,
+            count: 1,
+            detected: false,
+        }
+    }
+}
+
+/// `prediction:` — moro's prediction when it wrote the recipe, all sizes in bytes.
+/// Informational when read back.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct PredictionSection {
+    /// Peak of tensors (`torch.cuda.max_memory_allocated`).
+    pub peak_allocated_bytes: u64,
+    /// Peak of the caching allocator's reserve (`torch.cuda.max_memory_reserved`).
+    pub peak_reserved_bytes: u64,
+    /// Peak device total (what nvidia-smi shows, with the CUDA context).
+    pub peak_device_bytes: u64,
+    /// Phase of the step where the peak happens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// Components at the peak, name → bytes, in the order moro reported them.
+    #[serde(default, skip_serializing_if = "Components::is_empty")]
+    pub components: Components,
+    /// Usable memory minus margin minus the device peak (negative when it does not fit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headroom_bytes: Option<i64>,
+    /// Safety margin kept free, from the estimator's measured error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub margin_bytes: Option<u64>,
+    /// Memory the prediction was compared with (one GPU), bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+}
+
+/// An ordered name → bytes map (a YAML mapping; order is kept, duplicate names are an error).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Components(pub Vec<(String, u64)>);
+
+impl Components {
+    /// Whether there are no components.
+    #[must_use]
+    pub const fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Bytes of the component `name`.
+    #[must_use]
+    pub fn get(&self, name: &str) -> Option<u64> {
+        self.0.iter().find(|(n, _)| n == name).map(|&(_, b)| b)
+    }
+}
+
+impl<S: Into<String>> FromIterator<(S, u64)> for Components {
+    fn from_iter<I: IntoIterator<Item = (S, u64)>>(iter: I) -> Self {
+        Self(iter.into_iter().map(|(n, b)| (n.into(), b)).collect())
+    }
+}
+
+impl Serialize for Components {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.0.iter().map(|(n, b)| (n, b)))
+    }
+}
+
+impl<'de> Deserialize<'de> for Components {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Components;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a mapping of component name to bytes")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Components, A::Error> {
+                let mut v: Vec<(String, u64)> = Vec::new();
+                while let Some((name, bytes)) = map.next_entry::<String, u64>()? {
+                    if v.iter().any(|(n, _)| *n == name) {
+                        return Err(de::Error::custom(format_args!(
+                            "duplicate component `{name}`"
+                        )));
+                    }
+                    v.push((name, bytes));
+                }
+                Ok(Components(v))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// Defaults of omitted fields, taken from the engine's [`Job::default`].
+mod defaults {
+    use super::{Attention, Job, KvCacheDtype, Offload, Optimizer, Precision, Stack, Strategy};
+    use moro_core::job::Padding;
+
+    pub(super) fn micro_batch_size() -> u64 {
+        Job::default().micro_batch_size
+    }
+    pub(super) fn gradient_accumulation_steps() -> u64 {
+        Job::default().grad_accum
+    }
+    pub(super) fn max_seq_length() -> u64 {
+        Job::default().seq_len
+    }
+    pub(super) fn optimizer() -> Optimizer {
+        Job::default().optimizer.into()
+    }
+    pub(super) fn precision() -> Precision {
+        Job::default().precision.into()
+    }
+    pub(super) fn attention() -> Attention {
+        Job::default().attention.into()
+    }
+    pub(super) fn stack() -> Stack {
+        Job::default().stack.into()
+    }
+    pub(super) fn packing() -> bool {
+        Job::default().padding == Padding::Packed
+    }
+    pub(super) fn kv_cache_dtype() -> KvCacheDtype {
+        Job::default().kv_dtype.into()
+    }
+    pub(super) fn strategy() -> Strategy {
+        Job::default().parallel.sharding.into()
+    }
+    pub(super) fn offload() -> Offload {
+        Job::default().parallel.offload.into()
+    }
+    pub(super) const fn one() -> u64 {
+        1
+    }
+}
+
+#[cfg(feature = "schema")]
+mod schema_impls {
+    use std::borrow::Cow;
+
+    use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+
+    use super::{Components, TargetModules};
+
+    impl JsonSchema for TargetModules {
+        fn schema_name() -> Cow<'static, str> {
+            "TargetModules".into()
+        }
+        fn json_schema(_: &mut SchemaGenerator) -> Schema {
+            json_schema!({
+                "description": "Modules that get LoRA adapters: `all-linear`, or a list of names.",
+                "anyOf": [
+                    { "type": "string", "const": "all-linear" },
+                    { "type": "array", "items": { "type": "string", "minLength": 1 }, "minItems": 1 }
+                ]
+            })
+        }
+    }
+
+    impl JsonSchema for Components {
+        fn schema_name() -> Cow<'static, str> {
+            "Components".into()
+        }
+        fn json_schema(_: &mut SchemaGenerator) -> Schema {
+            json_schema!({
+                "type": "object",
+                "additionalProperties": { "type": "integer", "minimum": 0 }
+            })
+        }
+    }
+}

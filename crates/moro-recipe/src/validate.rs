@@ -1,0 +1,216 @@
+//! Value checks on a [`Recipe`] that the types alone cannot express: ranges, finiteness,
+//! and fields that must agree with each other.
+//!
+//! Checks that need the model (a LoRA rank above the hidden size, a target module the model
+//! does not have) are the engine's ([`moro_core::job::Job::validate`]); map its errors back to
+//! the file with [`crate::job_error`].
+
+use moro_core::job::{MAX_BATCH, MAX_SEQ_LEN};
+
+use crate::choices::{Method, Offload, Quantization};
+use crate::error::RecipeError;
+use crate::recipe::{Recipe, TargetModules};
+
+/// Largest gradient accumulation accepted (the engine's bound).
+pub const MAX_GRAD_ACCUM: u64 = 1 << 20;
+/// Largest LoRA rank accepted before the model is known.
+pub const MAX_LORA_RANK: u64 = 1 << 16;
+/// Largest number of GPUs (and tensor / pipeline degree).
+pub const MAX_GPUS: u64 = 1 << 16;
+
+fn range(field: &str, v: u64, max: u64, unit: &str) -> Result<(), RecipeError> {
+    if v == 0 || v > max {
+        return Err(RecipeError::value(
+            field,
+            format!("must be between 1 and {max}{unit}, got {v}"),
+        ));
+    }
+    Ok(())
+}
+
+fn finite(
+    field: &str,
+    v: Option<f64>,
+    ok: impl Fn(f64) -> bool,
+    what: &str,
+) -> Result<(), RecipeError> {
+    match v {
+        Some(x) if !x.is_finite() || !ok(x) => Err(RecipeError::value(
+            field,
+            format!("must be {what}, got {x}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+impl Recipe {
+    /// Checks every value that can be checked without the model.
+    ///
+    /// # Errors
+    /// The first invalid field, named by its dotted path (no position: [`crate::parse`] adds
+    /// one).
+    pub fn validate(&self) -> Result<(), RecipeError> {
+        let m = &self.model;
+        if m.base.trim().is_empty() {
+            return Err(RecipeError::value(
+                "model.base",
+                "is empty; name a model id or a path",
+            ));
+        }
+        if let Some(r) = m.lora_rank {
+            range("model.lora_rank", r, MAX_LORA_RANK, "")?;
+        }
+        finite(
+            "model.lora_alpha",
+            m.lora_alpha,
+            |x| x > 0.0,
+            "a positive number",
+        )?;
+        finite(
+            "model.lora_dropout",
+            m.lora_dropout,
+            |x| (0.0..1.0).contains(&x),
+            "in [0, 1)",
+        )?;
+        if let Some(TargetModules::Names(names)) = &m.target_modules {
+            if names.is_empty() {
+                return Err(RecipeError::value(
+                    "model.target_modules",
+                    "is empty; list module names or write `all-linear`",
+                ));
+            }
+            for (i, n) in names.iter().enumerate() {
+                if n.trim().is_empty() {
+                    return Err(RecipeError::value(
+                        format!("model.target_modules[{i}]"),
+                        "is an empty module name",
+                    ));
+                }
+                if names[..i].contains(n) {
+                    return Err(RecipeError::value(
+                        format!("model.target_modules[{i}]"),
+                        format!("`{n}` is listed twice"),
+                    ));
+                }
+            }
+        }
+        let method = m.effective_method();
+        let quant = m.effective_quantization();
+        match method {
+            Method::Full if quant != Quantization::None => {
+                return Err(RecipeError::value(
+                    "model.quantization",
+                    format!(
+                        "`{quant}` with method `full`: a full fine-tune cannot train quantized \
+                         weights; use method `qlora` or quantization `none`"
+                    ),
+                ));
+            }
+            Method::Qlora if quant == Quantization::None => {
+                return Err(RecipeError::value(
+                    "model.quantization",
+                    "method `qlora` needs a quantized base (nf4, nf4-dq, fp4, fp4-dq, int8, \
+                     gptq-int4)",
+                ));
+            }
+            _ => {}
+        }
+
+        let t = &self.training;
+        range(
+            "training.micro_batch_size",
+            t.micro_batch_size,
+            MAX_BATCH,
+            "",
+        )?;
+        range(
+            "training.gradient_accumulation_steps",
+            t.gradient_accumulation_steps,
+            MAX_GRAD_ACCUM,
+            "",
+        )?;
+        range(
+            "training.max_seq_length",
+            t.max_seq_length,
+            MAX_SEQ_LEN,
+            " tokens",
+        )?;
+        finite(
+            "training.learning_rate",
+            t.learning_rate,
+            |x| x > 0.0 && x <= 10.0,
+            "in (0, 10]",
+        )?;
+        finite(
+            "training.num_epochs",
+            t.num_epochs,
+            |x| x > 0.0 && x <= 1e6,
+            "in (0, 1000000]",
+        )?;
+        finite(
+            "training.warmup_ratio",
+            t.warmup_ratio,
+            |x| (0.0..=1.0).contains(&x),
+            "in [0, 1]",
+        )?;
+        finite(
+            "training.weight_decay",
+            t.weight_decay,
+            |x| (0.0..=10.0).contains(&x),
+            "in [0, 10]",
+        )?;
+        for (field, v) in [
+            ("training.dataset", &t.dataset),
+            ("training.output_dir", &t.output_dir),
+        ] {
+            if v.as_deref().is_some_and(|s| s.trim().is_empty()) {
+                return Err(RecipeError::value(
+                    field,
+                    "is empty; remove the key or give a value",
+                ));
+            }
+        }
+
+        if let Some(p) = &self.parallel {
+            range("parallel.gpus", p.gpus, MAX_GPUS, "")?;
+            range("parallel.tensor_parallel", p.tensor_parallel, MAX_GPUS, "")?;
+            range(
+                "parallel.pipeline_parallel",
+                p.pipeline_parallel,
+                MAX_GPUS,
+                "",
+            )?;
+            let model_parallel = p.tensor_parallel * p.pipeline_parallel;
+            if p.gpus % model_parallel != 0 {
+                return Err(RecipeError::value(
+                    "parallel.gpus",
+                    format!(
+                        "{} GPUs cannot be split into groups of tensor_parallel × \
+                         pipeline_parallel = {model_parallel}",
+                        p.gpus
+                    ),
+                ));
+            }
+            if p.offload == Offload::OptimizerAndParams && !p.strategy.shards_params() {
+                return Err(RecipeError::value(
+                    "parallel.offload",
+                    format!(
+                        "`optimizer_and_params` needs sharded parameters (zero3, \
+                         fsdp_full_shard or fsdp_hybrid_shard), not `{}`",
+                        p.strategy
+                    ),
+                ));
+            }
+        }
+        if let Some(h) = &self.hardware {
+            if h.memory_bytes == Some(0) {
+                return Err(RecipeError::value(
+                    "hardware.memory_bytes",
+                    "must be above 0",
+                ));
+            }
+            range("hardware.count", h.count, MAX_GPUS, "")?;
+        }
+        Ok(())
+    }
+}

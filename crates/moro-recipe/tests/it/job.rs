@@ -1,0 +1,264 @@
+//! Recipe ⇄ engine Job.
+
+use moro_core::job::{
+    Attention, Job, JobError, KvDtype, LoraConfig, LossImpl, Method, Offload, Optimizer, Padding,
+    Parallel, Precision, Quantization, Sharding, Stack, Targets,
+};
+use moro_recipe::choices::LrScheduler;
+use moro_recipe::{Recipe, TrainingExtras, to_yaml};
+
+use crate::{FULL, PRODUCT, ok};
+
+#[test]
+fn the_product_example_is_a_qlora_job() {
+    let job = ok(PRODUCT).to_job().unwrap();
+    assert_eq!(job.method, Method::Qlora);
+    assert_eq!(job.quantization, Quantization::Nf4);
+    assert_eq!(job.lora.rank, 16);
+    assert_eq!(job.lora.alpha, 32.0);
+    assert_eq!(job.lora.dropout, 0.05);
+    assert_eq!(job.lora.targets, LoraConfig::default().targets);
+    assert_eq!(
+        (job.micro_batch_size, job.grad_accum, job.seq_len),
+        (2, 8, 2048)
+    );
+    assert_eq!(job.optimizer, Optimizer::Adamw8bit);
+    assert!(job.gradient_checkpointing);
+    assert_eq!(job.parallel, Parallel::single());
+}
+
+#[test]
+fn omitted_fields_mean_the_engine_defaults() {
+    let job = ok("model:\n  base: m\n  method: lora\n").to_job().unwrap();
+    assert_eq!(job, Job::default());
+}
+
+#[test]
+fn every_field_maps() {
+    let job = ok(FULL).to_job().unwrap();
+    assert_eq!(job.method, Method::Lora);
+    assert_eq!(job.lora.targets, Targets::AllLinear);
+    assert!(job.lora.dora);
+    assert_eq!(
+        (job.lora.rank, job.lora.alpha, job.lora.dropout),
+        (64, 128.0, 0.0)
+    );
+    assert_eq!(job.precision, Precision::Bf16);
+    assert_eq!(job.attention, Attention::Flash);
+    assert_eq!(job.stack, Stack::Trl);
+    assert_eq!(job.loss, Some(LossImpl::ChunkedNll));
+    assert_eq!(job.padding, Padding::Padded);
+    assert_eq!(job.kv_dtype, KvDtype::F16);
+    assert_eq!(
+        job.parallel,
+        Parallel {
+            data_parallel: 8,
+            tensor_parallel: 2,
+            pipeline: 1,
+            sharding: Sharding::FsdpFullShard,
+            offload: Offload::OptimizerAndParams,
+        }
+    );
+    let extras = ok(FULL).extras();
+    assert_eq!(extras.lr_scheduler, Some(LrScheduler::Cosine));
+    assert_eq!(extras.dataset.as_deref(), Some("tatsu-lab/alpaca"));
+}
+
+/// Jobs that differ from the default in every field, one field at a time and all at once.
+fn jobs() -> Vec<Job> {
+    let d = Job::default();
+    let mut v = vec![d.clone()];
+    let all = Job {
+        method: Method::Qlora,
+        quantization: Quantization::Fp4Dq,
+        lora: LoraConfig {
+            rank: 128,
+            alpha: 16.5,
+            dropout: 0.1,
+            targets: Targets::Names(vec!["q_proj".into(), "yes".into()]),
+            dora: true,
+        },
+        micro_batch_size: 7,
+        seq_len: 16_384,
+        grad_accum: 3,
+        optimizer: Optimizer::PagedAdamw32bit,
+        gradient_checkpointing: true,
+        attention: Attention::Eager,
+        precision: Precision::Fp16Mixed,
+        stack: Stack::Torchtune,
+        loss: Some(LossImpl::Fused),
+        padding: Padding::Padded,
+        parallel: Parallel {
+            data_parallel: 4,
+            tensor_parallel: 2,
+            pipeline: 3,
+            sharding: Sharding::Zero3,
+            offload: Offload::OptimizerAndParams,
+        },
+        kv_dtype: KvDtype::F8,
+    };
+    v.push(all);
+    for m in Method::ALL {
+        let quantization = if m == Method::Qlora {
+            Quantization::Nf4
+        } else {
+            Quantization::None
+        };
+        v.push(Job {
+            method: m,
+            quantization,
+            ..d.clone()
+        });
+        // Non-default LoRA settings on a full fine-tune survive too.
+        v.push(Job {
+            method: m,
+            quantization,
+            lora: LoraConfig {
+                rank: 8,
+                ..LoraConfig::default()
+            },
+            ..d.clone()
+        });
+    }
+    for q in Quantization::ALL {
+        v.push(Job {
+            method: Method::Inference,
+            quantization: q,
+            ..d.clone()
+        });
+    }
+    for o in Optimizer::ALL {
+        v.push(Job {
+            optimizer: o,
+            ..d.clone()
+        });
+    }
+    for p in Precision::ALL {
+        v.push(Job {
+            precision: p,
+            ..d.clone()
+        });
+    }
+    for s in Stack::ALL {
+        v.push(Job {
+            stack: s,
+            loss: Some(LossImpl::Chunked),
+            ..d.clone()
+        });
+    }
+    for k in [KvDtype::F16, KvDtype::F8, KvDtype::F32] {
+        v.push(Job {
+            kv_dtype: k,
+            ..d.clone()
+        });
+    }
+    for s in [
+        Sharding::None,
+        Sharding::Zero1,
+        Sharding::Zero2,
+        Sharding::FsdpShardGradOp,
+        Sharding::FsdpHybridShard,
+    ] {
+        v.push(Job {
+            parallel: Parallel {
+                data_parallel: 8,
+                sharding: s,
+                offload: Offload::Optimizer,
+                ..Parallel::single()
+            },
+            ..d.clone()
+        });
+    }
+    v.push(Job {
+        lora: LoraConfig {
+            targets: Targets::AllLinear,
+            ..LoraConfig::default()
+        },
+        ..d
+    });
+    v
+}
+
+#[test]
+fn job_recipe_job_is_the_identity() {
+    for job in jobs() {
+        let r = Recipe::from_job("t", "Qwen/Qwen2.5-0.5B", &job, TrainingExtras::default());
+        assert_eq!(r.to_job().as_ref(), Ok(&job), "{r:#?}");
+        // And through the file.
+        let y = to_yaml(&r, "");
+        let back = ok(&y);
+        assert_eq!(back, r, "{y}");
+        assert_eq!(back.to_job().as_ref(), Ok(&job), "{y}");
+    }
+}
+
+#[test]
+fn extras_round_trip() {
+    let extras = TrainingExtras {
+        version: Some("2.0".into()),
+        auto_heal: true,
+        learning_rate: Some(3e-5),
+        num_epochs: Some(1.5),
+        warmup_ratio: Some(0.1),
+        weight_decay: Some(0.0),
+        lr_scheduler: Some(LrScheduler::ConstantWithWarmup),
+        dataset: Some("data/train.jsonl".into()),
+        output_dir: Some("runs/1".into()),
+    };
+    let r = Recipe::from_job("n", "m", &Job::default(), extras.clone());
+    assert_eq!(r.extras(), extras);
+    assert_eq!(ok(&to_yaml(&r, "")).extras(), extras);
+}
+
+#[test]
+fn single_gpu_jobs_write_no_parallel_section() {
+    let r = Recipe::from_job("n", "m", &Job::default(), TrainingExtras::default());
+    assert!(r.parallel.is_none());
+    assert!(!to_yaml(&r, "").contains("parallel:"));
+}
+
+#[test]
+fn invalid_recipes_do_not_become_jobs() {
+    let mut r = ok(PRODUCT);
+    r.training.micro_batch_size = 0;
+    let e = r.to_job().unwrap_err();
+    assert_eq!(e.field.as_deref(), Some("training.micro_batch_size"));
+    assert_eq!(e.line, None, "no text, no position");
+}
+
+#[test]
+fn engine_errors_point_into_the_file() {
+    let text = PRODUCT;
+    let err = JobError {
+        field: "lora_rank",
+        message: "4096 is above the model's hidden size 1536".into(),
+    };
+    let e = moro_recipe::job_error(&err, Some(text));
+    assert_eq!(e.field.as_deref(), Some("model.lora_rank"));
+    assert_eq!((e.line, e.column), (Some(6), Some(14)));
+    let err = JobError {
+        field: "target_modules",
+        message: "`x` is not a Linear".into(),
+    };
+    let e = moro_recipe::job_error(&err, Some(text));
+    assert_eq!(
+        (e.field.as_deref(), e.line),
+        (Some("model.target_modules"), Some(9))
+    );
+    // An absent field points at its section.
+    let err = JobError {
+        field: "parallel.data_parallel",
+        message: "too many".into(),
+    };
+    let e = moro_recipe::job_error(&err, Some(text));
+    assert_eq!((e.field.as_deref(), e.line), (Some("parallel.gpus"), None));
+    let err = JobError {
+        field: "max_seq_length",
+        message: "x".into(),
+    };
+    let e = moro_recipe::job_error(&err, Some("model:\n  base: m\ntraining:\n  stack: hf\n"));
+    assert_eq!(
+        (e.field.as_deref(), e.line),
+        (Some("training.max_seq_length"), Some(4))
+    );
+}
