@@ -3,6 +3,8 @@
 mod job;
 mod parse;
 mod pyyaml;
+#[cfg(feature = "schema")]
+mod schema;
 mod write;
 
 /// The product's moro.yaml example (issue 2 §5), verbatim.
