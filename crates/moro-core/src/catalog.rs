@@ -27,6 +27,15 @@ static ENTRIES: &[CatalogEntry] = include!(concat!(env!("OUT_DIR"), "/catalog_en
 /// here). Variants whose stored dtype differs from the base (Gemma 2 `-it` is bf16 while
 /// the base 2b/9b files are fp32) are deliberately not aliased.
 pub const ALIASES: &[(&str, &str)] = &[
+    // Qwen-1 chat and GPTQ-Int4 checkpoints share the base architecture.
+    ("Qwen/Qwen-1_8B-Chat", "Qwen/Qwen-1_8B"),
+    ("Qwen/Qwen-1_8B-Chat-Int4", "Qwen/Qwen-1_8B"),
+    ("Qwen/Qwen-7B-Chat", "Qwen/Qwen-7B"),
+    ("Qwen/Qwen-7B-Chat-Int4", "Qwen/Qwen-7B"),
+    ("Qwen/Qwen-14B-Chat", "Qwen/Qwen-14B"),
+    ("Qwen/Qwen-14B-Chat-Int4", "Qwen/Qwen-14B"),
+    ("Qwen/Qwen-72B-Chat", "Qwen/Qwen-72B"),
+    ("Qwen/Qwen-72B-Chat-Int4", "Qwen/Qwen-72B"),
     // Llama 2 chat models and community re-uploads.
     ("meta-llama/Llama-2-7b-chat-hf", "meta-llama/Llama-2-7b-hf"),
     (
@@ -66,6 +75,11 @@ pub const ALIASES: &[(&str, &str)] = &[
         "meta-llama/Llama-3.2-3B-Instruct",
         "meta-llama/Llama-3.2-3B",
     ),
+    // No base Llama-3.2-1B file is embedded; its architecture is the Instruct model's.
+    (
+        "meta-llama/Llama-3.2-1B",
+        "meta-llama/Llama-3.2-1B-Instruct",
+    ),
     // TinyLlama's final pretraining checkpoint has the chat model's architecture.
     (
         "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T",
@@ -77,6 +91,15 @@ pub const ALIASES: &[(&str, &str)] = &[
         "mistralai/Mistral-7B-v0.1",
     ),
     ("TheBloke/Mistral-7B-v0.1-GPTQ", "mistralai/Mistral-7B-v0.1"),
+    // Mistral 7B v0.2 (32k context, no sliding window) and its instruct model.
+    (
+        "mistral-community/Mistral-7B-v0.2",
+        "unsloth/Mistral-7B-v0.2",
+    ),
+    (
+        "mistralai/Mistral-7B-Instruct-v0.2",
+        "unsloth/Mistral-7B-v0.2",
+    ),
     (
         "mistralai/Mistral-7B-Instruct-v0.3",
         "mistralai/Mistral-7B-v0.3",

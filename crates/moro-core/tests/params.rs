@@ -319,6 +319,91 @@ const CATALOG: &[Row] = &[
     ),
 ];
 
+/// Models added for the validation set (not in docs/model-params.md). Expected totals were
+/// worked out by hand from each published architecture (the per-layer arithmetic is in the
+/// comment) and agree with the public figures noted: [recalled] = model card / paper figure
+/// from memory, not re-read; "validation" = `params_b` of shared/validation/measured.jsonl.
+/// Non-embedding = total − V·H (− V·H again when untied).
+const EXTRA: &[Row] = &[
+    // phi-2: 2,779,683,840 [recalled, HF model card "2.7B"/page 2.78B]; 32 × 78,671,360
+    // + 2 × 51200·2560 + lm_head bias 51,200 + final LN 5,120.
+    row!("microsoft--phi-2", 2_779_683_840, 2_517_539_840, None),
+    // phi-1_5: 24 × 50,354,176 + 2 × 51200·2048 + 51,200 + 4,096; validation 1.42B.
+    row!("microsoft--phi-1_5", 1_418_270_720, 1_208_555_520, None),
+    // gemma-2b: 2,506,172,416 [recalled; keras-hub gemma_2b_en]; tied.
+    row!("google--gemma-2b", 2_506_172_416, 1_981_884_416, None),
+    // gemma-7b: 8,537,680,896 [recalled; keras-hub gemma_7b_en]; tied, 16 KV heads.
+    row!("google--gemma-7b", 8_537_680_896, 7_751_248_896, None),
+    // Qwen-7B: 7,721,324,544 [recalled, Qwen-7B model card]; 32 × 202,395,648 + 2 × 151936·4096
+    // + 4,096.
+    row!("Qwen--Qwen-7B", 7_721_324_544, 6_476_664_832, None),
+    // Qwen-1.8B: 24 × 50,604,032 + 2 × 151936·2048 + 2,048; validation 1.84B.
+    row!("Qwen--Qwen-1_8B", 1_836_828_672, 1_214_498_816, None),
+    // Qwen-14B: 40 × 315,253,760 + 2 × 152064·5120 + 5,120; validation 14.17B.
+    row!("Qwen--Qwen-14B", 14_167_290_880, 12_610_155_520, None),
+    // Qwen-72B: 80 × 872,456,192 + 2 × 152064·8192 + 8,192; validation 72.29B.
+    row!("Qwen--Qwen-72B", 72_287_920_128, 69_796_503_552, None),
+    // bloomz-7b1 = bloom-7b1 architecture: 7,069,016,064 [recalled, BLOOM card]; tied.
+    row!("bigscience--bloomz-7b1", 7_069_016_064, 6_041_411_584, None),
+    // santacoder (MQA): 24 × 42,490,112 + wte 49280·2048 + wpe 2048·2048 + ln_f; "1.1B"
+    // [recalled], validation 1.12B.
+    row!(
+        "bigcode--gpt_bigcode-santacoder",
+        1_124_886_528,
+        1_023_961_088,
+        None
+    ),
+    // octocoder = StarCoder 15.5B [recalled]: 40 × 379,128,064 + wte + wpe 8192·6144 + ln_f.
+    row!("bigcode--octocoder", 15_517_456_384, 15_215_466_496, None),
+    // falcon-40b: 60 × 679,510,016 + tied 65024·8192 + ln_f = 41.30B. The HF page's "41.8B"
+    // counts the tied lm_head a second time (+532,676,608 = 41,835,970,560).
+    row!("tiiuae--falcon-40b", 41_303_293_952, 40_770_617_344, None),
+    // stablelm-base-alpha-3b (GPT-NeoX): 16 × 201,379,840 + 2 × 50688·4096 + 8,192;
+    // validation 3.64B.
+    row!(
+        "stabilityai--stablelm-base-alpha-3b",
+        3_637_321_728,
+        3_222_085_632,
+        None
+    ),
+    // CodeLlama-34b: 48 × 692,076,544 + 2 × 32000·8192 + 8,192; validation 33.74B.
+    row!(
+        "codellama--CodeLlama-34b-hf",
+        33_743_970_304,
+        33_219_682_304,
+        None
+    ),
+    // Mistral 7B v0.2: same shapes as v0.1 (vocab 32000): 7,241,732,096 as in the doc.
+    row!(
+        "unsloth--Mistral-7B-v0.2",
+        7_241_732_096,
+        6_979_588_096,
+        None
+    ),
+];
+
+#[test]
+fn extra_configs_match_hand_counts() {
+    check(EXTRA);
+}
+
+#[test]
+fn every_catalog_entry_has_an_expected_count() {
+    let known: Vec<String> = CATALOG
+        .iter()
+        .chain(EXTRA)
+        .map(|r| r.0.replacen("--", "/", 1))
+        .collect();
+    for e in moro_core::catalog::entries() {
+        assert!(
+            known.iter().any(|k| k == e.id),
+            "{} has no expected count",
+            e.id
+        );
+    }
+    assert_eq!(known.len(), moro_core::catalog::entries().len());
+}
+
 fn check(rows: &[Row]) {
     let mut failures = Vec::new();
     for (file, json, total, non_emb, active) in rows {

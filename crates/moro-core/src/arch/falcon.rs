@@ -27,7 +27,10 @@ pub(crate) fn parse(c: &Cfg<'_>) -> Result<ModelSpec, ArchError> {
         ));
     }
     let hd = hidden / nh;
-    let new_arch = c.bool_or("new_decoder_architecture", false)?;
+    // The original remote-code 40B/180B configs (`model_type: RefinedWeb`) have no
+    // `new_decoder_architecture` key: that code always builds the new layout.
+    let refined_web = c.opt_str("model_type")? == Some("RefinedWeb");
+    let new_arch = c.bool_or("new_decoder_architecture", refined_web)?;
     let multi_query = c.bool_or("multi_query", true)?;
     let kv = if new_arch {
         let key = if c.has("num_kv_heads") {
