@@ -284,6 +284,52 @@ mod tests {
     }
 
     #[test]
+    fn validation_models_resolve() {
+        // Every decoder model of shared/validation/measured.jsonl (encoder and
+        // encoder-decoder rows are out of scope).
+        for id in [
+            "NousResearch/Llama-2-70b-hf",
+            "Qwen/Qwen-14B",
+            "Qwen/Qwen-14B-Chat-Int4",
+            "Qwen/Qwen-1_8B",
+            "Qwen/Qwen-1_8B-Chat-Int4",
+            "Qwen/Qwen-72B",
+            "Qwen/Qwen-72B-Chat-Int4",
+            "Qwen/Qwen-7B",
+            "Qwen/Qwen-7B-Chat-Int4",
+            "TheBloke/Llama-2-70B-GPTQ",
+            "TheBloke/Mistral-7B-v0.1-GPTQ",
+            "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T",
+            "bigcode/gpt_bigcode-santacoder",
+            "bigcode/octocoder",
+            "bigscience/bloomz-7b1",
+            "codellama/CodeLlama-34b-hf",
+            "google/gemma-2-9b",
+            "google/gemma-2b",
+            "google/gemma-7b",
+            "meta-llama/Llama-2-13b-hf",
+            "meta-llama/Llama-2-70b-chat-hf",
+            "meta-llama/Llama-2-70b-hf",
+            "meta-llama/Llama-2-7b-hf",
+            "meta-llama/Llama-3.2-1B",
+            "meta-llama/Llama-3.2-3B",
+            "meta-llama/Meta-Llama-3-8B",
+            "meta-llama/Meta-Llama-3-8B-Instruct",
+            "microsoft/Phi-3-mini-4k-instruct",
+            "microsoft/phi-1_5",
+            "microsoft/phi-2",
+            "mistralai/Mistral-7B-v0.1",
+            "mistralai/Mixtral-8x7B-Instruct-v0.1",
+            "stabilityai/stablelm-base-alpha-3b",
+            "tiiuae/falcon-40b",
+            "tiiuae/falcon-7b",
+            "unsloth/Mistral-7B-v0.2",
+        ] {
+            assert!(find(id).is_some(), "{id} does not resolve");
+        }
+    }
+
+    #[test]
     fn suggests_nearest_ids() {
         let s = suggest("Qwen/Qwen2.5-7", 3);
         assert_eq!(s.first().copied(), Some("Qwen/Qwen2.5-7B"));
