@@ -230,13 +230,15 @@ impl Heal {
 
     /// Whether a checkpoint written before this heal can be resumed after it. Trainers
     /// restore the optimizer state and the adapter (or full model) weights: a different
-    /// optimizer, method or LoRA rank makes those incompatible, so the run starts afresh.
+    /// optimizer or LoRA rank, or a full fine-tune turned into adapters, makes those
+    /// incompatible, so the run starts afresh. LoRA → QLoRA keeps the adapters' shapes.
     #[must_use]
     pub fn resume_compatible(&self) -> bool {
-        !self
-            .changes
-            .iter()
-            .any(|c| matches!(c.field, Field::Optimizer | Field::Method | Field::LoraRank))
+        !self.changes.iter().any(|c| match c.field {
+            Field::Optimizer | Field::LoraRank => true,
+            Field::Method => c.before == Method::Full.as_str(),
+            _ => false,
+        })
     }
 
     /// One line on the prediction: `predicted peak 30.10 GiB → 18.20 GiB (budget 22.00 GiB)`.

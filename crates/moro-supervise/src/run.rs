@@ -320,14 +320,15 @@ fn signal_name(sig: Option<i32>) -> String {
 }
 
 fn render_to(render: Render<'_>, job: &Job, path: &Path) -> Result<(), Error> {
-    let bytes = render(job).map_err(|e| Error::Write {
+    let fail = |message: String| Error::Write {
         path: path.to_owned(),
-        message: e.to_string(),
-    })?;
-    journal::write_atomic(path, &bytes).map_err(|e| Error::Write {
-        path: path.to_owned(),
-        message: e.to_string(),
-    })
+        message,
+    };
+    let bytes = render(job).map_err(|e| fail(e.to_string()))?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        fs::create_dir_all(dir).map_err(|e| fail(e.to_string()))?;
+    }
+    journal::write_atomic(path, &bytes).map_err(|e| fail(e.to_string()))
 }
 
 /// Runs the command, healing out-of-memory failures, and returns how it ended.
