@@ -329,6 +329,9 @@ impl Stack {
 pub enum LossImpl {
     /// Full logits + `F.cross_entropy` (transformers `ForCausalLMLoss`).
     Standard,
+    /// transformers 4.46-4.48: as `Standard`, plus an fp32 `shift_logits.contiguous()` copy
+    /// in the forward pass.
+    StandardLegacy,
     /// TRL ≥ 1.7 `chunked_nll`: lm_head applied in 256-token checkpointed chunks.
     ChunkedNll,
     /// litgpt / torchtune chunked cross-entropy (logits in chunks, fp32 upcast per chunk).

@@ -265,8 +265,14 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         Some(LossImpl::Fused)
     } else if loss_text.contains("chunk") {
         Some(LossImpl::Chunked)
-    } else if loss_text.contains("crossentropy") || loss_text.contains("cross_entropy") {
-        Some(LossImpl::Standard)
+    } else if stack == Stack::Hf || loss_text.contains("crossentropy") || loss_text.contains("cross_entropy") {
+        // transformers 4.46-4.48 shifted the fp32 logits with a `.contiguous()` copy
+        // (removed by PR #35646, merged 2025-01-13, first released in 4.49).
+        match version_of(&fw, "transformers") {
+            Some(v) if v >= (4, 46) && v < (4, 49) => Some(LossImpl::StandardLegacy),
+            _ if loss_text.is_empty() => None,
+            _ => Some(LossImpl::Standard),
+        }
     } else {
         None
     };
@@ -387,14 +393,33 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
     })
 }
 
+/// The `major.minor` version of `package` in a framework-version string such as
+/// `"torch 2.4.1, transformers 4.48.1, trl 0.13.0"`.
+fn version_of(fw: &str, package: &str) -> Option<(u64, u64)> {
+    let needle = format!("{package} ");
+    let mut from = 0;
+    while let Some(pos) = fw[from..].find(&needle) {
+        let start = from + pos;
+        from = start + needle.len();
+        // Whole word only (`trl` must not match `sfttrl`).
+        if start > 0 && fw.as_bytes()[start - 1].is_ascii_alphanumeric() {
+            continue;
+        }
+        let rest = &fw[from..];
+        if !rest.starts_with(|c: char| c.is_ascii_digit()) {
+            continue;
+        }
+        let mut parts = rest.split(|c: char| !c.is_ascii_digit());
+        let a = parts.next()?.parse().ok()?;
+        let b = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+        return Some((a, b));
+    }
+    None
+}
+
 /// `trl X.Y` in a framework-version string is at least `major.minor`.
 fn trl_at_least(fw: &str, major: u64, minor: u64) -> bool {
-    let Some(pos) = fw.find("trl ") else { return false };
-    let rest = &fw[pos + 4..];
-    let mut parts = rest.split(|c: char| !c.is_ascii_digit()).filter(|s| !s.is_empty());
-    let (Some(a), Some(b)) = (parts.next(), parts.next()) else { return false };
-    let (Ok(a), Ok(b)) = (a.parse::<u64>(), b.parse::<u64>()) else { return false };
-    (a, b) >= (major, minor)
+    version_of(fw, "trl").is_some_and(|v| v >= (major, minor))
 }
 
 /// Memory and compute capability of a GPU named in free text ("NVIDIA A100-SXM4-40GB",
@@ -568,6 +593,8 @@ mod tests {
         assert!(trl_at_least("trl 1.2.0", 0, 26));
         assert!(!trl_at_least("trl 0.13.0", 0, 26));
         assert!(!trl_at_least("peft 0.13", 0, 26));
+        assert!(!trl_at_least("fms-hf-tuning (hf trainer/trl sft) torch 2.4.1, trl 0.13.0", 0, 26));
+        assert_eq!(version_of("torch 2.4.1, transformers 4.48.1", "transformers"), Some((4, 48)));
     }
 }
 

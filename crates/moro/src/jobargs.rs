@@ -63,6 +63,7 @@ pub(crate) fn parse_stack(s: &str) -> Result<Stack, String> {
 pub(crate) fn parse_loss(s: &str) -> Result<LossImpl, String> {
     match s.to_ascii_lowercase().as_str() {
         "standard" | "hf" => Ok(LossImpl::Standard),
+        "standard-legacy" => Ok(LossImpl::StandardLegacy),
         "chunked-nll" | "chunked_nll" => Ok(LossImpl::ChunkedNll),
         "chunked" => Ok(LossImpl::Chunked),
         "fused" | "liger" | "cce" => Ok(LossImpl::Fused),
@@ -247,6 +248,14 @@ impl JobArgs {
             if !from_recipe && matches!(s, Stack::Litgpt | Stack::Torchtune) && self.precision.is_none() {
                 job.precision = Precision::Bf16;
             }
+        }
+        if !from_recipe
+            && job.method == Method::Qlora
+            && job.stack == Stack::Hf
+            && job.quantization != Quantization::Gptq4
+        {
+            // PEFT's `prepare_model_for_kbit_training(use_gradient_checkpointing=True)`.
+            job.gradient_checkpointing = true;
         }
         if let Some(g) = self.gradient_checkpointing {
             job.gradient_checkpointing = g;

@@ -41,8 +41,12 @@ impl Loss {
             // another fp32 copy of the outputs under AMP. Backward: log-probs (4) + the
             // dense nll grad (4) + log_softmax grad (4) = 12 B (memory-anatomy §3.3; the
             // oracle measures 12·T·ΔV between vocabularies).
-            LossImpl::Standard => {
-                let fwd = if r.compute_bytes == 4 && !r.autocast { 8 } else { 10 };
+            LossImpl::Standard | LossImpl::StandardLegacy => {
+                let mut fwd = if r.compute_bytes == 4 && !r.autocast { 8 } else { 10 };
+                if r.loss == LossImpl::StandardLegacy {
+                    // `shift_logits = logits[..., :-1, :].contiguous()` on the fp32 copy.
+                    fwd += 4;
+                }
                 Self {
                     forward_peak: fwd * tv,
                     forward_transient: 0,

@@ -317,12 +317,26 @@ fn training_phases(
     // End of backward: all gradients exist; one layer's transients may still be live for
     // the first layer (checkpointing recomputes it too).
     let first_layer = if job.gradient_checkpointing { acts.one_layer } else { 0 };
+    // A tied embedding receives two gradients (lm_head's, already in `.grad`, and the
+    // lookup's dense `embedding_dense_backward` output); autograd sums them out of place, so
+    // the incoming V·h gradient and the V·h sum coexist with `.grad` (the oracle peaks at
+    // `step2.backward:add.Tensor` for tied models).
+    let tied_add = if job.method == Method::Full && model.tie_word_embeddings {
+        2 * model.embedding_params() * regime::grad_bytes(job, regime) / par.tp.max(1)
+    } else {
+        0
+    };
     phases.push(PhaseBytes {
         phase: Phase::BackwardEnd,
         components: base(vec![
             (Component::Gradients, grads),
-            (Component::Activations, first_layer + acts.checkpoint_one + acts.autocast_weight_cache),
-            (Component::Transients, cublas + acts.layer_backward_transient + dequant + comm + unit),
+            // autocast's weight copies are saved by each layer's matmuls and released as
+            // backward passes them: none are left at the end.
+            (Component::Activations, first_layer + acts.checkpoint_one),
+            (
+                Component::Transients,
+                cublas + acts.layer_backward_transient.max(tied_add) + dequant + comm + unit,
+            ),
         ]),
     });
     // Optimizer step.

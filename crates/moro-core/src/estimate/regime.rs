@@ -76,10 +76,22 @@ impl Regime {
             }
         };
 
+        // Sharded QLoRA (FSDP / ZeRO-3 with a 16-bit quant storage) never calls
+        // `prepare_model_for_kbit_training`: TRL's SFTTrainer skips it when
+        // `is_sharded_qlora` ("one should never call ... prepare_model_for_kbit_training when
+        // doing QLoRA + FSDP / DS-Zero3").
+        let sharded_qlora = matches!(
+            job.parallel.sharding,
+            crate::job::Sharding::FsdpFullShard
+                | crate::job::Sharding::FsdpHybridShard
+                | crate::job::Sharding::FsdpShardGradOp
+                | crate::job::Sharding::Zero3
+        );
         let kbit_prepare = method.is_peft()
             && quantized
             && matches!(stack, Stack::Hf)
-            && job.quantization != Quantization::Gptq4;
+            && job.quantization != Quantization::Gptq4
+            && !sharded_qlora;
         let unquantized_bytes = if kbit_prepare { 4 } else { frozen_bytes };
 
         let adapter_bytes = match stack {
@@ -131,5 +143,14 @@ impl Regime {
             embedding_states_32bit: matches!(stack, Stack::Hf | Stack::Trl),
             ddp_bucket_copy: matches!(stack, Stack::Hf | Stack::Trl),
         }
+    }
+}
+
+/// Bytes per element of the gradients of trainable parameters.
+#[must_use]
+pub const fn grad_bytes(job: &Job, r: &Regime) -> u64 {
+    match job.method {
+        Method::Full => r.param_bytes,
+        _ => r.adapter_bytes,
     }
 }
