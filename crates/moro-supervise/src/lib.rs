@@ -6,6 +6,8 @@
 //! - `process` (I/O): one attempt: own process group, live output, signal forwarding.
 //! - [`journal`] (I/O): `.moro/heal.jsonl`, the per-machine correction file, atomic writes.
 
+#![warn(missing_docs)]
+
 pub mod classify;
 pub mod journal;
 pub mod ladder;
