@@ -203,6 +203,9 @@ choice! {
     Loss => core::LossImpl {
         /// Full logits + cross-entropy (transformers `ForCausalLMLoss`).
         Standard = "standard" => Standard,
+        /// As `standard`, plus the fp32 `shift_logits.contiguous()` copy of transformers
+        /// 4.46–4.48.
+        StandardLegacy = "standard-legacy" => StandardLegacy,
         /// TRL chunked NLL (lm_head in checkpointed chunks).
         ChunkedNll = "chunked-nll" => ChunkedNll,
         /// litgpt / torchtune chunked cross-entropy.

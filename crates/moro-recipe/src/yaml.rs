@@ -107,9 +107,29 @@ pub fn to_yaml(recipe: &Recipe, header_comment: &str) -> String {
     out
 }
 
-/// Serializes a list of strings as a flow sequence (`["q_proj", "v_proj"]`).
+/// Serializes a list of strings as a flow sequence (`[q_proj, v_proj]`).
+///
+/// Items that are not plain identifiers are double-quoted: in a flow collection PyYAML ends a
+/// plain scalar at any of `,?[]{}`, stricter than YAML 1.2 readers.
 pub(crate) fn flow_seq<S: Serializer>(v: &[String], s: S) -> Result<S::Ok, S::Error> {
-    serde_saphyr::FlowSeq(v).serialize(s)
+    struct Item<'a>(&'a str);
+    impl Serialize for Item<'_> {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            let mut chars = self.0.chars();
+            let identifier = chars
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+            if identifier {
+                // Still quoted by the serializer when YAML 1.1 would read it as a bool/null.
+                s.serialize_str(self.0)
+            } else {
+                serde_saphyr::DoubleQuoted(self.0).serialize(s)
+            }
+        }
+    }
+    let items: Vec<Item<'_>> = v.iter().map(|x| Item(x)).collect();
+    serde_saphyr::FlowSeq(items).serialize(s)
 }
 
 /// Line breaks in YAML 1.1 (PyYAML also breaks lines at NEL, LS and PS).

@@ -146,6 +146,18 @@ fn jobs() -> Vec<Job> {
             ..d.clone()
         });
     }
+    for l in [
+        LossImpl::Standard,
+        LossImpl::StandardLegacy,
+        LossImpl::ChunkedNll,
+        LossImpl::Chunked,
+        LossImpl::Fused,
+    ] {
+        v.push(Job {
+            loss: Some(l),
+            ..d.clone()
+        });
+    }
     for k in [KvDtype::F16, KvDtype::F8, KvDtype::F32] {
         v.push(Job {
             kv_dtype: k,

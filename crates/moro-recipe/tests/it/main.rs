@@ -1,5 +1,6 @@
 //! Integration tests of moro-recipe: one binary, a module per concern.
 
+mod fuzz;
 mod job;
 mod parse;
 mod pyyaml;

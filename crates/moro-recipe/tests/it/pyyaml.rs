@@ -12,11 +12,20 @@ use crate::{FULL, PRODUCT, ok};
 
 const LOADER: &str = r#"
 import json, sys, yaml
+def exact(v):
+    # Floats travel as repr() text: JSON readers may round the last digit.
+    if isinstance(v, float):
+        return {"$float": repr(v)}
+    if isinstance(v, dict):
+        return {k: exact(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [exact(x) for x in v]
+    return v
 docs = json.load(sys.stdin)
 out = []
 for d in docs:
     try:
-        out.append(yaml.safe_load(d))
+        out.append(exact(yaml.safe_load(d)))
     except Exception as e:
         out.append({"__error__": str(e)})
 json.dump(out, sys.stdout)
@@ -50,7 +59,23 @@ pub fn pyyaml_load(docs: &[String]) -> Option<Vec<Value>> {
         }
         panic!("python3 failed: {err}");
     }
-    Some(serde_json::from_slice(&out.stdout).expect("python3 printed JSON"))
+    let docs: Vec<Value> = serde_json::from_slice(&out.stdout).expect("python3 printed JSON");
+    Some(docs.into_iter().map(exact_floats).collect())
+}
+
+/// Turns `{"$float": "0.1"}` back into an exact `f64`.
+fn exact_floats(v: Value) -> Value {
+    match v {
+        Value::Object(m) => {
+            if let (1, Some(Value::String(f))) = (m.len(), m.get("$float")) {
+                let x: f64 = f.parse().expect("python float repr");
+                return Value::from(x);
+            }
+            Value::Object(m.into_iter().map(|(k, x)| (k, exact_floats(x))).collect())
+        }
+        Value::Array(a) => Value::Array(a.into_iter().map(exact_floats).collect()),
+        other => other,
+    }
 }
 
 /// Checks PyYAML reads every recipe's YAML as the same values as the recipe itself.

@@ -54,6 +54,13 @@ pub const HAZARDS: &[&str] = &[
     "a\u{2028}b",
     "a\u{85}b",
     "é",
+    // PyYAML ends a plain scalar at any of `,?[]{}` inside a flow list (target_modules).
+    "3?10",
+    "a?b",
+    "a,b",
+    "a]b",
+    "a}b",
+    "a:b",
 ];
 
 fn with_strings(s: &str) -> Recipe {
