@@ -435,6 +435,52 @@ pub enum KvDtype {
     F32,
 }
 
+/// Library versions of the stack, where allocation behaviour changed between releases.
+/// `None` means a current release.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Versions {
+    /// transformers `(major, minor)`.
+    pub transformers: Option<(u32, u32)>,
+    /// bitsandbytes `(major, minor, patch)`.
+    pub bitsandbytes: Option<(u32, u32, u32)>,
+    /// TRL `(major, minor)`.
+    pub trl: Option<(u32, u32)>,
+}
+
+impl Versions {
+    /// bitsandbytes before 0.43.2 saved each 4-bit matmul's input for backward
+    /// (`ctx.tensors = (A, B)`); commit 9e753741 "fix QLoRA mem bug: delete useless buffered
+    /// activation" (#1270), first released in 0.43.2, saves only the packed weight.
+    #[must_use]
+    pub fn bnb4_saves_input(&self) -> bool {
+        self.bitsandbytes.is_some_and(|v| v < (0, 43, 2))
+    }
+
+    /// TRL before 0.26 prepared quantized models itself: PEFT's
+    /// `prepare_model_for_kbit_training` (fp32 upcast), fp32 adapters, then (with `bf16`)
+    /// `peft_module_casting_to_bf16`, which casts embeddings and lm_head back to bf16 and
+    /// keeps norms in fp32 (`trl/trainer/sft_trainer.py`, `utils.py` at v0.13.0). From 0.26
+    /// SFTTrainer casts the trainable parameters of quantized models to bf16 and never calls
+    /// the PEFT upcast.
+    #[must_use]
+    pub fn trl_legacy_kbit(&self) -> bool {
+        self.trl.is_some_and(|v| v < (0, 26))
+    }
+
+    /// TRL 1.7 made `chunked_nll` the default SFT loss (commit b58947c).
+    #[must_use]
+    pub fn trl_chunked_loss(&self) -> bool {
+        self.trl.is_none_or(|v| v >= (1, 7))
+    }
+
+    /// transformers 4.46–4.48 computed the loss on a `.contiguous()` fp32 copy of the
+    /// shifted logits (removed by PR #35646, merged 2025-01-13, first released in 4.49).
+    #[must_use]
+    pub fn shift_logits_copy(&self) -> bool {
+        self.transformers.is_some_and(|v| v >= (4, 46) && v < (4, 49))
+    }
+}
+
 /// A job to estimate.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Job {
@@ -468,6 +514,9 @@ pub struct Job {
     pub parallel: Parallel,
     /// KV cache dtype (inference).
     pub kv_dtype: KvDtype,
+    /// Library versions, for behaviour that changed between releases (default: current).
+    #[serde(default)]
+    pub versions: Versions,
 }
 
 impl Default for Job {
@@ -488,6 +537,7 @@ impl Default for Job {
             padding: Padding::Packed,
             parallel: Parallel::single(),
             kv_dtype: KvDtype::F16,
+            versions: Versions::default(),
         }
     }
 }
@@ -511,12 +561,15 @@ pub struct JobError {
 impl Job {
     /// The loss the stack uses unless told otherwise.
     #[must_use]
-    pub const fn loss_impl(&self) -> LossImpl {
+    pub fn loss_impl(&self) -> LossImpl {
         match self.loss {
             Some(l) => l,
             None => match self.stack {
+                Stack::Hf if self.versions.shift_logits_copy() => LossImpl::StandardLegacy,
                 Stack::Hf => LossImpl::Standard,
-                Stack::Trl => LossImpl::ChunkedNll,
+                Stack::Trl if self.versions.trl_chunked_loss() => LossImpl::ChunkedNll,
+                Stack::Trl if self.versions.shift_logits_copy() => LossImpl::StandardLegacy,
+                Stack::Trl => LossImpl::Standard,
                 Stack::Litgpt | Stack::Torchtune => LossImpl::Chunked,
             },
         }

@@ -13,7 +13,7 @@ use serde_json::Value;
 use crate::hardware;
 use crate::job::{
     Attention, Job, LoraConfig, LossImpl, Method, Offload, Optimizer, Padding, Parallel,
-    Precision, Quantization, Sharding, Stack, Targets,
+    Precision, Quantization, Sharding, Stack, Targets, Versions,
 };
 use crate::units::GIB;
 
@@ -149,7 +149,7 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         Stack::Litgpt
     } else if fw.contains("torchtune") {
         Stack::Torchtune
-    } else if trl_at_least(&fw, 0, 26) {
+    } else if version_of(&fw, "trl").is_some() {
         Stack::Trl
     } else {
         Stack::Hf
@@ -265,14 +265,8 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         Some(LossImpl::Fused)
     } else if loss_text.contains("chunk") {
         Some(LossImpl::Chunked)
-    } else if stack == Stack::Hf || loss_text.contains("crossentropy") || loss_text.contains("cross_entropy") {
-        // transformers 4.46-4.48 shifted the fp32 logits with a `.contiguous()` copy
-        // (removed by PR #35646, merged 2025-01-13, first released in 4.49).
-        match version_of(&fw, "transformers") {
-            Some(v) if v >= (4, 46) && v < (4, 49) => Some(LossImpl::StandardLegacy),
-            _ if loss_text.is_empty() => None,
-            _ => Some(LossImpl::Standard),
-        }
+    } else if loss_text.contains("crossentropy") || loss_text.contains("cross_entropy") {
+        Some(LossImpl::Standard)
     } else {
         None
     };
@@ -347,6 +341,13 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         loss,
         padding,
         parallel,
+        versions: Versions {
+            transformers: version_of(&fw, "transformers")
+                .and_then(|(a, b)| Some((u32::try_from(a).ok()?, u32::try_from(b).ok()?))),
+            bitsandbytes: version3_of(&fw, "bitsandbytes"),
+            trl: version_of(&fw, "trl")
+                .and_then(|(a, b)| Some((u32::try_from(a).ok()?, u32::try_from(b).ok()?))),
+        },
         kv_dtype: if precision == Precision::Fp32 {
             crate::job::KvDtype::F32
         } else {
@@ -415,6 +416,18 @@ fn version_of(fw: &str, package: &str) -> Option<(u64, u64)> {
         return Some((a, b));
     }
     None
+}
+
+/// The `major.minor.patch` version of `package` (missing parts are 0).
+fn version3_of(fw: &str, package: &str) -> Option<(u32, u32, u32)> {
+    let needle = format!("{package} ");
+    let pos = fw.find(&needle)?;
+    let rest = &fw[pos + needle.len()..];
+    let mut parts = rest.split(|c: char| !c.is_ascii_digit()).map(|p| p.parse::<u32>().ok());
+    let a = parts.next()??;
+    let b = parts.next().flatten().unwrap_or(0);
+    let c = parts.next().flatten().unwrap_or(0);
+    Some((a, b, c))
 }
 
 /// `trl X.Y` in a framework-version string is at least `major.minor`.

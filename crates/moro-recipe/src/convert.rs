@@ -157,6 +157,7 @@ impl Recipe {
             },
             parallel,
             kv_dtype: t.kv_cache_dtype.into(),
+            versions: moro_core::job::Versions::default(),
         })
     }
 

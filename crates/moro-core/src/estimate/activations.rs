@@ -171,6 +171,9 @@ impl Ctx<'_> {
                 } else {
                     k_in
                 };
+                if r.quantized_saves_input && l.role != LinearRole::Expert {
+                    shared = true;
+                }
                 if full {
                     if r.autocast && xb == 4 {
                         private += 2 * sharded * mult;
@@ -283,7 +286,17 @@ impl Ctx<'_> {
             Attention::Flash | Attention::Sdpa => 12 * ad + 4 * kd,
             Attention::Eager => 3 * 2 * ad + 8 * (m.num_heads / tp) * self.job.seq_len,
         };
-        let mlp = 3 * o * m.active_intermediate(g.moe) / tp;
+        // Routed experts run (and back-propagate) one after another on their own tokens
+        // (transformers' MoE loop over `self.experts`), so one expert's gradient buffers are
+        // live at a time: top-k/E of the tokens on average.
+        let mlp = match (&m.moe, g.moe) {
+            (Some(moe), true) => {
+                let e = moe.num_experts.max(1);
+                3 * o * (moe.experts_per_token * moe.expert_intermediate_size).div_ceil(e)
+                    + 3 * o * moe.shared_intermediate_size
+            }
+            _ => 3 * o * m.active_intermediate(g.moe),
+        } / tp;
         attn.max(mlp) + 2 * self.r.stream_bytes * m.hidden_size
     }
 }
@@ -310,7 +323,10 @@ impl Activations {
         let full = job.method == Method::Full;
         let mut head = 4 * h + if full { r.stream_bytes * h + 2 * h } else { 0 };
         let mut head_fixed = 0u64;
-        if r.kbit_prepare && r.autocast {
+        if r.quantize_lm_head && r.quantized_saves_input {
+            head += r.compute_bytes * h;
+        }
+        if r.frozen_fp32_head && r.autocast {
             // Frozen fp32 lm_head under autocast: `mm` saves the uncached bf16 weight copy
             // and the bf16 input copy (memory-anatomy §3.3).
             head += 2 * h;

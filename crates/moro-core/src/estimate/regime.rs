@@ -34,6 +34,8 @@ pub struct Regime {
     pub autocast: bool,
     /// PEFT's `prepare_model_for_kbit_training` was applied (classic QLoRA).
     pub kbit_prepare: bool,
+    /// lm_head is a frozen fp32 weight (after the kbit upcast, not cast back).
+    pub frozen_fp32_head: bool,
     /// Whether lm_head is quantized too (Lightning's bitsandbytes plugin replaces every
     /// Linear, lm_head included).
     pub quantize_lm_head: bool,
@@ -44,6 +46,8 @@ pub struct Regime {
     /// Whether PEFT wraps a bitsandbytes layer (`lora.bnb.Linear4bit`: no input cast under
     /// autocast) rather than a plain `nn.Linear` (`_cast_input_dtype` always).
     pub bnb_lora_layer: bool,
+    /// Quantized 4-bit matmuls save their input for backward (bitsandbytes < 0.43.2).
+    pub quantized_saves_input: bool,
     /// HF Trainer gives `nn.Embedding` 32-bit states under bnb 8-bit optimizers
     /// (`trainer.py`: `register_module_override(module, "weight", {"optim_bits": 32})`).
     pub embedding_states_32bit: bool,
@@ -87,12 +91,16 @@ impl Regime {
                 | crate::job::Sharding::FsdpShardGradOp
                 | crate::job::Sharding::Zero3
         );
+        let trl_legacy = stack == Stack::Trl && job.versions.trl_legacy_kbit();
         let kbit_prepare = method.is_peft()
             && quantized
-            && matches!(stack, Stack::Hf)
+            && (stack == Stack::Hf || trl_legacy)
             && job.quantization != Quantization::Gptq4
             && !sharded_qlora;
-        let unquantized_bytes = if kbit_prepare { 4 } else { frozen_bytes };
+        // Legacy TRL casts embeddings and lm_head back to bf16 after the upcast
+        // (`peft_module_casting_to_bf16`); only the norms stay fp32.
+        let legacy_recast = trl_legacy && kbit_prepare && !fp32;
+        let unquantized_bytes = if kbit_prepare && !legacy_recast { 4 } else { frozen_bytes };
 
         let adapter_bytes = match stack {
             Stack::Litgpt | Stack::Torchtune => {
@@ -102,7 +110,10 @@ impl Regime {
                     2
                 }
             }
-            Stack::Trl if quantized => 2,
+            // Sharded QLoRA: `get_peft_model(..., autocast_adapter_dtype=False)` leaves the
+            // adapters in the 4-bit layers' compute dtype (TRL v0.13 sft_trainer.py).
+            Stack::Trl | Stack::Hf if quantized && sharded_qlora => 2,
+            Stack::Trl if quantized && !trl_legacy => 2,
             Stack::Hf | Stack::Trl => 4,
         };
 
@@ -135,11 +146,16 @@ impl Regime {
             adapter_bytes,
             autocast,
             kbit_prepare,
+            frozen_fp32_head: kbit_prepare && !legacy_recast,
             quantize_lm_head: quantized && stack == Stack::Litgpt,
             loss: job.loss_impl(),
             trainable_params,
             bnb_lora_layer: quantized && job.quantization != Quantization::Gptq4,
             autocast_weight_copies: autocast && !sharded_16bit,
+            quantized_saves_input: quantized
+                && job.quantization.is_bnb4()
+                && method != Method::Full
+                && job.versions.bnb4_saves_input(),
             embedding_states_32bit: matches!(stack, Stack::Hf | Stack::Trl),
             ddp_bucket_copy: matches!(stack, Stack::Hf | Stack::Trl),
         }
