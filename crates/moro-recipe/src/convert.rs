@@ -9,7 +9,7 @@ use moro_core::job::{Job, JobError, LoraConfig, Padding, Parallel};
 
 use crate::choices::{LrScheduler, Method};
 use crate::error::RecipeError;
-use crate::recipe::{ModelSection, ParallelSection, Recipe, TrainingSection};
+use crate::recipe::{LibraryVersions, ModelSection, ParallelSection, Recipe, TrainingSection};
 
 /// Training settings that do not change memory but belong in a recipe (for exports and
 /// `moro run`).
@@ -81,6 +81,7 @@ impl Recipe {
             lr_scheduler: extras.lr_scheduler,
             dataset: extras.dataset,
             output_dir: extras.output_dir,
+            versions: LibraryVersions::from_versions(&job.versions),
         };
         let p = &job.parallel;
         let parallel = (*p != Parallel::single()).then(|| ParallelSection {
@@ -157,7 +158,12 @@ impl Recipe {
             },
             parallel,
             kv_dtype: t.kv_cache_dtype.into(),
-            versions: moro_core::job::Versions::default(),
+            versions: t
+                .versions
+                .as_ref()
+                .map(LibraryVersions::to_versions)
+                .transpose()?
+                .unwrap_or_default(),
         })
     }
 

@@ -7,7 +7,7 @@
 
 use std::fmt;
 
-use moro_core::job::{Job, LoraConfig, Targets};
+use moro_core::job::{Job, LoraConfig, Targets, Versions};
 use serde::de::{self, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -15,6 +15,7 @@ use crate::choices::{
     Attention, KvCacheDtype, Loss, LrScheduler, Method, Offload, Optimizer, Precision,
     Quantization, Stack, Strategy,
 };
+use crate::error::RecipeError;
 
 /// A moro.yaml recipe.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -276,6 +277,95 @@ pub struct TrainingSection {
     /// Where the trainer writes checkpoints (for exports).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_dir: Option<String>,
+    /// Library versions of the stack, where allocation changed between releases. Default:
+    /// current releases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub versions: Option<LibraryVersions>,
+}
+
+/// `training.versions:` — library versions as `MAJOR.MINOR[.PATCH]` strings (quote them:
+/// `"4.50"` is not `4.5`). Absent = a current release.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct LibraryVersions {
+    /// transformers version (e.g. `"4.47"`; 4.46–4.48 keep an extra fp32 logits copy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(regex(pattern = r"^[0-9]+\.[0-9]+(\.[0-9]+)?$"))
+    )]
+    pub transformers: Option<String>,
+    /// bitsandbytes version (e.g. `"0.43.1"`; before 0.43.2 4-bit matmuls saved their input).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(regex(pattern = r"^[0-9]+\.[0-9]+(\.[0-9]+)?$"))
+    )]
+    pub bitsandbytes: Option<String>,
+    /// TRL version (e.g. `"0.25"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(regex(pattern = r"^[0-9]+\.[0-9]+(\.[0-9]+)?$"))
+    )]
+    pub trl: Option<String>,
+}
+
+impl LibraryVersions {
+    /// The engine's versions.
+    ///
+    /// # Errors
+    /// A version that is not `MAJOR.MINOR[.PATCH]`, naming its field.
+    pub fn to_versions(&self) -> Result<Versions, RecipeError> {
+        let two = |field: &str, v: &Option<String>| {
+            v.as_deref()
+                .map(|s| parse_version(field, s).map(|(a, b, _)| (a, b)))
+                .transpose()
+        };
+        Ok(Versions {
+            transformers: two("training.versions.transformers", &self.transformers)?,
+            bitsandbytes: self
+                .bitsandbytes
+                .as_deref()
+                .map(|s| parse_version("training.versions.bitsandbytes", s))
+                .transpose()?,
+            trl: two("training.versions.trl", &self.trl)?,
+        })
+    }
+
+    /// The file's spelling of the engine's versions (`None` when all are current).
+    #[must_use]
+    pub fn from_versions(v: &Versions) -> Option<Self> {
+        (*v != Versions::default()).then(|| Self {
+            transformers: v.transformers.map(|(a, b)| format!("{a}.{b}")),
+            bitsandbytes: v.bitsandbytes.map(|(a, b, c)| format!("{a}.{b}.{c}")),
+            trl: v.trl.map(|(a, b)| format!("{a}.{b}")),
+        })
+    }
+}
+
+/// `MAJOR.MINOR[.PATCH]` (a missing patch is 0).
+fn parse_version(field: &str, s: &str) -> Result<(u32, u32, u32), RecipeError> {
+    let bad = || {
+        RecipeError::value(
+            field,
+            format!("expected a version like \"4.47\" or \"0.43.1\", got `{s}`"),
+        )
+    };
+    let mut parts = s.trim().split('.');
+    let mut next = |required: bool| match parts.next() {
+        None if !required => Ok(0),
+        Some(p) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => {
+            p.parse().map_err(|_| bad())
+        }
+        _ => Err(bad()),
+    };
+    let v = (next(true)?, next(true)?, next(false)?);
+    if parts.next().is_some() {
+        return Err(bad());
+    }
+    Ok(v)
 }
 
 impl Default for TrainingSection {
@@ -300,6 +390,7 @@ impl Default for TrainingSection {
             lr_scheduler: None,
             dataset: None,
             output_dir: None,
+            versions: None,
         }
     }
 }

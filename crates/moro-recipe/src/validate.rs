@@ -171,6 +171,9 @@ impl Recipe {
             }
         }
 
+        if let Some(v) = &t.versions {
+            v.to_versions()?;
+        }
         if let Some(p) = &self.parallel {
             range("parallel.gpus", p.gpus, MAX_GPUS, "")?;
             range("parallel.tensor_parallel", p.tensor_parallel, MAX_GPUS, "")?;

@@ -2,7 +2,7 @@
 
 use moro_core::job::{
     Attention, Job, JobError, KvDtype, LoraConfig, LossImpl, Method, Offload, Optimizer, Padding,
-    Parallel, Precision, Quantization, Sharding, Stack, Targets,
+    Parallel, Precision, Quantization, Sharding, Stack, Targets, Versions,
 };
 use moro_recipe::choices::LrScheduler;
 use moro_recipe::{Recipe, TrainingExtras, to_yaml};
@@ -59,6 +59,14 @@ fn every_field_maps() {
             offload: Offload::OptimizerAndParams,
         }
     );
+    assert_eq!(
+        job.versions,
+        Versions {
+            transformers: Some((4, 47)),
+            bitsandbytes: Some((0, 43, 1)),
+            trl: Some((0, 25))
+        }
+    );
     let extras = ok(FULL).extras();
     assert_eq!(extras.lr_scheduler, Some(LrScheduler::Cosine));
     assert_eq!(extras.dataset.as_deref(), Some("tatsu-lab/alpaca"));
@@ -96,6 +104,11 @@ fn jobs() -> Vec<Job> {
             offload: Offload::OptimizerAndParams,
         },
         kv_dtype: KvDtype::F8,
+        versions: Versions {
+            transformers: Some((4, 46)),
+            bitsandbytes: Some((0, 42, 0)),
+            trl: Some((0, 9)),
+        },
     };
     v.push(all);
     for m in Method::ALL {
@@ -158,6 +171,21 @@ fn jobs() -> Vec<Job> {
             ..d.clone()
         });
     }
+    v.push(Job {
+        versions: Versions {
+            transformers: Some((4, 50)),
+            ..Versions::default()
+        },
+        ..d.clone()
+    });
+    v.push(Job {
+        versions: Versions {
+            bitsandbytes: Some((0, 43, 0)),
+            trl: Some((1, 7)),
+            ..Versions::default()
+        },
+        ..d.clone()
+    });
     for k in [KvDtype::F16, KvDtype::F8, KvDtype::F32] {
         v.push(Job {
             kv_dtype: k,

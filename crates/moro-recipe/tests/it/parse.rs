@@ -287,3 +287,22 @@ fn with_source_names_the_file() {
     let e = err("model:\n  base: a\n  bogus: 1\n").with_source("recipes/a.yaml");
     assert!(e.to_string().starts_with("recipes/a.yaml:3:3: "), "{e}");
 }
+
+#[test]
+fn library_versions_are_strings_with_a_checked_form() {
+    // Unquoted, 4.50 is still read as written (not as the float 4.5).
+    let r = ok("model:\n  base: a\ntraining:\n  versions:\n    transformers: 4.50\n");
+    let job = r.to_job().unwrap();
+    assert_eq!(job.versions.transformers, Some((4, 50)));
+    let e = err("model:\n  base: a\ntraining:\n  versions:\n    bitsandbytes: 0.x\n");
+    assert_eq!(e.field.as_deref(), Some("training.versions.bitsandbytes"));
+    assert_eq!((e.line, e.column), (Some(5), Some(19)));
+    let e = err("model:\n  base: a\ntraining:\n  versions:\n    peft: \"0.13\"\n");
+    assert_eq!(
+        (e.kind, e.field.as_deref()),
+        (
+            RecipeErrorKind::UnknownField,
+            Some("training.versions.peft")
+        )
+    );
+}
