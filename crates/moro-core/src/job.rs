@@ -67,8 +67,15 @@ pub enum Quantization {
 
 impl Quantization {
     /// All values.
-    pub const ALL: [Self; 7] =
-        [Self::None, Self::Int8, Self::Nf4, Self::Nf4Dq, Self::Fp4, Self::Fp4Dq, Self::Gptq4];
+    pub const ALL: [Self; 7] = [
+        Self::None,
+        Self::Int8,
+        Self::Nf4,
+        Self::Nf4Dq,
+        Self::Fp4,
+        Self::Fp4Dq,
+        Self::Gptq4,
+    ];
 
     /// The name on the command line and in moro.yaml.
     #[must_use]
@@ -140,10 +147,18 @@ impl Default for LoraConfig {
             alpha: 32.0,
             dropout: 0.05,
             targets: Targets::Names(
-                ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-                    .iter()
-                    .map(|s| (*s).to_owned())
-                    .collect(),
+                [
+                    "q_proj",
+                    "k_proj",
+                    "v_proj",
+                    "o_proj",
+                    "gate_proj",
+                    "up_proj",
+                    "down_proj",
+                ]
+                .iter()
+                .map(|s| (*s).to_owned())
+                .collect(),
             ),
             dora: false,
         }
@@ -211,19 +226,21 @@ impl Optimizer {
     /// Parses an HF `optim` name (and a few aliases).
     #[must_use]
     pub fn parse(s: &str) -> Option<Self> {
-        Some(match s.trim().to_ascii_lowercase().replace('-', "_").as_str() {
-            "adamw_torch" | "adamw" | "adamw_hf" | "adam" | "adamw_foreach" => Self::AdamwTorch,
-            "adamw_torch_fused" | "adamw_fused" => Self::AdamwTorchFused,
-            "adamw_8bit" | "adamw_bnb_8bit" | "adam8bit" | "adamw8bit" => Self::Adamw8bit,
-            "paged_adamw_8bit" | "paged_adam_8bit" => Self::PagedAdamw8bit,
-            "paged_adamw_32bit" | "paged_adamw" | "paged_adam_32bit" => Self::PagedAdamw32bit,
-            "adafactor" => Self::Adafactor,
-            "lion_32bit" | "lion" => Self::Lion32bit,
-            "lion_8bit" => Self::Lion8bit,
-            "sgd" => Self::Sgd,
-            "sgd_momentum" => Self::SgdMomentum,
-            _ => return None,
-        })
+        Some(
+            match s.trim().to_ascii_lowercase().replace('-', "_").as_str() {
+                "adamw_torch" | "adamw" | "adamw_hf" | "adam" | "adamw_foreach" => Self::AdamwTorch,
+                "adamw_torch_fused" | "adamw_fused" => Self::AdamwTorchFused,
+                "adamw_8bit" | "adamw_bnb_8bit" | "adam8bit" | "adamw8bit" => Self::Adamw8bit,
+                "paged_adamw_8bit" | "paged_adam_8bit" => Self::PagedAdamw8bit,
+                "paged_adamw_32bit" | "paged_adamw" | "paged_adam_32bit" => Self::PagedAdamw32bit,
+                "adafactor" => Self::Adafactor,
+                "lion_32bit" | "lion" => Self::Lion32bit,
+                "lion_8bit" => Self::Lion8bit,
+                "sgd" => Self::Sgd,
+                "sgd_momentum" => Self::SgdMomentum,
+                _ => return None,
+            },
+        )
     }
 
     /// Whether states live in CUDA managed memory outside PyTorch's counters.
@@ -477,7 +494,8 @@ impl Versions {
     /// shifted logits (removed by PR #35646, merged 2025-01-13, first released in 4.49).
     #[must_use]
     pub fn shift_logits_copy(&self) -> bool {
-        self.transformers.is_some_and(|v| v >= (4, 46) && v < (4, 49))
+        self.transformers
+            .is_some_and(|v| ((4, 46)..(4, 49)).contains(&v))
     }
 }
 
@@ -584,13 +602,19 @@ impl Job {
         if self.micro_batch_size == 0 || self.micro_batch_size > MAX_BATCH {
             return err(
                 "micro_batch_size",
-                format!("must be between 1 and {MAX_BATCH}, got {}", self.micro_batch_size),
+                format!(
+                    "must be between 1 and {MAX_BATCH}, got {}",
+                    self.micro_batch_size
+                ),
             );
         }
         if self.seq_len == 0 || self.seq_len > MAX_SEQ_LEN {
             return err(
                 "max_seq_length",
-                format!("must be between 1 and {MAX_SEQ_LEN} tokens, got {}", self.seq_len),
+                format!(
+                    "must be between 1 and {MAX_SEQ_LEN} tokens, got {}",
+                    self.seq_len
+                ),
             );
         }
         if self.grad_accum == 0 || self.grad_accum > 1 << 20 {
@@ -625,10 +649,16 @@ impl Job {
                 );
             }
             if !(0.0..1.0).contains(&self.lora.dropout) {
-                return err("lora_dropout", format!("must be in [0, 1), got {}", self.lora.dropout));
+                return err(
+                    "lora_dropout",
+                    format!("must be in [0, 1), got {}", self.lora.dropout),
+                );
             }
             if !self.lora.alpha.is_finite() || self.lora.alpha <= 0.0 {
-                return err("lora_alpha", format!("must be positive, got {}", self.lora.alpha));
+                return err(
+                    "lora_alpha",
+                    format!("must be positive, got {}", self.lora.alpha),
+                );
             }
             if let Targets::Names(names) = &self.lora.targets {
                 if names.is_empty() {
@@ -651,7 +681,8 @@ impl Job {
                 }
             }
         }
-        if self.method == Method::Qlora && !matches!(self.quantization, q if q.is_bnb4() || q == Quantization::Int8 || q == Quantization::Gptq4)
+        if self.method == Method::Qlora
+            && !matches!(self.quantization, q if q.is_bnb4() || q == Quantization::Int8 || q == Quantization::Gptq4)
         {
             return err(
                 "quantization",

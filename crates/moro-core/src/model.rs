@@ -95,8 +95,22 @@ pub struct Linear {
 impl Linear {
     /// A plain single Linear.
     #[must_use]
-    pub fn new(name: &str, in_features: u64, out_features: u64, bias: bool, role: LinearRole) -> Self {
-        Self { name: name.to_owned(), in_features, out_features, bias, count: 1, active: 1, role }
+    pub fn new(
+        name: &str,
+        in_features: u64,
+        out_features: u64,
+        bias: bool,
+        role: LinearRole,
+    ) -> Self {
+        Self {
+            name: name.to_owned(),
+            in_features,
+            out_features,
+            bias,
+            count: 1,
+            active: 1,
+            role,
+        }
     }
 
     /// Weight elements of one copy (`in · out`).
@@ -250,7 +264,11 @@ impl ModelSpec {
     /// lm_head parameters counted separately (0 when tied).
     #[must_use]
     pub const fn lm_head_params(&self) -> u64 {
-        if self.tie_word_embeddings { 0 } else { self.vocab_size * self.hidden_size }
+        if self.tie_word_embeddings {
+            0
+        } else {
+            self.vocab_size * self.hidden_size
+        }
     }
 
     /// Parameters of all decoder layers.
@@ -296,7 +314,9 @@ impl ModelSpec {
 
     /// All Linear kinds of all layer groups with the number of layers holding them.
     pub fn linears(&self) -> impl Iterator<Item = (u64, &Linear)> {
-        self.layers.iter().flat_map(|g| g.linears.iter().map(move |l| (g.count, l)))
+        self.layers
+            .iter()
+            .flat_map(|g| g.linears.iter().map(move |l| (g.count, l)))
     }
 
     /// Parameters held in decoder-layer Linears (what bitsandbytes quantizes).
@@ -308,7 +328,10 @@ impl ModelSpec {
     /// Largest single Linear weight, in elements (one expert for MoE).
     #[must_use]
     pub fn largest_linear_numel(&self) -> u64 {
-        self.linears().map(|(_, l)| l.weight_numel()).max().unwrap_or(0)
+        self.linears()
+            .map(|(_, l)| l.weight_numel())
+            .max()
+            .unwrap_or(0)
     }
 
     /// Effective q-projection width a·d (MLA: heads × (nope + rope)).

@@ -63,7 +63,9 @@ fn roles_of_linear(name: &str, role: LinearRole, out: u64, h: u64) -> &'static [
 /// names are kept so that [`crate::job::Job::validate`] reports them.
 #[must_use]
 pub fn resolve(model: &ModelSpec, targets: &Targets) -> Targets {
-    let Targets::Names(names) = targets else { return targets.clone() };
+    let Targets::Names(names) = targets else {
+        return targets.clone();
+    };
     let h = model.hidden_size;
     let mut out: Vec<String> = Vec::new();
     let mut push = |n: &str| {

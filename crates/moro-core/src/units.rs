@@ -35,7 +35,9 @@ pub fn human(bytes: u64) -> String {
 /// A message naming what could not be read.
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let t = text.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let value: f64 = num
         .parse()
@@ -46,7 +48,11 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "m" | "mb" | "mib" => MIB as f64,
         "g" | "gb" | "gib" => GIB as f64,
         "t" | "tb" | "tib" => (GIB * 1024) as f64,
-        other => return Err(format!("unknown size unit `{other}` in `{text}`; use GiB, MiB or GB")),
+        other => {
+            return Err(format!(
+                "unknown size unit `{other}` in `{text}`; use GiB, MiB or GB"
+            ));
+        }
     };
     let bytes = value * mult;
     if !bytes.is_finite() || bytes <= 0.0 || bytes > 1.0e18 {

@@ -12,8 +12,8 @@ use serde_json::Value;
 
 use crate::hardware;
 use crate::job::{
-    Attention, Job, LoraConfig, LossImpl, Method, Offload, Optimizer, Padding, Parallel,
-    Precision, Quantization, Sharding, Stack, Targets, Versions,
+    Attention, Job, LoraConfig, LossImpl, Method, Offload, Optimizer, Padding, Parallel, Precision,
+    Quantization, Sharding, Stack, Targets, Versions,
 };
 use crate::units::GIB;
 
@@ -66,7 +66,9 @@ fn num(v: &Value, key: &str) -> Option<u64> {
     match v.get(key)? {
         Value::Number(n) => n.as_u64().or_else(|| {
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-            n.as_f64().filter(|f| *f >= 0.0 && f.is_finite()).map(|f| f.round() as u64)
+            n.as_f64()
+                .filter(|f| *f >= 0.0 && f.is_finite())
+                .map(|f| f.round() as u64)
         }),
         Value::String(s) => s.trim().parse().ok(),
         _ => None,
@@ -108,7 +110,11 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         .get("quantization")
         .map(|q| q.to_string().to_ascii_lowercase())
         .unwrap_or_default();
-    let quant_text = if quant_text == "null" { String::new() } else { quant_text };
+    let quant_text = if quant_text == "null" {
+        String::new()
+    } else {
+        quant_text
+    };
     let double_quant = v
         .get("quantization")
         .and_then(|q| q.get("double_quant"))
@@ -120,7 +126,11 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         "lora" => Method::Lora,
         "qlora" | "gptq-lora" => Method::Qlora,
         m if m.starts_with("inference") => Method::Inference,
-        other => return Err(format!("PEFT method `{other}` is not modelled (LoRA/QLoRA only)")),
+        other => {
+            return Err(format!(
+                "PEFT method `{other}` is not modelled (LoRA/QLoRA only)"
+            ));
+        }
     };
     let quantization = if quant_text.is_empty() {
         Quantization::None
@@ -128,7 +138,10 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         Quantization::Gptq4
     } else if quant_text.contains("int8") || quant_text.contains("8-bit") {
         Quantization::Int8
-    } else if quant_text.contains("nf4") || quant_text.contains("4-bit") || quant_text.contains("fp4") {
+    } else if quant_text.contains("nf4")
+        || quant_text.contains("4-bit")
+        || quant_text.contains("fp4")
+    {
         let fp4 = quant_text.contains("fp4") && !quant_text.contains("nf4");
         match (fp4, double_quant || quant_text.contains("torchao")) {
             (true, true) => Quantization::Fp4Dq,
@@ -157,7 +170,9 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
 
     let arch = text(v, "arch").to_ascii_lowercase();
     if arch.contains("t5") || arch.contains("bert") || arch.contains("encoder") {
-        return Err(format!("encoder / encoder-decoder architecture `{arch}` is not modelled"));
+        return Err(format!(
+            "encoder / encoder-decoder architecture `{arch}` is not modelled"
+        ));
     }
 
     // Shape.
@@ -187,9 +202,13 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
     // Precision.
     let prec_text = text(v, "precision").to_ascii_lowercase();
     let weights_text = text(v, "base_weights_dtype").to_ascii_lowercase();
-    let precision = if prec_text.contains("32-true") || (prec_text.starts_with("fp32") && !prec_text.contains("amp")) {
+    let precision = if prec_text.contains("32-true")
+        || (prec_text.starts_with("fp32") && !prec_text.contains("amp"))
+    {
         Precision::Fp32
-    } else if prec_text.contains("fp16") && (prec_text.contains("amp") || prec_text.contains("mixed")) {
+    } else if prec_text.contains("fp16")
+        && (prec_text.contains("amp") || prec_text.contains("mixed"))
+    {
         Precision::Fp16Mixed
     } else if prec_text.contains("bf16-true")
         || prec_text.contains("pure")
@@ -198,7 +217,9 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
     {
         Precision::Bf16
     } else if prec_text.contains("amp") || prec_text.contains("mixed") {
-        if method == Method::Full && (weights_text.contains("bf16") || weights_text.contains("bfloat16")) {
+        if method == Method::Full
+            && (weights_text.contains("bf16") || weights_text.contains("bfloat16"))
+        {
             Precision::Bf16
         } else {
             Precision::Bf16Mixed
@@ -210,8 +231,12 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
     };
 
     // Optimizer.
-    let opt_text =
-        format!("{} {}", text(v, "optimizer"), text(v, "optimizer_state_dtype")).to_ascii_lowercase();
+    let opt_text = format!(
+        "{} {}",
+        text(v, "optimizer"),
+        text(v, "optimizer_state_dtype")
+    )
+    .to_ascii_lowercase();
     let optimizer = if opt_text.contains("paged") {
         if opt_text.contains("8bit") || opt_text.contains("8-bit") {
             Optimizer::PagedAdamw8bit
@@ -226,7 +251,9 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         Optimizer::Lion32bit
     } else if opt_text.contains("sgd") {
         Optimizer::SgdMomentum
-    } else if opt_text.contains("fused") || opt_text.contains("deepspeed") || opt_text.contains("adamw_hf")
+    } else if opt_text.contains("fused")
+        || opt_text.contains("deepspeed")
+        || opt_text.contains("adamw_hf")
     {
         Optimizer::AdamwTorchFused
     } else {
@@ -234,7 +261,10 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
     };
 
     // LoRA.
-    let mut lora = LoraConfig { dropout: 0.0, ..LoraConfig::default() };
+    let mut lora = LoraConfig {
+        dropout: 0.0,
+        ..LoraConfig::default()
+    };
     if let Some(l) = v.get("lora").filter(|l| !l.is_null()) {
         if let Some(r) = num(l, "r") {
             lora.rank = r;
@@ -245,7 +275,10 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         lora.dropout = l.get("dropout").and_then(Value::as_f64).unwrap_or(0.0);
         lora.targets = match l.get("target_modules") {
             Some(Value::Array(a)) => Targets::Names(
-                a.iter().filter_map(Value::as_str).map(str::to_owned).collect(),
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_owned)
+                    .collect(),
             ),
             Some(Value::String(s)) if s.to_ascii_lowercase().contains("all") => Targets::AllLinear,
             _ => Targets::Names(vec!["q_proj".into(), "v_proj".into()]),
@@ -282,7 +315,9 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         return Err("activation offloading to the CPU is not modelled yet".into());
     }
     if truthy(v, "optimizer_in_backward") == Some(true) {
-        return Err("optimizer-in-backward (gradients freed per parameter) is not modelled yet".into());
+        return Err(
+            "optimizer-in-backward (gradients freed per parameter) is not modelled yet".into(),
+        );
     }
 
     // Parallelism.
@@ -296,7 +331,10 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
     } else {
         Offload::None
     };
-    let mut parallel = Parallel { offload, ..Parallel::single() };
+    let mut parallel = Parallel {
+        offload,
+        ..Parallel::single()
+    };
     if sharding_text.contains("zero-3") || sharding_text.contains("zero3") {
         parallel.sharding = Sharding::Zero3;
         parallel.data_parallel = gpus;
@@ -323,7 +361,9 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         parallel.data_parallel = gpus;
     }
     if offload != Offload::None && parallel.sharding == Sharding::None {
-        return Err("CPU offload without ZeRO/FSDP (accelerate big-model offload) is not modelled".into());
+        return Err(
+            "CPU offload without ZeRO/FSDP (accelerate big-model offload) is not modelled".into(),
+        );
     }
 
     let job = Job {
@@ -358,18 +398,24 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
     let metric_text = text(v, "metric").to_ascii_lowercase();
     let metric = if metric_text.contains("nvidia") || metric_text.contains("nvml") {
         Metric::Device
-    } else if metric_text.contains("reserved") && !metric_text.contains("alloc") {
-        Metric::Reserved
-    } else if metric_text.contains("reserved") && metric_text.starts_with("torch.cuda.max_memory_reserved") {
+    } else if metric_text.contains("reserved")
+        && (!metric_text.contains("alloc")
+            || metric_text.starts_with("torch.cuda.max_memory_reserved"))
+    {
         Metric::Reserved
     } else {
         Metric::Allocated
     };
     let oom = text(v, "outcome").eq_ignore_ascii_case("oom");
-    let measured_gib = v.get("per_gpu_gib").and_then(Value::as_f64).or_else(|| {
-        v.get("measured_gib").and_then(Value::as_f64)
-    });
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+    let measured_gib = v
+        .get("per_gpu_gib")
+        .and_then(Value::as_f64)
+        .or_else(|| v.get("measured_gib").and_then(Value::as_f64));
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
     let measured_bytes = match measured_gib {
         Some(g) if g.is_finite() && g > 0.0 => (g * GIB as f64) as u64,
         _ if oom => 0,
@@ -423,16 +469,13 @@ fn version3_of(fw: &str, package: &str) -> Option<(u32, u32, u32)> {
     let needle = format!("{package} ");
     let pos = fw.find(&needle)?;
     let rest = &fw[pos + needle.len()..];
-    let mut parts = rest.split(|c: char| !c.is_ascii_digit()).map(|p| p.parse::<u32>().ok());
+    let mut parts = rest
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().ok());
     let a = parts.next()??;
     let b = parts.next().flatten().unwrap_or(0);
     let c = parts.next().flatten().unwrap_or(0);
     Some((a, b, c))
-}
-
-/// `trl X.Y` in a framework-version string is at least `major.minor`.
-fn trl_at_least(fw: &str, major: u64, minor: u64) -> bool {
-    version_of(fw, "trl").is_some_and(|v| v >= (major, minor))
 }
 
 /// Memory and compute capability of a GPU named in free text ("NVIDIA A100-SXM4-40GB",
@@ -447,7 +490,8 @@ pub fn gpu_facts(gpu: &str) -> (Option<u64>, Option<(u32, u32)>) {
         Some((9, 0))
     } else if l.contains("a100") || l.contains("a800") {
         Some((8, 0))
-    } else if l.contains("a10g") || l.contains("a6000") || l.contains("3090") || l.contains("a10 ") {
+    } else if l.contains("a10g") || l.contains("a6000") || l.contains("3090") || l.contains("a10 ")
+    {
         Some((8, 6))
     } else if l.contains("l40") || l.contains("4090") || l.contains("l4") {
         Some((8, 9))
@@ -474,11 +518,9 @@ pub fn gpu_facts(gpu: &str) -> (Option<u64>, Option<(u32, u32)>) {
                 }
                 let n: u64 = l[start..i].parse().unwrap_or(0);
                 let rest = l[i..].trim_start();
-                if rest.starts_with("gb") || rest.starts_with("gib") {
-                    if (8..=300).contains(&n) {
-                        // vendors' "80GB" cards report ~79.2 GiB usable (nvidia-smi MiB).
-                        mem = Some(n * GIB - n * GIB / 100);
-                    }
+                if (rest.starts_with("gb") || rest.starts_with("gib")) && (8..=300).contains(&n) {
+                    // vendors' "80GB" cards report ~79.2 GiB usable (nvidia-smi MiB).
+                    mem = Some(n * GIB - n * GIB / 100);
                 }
             } else {
                 i += 1;
@@ -522,7 +564,11 @@ pub fn naive_formula(model: &crate::model::ModelSpec, job: &Job) -> u64 {
     };
     let base = n * bits / 8;
     let targets = if job.method.is_peft() {
-        model.linears().filter(|(_, l)| job.lora.targets.matches(&l.name)).map(|(c, _)| c).sum()
+        model
+            .linears()
+            .filter(|(_, l)| job.lora.targets.matches(&l.name))
+            .map(|(c, _)| c)
+            .sum()
     } else {
         0
     };
@@ -556,7 +602,11 @@ pub struct Stats {
 
 /// Statistics of signed relative errors (`(predicted - measured) / measured`).
 #[must_use]
-#[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+#[allow(
+    clippy::cast_precision_loss,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss
+)]
 pub fn stats(errors: &[f64]) -> Stats {
     if errors.is_empty() {
         return Stats::default();
@@ -569,7 +619,11 @@ pub fn stats(errors: &[f64]) -> Stats {
         let rank = ((p * n as f64).ceil() as usize).clamp(1, n);
         abs[rank - 1]
     };
-    let median = if n % 2 == 1 { abs[n / 2] } else { (abs[n / 2 - 1] + abs[n / 2]) / 2.0 };
+    let median = if n % 2 == 1 {
+        abs[n / 2]
+    } else {
+        (abs[n / 2 - 1] + abs[n / 2]) / 2.0
+    };
     Stats {
         n,
         median_abs: median,
@@ -602,12 +656,23 @@ mod tests {
 
     #[test]
     fn trl_versions() {
-        assert!(trl_at_least("torch 2.4, trl 0.26.1", 0, 26));
-        assert!(trl_at_least("trl 1.2.0", 0, 26));
-        assert!(!trl_at_least("trl 0.13.0", 0, 26));
-        assert!(!trl_at_least("peft 0.13", 0, 26));
-        assert!(!trl_at_least("fms-hf-tuning (hf trainer/trl sft) torch 2.4.1, trl 0.13.0", 0, 26));
-        assert_eq!(version_of("torch 2.4.1, transformers 4.48.1", "transformers"), Some((4, 48)));
+        assert_eq!(version_of("torch 2.4, trl 0.26.1", "trl"), Some((0, 26)));
+        assert_eq!(version_of("peft 0.13", "trl"), None);
+        assert_eq!(
+            version_of(
+                "fms-hf-tuning (hf trainer/trl sft) torch 2.4.1, trl 0.13.0",
+                "trl"
+            ),
+            Some((0, 13))
+        );
+        assert_eq!(
+            version3_of("bitsandbytes 0.41.1, x", "bitsandbytes"),
+            Some((0, 41, 1))
+        );
+        assert_eq!(
+            version_of("torch 2.4.1, transformers 4.48.1", "transformers"),
+            Some((4, 48))
+        );
     }
 }
 
@@ -693,7 +758,8 @@ pub struct CatalogModels;
 
 impl ModelSource for CatalogModels {
     fn model(&self, id: &str) -> Result<crate::model::ModelSpec, String> {
-        let e = crate::catalog::find(id).ok_or_else(|| format!("model `{id}` is not in the catalog"))?;
+        let e = crate::catalog::find(id)
+            .ok_or_else(|| format!("model `{id}` is not in the catalog"))?;
         crate::catalog::load(e).map_err(|e| e.to_string())
     }
 }
@@ -730,7 +796,11 @@ pub fn validate(jsonl: &str, models: &dyn ModelSource, include_low: bool) -> Rep
             }
         };
         let id = text(&v, "id");
-        let id = if id.is_empty() { format!("line {}", i + 1) } else { id };
+        let id = if id.is_empty() {
+            format!("line {}", i + 1)
+        } else {
+            id
+        };
         if !include_low && text(&v, "confidence") == "low" {
             let mut r = skip(id, "confidence: low".into());
             r.source = text(&v, "source_key");
@@ -761,7 +831,11 @@ fn predict_row(row: &Row, models: &dyn ModelSource) -> RowResult {
         stack: Some(row.job.stack.as_str()),
         metric: Some(row.metric),
         predicted_bytes: None,
-        measured_bytes: if row.oom { None } else { Some(row.measured_bytes) },
+        measured_bytes: if row.oom {
+            None
+        } else {
+            Some(row.measured_bytes)
+        },
         error: None,
         naive_bytes: None,
         naive_error: None,
@@ -789,8 +863,11 @@ fn predict_row(row: &Row, models: &dyn ModelSource) -> RowResult {
     if row.oom {
         let mem = row.gpu_memory_bytes.unwrap_or(u64::MAX);
         out.predicted_bytes = Some(est.peak_device_bytes);
-        out.status =
-            if est.peak_device_bytes > mem { Status::OomOk } else { Status::OomMissed };
+        out.status = if est.peak_device_bytes > mem {
+            Status::OomOk
+        } else {
+            Status::OomMissed
+        };
         return out;
     }
     let predicted = match row.metric {
@@ -821,14 +898,26 @@ fn summarize(rows: &[RowResult]) -> Summary {
                 m.entry(key(r)).or_default().push(e);
             }
         }
-        m.into_iter().map(|(k, v)| (k, stats(&v))).collect::<BTreeMap<_, _>>()
+        m.into_iter()
+            .map(|(k, v)| (k, stats(&v)))
+            .collect::<BTreeMap<_, _>>()
     };
     let oom_ok = rows.iter().filter(|r| r.status == Status::OomOk).count();
-    let oom_missed = rows.iter().filter(|r| r.status == Status::OomMissed).count();
+    let oom_missed = rows
+        .iter()
+        .filter(|r| r.status == Status::OomMissed)
+        .count();
     let covered = ok.len() + oom_ok + oom_missed;
-    let considered = rows.iter().filter(|r| r.reason.as_deref() != Some("confidence: low")).count();
+    let considered = rows
+        .iter()
+        .filter(|r| r.reason.as_deref() != Some("confidence: low"))
+        .count();
     #[allow(clippy::cast_precision_loss)]
-    let coverage = if considered == 0 { 0.0 } else { covered as f64 / considered as f64 };
+    let coverage = if considered == 0 {
+        0.0
+    } else {
+        covered as f64 / considered as f64
+    };
     Summary {
         rows: considered,
         covered,

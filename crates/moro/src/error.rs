@@ -14,7 +14,11 @@ pub(crate) struct UserError {
 impl UserError {
     /// Invalid input (exit 2).
     pub(crate) fn new(message: impl Into<String>) -> Self {
-        Self { message: message.into(), hint: None, code: 2 }
+        Self {
+            message: message.into(),
+            hint: None,
+            code: 2,
+        }
     }
 
     /// Adds a hint.
@@ -46,8 +50,12 @@ pub(crate) fn user_hint(message: impl Into<String>, hint: impl Into<String>) -> 
 pub(crate) fn report(e: &anyhow::Error) -> ExitCode {
     use std::io::Write;
     let mut err = anstream::stderr();
-    let red = anstyle::Style::new().bold().fg_color(Some(anstyle::AnsiColor::Red.into()));
-    let cyan = anstyle::Style::new().bold().fg_color(Some(anstyle::AnsiColor::Cyan.into()));
+    let red = anstyle::Style::new()
+        .bold()
+        .fg_color(Some(anstyle::AnsiColor::Red.into()));
+    let cyan = anstyle::Style::new()
+        .bold()
+        .fg_color(Some(anstyle::AnsiColor::Cyan.into()));
     let _ = writeln!(err, "{red}error{red:#}: {e}");
     for cause in e.chain().skip(1) {
         let _ = writeln!(err, "  caused by: {cause}");

@@ -26,15 +26,30 @@ impl Target {
 
     /// The estimator's device profile for the first device.
     pub(crate) fn profile(&self) -> DeviceProfile {
-        let cc = self.hardware.devices.first().and_then(|d| d.compute_capability);
+        let cc = self
+            .hardware
+            .devices
+            .first()
+            .and_then(|d| d.compute_capability);
         DeviceProfile::for_compute_capability(cc)
     }
 
-    /// Name for display (`2 × NVIDIA A100-SXM4-80GB`).
+    /// Name for display (`2 × NVIDIA A100-SXM4-80GB`, `… (detected)`).
     pub(crate) fn display(&self) -> String {
-        let Some(first) = self.hardware.devices.first() else { return "none".into() };
+        let Some(first) = self.hardware.devices.first() else {
+            return self.spec.clone();
+        };
         let n = self.hardware.devices.len();
-        if n > 1 { format!("{n} × {}", first.name) } else { first.name.clone() }
+        let name = if n > 1 {
+            format!("{n} × {}", first.name)
+        } else {
+            first.name.clone()
+        };
+        if self.detected {
+            format!("{name} (detected)")
+        } else {
+            name
+        }
     }
 }
 
@@ -51,11 +66,16 @@ pub(crate) fn resolve(spec: Option<&str>, memory: Option<&str>) -> Result<Option
     }
     let Some(spec) = spec else { return Ok(None) };
     match parse_hardware_spec(spec).map_err(|e| user(e.to_string()))? {
-        HardwareSpec::Given(hardware) => {
-            Ok(Some(Target { hardware, detected: false, spec: spec.to_owned() }))
-        }
+        HardwareSpec::Given(hardware) => Ok(Some(Target {
+            hardware,
+            detected: false,
+            spec: spec.to_owned(),
+        })),
         HardwareSpec::Detect => {
             let found = moro_gpu::detect(&moro_gpu::DetectOptions::default());
+            for n in &found.notes {
+                crate::output::note(&format!("note: {n}"));
+            }
             if found.hardware.is_empty() {
                 return Err(user_hint(
                     "no GPU found on this machine (CPU only)",
@@ -63,7 +83,11 @@ pub(crate) fn resolve(spec: Option<&str>, memory: Option<&str>) -> Result<Option
                      --hardware 24GiB (`moro hardware` shows what was probed)",
                 ));
             }
-            Ok(Some(Target { hardware: found.hardware, detected: true, spec: spec.to_owned() }))
+            Ok(Some(Target {
+                hardware: found.hardware,
+                detected: true,
+                spec: spec.to_owned(),
+            }))
         }
     }
 }

@@ -16,16 +16,25 @@ fn parse_method(s: &str) -> Result<Method, String> {
 
 pub(crate) fn parse_quantization(s: &str) -> Result<Quantization, String> {
     let l = s.to_ascii_lowercase();
-    Quantization::ALL.into_iter().find(|q| q.as_str() == l || (l == "gptq" && *q == Quantization::Gptq4)).ok_or_else(|| {
-        format!("unknown quantization `{s}`; use none, int8, nf4, nf4-dq, fp4, fp4-dq or gptq-int4")
-    })
+    Quantization::ALL
+        .into_iter()
+        .find(|q| q.as_str() == l || (l == "gptq" && *q == Quantization::Gptq4))
+        .ok_or_else(|| {
+            format!(
+                "unknown quantization `{s}`; use none, int8, nf4, nf4-dq, fp4, fp4-dq or gptq-int4"
+            )
+        })
 }
 
 pub(crate) fn parse_optimizer(s: &str) -> Result<Optimizer, String> {
     Optimizer::parse(s).ok_or_else(|| {
         format!(
             "unknown optimizer `{s}`; use one of {}",
-            Optimizer::ALL.iter().map(|o| o.as_str()).collect::<Vec<_>>().join(", ")
+            Optimizer::ALL
+                .iter()
+                .map(|o| o.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         )
     })
 }
@@ -67,7 +76,9 @@ pub(crate) fn parse_loss(s: &str) -> Result<LossImpl, String> {
         "chunked-nll" | "chunked_nll" => Ok(LossImpl::ChunkedNll),
         "chunked" => Ok(LossImpl::Chunked),
         "fused" | "liger" | "cce" => Ok(LossImpl::Fused),
-        _ => Err(format!("unknown loss `{s}`; use standard, chunked-nll, chunked or fused")),
+        _ => Err(format!(
+            "unknown loss `{s}`; use standard, chunked-nll, chunked or fused"
+        )),
     }
 }
 
@@ -94,12 +105,17 @@ fn parse_offload(s: &str) -> Result<Offload, String> {
         "none" => Ok(Offload::None),
         "optimizer" => Ok(Offload::Optimizer),
         "optimizer_and_params" | "all" => Ok(Offload::OptimizerAndParams),
-        _ => Err(format!("unknown offload `{s}`; use none, optimizer or optimizer_and_params")),
+        _ => Err(format!(
+            "unknown offload `{s}`; use none, optimizer or optimizer_and_params"
+        )),
     }
 }
 
 fn parse_count(s: &str) -> Result<u64, String> {
-    let v: i128 = s.trim().parse().map_err(|_| format!("`{s}` is not a whole number"))?;
+    let v: i128 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a whole number"))?;
     if v <= 0 {
         return Err(format!("must be at least 1, got {v}"));
     }
@@ -107,7 +123,10 @@ fn parse_count(s: &str) -> Result<u64, String> {
 }
 
 fn parse_fraction(s: &str) -> Result<f64, String> {
-    let v: f64 = s.trim().parse().map_err(|_| format!("`{s}` is not a number"))?;
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number"))?;
     if !v.is_finite() {
         return Err(format!("`{s}` is not a finite number"));
     }
@@ -245,7 +264,10 @@ impl JobArgs {
                 // TRL's SFTConfig: "gradient_checkpointing: Defaults to True".
                 job.gradient_checkpointing = true;
             }
-            if !from_recipe && matches!(s, Stack::Litgpt | Stack::Torchtune) && self.precision.is_none() {
+            if !from_recipe
+                && matches!(s, Stack::Litgpt | Stack::Torchtune)
+                && self.precision.is_none()
+            {
                 job.precision = Precision::Bf16;
             }
         }

@@ -92,9 +92,17 @@ impl Table {
 
 /// A horizontal bar of `frac` (0..=1) of `width` cells.
 pub(crate) fn bar(frac: f64, width: usize) -> String {
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
     let cells = (frac.clamp(0.0, 1.0) * width as f64).round() as usize;
-    format!("{}{}", "█".repeat(cells), "·".repeat(width - cells.min(width)))
+    format!(
+        "{}{}",
+        "█".repeat(cells),
+        "·".repeat(width - cells.min(width))
+    )
 }
 
 /// GiB with two decimals.

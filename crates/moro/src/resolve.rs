@@ -35,7 +35,11 @@ pub(crate) mod env {
 
 /// The hub cache directory as `huggingface_hub` resolves it.
 pub(crate) fn hub_cache_dir() -> Option<PathBuf> {
-    let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
     if let Some(p) = var(env::HF_HUB_CACHE).or_else(|| var(env::HUGGINGFACE_HUB_CACHE)) {
         return Some(p);
     }
@@ -84,11 +88,15 @@ pub(crate) fn find_in_cache(cache: &Path, id: &str) -> Option<PathBuf> {
 }
 
 fn parse_file(path: &Path, id: &str, source: &str) -> Result<Resolved> {
-    let bytes = std::fs::read(path)
-        .map_err(|e| user(format!("cannot read `{}`: {e}", path.display())))?;
+    let bytes =
+        std::fs::read(path).map_err(|e| user(format!("cannot read `{}`: {e}", path.display())))?;
     let spec = moro_core::arch::parse_config(&bytes)
         .map_err(|e| user(format!("{}: {e}", path.display())))?;
-    Ok(Resolved { id: id.to_owned(), source: source.to_owned(), spec })
+    Ok(Resolved {
+        id: id.to_owned(),
+        source: source.to_owned(),
+        spec,
+    })
 }
 
 /// Resolves `--model`.
@@ -119,15 +127,24 @@ pub(crate) fn model(arg: &str) -> Result<Resolved> {
         }
         return Err(user(format!("`{arg}` does not exist")));
     }
-    if let Some(cache) = hub_cache_dir() {
-        if let Some(cfg) = find_in_cache(&cache, arg) {
-            return parse_file(&cfg, arg.split('@').next().unwrap_or(arg), "Hugging Face cache");
-        }
+    if let Some(cache) = hub_cache_dir()
+        && let Some(cfg) = find_in_cache(&cache, arg)
+    {
+        return parse_file(
+            &cfg,
+            arg.split('@').next().unwrap_or(arg),
+            "Hugging Face cache",
+        );
     }
     let bare = arg.split('@').next().unwrap_or(arg);
     if let Some(entry) = catalog::find(bare) {
-        let spec = catalog::load(entry).map_err(|e| user(format!("catalog entry `{}`: {e}", entry.id)))?;
-        return Ok(Resolved { id: entry.id.to_owned(), source: "embedded catalog".into(), spec });
+        let spec =
+            catalog::load(entry).map_err(|e| user(format!("catalog entry `{}`: {e}", entry.id)))?;
+        return Ok(Resolved {
+            id: entry.id.to_owned(),
+            source: "embedded catalog".into(),
+            spec,
+        });
     }
     let suggestions = catalog::suggest(bare, 3);
     let hint = if suggestions.is_empty() {
@@ -135,10 +152,17 @@ pub(crate) fn model(arg: &str) -> Result<Resolved> {
     } else {
         format!(
             "did you mean {}? (`moro models` lists the catalog; a path to a config.json works too)",
-            suggestions.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ")
+            suggestions
+                .iter()
+                .map(|s| format!("`{s}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
         )
     };
-    Err(user_hint(format!("model `{arg}` is not in the local cache or the embedded catalog"), hint))
+    Err(user_hint(
+        format!("model `{arg}` is not in the local cache or the embedded catalog"),
+        hint,
+    ))
 }
 
 #[cfg(test)]

@@ -79,8 +79,7 @@ fn group_of(l: &Linear, h: u64) -> Group {
             }
         }
         LinearRole::Mlp | LinearRole::Expert | LinearRole::SharedExpert => {
-            if MLP_OUT.contains(&l.name.as_str()) || (l.out_features == h && l.in_features != h)
-            {
+            if MLP_OUT.contains(&l.name.as_str()) || (l.out_features == h && l.in_features != h) {
                 Group::MlpOut
             } else {
                 Group::MlpIn
@@ -219,14 +218,15 @@ impl Ctx<'_> {
             // The attention output is saved by SDPA already.
             if shared && grp != Group::AttnOut {
                 let width = match grp {
-                    Group::MlpOut => g
-                        .linears
-                        .iter()
-                        .filter(|l| group_of(l, h) == Group::MlpOut)
-                        .map(|l| l.in_features)
-                        .max()
-                        .unwrap_or(0)
-                        / tp,
+                    Group::MlpOut => {
+                        g.linears
+                            .iter()
+                            .filter(|l| group_of(l, h) == Group::MlpOut)
+                            .map(|l| l.in_features)
+                            .max()
+                            .unwrap_or(0)
+                            / tp
+                    }
                     _ => h,
                 };
                 bytes += width * xb;
@@ -242,7 +242,11 @@ impl Ctx<'_> {
         let seq = job.seq_len;
         bytes += match job.attention {
             Attention::Flash | Attention::Sdpa => {
-                let kv = if padded && job.attention == Attention::Sdpa { ad } else { kd };
+                let kv = if padded && job.attention == Attention::Sdpa {
+                    ad
+                } else {
+                    kd
+                };
                 let mut b = attn_b * (2 * ad + 2 * kv) + 4 * a;
                 if padded && job.attention == Attention::Sdpa {
                     // mem-efficient kernel's additive mask: (b, 1, s, s) in query dtype per
@@ -264,13 +268,17 @@ impl Ctx<'_> {
         // MLP core.
         let i_act = m.active_intermediate(g.moe) / tp;
         let mlp_o = o;
-        bytes += if m.gated_mlp { 3 * mlp_o * i_act } else { mlp_o * i_act };
-        if g.moe {
-            if let Some(moe) = &m.moe {
-                // Router probabilities (fp32 softmax over experts) and the weighted expert
-                // outputs `expert_out * routing_weight` (saves expert_out: k·h).
-                bytes += 4 * moe.num_experts + moe.experts_per_token * h * mlp_o;
-            }
+        bytes += if m.gated_mlp {
+            3 * mlp_o * i_act
+        } else {
+            mlp_o * i_act
+        };
+        if g.moe
+            && let Some(moe) = &m.moe
+        {
+            // Router probabilities (fp32 softmax over experts) and the weighted expert
+            // outputs `expert_out * routing_weight` (saves expert_out: k·h).
+            bytes += 4 * moe.num_experts + moe.experts_per_token * h * mlp_o;
         }
         bytes
     }
@@ -305,7 +313,12 @@ impl Activations {
     /// Activations of `job` on `model` with tensor-parallel degree `tp`.
     #[must_use]
     pub fn new(model: &ModelSpec, job: &Job, r: &Regime, tp: u64) -> Self {
-        let ctx = Ctx { m: model, job, r, tp };
+        let ctx = Ctx {
+            m: model,
+            job,
+            r,
+            tp,
+        };
         let t = job.micro_batch_size * job.seq_len;
         let h = model.hidden_size;
         let ckpt = r.stream_bytes * h;
@@ -316,7 +329,12 @@ impl Activations {
             let layer = ctx.layer_bytes(g);
             one = one.max(layer);
             bwd = bwd.max(ctx.layer_backward(g));
-            all += g.count * if job.gradient_checkpointing { ckpt } else { layer };
+            all += g.count
+                * if job.gradient_checkpointing {
+                    ckpt
+                } else {
+                    layer
+                };
         }
         // Final norm: fp32 copy; trainable weight saves `normed`; lm_head's input is saved
         // when lm_head is trainable (and cast per autocast from an fp32 stream).
@@ -335,7 +353,11 @@ impl Activations {
         let autocast_weight_cache = if full && r.autocast_weight_copies && r.param_bytes == 4 {
             // bf16 copies of every matmul weight (lm_head included, embedding excluded).
             let mm = model.total_params() - model.embedding_params()
-                + if model.tie_word_embeddings { model.embedding_params() } else { 0 };
+                + if model.tie_word_embeddings {
+                    model.embedding_params()
+                } else {
+                    0
+                };
             2 * mm / tp
         } else if job.method.is_peft() && r.autocast && r.adapter_bytes == 4 {
             2 * r.trainable_params / tp

@@ -66,7 +66,10 @@ pub(super) fn phases(
     let dequant = super::weights::dequant_transient(model, job, r);
     let cublas = device.cublas_workspace_bytes;
     vec![
-        PhaseBytes { phase: Phase::Load, components: vec![(Component::Weights, sh.weights)] },
+        PhaseBytes {
+            phase: Phase::Load,
+            components: vec![(Component::Weights, sh.weights)],
+        },
         PhaseBytes {
             phase: Phase::Prefill,
             components: vec![

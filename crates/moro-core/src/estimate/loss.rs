@@ -42,7 +42,11 @@ impl Loss {
             // dense nll grad (4) + log_softmax grad (4) = 12 B (memory-anatomy §3.3; the
             // oracle measures 12·T·ΔV between vocabularies).
             LossImpl::Standard | LossImpl::StandardLegacy => {
-                let mut fwd = if r.compute_bytes == 4 && !r.autocast { 8 } else { 10 };
+                let mut fwd = if r.compute_bytes == 4 && !r.autocast {
+                    8
+                } else {
+                    10
+                };
                 if r.loss == LossImpl::StandardLegacy {
                     // `shift_logits = logits[..., :-1, :].contiguous()` on the fp32 copy.
                     fwd += 4;
@@ -77,7 +81,10 @@ impl Loss {
             LossImpl::Chunked => {
                 let (saved, chunk_tokens) = match job.stack {
                     Stack::Torchtune => (2 + 4, t.div_ceil(8)),
-                    _ => (2 + r.compute_bytes, (LITGPT_CHUNK * job.micro_batch_size).min(t)),
+                    _ => (
+                        2 + r.compute_bytes,
+                        (LITGPT_CHUNK * job.micro_batch_size).min(t),
+                    ),
                 };
                 let chunk = chunk_tokens * v * 3 * 4;
                 Self {
@@ -92,7 +99,11 @@ impl Loss {
             // (T·h) and, when lm_head trains, grad_weight (V·h) stay alive; chunk logits of
             // `next_power_of_2(T / ceil(V/h))` rows (§3.5).
             LossImpl::Fused => {
-                let grad_w = if job.method == Method::Full { v * h * r.param_bytes } else { 0 };
+                let grad_w = if job.method == Method::Full {
+                    v * h * r.param_bytes
+                } else {
+                    0
+                };
                 let inc = v.div_ceil(h.max(1)).max(1);
                 let chunk_rows = t.div_ceil(inc).next_power_of_two();
                 let chunk = chunk_rows * v * 4 * 2;

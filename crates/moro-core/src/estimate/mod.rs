@@ -69,7 +69,11 @@ impl DeviceProfile {
     #[must_use]
     pub fn for_compute_capability(cc: Option<(u32, u32)>) -> Self {
         let major = cc.map_or(8, |c| c.0);
-        let cublas = if major >= 9 { 32 * MIB } else { 4096 * 1024 * 2 + 16 * 1024 * 8 };
+        let cublas = if major >= 9 {
+            32 * MIB
+        } else {
+            4096 * 1024 * 2 + 16 * 1024 * 8
+        };
         Self {
             cublas_workspace_bytes: cublas,
             cuda_context_bytes: 600 * MIB,
@@ -216,7 +220,11 @@ impl Estimate {
     /// Bytes of a component at the peak (0 when absent).
     #[must_use]
     pub fn component(&self, c: Component) -> u64 {
-        self.components.iter().filter(|x| x.0 == c).map(|x| x.1).sum()
+        self.components
+            .iter()
+            .filter(|x| x.0 == c)
+            .map(|x| x.1)
+            .sum()
     }
 }
 
@@ -224,7 +232,11 @@ impl Estimate {
 ///
 /// # Errors
 /// The job is invalid for the model ([`Job::validate`]).
-pub fn estimate(model: &ModelSpec, job: &Job, device: &DeviceProfile) -> Result<Estimate, JobError> {
+pub fn estimate(
+    model: &ModelSpec,
+    job: &Job,
+    device: &DeviceProfile,
+) -> Result<Estimate, JobError> {
     job.validate(model)?;
     let regime = Regime::resolve(model, job);
     let phases = if job.method == Method::Inference {
@@ -273,7 +285,10 @@ fn training_phases(
     };
 
     let mut phases = Vec::new();
-    phases.push(PhaseBytes { phase: Phase::Load, components: base(vec![]) });
+    phases.push(PhaseBytes {
+        phase: Phase::Load,
+        components: base(vec![]),
+    });
 
     // Sequential layer placement (pipeline) splits the layers and their activations.
     let all_layers = acts.all_layers() / job.parallel.pipeline.max(1);
@@ -282,9 +297,15 @@ fn training_phases(
         phase: Phase::ForwardEnd,
         components: base(vec![
             (Component::Gradients, grads_in_fwd),
-            (Component::Activations, all_layers + acts.head + acts.autocast_weight_cache),
+            (
+                Component::Activations,
+                all_layers + acts.head + acts.autocast_weight_cache,
+            ),
             (Component::LogitsLoss, head.forward_peak),
-            (Component::Transients, cublas + dequant.max(head.forward_transient) + comm + unit),
+            (
+                Component::Transients,
+                cublas + dequant.max(head.forward_transient) + comm + unit,
+            ),
         ]),
     });
     // Backward of the loss: all activations still alive, the loss's backward buffers.
@@ -292,9 +313,15 @@ fn training_phases(
         phase: Phase::LossBackward,
         components: base(vec![
             (Component::Gradients, grads_in_fwd),
-            (Component::Activations, all_layers + acts.head + acts.autocast_weight_cache),
+            (
+                Component::Activations,
+                all_layers + acts.head + acts.autocast_weight_cache,
+            ),
             (Component::LogitsLoss, head.backward_peak),
-            (Component::Transients, cublas + head.backward_transient + comm + unit),
+            (
+                Component::Transients,
+                cublas + head.backward_transient + comm + unit,
+            ),
         ]),
     });
     // Backward through the last layer: under checkpointing its activations are recomputed
@@ -309,14 +336,24 @@ fn training_phases(
         phase: Phase::LayerBackward,
         components: base(vec![
             (Component::Gradients, grads_in_fwd.max(par.head_grads)),
-            (Component::Activations, layer_acts + acts.autocast_weight_cache),
+            (
+                Component::Activations,
+                layer_acts + acts.autocast_weight_cache,
+            ),
             (Component::LogitsLoss, head.after_backward),
-            (Component::Transients, cublas + acts.layer_backward_transient + dequant + comm + unit),
+            (
+                Component::Transients,
+                cublas + acts.layer_backward_transient + dequant + comm + unit,
+            ),
         ]),
     });
     // End of backward: all gradients exist; one layer's transients may still be live for
     // the first layer (checkpointing recomputes it too).
-    let first_layer = if job.gradient_checkpointing { acts.one_layer } else { 0 };
+    let first_layer = if job.gradient_checkpointing {
+        acts.one_layer
+    } else {
+        0
+    };
     // A tied embedding receives two gradients (lm_head's, already in `.grad`, and the
     // lookup's dense `embedding_dense_backward` output); autograd sums them out of place, so
     // the incoming V·h gradient and the V·h sum coexist with `.grad` (the oracle peaks at
@@ -344,7 +381,10 @@ fn training_phases(
         phase: Phase::OptimizerStep,
         components: base(vec![
             (Component::Gradients, grads),
-            (Component::Transients, cublas / 2 + par.step_transient + par.step_comm),
+            (
+                Component::Transients,
+                cublas / 2 + par.step_transient + par.step_comm,
+            ),
         ]),
     });
     phases
@@ -362,7 +402,10 @@ fn finish(
         .iter()
         .max_by_key(|p| p.total())
         .cloned()
-        .unwrap_or(PhaseBytes { phase: Phase::Load, components: vec![] });
+        .unwrap_or(PhaseBytes {
+            phase: Phase::Load,
+            components: vec![],
+        });
     let offset = device.offset_bytes;
     let raw = peak.total();
     let allocated = if offset >= 0 {
@@ -389,7 +432,11 @@ fn finish(
         .map(|c| c.1)
         .sum();
     let churn = allocated.saturating_sub(resident);
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
     let frag = (churn as f64 * device.reserve_ratio.max(0.0)) as u64;
     let reserve = round_up(allocated + frag, 2 * MIB) - allocated;
     let reserved = allocated + reserve;

@@ -135,7 +135,11 @@ pub fn state_bytes(t: &Trainable, opt: Optimizer, param_bytes: u64, r: &Regime) 
     let n = t.numel;
     let paged = opt.is_paged() && n >= BNB_PAGED_MIN;
     let split = |bytes: u64, big_state: u64| {
-        if paged { (bytes - big_state, big_state) } else { (bytes, 0) }
+        if paged {
+            (bytes - big_state, big_state)
+        } else {
+            (bytes, 0)
+        }
     };
     let eight_bit_two = |n: u64| 2 * n + 2 * 4 * n.div_ceil(BNB_BLOCK);
     let per = match opt {

@@ -6,9 +6,9 @@
 use crate::job::{Job, Method, Offload, Sharding};
 use crate::model::ModelSpec;
 
+use super::Regime;
 use super::optimizer;
 use super::weights::{base_weight_bytes, lora_params};
-use super::Regime;
 
 /// Per-GPU resident memory and communication buffers.
 #[derive(Debug, Clone, Copy, Default)]
@@ -60,7 +60,11 @@ impl Sharded {
         let tb = optimizer::trainable_bytes(job, r);
         let trainable = if full { total } else { lora_params(model, job) };
         let base = base_weight_bytes(model, job, r) / split;
-        let adapters = if job.method.is_peft() { trainable * r.adapter_bytes / split } else { 0 };
+        let adapters = if job.method.is_peft() {
+            trainable * r.adapter_bytes / split
+        } else {
+            0
+        };
         let (states, _paged) = optimizer::states(model, job, r);
         let states = states / split;
         let grads = trainable * tb / split;
@@ -153,7 +157,11 @@ impl Sharded {
                         s.gathered_params = 2 * layer_params * 2;
                     }
                 }
-                s.head_grads = if full { model.vocab_size * h * 2 / tp / n } else { 0 };
+                s.head_grads = if full {
+                    model.vocab_size * h * 2 / tp / n
+                } else {
+                    0
+                };
                 s.step_transient = 0;
                 if offload_opt {
                     // DeepSpeed's estimator: `cpu_mem = total_params * max(4 * total_gpus,
@@ -162,7 +170,11 @@ impl Sharded {
                 }
             }
             Sharding::FsdpFullShard | Sharding::FsdpShardGradOp | Sharding::FsdpHybridShard => {
-                let group = if sharding == Sharding::FsdpHybridShard { n.min(8) } else { n };
+                let group = if sharding == Sharding::FsdpHybridShard {
+                    n.min(8)
+                } else {
+                    n
+                };
                 let offload = !matches!(p.offload, Offload::None);
                 // Flat parameters in their load dtype, sharded; FSDP's MixedPrecision
                 // all-gathers a unit in bf16 (current + prefetched unit).
@@ -172,7 +184,11 @@ impl Sharded {
                         s.weights = base + adapters;
                     }
                     _ => {
-                        s.weights = if offload { 0 } else { (base + adapters) / group };
+                        s.weights = if offload {
+                            0
+                        } else {
+                            (base + adapters) / group
+                        };
                     }
                 }
                 s.adapters = 0;

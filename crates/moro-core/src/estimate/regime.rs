@@ -65,7 +65,7 @@ impl Regime {
     pub fn resolve(model: &ModelSpec, job: &Job) -> Self {
         let precision = job.precision;
         let stack = job.stack;
-                let autocast = precision.autocast();
+        let autocast = precision.autocast();
         let fp32 = precision == Precision::Fp32;
         let quantized = job.quantization != Quantization::None;
         let method = job.method;
@@ -76,7 +76,11 @@ impl Regime {
                 Precision::Bf16Mixed | Precision::Fp16Mixed | Precision::Fp32 => (4, 4),
             },
             Method::Lora | Method::Qlora | Method::Inference => {
-                if fp32 { (4, 4) } else { (2, 2) }
+                if fp32 {
+                    (4, 4)
+                } else {
+                    (2, 2)
+                }
             }
         };
 
@@ -100,7 +104,11 @@ impl Regime {
         // Legacy TRL casts embeddings and lm_head back to bf16 after the upcast
         // (`peft_module_casting_to_bf16`); only the norms stay fp32.
         let legacy_recast = trl_legacy && kbit_prepare && !fp32;
-        let unquantized_bytes = if kbit_prepare && !legacy_recast { 4 } else { frozen_bytes };
+        let unquantized_bytes = if kbit_prepare && !legacy_recast {
+            4
+        } else {
+            frozen_bytes
+        };
 
         let adapter_bytes = match stack {
             Stack::Litgpt | Stack::Torchtune => {

@@ -40,7 +40,9 @@ pub fn quantized_linear_bytes(l: &Linear, q: Quantization) -> u64 {
         Quantization::Int8 => n + 4 * l.out_features,
         Quantization::Gptq4 => {
             let groups = l.in_features.div_ceil(GPTQ_GROUP);
-            n.div_ceil(2) + groups * l.out_features * 2 + groups * l.out_features.div_ceil(2)
+            n.div_ceil(2)
+                + groups * l.out_features * 2
+                + groups * l.out_features.div_ceil(2)
                 + 4 * l.in_features
         }
         Quantization::None => n * 2,
@@ -108,16 +110,17 @@ pub fn lora_tensors(model: &ModelSpec, job: &Job) -> impl Iterator<Item = (u64, 
     // (copies, numel)
     let r = job.lora.rank;
     let dora = job.lora.dora;
-    model.linears().filter(move |(_, l)| job.lora.targets.matches(&l.name)).flat_map(
-        move |(layers, l)| {
+    model
+        .linears()
+        .filter(move |(_, l)| job.lora.targets.matches(&l.name))
+        .flat_map(move |(layers, l)| {
             let copies = layers * l.count;
             let mut v = vec![(copies, r * l.in_features), (copies, r * l.out_features)];
             if dora {
                 v.push((copies, l.out_features));
             }
             v
-        },
-    )
+        })
 }
 
 /// The transient of a quantized matmul: the dequantized weight of the largest quantized
@@ -136,6 +139,10 @@ pub fn dequant_transient(model: &ModelSpec, job: &Job, r: &Regime) -> u64 {
     if r.quantize_lm_head {
         n = n.max(model.vocab_size * model.hidden_size);
     }
-    let absmax = if job.quantization.double_quant() { 4 * n.div_ceil(NF4_BLOCK) } else { 0 };
+    let absmax = if job.quantization.double_quant() {
+        4 * n.div_ceil(NF4_BLOCK)
+    } else {
+        0
+    };
     n * r.compute_bytes + absmax
 }

@@ -92,7 +92,17 @@ pub(crate) fn run(args: &EstimateArgs) -> Result<ExitCode> {
     let model = resolve::model(model_arg)?;
     let mut job = args.job.apply(None);
     let target = crate::hw::resolve(args.hardware.as_deref(), args.memory.as_deref())?;
-    let profile = target.as_ref().map(crate::hw::Target::profile).unwrap_or_default();
+    let mut profile = target
+        .as_ref()
+        .map(crate::hw::Target::profile)
+        .unwrap_or_default();
+    let gpu = target
+        .as_ref()
+        .and_then(|t| t.hardware.devices.first())
+        .map(|d| d.name.as_str());
+    if let Some(n) = crate::profile::apply(&mut profile, gpu) {
+        crate::output::note(&n);
+    }
     let est = run_estimate(&model.spec, &mut job, &profile)?;
     let memory = target.as_ref().and_then(crate::hw::Target::memory_bytes);
     let fits = memory.map(|m| est.peak_device_bytes <= m);
@@ -135,7 +145,10 @@ pub(crate) fn to_json<'a>(
         phases: est
             .phases
             .iter()
-            .map(|p| PhaseJson { phase: p.phase.as_str(), allocated_bytes: p.total() })
+            .map(|p| PhaseJson {
+                phase: p.phase.as_str(),
+                allocated_bytes: p.total(),
+            })
             .collect(),
         total_params: est.total_params,
         trainable_params: est.trainable_params,
@@ -147,7 +160,7 @@ pub(crate) fn to_json<'a>(
 }
 
 fn describe(job: &Job) -> String {
-    let mut s = format!("{}", job.method.as_str());
+    let mut s = job.method.as_str().to_owned();
     if job.quantization != moro_core::job::Quantization::None {
         s.push_str(&format!(" ({})", job.quantization.as_str()));
     }
@@ -155,7 +168,10 @@ fn describe(job: &Job) -> String {
         s.push_str(&format!(", r={}", job.lora.rank));
     }
     if job.method == Method::Inference {
-        s.push_str(&format!(", batch {}, context {}", job.micro_batch_size, job.seq_len));
+        s.push_str(&format!(
+            ", batch {}, context {}",
+            job.micro_batch_size, job.seq_len
+        ));
     } else {
         s.push_str(&format!(
             ", micro-batch {} × {} tokens, grad-accum {}, {}, {}{}",
@@ -164,12 +180,24 @@ fn describe(job: &Job) -> String {
             job.grad_accum,
             job.optimizer.as_str(),
             job.precision.as_str(),
-            if job.gradient_checkpointing { ", checkpointing" } else { "" },
+            if job.gradient_checkpointing {
+                ", checkpointing"
+            } else {
+                ""
+            },
         ));
     }
-    s.push_str(&format!(", {} attention, stack {}", job.attention.as_str(), job.stack.as_str()));
+    s.push_str(&format!(
+        ", {} attention, stack {}",
+        job.attention.as_str(),
+        job.stack.as_str()
+    ));
     if job.parallel.gpus() > 1 {
-        s.push_str(&format!(", {} GPUs ({:?})", job.parallel.gpus(), job.parallel.sharding));
+        s.push_str(&format!(
+            ", {} GPUs ({:?})",
+            job.parallel.gpus(),
+            job.parallel.sharding
+        ));
     }
     s
 }
@@ -216,10 +244,17 @@ pub(crate) fn render(
         gib(est.peak_reserved_bytes),
         "torch.cuda.max_memory_reserved()".into(),
     ]);
-    lv.row(vec!["device".into(), gib(est.peak_device_bytes), "nvidia-smi".into()]);
+    lv.row(vec![
+        "device".into(),
+        gib(est.peak_device_bytes),
+        "nvidia-smi".into(),
+    ]);
     out.push_str(&lv.render());
     if est.host_bytes > 0 {
-        out.push_str(&format!("\nhost memory for offload: {}\n", size(est.host_bytes)));
+        out.push_str(&format!(
+            "\nhost memory for offload: {}\n",
+            size(est.host_bytes)
+        ));
     }
     if est.component(Component::OutsideAllocator) > 0 {
         out.push_str(
@@ -227,11 +262,18 @@ pub(crate) fn render(
              nvidia-smi shows them, torch.cuda counters do not\n",
         );
     }
-    if let Some(t) = target {
-        if let Some(m) = t.memory_bytes() {
+    if let Some(t) = target
+        && let Some(m) = t.memory_bytes()
+    {
+        {
             let h = headroom(est, m);
             let verdict = if h >= 0 {
-                format!("fits on {} ({} GiB): {} GiB headroom", t.display(), gib(m), gib(h.unsigned_abs()))
+                format!(
+                    "fits on {} ({} GiB): {} GiB headroom",
+                    t.display(),
+                    gib(m),
+                    gib(h.unsigned_abs())
+                )
             } else {
                 format!(
                     "does NOT fit on {} ({} GiB): {} GiB over",

@@ -44,18 +44,24 @@ pub(crate) fn run(args: &ModelsArgs) -> Result<ExitCode> {
             max_position_embeddings: spec.max_position_embeddings,
         });
     }
-    entries.sort_by(|a, b| a.id.to_ascii_lowercase().cmp(&b.id.to_ascii_lowercase()));
+    entries.sort_by_key(|e| e.id.to_ascii_lowercase());
     if args.json {
         return stdout(&json(&entries)?).map(|()| ExitCode::SUCCESS);
     }
     let mut t = Table::new(
-        &["id", "type", "params", "layers", "hidden", "vocab", "context"],
+        &[
+            "id", "type", "params", "layers", "hidden", "vocab", "context",
+        ],
         &[false, false, true, true, true, true, true],
     );
     for e in &entries {
         #[allow(clippy::cast_precision_loss)]
         let p = if e.active_parameters < e.parameters {
-            format!("{:.2}B ({:.2}B active)", e.parameters as f64 / 1e9, e.active_parameters as f64 / 1e9)
+            format!(
+                "{:.2}B ({:.2}B active)",
+                e.parameters as f64 / 1e9,
+                e.active_parameters as f64 / 1e9
+            )
         } else {
             format!("{:.2}B", e.parameters as f64 / 1e9)
         };

@@ -46,7 +46,16 @@ pub(crate) fn run(args: &ValidateArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let mut t = Table::new(
-        &["id", "method", "level", "predicted GiB", "measured GiB", "error", "naive", "status"],
+        &[
+            "id",
+            "method",
+            "level",
+            "predicted GiB",
+            "measured GiB",
+            "error",
+            "naive",
+            "status",
+        ],
         &[false, false, false, true, true, true, true, false],
     );
     let g = |b: Option<u64>| b.map_or_else(|| "-".to_owned(), crate::output::gib);
@@ -57,7 +66,8 @@ pub(crate) fn run(args: &ValidateArgs) -> Result<ExitCode> {
         t.row(vec![
             r.id.clone(),
             r.method.unwrap_or("-").to_owned(),
-            r.metric.map_or("-".to_owned(), |m| format!("{m:?}").to_ascii_lowercase()),
+            r.metric
+                .map_or("-".to_owned(), |m| format!("{m:?}").to_ascii_lowercase()),
             g(r.predicted_bytes),
             g(r.measured_bytes),
             r.error.map_or_else(|| "-".into(), pct),
@@ -68,7 +78,11 @@ pub(crate) fn run(args: &ValidateArgs) -> Result<ExitCode> {
     let mut out = t.render();
     out.push_str("\nskipped:\n");
     for r in report.rows.iter().filter(|r| r.status == Status::Skipped) {
-        out.push_str(&format!("  {}: {}\n", r.id, r.reason.as_deref().unwrap_or("")));
+        out.push_str(&format!(
+            "  {}: {}\n",
+            r.id,
+            r.reason.as_deref().unwrap_or("")
+        ));
     }
     let s = &report.summary;
     out.push_str(&format!(
@@ -80,7 +94,14 @@ pub(crate) fn run(args: &ValidateArgs) -> Result<ExitCode> {
         s.oom_missed
     ));
     let mut st = Table::new(
-        &["group", "rows", "median |err|", "mean |err|", "p90 |err|", "under >5%"],
+        &[
+            "group",
+            "rows",
+            "median |err|",
+            "mean |err|",
+            "p90 |err|",
+            "under >5%",
+        ],
         &[false, true, true, true, true, true],
     );
     st.row(stats_line("moro (all)", &s.overall));
