@@ -1,0 +1,406 @@
+//! [`Plan`]: the recipe with every default applied, read once for all formats, and the
+//! warnings that hold whatever the format (tensor parallelism, an unknown LoRA target, ...).
+
+use moro_core::job::{Job, LoraConfig, LossImpl, Targets};
+use moro_core::model::ModelSpec;
+use moro_recipe::Recipe;
+use moro_recipe::TrainingSection;
+use moro_recipe::choices::{Attention, Method, Offload, Precision, Quantization, Strategy};
+
+use crate::ExportError;
+
+/// File name of the DeepSpeed config a trainer config points at.
+pub(crate) const DS_CONFIG_NAME: &str = "ds_config.json";
+/// File name of the accelerate config a launch command points at.
+pub(crate) const ACCELERATE_CONFIG_NAME: &str = "accelerate.yaml";
+
+/// The default LoRA targets' names, used where a format needs names for `all-linear` and the
+/// model is not known.
+const DEFAULT_TARGETS: [&str; 7] = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+];
+
+/// How the job is spread over GPUs, as the launchers see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dist {
+    /// One GPU.
+    Single,
+    /// DDP over `n` GPUs.
+    Ddp { n: u64 },
+    /// DeepSpeed ZeRO over `n` GPUs.
+    Zero {
+        n: u64,
+        stage: u8,
+        offload_optimizer: bool,
+        offload_params: bool,
+    },
+    /// FSDP over `n` GPUs.
+    Fsdp {
+        n: u64,
+        strategy: Strategy,
+        offload_params: bool,
+    },
+}
+
+impl Dist {
+    pub(crate) const fn gpus(self) -> u64 {
+        match self {
+            Self::Single => 1,
+            Self::Ddp { n } | Self::Zero { n, .. } | Self::Fsdp { n, .. } => n,
+        }
+    }
+
+    /// Whether parameters are sharded (QLoRA then stores 4-bit weights in the compute dtype).
+    pub(crate) const fn shards_params(self) -> bool {
+        matches!(self, Self::Zero { stage: 3, .. })
+            || matches!(
+                self,
+                Self::Fsdp {
+                    strategy: Strategy::FsdpFullShard | Strategy::FsdpHybridShard,
+                    ..
+                }
+            )
+    }
+}
+
+/// The recipe, resolved.
+#[derive(Debug)]
+pub(crate) struct Plan<'a> {
+    pub(crate) model: Option<&'a ModelSpec>,
+    /// Recipe name (or the base model id), for headers.
+    pub(crate) name: String,
+    pub(crate) base: String,
+    pub(crate) method: Method,
+    pub(crate) quant: Quantization,
+    pub(crate) lora: LoraConfig,
+    pub(crate) t: &'a TrainingSection,
+    pub(crate) loss: LossImpl,
+    pub(crate) dist: Dist,
+    pub(crate) output_dir: String,
+    pub(crate) warnings: Vec<String>,
+}
+
+impl<'a> Plan<'a> {
+    pub(crate) fn new(
+        recipe: &'a Recipe,
+        model: Option<&'a ModelSpec>,
+    ) -> Result<Self, ExportError> {
+        let job: Job = recipe.to_job()?;
+        if let Some(m) = model {
+            job.validate(m)
+                .map_err(|e| ExportError::from(moro_recipe::job_error(&e, None)))?;
+        }
+        let method = recipe.model.effective_method();
+        if method == Method::Inference {
+            return Err(ExportError::field(
+                "model.method",
+                "an inference recipe has nothing to train; exports need full, lora or qlora",
+            ));
+        }
+        let quant = recipe.model.effective_quantization();
+        let t = &recipe.training;
+        let mut warnings = Vec::new();
+        if method == Method::Full && quant != Quantization::None {
+            return Err(ExportError::field(
+                "model.quantization",
+                format!(
+                    "full fine-tuning of a {quant} base is not supported by any trainer; use method qlora"
+                ),
+            ));
+        }
+
+        let p = recipe.parallel.clone().unwrap_or_default();
+        if p.tensor_parallel > 1 || p.pipeline_parallel > 1 {
+            warnings.push(format!(
+                "parallel.tensor_parallel = {} / pipeline_parallel = {}: these trainer configs express \
+                 data parallelism only; exported as {} data-parallel GPUs",
+                p.tensor_parallel, p.pipeline_parallel, p.gpus
+            ));
+        }
+        let n = p.gpus;
+        let dist = match p.strategy {
+            _ if n <= 1 => {
+                if p.strategy != Strategy::None || p.offload != Offload::None {
+                    warnings.push(format!(
+                        "parallel.strategy = {} / offload = {} on one GPU: not exported (single-GPU \
+                         launch); DeepSpeed offload on one GPU needs parallel.gpus = 1 with a zero strategy \
+                         launched by `deepspeed --num_gpus 1`",
+                        p.strategy, p.offload
+                    ));
+                }
+                Dist::Single
+            }
+            Strategy::None => {
+                if p.offload != Offload::None {
+                    warnings.push(format!(
+                        "parallel.offload = {}: DDP cannot offload; use a zero or fsdp strategy",
+                        p.offload
+                    ));
+                }
+                Dist::Ddp { n }
+            }
+            Strategy::Zero1 | Strategy::Zero2 | Strategy::Zero3 => {
+                let stage = match p.strategy {
+                    Strategy::Zero1 => 1,
+                    Strategy::Zero2 => 2,
+                    _ => 3,
+                };
+                Dist::Zero {
+                    n,
+                    stage,
+                    offload_optimizer: p.offload != Offload::None,
+                    offload_params: p.offload == Offload::OptimizerAndParams,
+                }
+            }
+            s @ (Strategy::FsdpFullShard
+            | Strategy::FsdpShardGradOp
+            | Strategy::FsdpHybridShard) => {
+                if p.offload == Offload::Optimizer {
+                    warnings.push(
+                        "parallel.offload = optimizer: FSDP offloads parameters, gradients and the \
+                         optimizer step together (fsdp_offload_params); exported with offload_params"
+                            .to_owned(),
+                    );
+                }
+                Dist::Fsdp {
+                    n,
+                    strategy: s,
+                    offload_params: p.offload != Offload::None,
+                }
+            }
+        };
+        if n > 8 {
+            warnings.push(format!(
+                "parallel.gpus = {n}: the launch command starts {n} processes on one node; for several \
+                 nodes add the launcher's node count and rank"
+            ));
+        }
+
+        let lora = recipe.model.lora_config();
+        if let (Some(m), Targets::Names(names)) = (model, &lora.targets)
+            && method != Method::Full
+        {
+            let known: Vec<&str> = m.linears().map(|(_, l)| l.name.as_str()).collect();
+            for n in names {
+                if !known.iter().any(|k| k == n) {
+                    warnings.push(format!(
+                        "model.target_modules: `{n}` is not a Linear of {} (it has {}); PEFT will fail to find it",
+                        m.model_type,
+                        known.join(", ")
+                    ));
+                }
+            }
+        }
+        if method == Method::Full && recipe.model.has_lora_fields() {
+            warnings.push("model.lora_*: ignored for method full".to_owned());
+        }
+        if let Some(m) = model
+            && m.max_position_embeddings > 0
+            && t.max_seq_length > m.max_position_embeddings
+        {
+            warnings.push(format!(
+                "training.max_seq_length = {} exceeds the model's max_position_embeddings = {}",
+                t.max_seq_length, m.max_position_embeddings
+            ));
+        }
+        let name = recipe
+            .name
+            .clone()
+            .unwrap_or_else(|| recipe.model.base.clone());
+        let output_dir = t.output_dir.clone().unwrap_or_else(|| {
+            let slug: String = recipe
+                .model
+                .base
+                .rsplit('/')
+                .next()
+                .unwrap_or("model")
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+                        c
+                    } else {
+                        '-'
+                    }
+                })
+                .collect();
+            format!("outputs/{slug}-{}", method.as_str())
+        });
+        Ok(Self {
+            model,
+            name,
+            base: recipe.model.base.clone(),
+            method,
+            quant,
+            lora,
+            t,
+            loss: job.loss_impl(),
+            dist,
+            output_dir,
+            warnings,
+        })
+    }
+
+    pub(crate) fn is_peft(&self) -> bool {
+        matches!(self.method, Method::Lora | Method::Qlora)
+    }
+
+    /// Whether the base is loaded by bitsandbytes in 4 bits.
+    pub(crate) fn bnb4(&self) -> bool {
+        matches!(
+            self.quant,
+            Quantization::Nf4 | Quantization::Nf4Dq | Quantization::Fp4 | Quantization::Fp4Dq
+        )
+    }
+
+    pub(crate) fn int8(&self) -> bool {
+        self.quant == Quantization::Int8
+    }
+
+    /// bitsandbytes `bnb_4bit_quant_type`.
+    pub(crate) fn bnb_quant_type(&self) -> &'static str {
+        match self.quant {
+            Quantization::Fp4 | Quantization::Fp4Dq => "fp4",
+            _ => "nf4",
+        }
+    }
+
+    pub(crate) fn double_quant(&self) -> bool {
+        matches!(self.quant, Quantization::Nf4Dq | Quantization::Fp4Dq)
+    }
+
+    /// The compute / load dtype as a torch name.
+    pub(crate) fn torch_dtype(&self) -> &'static str {
+        match self.t.precision {
+            Precision::Fp16Mixed => "float16",
+            Precision::Fp32 => "float32",
+            // Full fine-tuning under autocast keeps fp32 master weights: load in fp32.
+            Precision::Bf16Mixed if self.method == Method::Full => "float32",
+            Precision::Bf16 | Precision::Bf16Mixed => "bfloat16",
+        }
+    }
+
+    /// HF Trainer `bf16` / `fp16` flags (autocast).
+    pub(crate) fn amp(&self) -> (bool, bool) {
+        match self.t.precision {
+            Precision::Bf16Mixed => (true, false),
+            Precision::Fp16Mixed => (false, true),
+            Precision::Bf16 | Precision::Fp32 => (false, false),
+        }
+    }
+
+    /// HF `attn_implementation`.
+    pub(crate) fn hf_attention(&self) -> &'static str {
+        match self.t.attention {
+            Attention::Flash => "flash_attention_2",
+            Attention::Sdpa => "sdpa",
+            Attention::Eager => "eager",
+        }
+    }
+
+    /// HF `optim` and `optim_args`: moro's names are HF's, except SGD with momentum, which HF
+    /// spells `sgd` with `optim_args="momentum=0.9"`.
+    pub(crate) fn hf_optim(&self) -> (&'static str, Option<&'static str>) {
+        use moro_recipe::choices::Optimizer as O;
+        match self.t.optimizer {
+            O::SgdMomentum => ("sgd", Some("momentum=0.9")),
+            o => (o.as_str(), None),
+        }
+    }
+
+    /// LoRA target names, `all-linear` spelled out from the model (or the default projections).
+    pub(crate) fn target_names(&self) -> (Vec<String>, bool) {
+        match &self.lora.targets {
+            Targets::Names(v) => (v.clone(), false),
+            Targets::AllLinear => match self.model {
+                Some(m) => {
+                    let mut names: Vec<String> = Vec::new();
+                    for (_, l) in m.linears() {
+                        if !names.contains(&l.name) {
+                            names.push(l.name.clone());
+                        }
+                    }
+                    (names, false)
+                }
+                None => (
+                    DEFAULT_TARGETS.iter().map(|s| (*s).to_owned()).collect(),
+                    true,
+                ),
+            },
+        }
+    }
+
+    /// LoRA alpha: an integer when it is one (PEFT, axolotl and LLaMA-Factory type it `int`).
+    pub(crate) fn alpha(&self) -> crate::Value {
+        let a = self.lora.alpha;
+        if a.fract() == 0.0 && a.abs() < 1e15 {
+            #[allow(clippy::cast_possible_truncation)]
+            crate::Value::Int(a as i64)
+        } else {
+            crate::Value::Float(a)
+        }
+    }
+
+    pub(crate) fn all_linear(&self) -> bool {
+        self.lora.targets == Targets::AllLinear
+    }
+
+    /// Warmup as transformers ≥ 5 takes it: `warmup_steps` below 1 is a ratio.
+    pub(crate) fn warmup_steps(&self) -> Option<f64> {
+        self.t.warmup_ratio.filter(|r| *r > 0.0 && *r < 1.0)
+    }
+
+    /// Dataset for exports: the recipe's, else the trainer's own example (with a warning).
+    pub(crate) fn dataset_or(&self, example: &str, warnings: &mut Vec<String>) -> String {
+        match &self.t.dataset {
+            Some(d) => d.clone(),
+            None => {
+                warnings.push(format!(
+                    "training.dataset is not set; the export trains on `{example}` (the trainer's example dataset)"
+                ));
+                example.to_owned()
+            }
+        }
+    }
+
+    /// A header: what made the file and from what.
+    pub(crate) fn header(&self, what: &str) -> Vec<String> {
+        vec![
+            format!(
+                "{what}, written by moro {} from recipe `{}`.",
+                env!("CARGO_PKG_VERSION"),
+                self.name
+            ),
+            "Edit the recipe and export again rather than editing this file.".to_owned(),
+        ]
+    }
+
+    /// The decoder-layer class FSDP wraps, for the model types whose class name is known.
+    pub(crate) fn decoder_layer_class(&self) -> Option<&'static str> {
+        let m = self.model?;
+        Some(match m.model_type.as_str() {
+            "llama" => "LlamaDecoderLayer",
+            "mistral" => "MistralDecoderLayer",
+            "mixtral" => "MixtralDecoderLayer",
+            "qwen2" => "Qwen2DecoderLayer",
+            "qwen3" => "Qwen3DecoderLayer",
+            "qwen3_moe" => "Qwen3MoeDecoderLayer",
+            "gemma" => "GemmaDecoderLayer",
+            "gemma2" => "Gemma2DecoderLayer",
+            "gemma3_text" | "gemma3" => "Gemma3DecoderLayer",
+            "phi3" => "Phi3DecoderLayer",
+            "phi" => "PhiDecoderLayer",
+            "olmo2" => "Olmo2DecoderLayer",
+            "gpt_neox" => "GPTNeoXLayer",
+            "gpt2" => "GPT2Block",
+            "falcon" => "FalconDecoderLayer",
+            "stablelm" => "StableLmDecoderLayer",
+            _ => return None,
+        })
+    }
+}

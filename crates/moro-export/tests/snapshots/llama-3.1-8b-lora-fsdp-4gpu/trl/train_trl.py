@@ -1,0 +1,88 @@
+# TRL SFTTrainer script, written by moro 0.1.0 from recipe `meta-llama/Llama-3.1-8B`.
+# Edit the recipe and export again rather than editing this file.
+# Run: accelerate launch --config_file accelerate.yaml train_trl.py
+#
+# The same run with the `trl sft` command line:
+#   trl sft \
+#     --model_name_or_path meta-llama/Llama-3.1-8B \
+#     --dataset_name ./data/train.jsonl \
+#     --dtype float16 \
+#     --attn_implementation sdpa \
+#     --use_peft true \
+#     --lora_r 16 \
+#     --lora_alpha 32 \
+#     --lora_dropout 0.05 \
+#     --lora_target_modules 'q_proj k_proj v_proj o_proj gate_proj up_proj down_proj' \
+#     --max_length 8192 \
+#     --packing true \
+#     --output_dir outputs/Llama-3.1-8B-lora \
+#     --per_device_train_batch_size 1 \
+#     --gradient_accumulation_steps 16 \
+#     --num_train_epochs 1.0 \
+#     --learning_rate 0.0002 \
+#     --lr_scheduler_type cosine \
+#     --optim sgd \
+#     --optim_args momentum=0.9 \
+#     --bf16 false \
+#     --fp16 true \
+#     --gradient_checkpointing false \
+#     --use_liger_kernel true \
+#     --logging_steps 10 \
+#     --save_strategy epoch \
+#     --report_to none
+
+import os
+
+import torch
+from datasets import load_dataset
+from peft import LoraConfig
+from transformers import AutoModelForCausalLM
+from trl import SFTConfig, SFTTrainer
+
+MODEL = "meta-llama/Llama-3.1-8B"
+
+model = AutoModelForCausalLM.from_pretrained(
+    MODEL,
+    dtype=torch.float16,
+    attn_implementation="sdpa",
+)
+
+peft_config = LoraConfig(
+    r=16,
+    lora_alpha=32,
+    lora_dropout=0.05,
+    target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    bias="none",
+    task_type="CAUSAL_LM",
+)
+
+training_args = SFTConfig(
+    max_length=8192,
+    packing=True,
+    output_dir="outputs/Llama-3.1-8B-lora",
+    per_device_train_batch_size=1,
+    gradient_accumulation_steps=16,
+    num_train_epochs=1.0,
+    learning_rate=0.0002,
+    lr_scheduler_type="cosine",
+    optim="sgd",
+    optim_args="momentum=0.9",
+    bf16=False,
+    fp16=True,
+    gradient_checkpointing=False,
+    use_liger_kernel=True,
+    logging_steps=10,
+    save_strategy="epoch",
+    report_to="none",
+)
+
+dataset = load_dataset("json", data_files="./data/train.jsonl", split="train")
+
+trainer = SFTTrainer(
+    model=model,
+    args=training_args,
+    train_dataset=dataset,
+    peft_config=peft_config,
+)
+trainer.train()
+trainer.save_model()

@@ -1,0 +1,60 @@
+# Unsloth script, written by moro 0.1.0 from recipe `meta-llama/Llama-3.1-8B`.
+# Edit the recipe and export again rather than editing this file.
+# Run: accelerate launch --config_file accelerate.yaml train_unsloth.py
+
+from unsloth import FastLanguageModel  # first: Unsloth patches transformers and TRL
+
+import torch
+from datasets import load_dataset
+from trl import SFTConfig, SFTTrainer
+
+model, tokenizer = FastLanguageModel.from_pretrained(
+    model_name="meta-llama/Llama-3.1-8B",
+    max_seq_length=8192,
+    dtype=torch.float16,
+    load_in_4bit=False,
+    load_in_8bit=False,
+    full_finetuning=False,
+)
+
+model = FastLanguageModel.get_peft_model(
+    model,
+    r=16,
+    target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    lora_alpha=32,
+    lora_dropout=0.05,
+    bias="none",
+    use_gradient_checkpointing=False,
+    random_state=3407,
+    max_seq_length=8192,
+)
+
+training_args = SFTConfig(
+    max_length=8192,
+    packing=True,
+    output_dir="outputs/Llama-3.1-8B-lora",
+    per_device_train_batch_size=1,
+    gradient_accumulation_steps=16,
+    num_train_epochs=1.0,
+    learning_rate=0.0002,
+    lr_scheduler_type="cosine",
+    optim="sgd",
+    optim_args="momentum=0.9",
+    bf16=False,
+    fp16=True,
+    use_liger_kernel=True,
+    logging_steps=10,
+    save_strategy="epoch",
+    report_to="none",
+)
+
+dataset = load_dataset("json", data_files="./data/train.jsonl", split="train")
+
+trainer = SFTTrainer(
+    model=model,
+    processing_class=tokenizer,
+    args=training_args,
+    train_dataset=dataset,
+)
+trainer.train()
+trainer.save_model()

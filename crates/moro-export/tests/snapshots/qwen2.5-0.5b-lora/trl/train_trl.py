@@ -1,0 +1,90 @@
+# TRL SFTTrainer script, written by moro 0.1.0 from recipe `qwen-lora`.
+# Edit the recipe and export again rather than editing this file.
+# Run: python train_trl.py
+#
+# The same run with the `trl sft` command line:
+#   trl sft \
+#     --model_name_or_path Qwen/Qwen2.5-0.5B \
+#     --dataset_name tatsu-lab/alpaca \
+#     --dtype bfloat16 \
+#     --attn_implementation sdpa \
+#     --use_peft true \
+#     --lora_r 16 \
+#     --lora_alpha 32 \
+#     --lora_dropout 0.05 \
+#     --lora_target_modules 'q_proj k_proj v_proj o_proj' \
+#     --max_length 2048 \
+#     --packing true \
+#     --loss_type nll \
+#     --output_dir outputs/Qwen2.5-0.5B-lora \
+#     --per_device_train_batch_size 4 \
+#     --gradient_accumulation_steps 4 \
+#     --num_train_epochs 3.0 \
+#     --learning_rate 0.0002 \
+#     --lr_scheduler_type cosine \
+#     --warmup_steps 0.03 \
+#     --optim adamw_torch_fused \
+#     --bf16 true \
+#     --fp16 false \
+#     --gradient_checkpointing true \
+#     --gradient_checkpointing_kwargs '{"use_reentrant":false}' \
+#     --logging_steps 10 \
+#     --save_strategy epoch \
+#     --report_to none
+
+import os
+
+import torch
+from datasets import load_dataset
+from peft import LoraConfig
+from transformers import AutoModelForCausalLM
+from trl import SFTConfig, SFTTrainer
+
+MODEL = "Qwen/Qwen2.5-0.5B"
+
+model = AutoModelForCausalLM.from_pretrained(
+    MODEL,
+    dtype=torch.bfloat16,
+    attn_implementation="sdpa",
+)
+
+peft_config = LoraConfig(
+    r=16,
+    lora_alpha=32,
+    lora_dropout=0.05,
+    target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+    bias="none",
+    task_type="CAUSAL_LM",
+)
+
+training_args = SFTConfig(
+    max_length=2048,
+    packing=True,
+    loss_type="nll",
+    output_dir="outputs/Qwen2.5-0.5B-lora",
+    per_device_train_batch_size=4,
+    gradient_accumulation_steps=4,
+    num_train_epochs=3.0,
+    learning_rate=0.0002,
+    lr_scheduler_type="cosine",
+    warmup_steps=0.03,
+    optim="adamw_torch_fused",
+    bf16=True,
+    fp16=False,
+    gradient_checkpointing=True,
+    gradient_checkpointing_kwargs={"use_reentrant": False},
+    logging_steps=10,
+    save_strategy="epoch",
+    report_to="none",
+)
+
+dataset = load_dataset("tatsu-lab/alpaca", split="train")
+
+trainer = SFTTrainer(
+    model=model,
+    args=training_args,
+    train_dataset=dataset,
+    peft_config=peft_config,
+)
+trainer.train()
+trainer.save_model()

@@ -1,0 +1,59 @@
+# Unsloth script, written by moro 0.1.0 from recipe `qwen-lora`.
+# Edit the recipe and export again rather than editing this file.
+# Run: python train_unsloth.py
+
+from unsloth import FastLanguageModel  # first: Unsloth patches transformers and TRL
+
+import torch
+from datasets import load_dataset
+from trl import SFTConfig, SFTTrainer
+
+model, tokenizer = FastLanguageModel.from_pretrained(
+    model_name="Qwen/Qwen2.5-0.5B",
+    max_seq_length=2048,
+    dtype=torch.bfloat16,
+    load_in_4bit=False,
+    load_in_8bit=False,
+    full_finetuning=False,
+)
+
+model = FastLanguageModel.get_peft_model(
+    model,
+    r=16,
+    target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+    lora_alpha=32,
+    lora_dropout=0.05,
+    bias="none",
+    use_gradient_checkpointing="unsloth",
+    random_state=3407,
+    max_seq_length=2048,
+)
+
+training_args = SFTConfig(
+    max_length=2048,
+    packing=True,
+    output_dir="outputs/Qwen2.5-0.5B-lora",
+    per_device_train_batch_size=4,
+    gradient_accumulation_steps=4,
+    num_train_epochs=3.0,
+    learning_rate=0.0002,
+    lr_scheduler_type="cosine",
+    warmup_steps=0.03,
+    optim="adamw_torch_fused",
+    bf16=True,
+    fp16=False,
+    logging_steps=10,
+    save_strategy="epoch",
+    report_to="none",
+)
+
+dataset = load_dataset("tatsu-lab/alpaca", split="train")
+
+trainer = SFTTrainer(
+    model=model,
+    processing_class=tokenizer,
+    args=training_args,
+    train_dataset=dataset,
+)
+trainer.train()
+trainer.save_model()

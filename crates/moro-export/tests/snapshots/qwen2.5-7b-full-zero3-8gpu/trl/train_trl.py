@@ -1,0 +1,76 @@
+# TRL SFTTrainer script, written by moro 0.1.0 from recipe `qwen7b-full`.
+# Edit the recipe and export again rather than editing this file.
+# Run: deepspeed --num_gpus 8 train_trl.py
+#
+# The same run with the `trl sft` command line:
+#   trl sft \
+#     --model_name_or_path Qwen/Qwen2.5-7B \
+#     --dataset_name trl-lib/Capybara \
+#     --dtype float32 \
+#     --attn_implementation flash_attention_2 \
+#     --max_length 4096 \
+#     --packing true \
+#     --loss_type nll \
+#     --output_dir /ckpt/qwen7b \
+#     --per_device_train_batch_size 2 \
+#     --gradient_accumulation_steps 8 \
+#     --num_train_epochs 1.0 \
+#     --learning_rate 0.00001 \
+#     --lr_scheduler_type cosine \
+#     --weight_decay 0.1 \
+#     --optim adamw_torch \
+#     --bf16 true \
+#     --fp16 false \
+#     --gradient_checkpointing true \
+#     --gradient_checkpointing_kwargs '{"use_reentrant":false}' \
+#     --deepspeed ds_config.json \
+#     --logging_steps 10 \
+#     --save_strategy epoch \
+#     --report_to none
+
+import os
+
+import torch
+from datasets import load_dataset
+from transformers import AutoModelForCausalLM
+from trl import SFTConfig, SFTTrainer
+
+MODEL = "Qwen/Qwen2.5-7B"
+
+model = AutoModelForCausalLM.from_pretrained(
+    MODEL,
+    dtype=torch.float32,
+    attn_implementation="flash_attention_2",
+)
+
+training_args = SFTConfig(
+    max_length=4096,
+    packing=True,
+    loss_type="nll",
+    output_dir="/ckpt/qwen7b",
+    per_device_train_batch_size=2,
+    gradient_accumulation_steps=8,
+    num_train_epochs=1.0,
+    learning_rate=0.00001,
+    lr_scheduler_type="cosine",
+    weight_decay=0.1,
+    optim="adamw_torch",
+    bf16=True,
+    fp16=False,
+    gradient_checkpointing=True,
+    gradient_checkpointing_kwargs={"use_reentrant": False},
+    deepspeed="ds_config.json",
+    logging_steps=10,
+    save_strategy="epoch",
+    report_to="none",
+)
+
+dataset = load_dataset("trl-lib/Capybara", split="train")
+
+trainer = SFTTrainer(
+    model=model,
+    args=training_args,
+    train_dataset=dataset,
+)
+trainer.train()
+trainer.save_model()

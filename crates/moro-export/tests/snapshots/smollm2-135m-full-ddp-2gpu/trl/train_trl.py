@@ -1,0 +1,70 @@
+# TRL SFTTrainer script, written by moro 0.1.0 from recipe `HuggingFaceTB/SmolLM2-135M`.
+# Edit the recipe and export again rather than editing this file.
+# Run: torchrun --nproc_per_node 2 train_trl.py
+#
+# The same run with the `trl sft` command line:
+#   trl sft \
+#     --model_name_or_path HuggingFaceTB/SmolLM2-135M \
+#     --dataset_name trl-lib/Capybara \
+#     --dtype bfloat16 \
+#     --attn_implementation sdpa \
+#     --max_length 2048 \
+#     --packing true \
+#     --loss_type nll \
+#     --output_dir outputs/SmolLM2-135M-full \
+#     --per_device_train_batch_size 16 \
+#     --gradient_accumulation_steps 1 \
+#     --num_train_epochs 1.0 \
+#     --learning_rate 0.00001 \
+#     --lr_scheduler_type cosine \
+#     --optim adamw_8bit \
+#     --bf16 false \
+#     --fp16 false \
+#     --gradient_checkpointing false \
+#     --logging_steps 10 \
+#     --save_strategy epoch \
+#     --report_to none
+
+import os
+
+import torch
+from datasets import load_dataset
+from transformers import AutoModelForCausalLM
+from trl import SFTConfig, SFTTrainer
+
+MODEL = "HuggingFaceTB/SmolLM2-135M"
+
+model = AutoModelForCausalLM.from_pretrained(
+    MODEL,
+    dtype=torch.bfloat16,
+    attn_implementation="sdpa",
+)
+
+training_args = SFTConfig(
+    max_length=2048,
+    packing=True,
+    loss_type="nll",
+    output_dir="outputs/SmolLM2-135M-full",
+    per_device_train_batch_size=16,
+    gradient_accumulation_steps=1,
+    num_train_epochs=1.0,
+    learning_rate=0.00001,
+    lr_scheduler_type="cosine",
+    optim="adamw_8bit",
+    bf16=False,
+    fp16=False,
+    gradient_checkpointing=False,
+    logging_steps=10,
+    save_strategy="epoch",
+    report_to="none",
+)
+
+dataset = load_dataset("trl-lib/Capybara", split="train")
+
+trainer = SFTTrainer(
+    model=model,
+    args=training_args,
+    train_dataset=dataset,
+)
+trainer.train()
+trainer.save_model()

@@ -1,0 +1,47 @@
+# Unsloth script, written by moro 0.1.0 from recipe `HuggingFaceTB/SmolLM2-135M`.
+# Edit the recipe and export again rather than editing this file.
+# Run: torchrun --nproc_per_node 2 train_unsloth.py
+
+from unsloth import FastLanguageModel  # first: Unsloth patches transformers and TRL
+
+import torch
+from datasets import load_dataset
+from trl import SFTConfig, SFTTrainer
+
+model, tokenizer = FastLanguageModel.from_pretrained(
+    model_name="HuggingFaceTB/SmolLM2-135M",
+    max_seq_length=2048,
+    dtype=torch.bfloat16,
+    load_in_4bit=False,
+    load_in_8bit=False,
+    full_finetuning=True,
+    use_gradient_checkpointing=False,
+)
+
+training_args = SFTConfig(
+    max_length=2048,
+    packing=True,
+    output_dir="outputs/SmolLM2-135M-full",
+    per_device_train_batch_size=16,
+    gradient_accumulation_steps=1,
+    num_train_epochs=1.0,
+    learning_rate=0.00001,
+    lr_scheduler_type="cosine",
+    optim="adamw_8bit",
+    bf16=False,
+    fp16=False,
+    logging_steps=10,
+    save_strategy="epoch",
+    report_to="none",
+)
+
+dataset = load_dataset("yahma/alpaca-cleaned", split="train")
+
+trainer = SFTTrainer(
+    model=model,
+    processing_class=tokenizer,
+    args=training_args,
+    train_dataset=dataset,
+)
+trainer.train()
+trainer.save_model()
