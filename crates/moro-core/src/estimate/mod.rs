@@ -347,13 +347,9 @@ fn training_phases(
             ),
         ]),
     });
-    // End of backward: all gradients exist; one layer's transients may still be live for
-    // the first layer (checkpointing recomputes it too).
-    let first_layer = if job.gradient_checkpointing {
-        acts.one_layer
-    } else {
-        0
-    };
+    // End of backward: all gradients exist while the first layer's saved activations
+    // (recomputed under checkpointing) and its backward transients are still alive.
+    let first_layer = acts.one_layer;
     // A tied embedding receives two gradients (lm_head's, already in `.grad`, and the
     // lookup's dense `embedding_dense_backward` output); autograd sums them out of place, so
     // the incoming V·h gradient and the V·h sum coexist with `.grad` (the oracle peaks at

@@ -1,0 +1,213 @@
+//! Invariants of the memory model (issue 2 §8), checked over random jobs on catalog models.
+
+use moro_core::catalog;
+use moro_core::estimate::{DeviceProfile, Estimate, estimate};
+use moro_core::job::{
+    Attention, Job, LossImpl, Method, Optimizer, Padding, Precision, Quantization, Stack,
+    Targets,
+};
+use moro_core::model::ModelSpec;
+use proptest::prelude::*;
+
+const MODELS: [&str; 6] = [
+    "Qwen/Qwen2.5-0.5B",
+    "meta-llama/Llama-3.2-1B-Instruct",
+    "mistralai/Mistral-7B-v0.1",
+    "google/gemma-2-2b",
+    "Qwen/Qwen3-30B-A3B",
+    "EleutherAI/pythia-410m",
+];
+
+fn model(i: usize) -> ModelSpec {
+    let e = catalog::find(MODELS[i % MODELS.len()]).expect("catalog model");
+    catalog::load(e).expect("parses")
+}
+
+fn est(m: &ModelSpec, j: &Job) -> Estimate {
+    let mut j = j.clone();
+    j.lora.targets = moro_core::targets::resolve(m, &j.lora.targets);
+    estimate(m, &j, &DeviceProfile::default()).expect("valid job")
+}
+
+fn job_strategy() -> impl Strategy<Value = Job> {
+    (
+        prop::sample::select(vec![Method::Full, Method::Lora, Method::Qlora]),
+        prop::sample::select(vec![
+            Optimizer::AdamwTorch,
+            Optimizer::AdamwTorchFused,
+            Optimizer::Adamw8bit,
+            Optimizer::PagedAdamw8bit,
+            Optimizer::Adafactor,
+            Optimizer::SgdMomentum,
+        ]),
+        prop::sample::select(vec![Precision::Bf16, Precision::Bf16Mixed, Precision::Fp32]),
+        prop::sample::select(vec![Attention::Sdpa, Attention::Eager, Attention::Flash]),
+        prop::sample::select(vec![Stack::Hf, Stack::Trl, Stack::Litgpt, Stack::Torchtune]),
+        any::<bool>(),
+        any::<bool>(),
+        1u64..=8,
+        prop::sample::select(vec![128u64, 512, 1024, 2048]),
+        prop::sample::select(vec![4u64, 16, 64]),
+        1u64..=4,
+    )
+        .prop_map(|(method, optimizer, precision, attention, stack, gc, padded, b, s, r, ga)| {
+            let mut j = Job {
+                method,
+                optimizer,
+                precision,
+                attention,
+                stack,
+                gradient_checkpointing: gc,
+                padding: if padded { Padding::Padded } else { Padding::Packed },
+                micro_batch_size: b,
+                seq_len: s,
+                grad_accum: ga,
+                ..Job::default()
+            };
+            j.lora.rank = r;
+            j.quantization =
+                if method == Method::Qlora { Quantization::Nf4Dq } else { Quantization::None };
+            j
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, .. ProptestConfig::default() })]
+
+    /// More tokens never take less memory.
+    #[test]
+    fn monotone_in_batch_and_sequence(i in 0usize..6, j in job_strategy()) {
+        let m = model(i);
+        let base = est(&m, &j);
+        let mut more_b = j.clone();
+        more_b.micro_batch_size += 1;
+        let mut more_s = j.clone();
+        more_s.seq_len *= 2;
+        prop_assert!(est(&m, &more_b).peak_allocated_bytes >= base.peak_allocated_bytes);
+        prop_assert!(est(&m, &more_s).peak_allocated_bytes >= base.peak_allocated_bytes);
+        prop_assert!(est(&m, &more_s).peak_device_bytes >= base.peak_device_bytes);
+    }
+
+    /// LoRA never takes more than full fine-tuning of the same model, shape and stack.
+    /// Two exceptions are physics, not bugs, and are excluded: with `lora_dropout > 0` every
+    /// adapter keeps a private dropout copy and mask of its input; and PEFT's fp32 adapters
+    /// on a pure-bf16 model (no autocast) cast their input to a private fp32 copy each
+    /// (`_cast_input_dtype`), which the fake-CUDA oracle confirms (its `B-lora-bf16` runs)
+    /// and which can exceed the one shared bf16 input a trainable Linear saves.
+    #[test]
+    fn lora_at_most_full(i in 0usize..6, j in job_strategy()) {
+        prop_assume!(!(j.precision == Precision::Bf16 && matches!(j.stack, Stack::Hf | Stack::Trl)));
+        let m = model(i);
+        let mut lora = j.clone();
+        lora.method = Method::Lora;
+        lora.quantization = Quantization::None;
+        lora.lora.dropout = 0.0;
+        let mut full = j.clone();
+        full.method = Method::Full;
+        full.quantization = Quantization::None;
+        prop_assert!(est(&m, &lora).peak_device_bytes <= est(&m, &full).peak_device_bytes);
+    }
+
+    /// Checkpointing never raises the peak.
+    #[test]
+    fn checkpointing_never_raises_the_peak(i in 0usize..6, j in job_strategy()) {
+        let m = model(i);
+        let mut on = j.clone();
+        on.gradient_checkpointing = true;
+        let mut off = j.clone();
+        off.gradient_checkpointing = false;
+        prop_assert!(est(&m, &on).peak_allocated_bytes <= est(&m, &off).peak_allocated_bytes);
+    }
+}
+
+/// 4-bit weights ≤ 8-bit ≤ 16-bit, for every catalog model.
+#[test]
+fn weight_bytes_shrink_with_bits() {
+    for e in catalog::entries() {
+        let m = catalog::load(e).expect("parses");
+        // Stack `trl` keeps the unquantized modules in bf16 (no PEFT fp32 upcast), so only
+        // the storage of the quantized Linears differs.
+        let weights = |q: Quantization, method: Method| {
+            let j = Job { method, quantization: q, stack: Stack::Trl, ..Job::default() };
+            est(&m, &j).component(moro_core::estimate::Component::Weights)
+        };
+        let w16 = weights(Quantization::None, Method::Lora);
+        let w8 = weights(Quantization::Int8, Method::Qlora);
+        let w4 = weights(Quantization::Nf4, Method::Qlora);
+        let w4dq = weights(Quantization::Nf4Dq, Method::Qlora);
+        assert!(w4dq <= w4 && w4 <= w8 && w8 <= w16, "{}: {w4dq} {w4} {w8} {w16}", e.id);
+    }
+}
+
+/// NF4 storage by hand for one Linear (memory-anatomy §1.1): Llama-3-8B's down_proj,
+/// n = 4096·14336 = 58,720,256 elements: n/2 packed + 4·n/64 absmax = 33,030,144 bytes
+/// (+ the 512 B code block); double quant: n/2 + n/64 + 4·ceil(n/64/256) = 30,291,968 bytes
+/// (+ 2 KiB of fixed state).
+#[test]
+fn nf4_bytes_by_hand() {
+    use moro_core::estimate::weights::quantized_linear_bytes;
+    use moro_core::model::{Linear, LinearRole};
+    let l = Linear::new("down_proj", 14336, 4096, false, LinearRole::Mlp);
+    assert_eq!(quantized_linear_bytes(&l, Quantization::Nf4), 33_030_144 + 512);
+    assert_eq!(quantized_linear_bytes(&l, Quantization::Nf4Dq), 30_291_968 + 2048);
+}
+
+/// Full fine-tune, pure bf16, fused AdamW: weights 2 B, gradients 2 B and states 4 B per
+/// parameter (torch AdamW keeps states in the param dtype), by hand for Qwen2.5-0.5B.
+#[test]
+fn full_bf16_bytes_by_hand() {
+    let m = model(0);
+    let p = m.total_params();
+    let j = Job {
+        method: Method::Full,
+        precision: Precision::Bf16,
+        optimizer: Optimizer::AdamwTorchFused,
+        micro_batch_size: 1,
+        seq_len: 128,
+        ..Job::default()
+    };
+    let e = est(&m, &j);
+    use moro_core::estimate::{Component, Phase};
+    let step = e.phases.iter().find(|ph| ph.phase == Phase::OptimizerStep).expect("step phase");
+    let get = |c: Component| step.components.iter().filter(|x| x.0 == c).map(|x| x.1).sum::<u64>();
+    assert_eq!(get(Component::Weights), 2 * p);
+    assert_eq!(get(Component::Gradients), 2 * p);
+    assert_eq!(get(Component::OptimizerStates), 4 * p);
+}
+
+/// Per-layer saved activations of a Llama layer, full FT bf16 with flash attention, match
+/// `16h + 4ad + 4kd + 4a + 8I` bytes per token (memory-anatomy §5 variant F1, confirmed to
+/// the byte by the oracle): the difference between 2 and 1 tokens × layers.
+#[test]
+fn llama_layer_activations_by_hand() {
+    let m = model(1); // Llama-3.2-1B: h 2048, I 8192, a 32, k 8, d 64
+    let (h, i, a, kd, ad) = (2048u64, 8192u64, 32u64, 8 * 64u64, 32 * 64u64);
+    let per_token_layer = 16 * h + 4 * ad + 4 * kd + 4 * a + 8 * i;
+    let j = |s: u64| Job {
+        method: Method::Full,
+        precision: Precision::Bf16,
+        attention: Attention::Flash,
+        loss: Some(LossImpl::Fused),
+        micro_batch_size: 1,
+        seq_len: s,
+        lora: moro_core::job::LoraConfig { targets: Targets::AllLinear, ..Default::default() },
+        ..Job::default()
+    };
+    let acts = |s: u64| {
+        let e = est(&m, &j(s));
+        let fwd = e
+            .phases
+            .iter()
+            .find(|p| p.phase == moro_core::estimate::Phase::ForwardEnd)
+            .expect("phase");
+        fwd.components
+            .iter()
+            .filter(|c| c.0 == moro_core::estimate::Component::Activations)
+            .map(|c| c.1)
+            .sum::<u64>()
+    };
+    let delta = acts(2048) - acts(1024);
+    // the head (final norm: 4h + 2h + 2h per token) grows too
+    let head = 8 * h;
+    assert_eq!(delta, 1024 * (m.num_layers * per_token_layer + head));
+}
