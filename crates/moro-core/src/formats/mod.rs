@@ -9,3 +9,60 @@
 
 pub mod gguf;
 pub mod safetensors;
+
+/// Inputs kept from fuzzing (`fuzz/`, cargo-fuzz): each parser runs over them the way the
+/// fuzz targets do and must return, not panic.
+#[cfg(test)]
+mod fuzz_regressions {
+    use super::{gguf, safetensors};
+
+    fn inputs(kind: &str) -> Vec<Vec<u8>> {
+        let dir = format!(
+            "{}/src/formats/testdata/fuzz/{kind}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let mut out: Vec<Vec<u8>> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| std::fs::read(e.unwrap().path()).unwrap())
+            .collect();
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn gguf_inputs() {
+        let inputs = inputs("gguf");
+        assert!(inputs.len() >= 10);
+        for data in inputs {
+            let Ok(h) = gguf::parse_header(&data) else {
+                continue;
+            };
+            let _ = (h.weight_bytes(), h.bytes_by_type(), gguf::arch(&h));
+            let _ = gguf::gguf_inference_estimate(&h, &gguf::GgufInferenceParams::default());
+            let p = gguf::GgufInferenceParams {
+                ctx_size: 0,
+                n_gpu_layers: 1,
+                flash_attn: false,
+                swa_full: true,
+                ..gguf::GgufInferenceParams::default()
+            };
+            let _ = gguf::gguf_inference_estimate(&h, &p);
+        }
+    }
+
+    #[test]
+    fn safetensors_inputs() {
+        let inputs = inputs("safetensors");
+        assert!(inputs.len() >= 10);
+        for data in inputs {
+            let _ = safetensors::needed_prefix_len(&data);
+            if let Ok(h) = safetensors::parse_header(&data) {
+                let w = safetensors::stored_weights(&h.tensors, None);
+                let _ = safetensors::check_params(w.params_estimate, 1_000_000);
+            }
+            if let Ok(idx) = safetensors::parse_index(&data) {
+                let _ = idx.shard_files();
+            }
+        }
+    }
+}
