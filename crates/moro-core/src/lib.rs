@@ -12,6 +12,7 @@
 //! - [`formats`]: safetensors and GGUF header parsers over bytes.
 //! - [`hardware`]: the GPU catalog, [`hardware::Device`] and the `--hardware` parser.
 //! - [`units`]: byte constants and formatting helpers.
+//! - [`search`]: the recipe search (best configuration that fits a GPU).
 
 pub mod arch;
 pub mod catalog;
@@ -20,6 +21,7 @@ pub mod formats;
 pub mod hardware;
 pub mod job;
 pub mod model;
+pub mod search;
 pub mod targets;
 pub mod units;
 pub mod validation;

@@ -1,0 +1,745 @@
+//! Recipe search: the best training configuration that fits a GPU.
+//!
+//! Pure: a [`Space`] (built from a [`Request`] and the device's [`Caps`] by [`Space::new`])
+//! lists the values of every knob; [`search`] estimates configurations with
+//! [`crate::estimate::estimate`], keeps those whose predicted device peak plus a safety
+//! [`margin_bytes`] stays under the usable memory, and ranks them by an [`Objective`].
+//!
+//! The knobs and their values follow issue 3 §2:
+//!
+//! - method and quantization: full fine-tuning, LoRA on a 16-bit base, QLoRA on an NF4 base
+//!   with double quantization ([`QLORA_QUANTIZATION`]);
+//! - LoRA rank ([`LORA_RANKS`]), alpha = 2 × rank ([`alpha_for_rank`]), target modules
+//!   (attention projections only, or every Linear);
+//! - micro batch (powers of two dividing the effective batch) × gradient accumulation
+//!   (effective batch / micro batch);
+//! - max_seq_length: the requested one, or [`SEQ_LEN_CANDIDATES`];
+//! - gradient checkpointing on/off;
+//! - optimizer: `adamw_torch_fused`, `adamw_8bit`, `paged_adamw_8bit`;
+//! - attention: FlashAttention-2 only where the device supports it, SDPA otherwise (eager is
+//!   never proposed: it materializes the a·s² probabilities and is never smaller);
+//! - precision: bf16 (mixed and pure) where the device supports it, else fp16-mixed.
+//!
+//! # Pruning
+//! For a fixed rest-of-configuration the peak is monotone in the micro batch at a fixed
+//! gradient-accumulation regime, but the effective batch couples the two: the micro batch
+//! equal to the effective batch runs without accumulation, and without accumulation the
+//! estimator frees the gradients before the forward pass (`grads_in_fwd`, estimate/mod.rs).
+//! So for each rest-of-configuration [`search`] tries that point alone, then binary-searches
+//! the accumulating micro batches (all of which keep gradients alive, so monotone). When the
+//! sequence length is not fixed it is the first key of both objectives: the longest length at
+//! which anything fits ends the search. Tests compare the result with brute force over the
+//! whole space.
+
+use serde::Serialize;
+
+use crate::estimate::{DeviceProfile, Estimate, estimate};
+use crate::job::{
+    Attention, Job, JobError, MAX_BATCH, Method, Optimizer, Padding, Parallel, Precision,
+    Quantization, Stack, Targets,
+};
+use crate::model::ModelSpec;
+use crate::units::MIB;
+
+/// Smallest safety margin kept free, whatever the prediction. The CUDA context alone varies
+/// by 0.45 GiB between lazy and eager kernel loading (0.47 vs 0.92 GiB on an A100, see
+/// [`DeviceProfile::cuda_context_bytes`]), and desktop GPUs share memory with the display
+/// server; 512 MiB covers the first and most of the second.
+pub const MARGIN_FLOOR_BYTES: u64 = 512 * MIB;
+
+/// Relative safety margin per stack, in per-mille of the predicted device peak.
+///
+/// Each value is the 90th percentile, over that stack's rows of `validation/measured.jsonl`,
+/// of the under-prediction `max(0, measured / predicted − 1)` as `moro validate
+/// validation/measured.jsonl` computed it (estimator of 2026-06, commit 8df7f1f, 151 compared
+/// rows), rounded up to the next percent: adding it to a prediction covers 90% of the
+/// measured peaks of that stack. The test `margins_cover_p90_underprediction` recomputes
+/// the percentiles from the data and fails if a constant is below them (a worse estimator
+/// needs a wider margin).
+///
+/// | stack | rows | p90 under-prediction |
+/// |---|---|---|
+/// | hf | 42 | 16.3% |
+/// | trl | 22 | 12.2% |
+/// | torchtune | 13 | 33.7% |
+/// | litgpt | 74 | 131.9% (the estimator misses litgpt's resource tables by up to 3.7×: a known gap) |
+#[must_use]
+pub const fn margin_permille(stack: Stack) -> u64 {
+    match stack {
+        Stack::Hf => 170,
+        Stack::Trl => 130,
+        Stack::Torchtune => 340,
+        Stack::Litgpt => 1320,
+    }
+}
+
+/// The safety margin for a predicted device peak: `max(peak × p90 under-prediction of the
+/// stack, 512 MiB)` ([`margin_permille`], [`MARGIN_FLOOR_BYTES`]). A configuration fits
+/// when `peak + margin ≤ usable memory`.
+#[must_use]
+pub const fn margin_bytes(peak_device_bytes: u64, stack: Stack) -> u64 {
+    let rel = peak_device_bytes / 1000 * margin_permille(stack)
+        + peak_device_bytes % 1000 * margin_permille(stack) / 1000;
+    if rel > MARGIN_FLOOR_BYTES {
+        rel
+    } else {
+        MARGIN_FLOOR_BYTES
+    }
+}
+
+/// The rule behind [`margin_bytes`], in words (for recipe headers and `--help`).
+#[must_use]
+pub fn margin_rule(stack: Stack) -> String {
+    let p = margin_permille(stack);
+    format!(
+        "margin = max({}.{}% of the predicted peak (p90 under-prediction of the {} stack on \
+         validation/measured.jsonl), 512 MiB)",
+        p / 10,
+        p % 10,
+        stack.as_str()
+    )
+}
+
+/// LoRA ranks searched (issue 3 §2: 8 to 128, powers of two).
+pub const LORA_RANKS: [u64; 5] = [8, 16, 32, 64, 128];
+
+/// Sequence lengths tried, longest first, when the request does not fix one (issue 3 §4).
+pub const SEQ_LEN_CANDIDATES: [u64; 4] = [8192, 4096, 2048, 1024];
+
+/// Effective batch (sequences per optimizer step) when the request gives none. moro's own
+/// default: a micro batch of up to 16 without accumulation, or accumulation down to 16 × 1.
+pub const DEFAULT_EFFECTIVE_BATCH: u64 = 16;
+
+/// The base storage QLoRA recipes use: NF4 with double quantization, the QLoRA paper's
+/// setting (Dettmers et al. 2023, §3) and PEFT's documented recipe.
+pub const QLORA_QUANTIZATION: Quantization = Quantization::Nf4Dq;
+
+/// Optimizers searched, best quality first: 32-bit fused AdamW (the HF Trainer default with
+/// torch ≥ 2.8), bitsandbytes 8-bit AdamW, its paged variant (states can spill to host).
+pub const OPTIMIZERS: [Optimizer; 3] = [
+    Optimizer::AdamwTorchFused,
+    Optimizer::Adamw8bit,
+    Optimizer::PagedAdamw8bit,
+];
+
+/// LoRA alpha for a rank: alpha = 2r, the common practice (`lora_alpha = 2 × r` in the
+/// product's recipes, issue 3 §2).
+#[must_use]
+#[allow(clippy::cast_precision_loss)]
+pub const fn alpha_for_rank(rank: u64) -> f64 {
+    2.0 * rank as f64
+}
+
+/// The attention projections, as role names [`crate::targets::resolve`] maps onto every
+/// architecture (`q_proj` → `c_attn` on GPT-2, `query_key_value` on BLOOM, ...).
+pub const ATTENTION_TARGETS: [&str; 4] = ["q_proj", "k_proj", "v_proj", "o_proj"];
+
+/// Which adapters a LoRA configuration gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TargetSet {
+    /// The attention projections only ([`ATTENTION_TARGETS`]).
+    Attention,
+    /// Every Linear of the decoder layers (PEFT `all-linear`).
+    AllLinear,
+}
+
+impl TargetSet {
+    /// Name for display.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Attention => "attention",
+            Self::AllLinear => "all-linear",
+        }
+    }
+}
+
+/// What the search optimizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Objective {
+    /// The best model: the knobs in the product's order of leverage (see [`quality_key`]).
+    Quality,
+    /// The fastest step (see [`speed_key`]).
+    Speed,
+}
+
+impl Objective {
+    /// Name on the command line.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Quality => "quality",
+            Self::Speed => "speed",
+        }
+    }
+}
+
+/// Which methods to consider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MethodChoice {
+    /// Full, LoRA and QLoRA.
+    Auto,
+    /// Only this one (must be full, lora or qlora).
+    Only(Method),
+}
+
+/// What the user asked for.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Request {
+    /// Methods to consider.
+    pub method: MethodChoice,
+    /// A fixed sequence length, or `None` for [`SEQ_LEN_CANDIDATES`].
+    pub seq_len: Option<u64>,
+    /// Sequences per optimizer step, or `None` for [`DEFAULT_EFFECTIVE_BATCH`].
+    pub effective_batch: Option<u64>,
+    /// Training stack.
+    pub stack: Stack,
+    /// Multi-GPU layout (one GPU: [`Parallel::single`]).
+    pub parallel: Parallel,
+    /// The objective.
+    pub objective: Objective,
+}
+
+impl Default for Request {
+    fn default() -> Self {
+        Self {
+            method: MethodChoice::Auto,
+            seq_len: None,
+            effective_batch: None,
+            stack: Stack::Hf,
+            parallel: Parallel::single(),
+            objective: Objective::Quality,
+        }
+    }
+}
+
+/// What the search needs to know about the device.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Caps {
+    /// Memory a job may use on one GPU, bytes (the smallest GPU of the set).
+    pub usable_bytes: u64,
+    /// bf16 arithmetic.
+    pub bf16: bool,
+    /// FlashAttention-2.
+    pub flash_attention: bool,
+    /// The estimator's device profile (cuBLAS workspace, CUDA context, ...).
+    pub profile: DeviceProfile,
+}
+
+impl Caps {
+    /// Capabilities of a [`crate::hardware::Device`] (its total memory is the usable memory).
+    #[must_use]
+    pub fn of_device(device: &crate::hardware::Device) -> Self {
+        Self {
+            usable_bytes: device.total_bytes,
+            bf16: device.supports_bf16,
+            flash_attention: device.supports_flash_attention,
+            profile: DeviceProfile::for_compute_capability(device.compute_capability),
+        }
+    }
+}
+
+/// A search that cannot start.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SearchError {
+    /// A request field is out of range.
+    #[error("`{field}`: {message}")]
+    Invalid {
+        /// The field.
+        field: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// The values of every knob.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Space {
+    /// Methods, in no particular order.
+    pub methods: Vec<Method>,
+    /// Sequence lengths, longest first.
+    pub seq_lens: Vec<u64>,
+    /// Effective batch.
+    pub effective_batch: u64,
+    /// Micro batches (powers of two dividing the effective batch), largest first.
+    pub micro_batches: Vec<u64>,
+    /// LoRA ranks.
+    pub ranks: Vec<u64>,
+    /// LoRA target sets.
+    pub target_sets: Vec<TargetSet>,
+    /// Precisions.
+    pub precisions: Vec<Precision>,
+    /// Gradient checkpointing values.
+    pub checkpointing: Vec<bool>,
+    /// Optimizers.
+    pub optimizers: Vec<Optimizer>,
+    /// Attention implementations.
+    pub attentions: Vec<Attention>,
+    /// Stack (fixed).
+    pub stack: Stack,
+    /// Parallel layout (fixed).
+    pub parallel: Parallel,
+    /// Objective.
+    pub objective: Objective,
+    /// LoRA targets of the attention set, resolved onto this model.
+    #[serde(skip)]
+    attention_targets: Targets,
+}
+
+impl Space {
+    /// The space for `request` on a device with `caps`, for `model`.
+    ///
+    /// # Errors
+    /// A zero or oversized sequence length or effective batch, or a method that is not a
+    /// training method.
+    pub fn new(model: &ModelSpec, request: &Request, caps: &Caps) -> Result<Self, SearchError> {
+        let invalid = |field, message: String| Err(SearchError::Invalid { field, message });
+        let methods = match request.method {
+            MethodChoice::Auto => vec![Method::Full, Method::Lora, Method::Qlora],
+            MethodChoice::Only(Method::Inference) => {
+                return invalid(
+                    "method",
+                    "recipes are for training; use full, lora, qlora or auto".to_owned(),
+                );
+            }
+            MethodChoice::Only(m) => vec![m],
+        };
+        let seq_lens = match request.seq_len {
+            Some(s) if s == 0 || s > crate::job::MAX_SEQ_LEN => {
+                return invalid(
+                    "seq_len",
+                    format!(
+                        "must be between 1 and {} tokens, got {s}",
+                        crate::job::MAX_SEQ_LEN
+                    ),
+                );
+            }
+            Some(s) => vec![s],
+            None => {
+                // Lengths above the model's context are not trained on; a model with a shorter
+                // context than every candidate gets its own context.
+                let max = model.max_position_embeddings;
+                let fit: Vec<u64> = SEQ_LEN_CANDIDATES
+                    .into_iter()
+                    .filter(|&s| max == 0 || s <= max)
+                    .collect();
+                if fit.is_empty() { vec![max] } else { fit }
+            }
+        };
+        let effective_batch = request.effective_batch.unwrap_or(DEFAULT_EFFECTIVE_BATCH);
+        if effective_batch == 0 || effective_batch > 1 << 20 {
+            return invalid(
+                "effective_batch",
+                format!("must be between 1 and {}, got {effective_batch}", 1 << 20),
+            );
+        }
+        let micro_batches: Vec<u64> = (0..=16)
+            .rev()
+            .map(|k| 1u64 << k)
+            .filter(|b| *b <= MAX_BATCH && effective_batch.is_multiple_of(*b))
+            .collect();
+        let precisions = if caps.bf16 {
+            vec![Precision::Bf16Mixed, Precision::Bf16]
+        } else {
+            vec![Precision::Fp16Mixed]
+        };
+        let attentions = if caps.flash_attention {
+            vec![Attention::Flash, Attention::Sdpa]
+        } else {
+            vec![Attention::Sdpa]
+        };
+        let names = ATTENTION_TARGETS.iter().map(|s| (*s).to_owned()).collect();
+        Ok(Self {
+            methods,
+            seq_lens,
+            effective_batch,
+            micro_batches,
+            ranks: LORA_RANKS.to_vec(),
+            target_sets: vec![TargetSet::Attention, TargetSet::AllLinear],
+            precisions,
+            checkpointing: vec![false, true],
+            optimizers: OPTIMIZERS.to_vec(),
+            attentions,
+            stack: request.stack,
+            parallel: request.parallel.clone(),
+            objective: request.objective,
+            attention_targets: crate::targets::resolve(model, &Targets::Names(names)),
+        })
+    }
+
+    /// The LoRA targets of a target set on this model.
+    #[must_use]
+    pub fn targets(&self, set: TargetSet) -> Targets {
+        match set {
+            TargetSet::Attention => self.attention_targets.clone(),
+            TargetSet::AllLinear => Targets::AllLinear,
+        }
+    }
+
+    /// Every configuration but the micro batch ("rest of configuration"), with the micro
+    /// batch set to 1. Full fine-tuning has no LoRA knobs, so it appears once per
+    /// combination of the others.
+    #[must_use]
+    pub fn rests(&self, seq_len: u64) -> Vec<Config> {
+        let mut out = Vec::new();
+        for &method in &self.methods {
+            let lora_knobs: Vec<(TargetSet, u64)> = if method.is_peft() {
+                self.target_sets
+                    .iter()
+                    .flat_map(|t| self.ranks.iter().map(move |r| (*t, *r)))
+                    .collect()
+            } else {
+                vec![(TargetSet::AllLinear, 0)]
+            };
+            for &(targets, rank) in &lora_knobs {
+                for &precision in &self.precisions {
+                    for &gradient_checkpointing in &self.checkpointing {
+                        for &optimizer in &self.optimizers {
+                            for &attention in &self.attentions {
+                                out.push(Config {
+                                    method,
+                                    targets,
+                                    rank,
+                                    precision,
+                                    gradient_checkpointing,
+                                    optimizer,
+                                    attention,
+                                    seq_len,
+                                    micro_batch: 1,
+                                });
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The engine job of a configuration.
+    #[must_use]
+    pub fn job(&self, c: &Config) -> Job {
+        let mut job = Job {
+            method: c.method,
+            quantization: if c.method == Method::Qlora {
+                QLORA_QUANTIZATION
+            } else {
+                Quantization::None
+            },
+            micro_batch_size: c.micro_batch,
+            seq_len: c.seq_len,
+            grad_accum: (self.effective_batch / c.micro_batch.max(1)).max(1),
+            optimizer: c.optimizer,
+            gradient_checkpointing: c.gradient_checkpointing,
+            attention: c.attention,
+            precision: c.precision,
+            stack: self.stack,
+            loss: None,
+            padding: Padding::Packed,
+            parallel: self.parallel.clone(),
+            ..Job::default()
+        };
+        if c.method.is_peft() {
+            job.lora.rank = c.rank;
+            job.lora.alpha = alpha_for_rank(c.rank);
+            job.lora.targets = self.targets(c.targets);
+        }
+        job
+    }
+}
+
+/// One point of the space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct Config {
+    /// Method.
+    pub method: Method,
+    /// LoRA targets (ignored for full fine-tuning).
+    pub targets: TargetSet,
+    /// LoRA rank (0 for full fine-tuning).
+    pub rank: u64,
+    /// Precision.
+    pub precision: Precision,
+    /// Gradient checkpointing.
+    pub gradient_checkpointing: bool,
+    /// Optimizer.
+    pub optimizer: Optimizer,
+    /// Attention.
+    pub attention: Attention,
+    /// Sequence length.
+    pub seq_len: u64,
+    /// Micro batch.
+    pub micro_batch: u64,
+}
+
+/// Number of entries of a ranking key.
+pub const KEY_LEN: usize = 9;
+
+const fn method_quality(m: Method) -> u64 {
+    match m {
+        Method::Full => 2,
+        Method::Lora => 1,
+        Method::Qlora | Method::Inference => 0,
+    }
+}
+
+const fn optimizer_rank(o: Optimizer) -> u64 {
+    match o {
+        Optimizer::AdamwTorchFused => 2,
+        Optimizer::Adamw8bit => 1,
+        _ => 0,
+    }
+}
+
+/// The `quality` ranking key (compared lexicographically, larger is better), following the
+/// product's order of knobs by leverage, method > precision > checkpointing >
+/// batch/accumulation > optimizer (issue 3 §2):
+///
+/// 1. sequence length, longer first (only varies when not fixed: the data's context is a
+///    requirement, not a knob to trade);
+/// 2. method: full > LoRA on a 16-bit base > QLoRA (no 4-bit when 16-bit LoRA fits: NF4
+///    quantization error reaches the adapters' gradients);
+/// 3. LoRA targets: every Linear > attention only, then
+/// 4. higher rank. Targets before rank: "LoRA on all linear transformer block layers is
+///    required to match full finetuning performance" while the rank matters little once
+///    every layer is adapted (QLoRA paper, Dettmers et al. 2023, §4);
+/// 5. precision: fp32 master weights under autocast (`bf16-mixed`) > pure bf16;
+/// 6. no gradient checkpointing > checkpointing (it changes speed, not the result, so it
+///    ranks below everything that changes the result);
+/// 7. larger micro batch (fewer accumulation steps);
+/// 8. optimizer: 32-bit AdamW states > 8-bit > paged 8-bit;
+/// 9. FlashAttention-2 > SDPA.
+#[must_use]
+pub fn quality_key(c: &Config) -> [u64; KEY_LEN] {
+    let peft = c.method.is_peft();
+    [
+        c.seq_len,
+        method_quality(c.method),
+        u64::from(peft && c.targets == TargetSet::AllLinear),
+        if peft { c.rank } else { 0 },
+        u64::from(c.precision != Precision::Bf16),
+        u64::from(!c.gradient_checkpointing),
+        c.micro_batch,
+        optimizer_rank(c.optimizer),
+        u64::from(c.attention == Attention::Flash),
+    ]
+}
+
+/// The `speed` ranking key (lexicographic, larger is better):
+///
+/// 1. sequence length, longer first (as for quality);
+/// 2. no gradient checkpointing (recomputing the forward costs about a third of a step);
+/// 3. larger micro batch (better GPU utilisation per step);
+/// 4. method: LoRA > full > QLoRA (LoRA skips the weight-gradient GEMMs, about a third of a
+///    step's FLOPs; QLoRA dequantizes every weight in forward and backward);
+/// 5. FlashAttention-2 > SDPA;
+/// 6. optimizer: fused 32-bit > 8-bit > paged 8-bit;
+/// 7. then the quality order: targets, rank, precision.
+#[must_use]
+pub fn speed_key(c: &Config) -> [u64; KEY_LEN] {
+    let peft = c.method.is_peft();
+    let method = match c.method {
+        Method::Lora => 2,
+        Method::Full => 1,
+        Method::Qlora | Method::Inference => 0,
+    };
+    [
+        c.seq_len,
+        u64::from(!c.gradient_checkpointing),
+        c.micro_batch,
+        method,
+        u64::from(c.attention == Attention::Flash),
+        optimizer_rank(c.optimizer),
+        u64::from(peft && c.targets == TargetSet::AllLinear),
+        if peft { c.rank } else { 0 },
+        u64::from(c.precision != Precision::Bf16),
+    ]
+}
+
+/// The ranking key of `c` under `objective`.
+#[must_use]
+pub fn key(objective: Objective, c: &Config) -> [u64; KEY_LEN] {
+    match objective {
+        Objective::Quality => quality_key(c),
+        Objective::Speed => speed_key(c),
+    }
+}
+
+/// An estimated configuration.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Candidate {
+    /// The point of the space.
+    pub config: Config,
+    /// Its engine job (targets resolved onto the model).
+    pub job: Job,
+    /// The estimate.
+    pub estimate: Estimate,
+    /// Safety margin ([`margin_bytes`]).
+    pub margin_bytes: u64,
+    /// Usable memory − margin − device peak (negative: does not fit).
+    pub headroom_bytes: i64,
+}
+
+impl Candidate {
+    /// Whether the peak plus margin stays within the usable memory.
+    #[must_use]
+    pub const fn fits(&self) -> bool {
+        self.headroom_bytes >= 0
+    }
+}
+
+/// The outcome of a search.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Outcome {
+    /// The best fitting configuration, if any fits.
+    pub best: Option<Candidate>,
+    /// The next best fitting configurations, best first: each other rest-of-configuration
+    /// at its largest fitting micro batch (at most [`RUNNERS_UP`]).
+    pub runners_up: Vec<Candidate>,
+    /// When nothing fits: the configuration with the smallest peak.
+    pub closest: Option<Candidate>,
+    /// Configurations estimated.
+    pub evaluated: usize,
+    /// Usable memory searched against.
+    pub usable_bytes: u64,
+}
+
+impl Outcome {
+    /// By how many bytes the closest configuration misses (0 when something fits).
+    #[must_use]
+    pub fn short_by_bytes(&self) -> u64 {
+        match (&self.best, &self.closest) {
+            (None, Some(c)) => c.headroom_bytes.min(0).unsigned_abs(),
+            _ => 0,
+        }
+    }
+}
+
+/// Most runners-up an [`Outcome`] lists.
+pub const RUNNERS_UP: usize = 5;
+
+/// Estimates one configuration.
+///
+/// # Errors
+/// The job is invalid for the model (e.g. a rank above the hidden size).
+pub fn evaluate(
+    model: &ModelSpec,
+    space: &Space,
+    caps: &Caps,
+    config: Config,
+) -> Result<Candidate, JobError> {
+    let job = space.job(&config);
+    let est = estimate(model, &job, &caps.profile)?;
+    let margin = margin_bytes(est.peak_device_bytes, space.stack);
+    let need = est.peak_device_bytes.saturating_add(margin);
+    let headroom = i128::from(caps.usable_bytes) - i128::from(need);
+    let headroom =
+        i64::try_from(headroom).unwrap_or(if headroom < 0 { i64::MIN } else { i64::MAX });
+    Ok(Candidate {
+        config,
+        job,
+        estimate: est,
+        margin_bytes: margin,
+        headroom_bytes: headroom,
+    })
+}
+
+/// Searches `space` for the best configuration of `model` that fits `caps`.
+#[must_use]
+pub fn search(model: &ModelSpec, space: &Space, caps: &Caps) -> Outcome {
+    let mut evaluated = 0usize;
+    let mut closest: Option<Candidate> = None;
+    let mut eval = |c: Config| -> Option<Candidate> {
+        evaluated += 1;
+        let cand = evaluate(model, space, caps, c).ok()?;
+        if closest
+            .as_ref()
+            .is_none_or(|x| cand.headroom_bytes > x.headroom_bytes)
+        {
+            closest = Some(cand.clone());
+        }
+        Some(cand)
+    };
+    let mut fitting: Vec<Candidate> = Vec::new();
+    for &seq_len in &space.seq_lens {
+        for rest in space.rests(seq_len) {
+            if let Some(c) = largest_fitting_batch(space, rest, &mut eval) {
+                fitting.push(c);
+            }
+        }
+        // The sequence length is the first key of every objective.
+        if !fitting.is_empty() {
+            break;
+        }
+    }
+    let objective = space.objective;
+    fitting.sort_by_key(|c| std::cmp::Reverse(key(objective, &c.config)));
+    let mut it = fitting.into_iter();
+    let best = it.next();
+    let runners_up: Vec<Candidate> = it.take(RUNNERS_UP).collect();
+    Outcome {
+        closest: if best.is_some() { None } else { closest },
+        best,
+        runners_up,
+        evaluated,
+        usable_bytes: caps.usable_bytes,
+    }
+}
+
+/// The largest micro batch that fits for one rest-of-configuration.
+///
+/// The micro batch equal to the effective batch (no accumulation) is tried alone; the
+/// accumulating ones are monotone in memory, so a binary search over them finds the largest
+/// that fits.
+fn largest_fitting_batch(
+    space: &Space,
+    rest: Config,
+    eval: &mut impl FnMut(Config) -> Option<Candidate>,
+) -> Option<Candidate> {
+    let with = |b: u64| Config {
+        micro_batch: b,
+        ..rest
+    };
+    let batches = &space.micro_batches; // largest first
+    let (&first, accumulating) = batches.split_first()?;
+    // Without accumulation (micro batch = effective batch).
+    if let Some(c) = eval(with(first)).filter(Candidate::fits) {
+        return Some(c);
+    }
+    // Accumulating micro batches, largest first: find the first (largest) that fits.
+    // Probe the smallest first: if it does not fit, none does.
+    let smallest = *accumulating.last()?;
+    let mut found = eval(with(smallest)).filter(Candidate::fits)?;
+    // Invariant: accumulating[..lo] do not fit; accumulating[hi] fits and is `found`.
+    let (mut lo, mut hi) = (0usize, accumulating.len() - 1);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        match eval(with(accumulating[mid])).filter(Candidate::fits) {
+            Some(c) => {
+                hi = mid;
+                found = c;
+            }
+            None => lo = mid + 1,
+        }
+    }
+    Some(found)
+}
+
+/// Every configuration of the space (all micro batches), for tests and exhaustive listings.
+#[must_use]
+pub fn all_configs(space: &Space) -> Vec<Config> {
+    let mut out = Vec::new();
+    for &s in &space.seq_lens {
+        for rest in space.rests(s) {
+            for &b in &space.micro_batches {
+                out.push(Config {
+                    micro_batch: b,
+                    ..rest
+                });
+            }
+        }
+    }
+    out
+}
