@@ -384,7 +384,11 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         versions: Versions {
             transformers: version_of(&fw, "transformers")
                 .and_then(|(a, b)| Some((u32::try_from(a).ok()?, u32::try_from(b).ok()?))),
-            bitsandbytes: version3_of(&fw, "bitsandbytes"),
+            bitsandbytes: version3_of(&fw, "bitsandbytes").or_else(|| {
+                // litgpt pinned `bitsandbytes==0.42.0` (pyproject `[all]`) until 2024-12-28.
+                let year: u32 = text(v, "measured_when").get(..4)?.parse().ok()?;
+                (stack == Stack::Litgpt && year <= 2024).then_some((0, 42, 0))
+            }),
             trl: version_of(&fw, "trl")
                 .and_then(|(a, b)| Some((u32::try_from(a).ok()?, u32::try_from(b).ok()?))),
         },

@@ -135,6 +135,7 @@ impl Ctx<'_> {
         let s = r.stream_bytes;
         let full = job.method == Method::Full;
         let peft = job.method.is_peft();
+        let litgpt = job.stack == crate::job::Stack::Litgpt;
 
         // Norms.
         let n_norms = Self::norms_per_layer(g, m);
@@ -158,6 +159,9 @@ impl Ctx<'_> {
             let xb = group_input_bytes(grp);
             let mut shared = false;
             let mut private = 0u64;
+            // litgpt's `LoRAQKVLinear` is one fused module: one dropout (mask + copy) serves
+            // every enabled q/k/v slice.
+            let mut fused_dropout_done = false;
             for l in g.linears.iter().filter(|l| group_of(l, h) == grp) {
                 let k_in = l.in_features;
                 // Tokens reaching the module: experts see top-k copies per token.
@@ -194,11 +198,17 @@ impl Ctx<'_> {
                     } else {
                         None
                     };
+                    let fused_qkv = litgpt && grp == Group::AttnIn;
                     match (cast_copy, dropout) {
+                        (_, true) if fused_qkv && fused_dropout_done => {}
                         (Some(cb), d) => {
                             private += sharded * mult * (cb + u64::from(d));
+                            fused_dropout_done = d;
                         }
-                        (None, true) => private += sharded * mult * (xb + 1),
+                        (None, true) => {
+                            private += sharded * mult * (xb + 1);
+                            fused_dropout_done = true;
+                        }
                         (None, false) => {
                             if l.role == LinearRole::Expert {
                                 private += sharded * xb * mult;
@@ -238,9 +248,35 @@ impl Ctx<'_> {
         let a = m.num_heads / tp;
         let ad = m.q_width() / tp;
         let kd = m.kv_width() / tp;
-        let padded = job.padding == Padding::Padded;
+        // litgpt trains with causal attention only (no padding mask is passed to SDPA).
+        let padded = job.padding == Padding::Padded && !litgpt;
         let seq = job.seq_len;
         bytes += match job.attention {
+            Attention::Flash | Attention::Sdpa if litgpt => {
+                // litgpt `CausalSelfAttention`: q, k, v are views of the fused qkv output
+                // after `split`; GQA models `expand` + `reshape` k and v to all heads (copies)
+                // before SDPA; MHA and MQA keep a view of qkv that SDPA saves, keeping the
+                // whole fused output alive. Saved: (MHA/MQA) qkv + rotated q, k + out;
+                // (GQA) q, k, v at full heads + out.
+                let kv_heads = m.num_kv_heads;
+                let mut b = if kv_heads == m.num_heads || kv_heads == 1 {
+                    attn_b * (ad + 2 * kd) + attn_b * 3 * ad
+                } else {
+                    attn_b * 4 * ad
+                } + 4 * a;
+                // LoRA on a subset of q/k/v: `zero_pad`'s `index_copy` saves its (copied)
+                // source, the enabled slices' widths.
+                if peft {
+                    let qkv: Vec<&Linear> =
+                        g.linears.iter().filter(|l| group_of(l, h) == Group::AttnIn).collect();
+                    let enabled: Vec<&&Linear> =
+                        qkv.iter().filter(|l| job.lora.targets.matches(&l.name)).collect();
+                    if !enabled.is_empty() && enabled.len() < qkv.len() {
+                        b += attn_b * enabled.iter().map(|l| l.out_features / tp).sum::<u64>();
+                    }
+                }
+                b
+            }
             Attention::Flash | Attention::Sdpa => {
                 let kv = if padded && job.attention == Attention::Sdpa {
                     ad
@@ -359,6 +395,20 @@ impl Activations {
                     0
                 };
             2 * mm / tp
+        } else if job.method.is_peft() && r.autocast && r.frozen_bytes == 4 && !r.bnb_lora_layer {
+            // Frozen fp32 weights under autocast are cast to bf16 at every matmul without
+            // caching (autocast caches only leaves that require grad), and `mm` saves that
+            // copy because its input requires grad: 2 B per frozen matmul parameter, for
+            // every layer (one layer at a time under checkpointing), plus lm_head.
+            let linears: u64 = model.layers.iter().map(|g| {
+                g.linears.iter().map(|l| l.count * l.weight_numel()).sum::<u64>()
+            }).max().unwrap_or(0);
+            let layers = if job.gradient_checkpointing {
+                linears
+            } else {
+                model.linears().map(|(n, l)| n * l.count * l.weight_numel()).sum()
+            };
+            2 * (layers + model.vocab_size * h) / tp + 2 * r.trainable_params / tp
         } else if job.method.is_peft() && r.autocast && r.adapter_bytes == 4 {
             2 * r.trainable_params / tp
         } else {

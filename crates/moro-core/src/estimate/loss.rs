@@ -78,21 +78,34 @@ impl Loss {
             // the training loop, and `chunked_cross_entropy` runs per chunk in the logits'
             // dtype (bf16 log-probs saved). torchtune's `CEWithChunkedOutputLoss` upcasts each
             // chunk (`logits.float()`), so its saved log-probs are fp32.
-            LossImpl::Chunked => {
-                let (saved, chunk_tokens) = match job.stack {
-                    Stack::Torchtune => (2 + 4, t.div_ceil(8)),
-                    _ => (
-                        2 + r.compute_bytes,
-                        (LITGPT_CHUNK * job.micro_batch_size).min(t),
-                    ),
-                };
-                let chunk = chunk_tokens * v * 3 * 4;
+            // torchtune `CEWithChunkedOutputLoss` (8 chunks): each bf16 chunk is upcast
+            // (`logits.float()`) and its fp32 log-probs saved (4 B/logit); the recipe
+            // `del logits` frees the bf16 list before backward.
+            LossImpl::Chunked if job.stack == Stack::Torchtune => {
+                let chunk = t.div_ceil(8) * v;
                 Self {
-                    forward_peak: saved * tv,
-                    forward_transient: chunk,
-                    backward_peak: saved * tv,
-                    backward_transient: chunk,
+                    forward_peak: 6 * tv,
+                    forward_transient: 4 * chunk,
+                    backward_peak: 4 * tv,
+                    backward_transient: 10 * chunk,
                     after_backward: 2 * tv,
+                }
+            }
+            // litgpt: `lm_head_chunk_size=128` returns a list of bf16 chunks, which Fabric's
+            // `_FabricModule.forward` → `convert_output` casts to the default dtype, fp32
+            // (lightning/fabric/wrappers.py). `chunked_cross_entropy` then saves fp32
+            // log-probs per chunk: 8 B per logit held through backward. The loop variable
+            // `logits` still holds the previous micro-batch's fp32 list while the next
+            // forward builds its own: 4 (previous) + 2 (bf16) + 4 (fp32) at the end of the
+            // forward. Backward per chunk: fp32 nll grad, fp32 log_softmax grad, bf16 cast.
+            LossImpl::Chunked => {
+                let chunk = (LITGPT_CHUNK * job.micro_batch_size).min(t) * v;
+                Self {
+                    forward_peak: 10 * tv,
+                    forward_transient: 0,
+                    backward_peak: 8 * tv,
+                    backward_transient: 10 * chunk,
+                    after_backward: 4 * tv,
                 }
             }
             // Liger fused linear cross-entropy: gradients computed in forward; grad_input

@@ -238,6 +238,16 @@ pub fn estimate(
     device: &DeviceProfile,
 ) -> Result<Estimate, JobError> {
     job.validate(model)?;
+    let untied;
+    let model = if job.stack == crate::job::Stack::Litgpt && model.tie_word_embeddings {
+        // litgpt never ties lm_head to wte when fine-tuning (`GPT.__init__` creates both;
+        // `convert_hf_checkpoint` copies wte into lm_head; `finetune/*.py` lists
+        // `tie_embeddings` as unsupported): the model holds V·h more parameters.
+        untied = ModelSpec { tie_word_embeddings: false, ..model.clone() };
+        &untied
+    } else {
+        model
+    };
     let regime = Regime::resolve(model, job);
     let phases = if job.method == Method::Inference {
         inference::phases(model, job, &regime, device)

@@ -193,6 +193,21 @@ impl Sharded {
                 }
                 s.adapters = 0;
                 s.grads = grads / group;
+                if job.stack == crate::job::Stack::Litgpt && job.grad_accum > 1 {
+                    // litgpt accumulates under `fabric.no_backward_sync` (FSDP `no_sync`):
+                    // "FSDP will accumulate the full model gradients (instead of gradient
+                    // shards)" (torch FSDP docs). Lightning sets `use_orig_params=True`, and a
+                    // Block's flat parameter mixing frozen and LoRA weights requires grad as a
+                    // whole (pytorch/pytorch#104690), so every Block holds an unsharded
+                    // gradient in the param dtype, frozen weights included.
+                    let blocks = model.layer_params() / tp;
+                    let pb = if full { r.param_bytes } else { r.frozen_bytes };
+                    s.grads = blocks * pb
+                        + if full { grads.saturating_sub(model.layer_params() * tb / tp) } else { 0 };
+                    // The root unit (embeddings, head) stays unsharded from forward to
+                    // backward.
+                    s.weights += base.saturating_sub(model.layer_params() * pb / tp) * (group - 1) / group;
+                }
                 s.states_on_gpu = if offload { 0 } else { states / group };
                 // Unsharded gradients of one unit before reduce-scatter.
                 s.comm_buffers = layer_params * 2;

@@ -48,6 +48,11 @@ pub struct Regime {
     pub bnb_lora_layer: bool,
     /// Quantized 4-bit matmuls save their input for backward (bitsandbytes < 0.43.2).
     pub quantized_saves_input: bool,
+    /// Bytes per element of the dequantization transient of a 4-bit matmul: the weight in
+    /// the dtype it was quantized from, plus its cast to the compute dtype when they differ.
+    /// Lightning's `_Linear4bit` (litgpt) quantizes from `.half()`, so bnb's
+    /// `dequantize_4bit(...).to(A.dtype)` makes an fp16 and a bf16 copy (4 B/element).
+    pub dequant_bytes: u64,
     /// HF Trainer gives `nn.Embedding` 32-bit states under bnb 8-bit optimizers
     /// (`trainer.py`: `register_module_override(module, "weight", {"optim_bits": 32})`).
     pub embedding_states_32bit: bool,
@@ -75,6 +80,13 @@ impl Regime {
                 Precision::Bf16 => (2, 2),
                 Precision::Bf16Mixed | Precision::Fp16Mixed | Precision::Fp32 => (4, 4),
             },
+            // Lightning's `MixedPrecision` ("bf16-mixed") only adds autocast: the module,
+            // frozen base included, stays fp32 (litgpt finetune-lora docs).
+            Method::Lora | Method::Qlora | Method::Inference
+                if stack == Stack::Litgpt && autocast && !quantized =>
+            {
+                (4, 4)
+            }
             Method::Lora | Method::Qlora | Method::Inference => {
                 if fp32 {
                     (4, 4)
@@ -112,7 +124,7 @@ impl Regime {
 
         let adapter_bytes = match stack {
             Stack::Litgpt | Stack::Torchtune => {
-                if fp32 {
+                if fp32 || (stack == Stack::Litgpt && autocast) {
                     4
                 } else {
                     2
@@ -160,6 +172,7 @@ impl Regime {
             trainable_params,
             bnb_lora_layer: quantized && job.quantization != Quantization::Gptq4,
             autocast_weight_copies: autocast && !sharded_16bit,
+            dequant_bytes: if stack == Stack::Litgpt { 4 } else { compute_bytes },
             quantized_saves_input: quantized
                 && job.quantization.is_bnb4()
                 && method != Method::Full

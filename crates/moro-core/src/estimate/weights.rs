@@ -144,5 +144,5 @@ pub fn dequant_transient(model: &ModelSpec, job: &Job, r: &Regime) -> u64 {
     } else {
         0
     };
-    n * r.compute_bytes + absmax
+    n * r.dequant_bytes + absmax
 }
