@@ -63,6 +63,10 @@ fn roles_of_linear(name: &str, role: LinearRole, out: u64, h: u64) -> &'static [
 /// names are kept so that [`crate::job::Job::validate`] reports them.
 #[must_use]
 pub fn resolve(model: &ModelSpec, targets: &Targets) -> Targets {
+    resolve_names(model, targets)
+}
+
+fn resolve_names(model: &ModelSpec, targets: &Targets) -> Targets {
     let Targets::Names(names) = targets else {
         return targets.clone();
     };
@@ -74,6 +78,8 @@ pub fn resolve(model: &ModelSpec, targets: &Targets) -> Targets {
         }
     };
     for name in names {
+        // "mlp(w1,w2,w3)": a role with the trainer's own member names in parentheses.
+        let name = &name.split('(').next().unwrap_or(name).trim().to_owned();
         let lower = name.to_ascii_lowercase();
         if matches!(lower.as_str(), "head" | "lm_head" | "output") {
             continue;
@@ -96,4 +102,34 @@ pub fn resolve(model: &ModelSpec, targets: &Targets) -> Targets {
         }
     }
     Targets::Names(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(t: Targets) -> Vec<String> {
+        match t {
+            Targets::Names(v) => v,
+            Targets::AllLinear => vec!["all-linear".into()],
+        }
+    }
+
+    #[test]
+    fn roles_map_onto_real_modules() {
+        let llama =
+            crate::catalog::load(crate::catalog::find("meta-llama/Llama-3.1-8B").unwrap()).unwrap();
+        let t = Targets::Names(vec!["query".into(), "value".into(), "mlp(w1,w2,w3)".into()]);
+        assert_eq!(
+            names(resolve(&llama, &t)),
+            ["q_proj", "v_proj", "gate_proj", "up_proj", "down_proj"]
+        );
+        let neox =
+            crate::catalog::load(crate::catalog::find("EleutherAI/pythia-160m").unwrap()).unwrap();
+        let t = Targets::Names(vec!["q_proj".into(), "v_proj".into(), "o_proj".into()]);
+        assert_eq!(names(resolve(&neox, &t)), ["query_key_value", "dense"]);
+        // unknown names are kept for validation to report
+        let t = Targets::Names(vec!["nonsense".into(), "lm_head".into()]);
+        assert_eq!(names(resolve(&llama, &t)), ["nonsense"]);
+    }
 }

@@ -311,6 +311,14 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         Padding::Padded
     };
 
+    if truthy(v, "torch_compile") == Some(true) {
+        return Err("torch.compile fuses ops and saves fewer activations; not modelled yet".into());
+    }
+    if kind.contains("much shorter") || kind.contains("data dependent") {
+        return Err(format!(
+            "sequence length is data-dependent (`{kind}`); only an upper bound is known"
+        ));
+    }
     if truthy(v, "activation_offload") == Some(true) {
         return Err("activation offloading to the CPU is not modelled yet".into());
     }
@@ -366,6 +374,9 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         );
     }
 
+    // litgpt's `generate/sequentially.py` builds each layer's KV cache outside any dtype
+    // context (`build_kv_cache(..., dtype=None)`): fp32.
+    let fp32_kv = stack == Stack::Litgpt && parallel.pipeline > 1;
     let job = Job {
         method,
         quantization,
@@ -392,7 +403,7 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
             trl: version_of(&fw, "trl")
                 .and_then(|(a, b)| Some((u32::try_from(a).ok()?, u32::try_from(b).ok()?))),
         },
-        kv_dtype: if precision == Precision::Fp32 {
+        kv_dtype: if precision == Precision::Fp32 || fp32_kv {
             crate::job::KvDtype::F32
         } else {
             crate::job::KvDtype::F16

@@ -9,6 +9,7 @@ mod error;
 mod hw;
 mod jobargs;
 mod output;
+mod profile;
 mod resolve;
 
 use std::process::ExitCode;
@@ -33,6 +34,8 @@ enum Command {
     Models(commands::models::ModelsArgs),
     /// Show the GPUs on this machine.
     Hardware(commands::hardware::HardwareArgs),
+    /// Measure this machine's GPU and store a calibration profile that estimates use.
+    Calibrate(commands::calibrate::CalibrateArgs),
 }
 
 fn main() -> ExitCode {
@@ -42,6 +45,7 @@ fn main() -> ExitCode {
         Command::Validate(a) => commands::validate::run(a),
         Command::Models(a) => commands::models::run(a),
         Command::Hardware(a) => commands::hardware::run(a),
+        Command::Calibrate(a) => commands::calibrate::run(a),
     };
     match result {
         Ok(code) => code,

@@ -267,10 +267,15 @@ impl Ctx<'_> {
                 // LoRA on a subset of q/k/v: `zero_pad`'s `index_copy` saves its (copied)
                 // source, the enabled slices' widths.
                 if peft {
-                    let qkv: Vec<&Linear> =
-                        g.linears.iter().filter(|l| group_of(l, h) == Group::AttnIn).collect();
-                    let enabled: Vec<&&Linear> =
-                        qkv.iter().filter(|l| job.lora.targets.matches(&l.name)).collect();
+                    let qkv: Vec<&Linear> = g
+                        .linears
+                        .iter()
+                        .filter(|l| group_of(l, h) == Group::AttnIn)
+                        .collect();
+                    let enabled: Vec<&&Linear> = qkv
+                        .iter()
+                        .filter(|l| job.lora.targets.matches(&l.name))
+                        .collect();
                     if !enabled.is_empty() && enabled.len() < qkv.len() {
                         b += attn_b * enabled.iter().map(|l| l.out_features / tp).sum::<u64>();
                     }
@@ -400,13 +405,24 @@ impl Activations {
             // caching (autocast caches only leaves that require grad), and `mm` saves that
             // copy because its input requires grad: 2 B per frozen matmul parameter, for
             // every layer (one layer at a time under checkpointing), plus lm_head.
-            let linears: u64 = model.layers.iter().map(|g| {
-                g.linears.iter().map(|l| l.count * l.weight_numel()).sum::<u64>()
-            }).max().unwrap_or(0);
+            let linears: u64 = model
+                .layers
+                .iter()
+                .map(|g| {
+                    g.linears
+                        .iter()
+                        .map(|l| l.count * l.weight_numel())
+                        .sum::<u64>()
+                })
+                .max()
+                .unwrap_or(0);
             let layers = if job.gradient_checkpointing {
                 linears
             } else {
-                model.linears().map(|(n, l)| n * l.count * l.weight_numel()).sum()
+                model
+                    .linears()
+                    .map(|(n, l)| n * l.count * l.weight_numel())
+                    .sum()
             };
             2 * (layers + model.vocab_size * h) / tp + 2 * r.trainable_params / tp
         } else if job.method.is_peft() && r.autocast && r.adapter_bytes == 4 {

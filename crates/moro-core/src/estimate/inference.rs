@@ -35,6 +35,29 @@ pub fn kv_cache_bytes(model: &ModelSpec, batch: u64, context: u64, kv: KvDtype, 
         * elem
 }
 
+/// litgpt's KV cache (`build_kv_cache`: `heads = 1 if n_query_groups == 1 else n_head`):
+/// grouped-query models cache every query head, not their KV groups; tensor parallelism
+/// (`generate/tp.py`) divides `n_head` and `n_query_groups` by the degree first. The
+/// boolean causal mask cache (`torch.ones((S, S), dtype=bool).tril()`) comes with it.
+#[must_use]
+pub fn litgpt_kv_cache_bytes(
+    model: &ModelSpec,
+    batch: u64,
+    context: u64,
+    kv: KvDtype,
+    tp: u64,
+) -> u64 {
+    let elem = match kv {
+        KvDtype::F16 => 2,
+        KvDtype::F8 => 1,
+        KvDtype::F32 => 4,
+    };
+    let tp = tp.max(1);
+    let groups = (model.num_kv_heads / tp).max(1);
+    let heads = if groups == 1 { 1 } else { model.num_heads / tp };
+    model.num_layers * 2 * heads * model.head_dim * context * batch * elem + context * context
+}
+
 /// Phases of an inference job.
 pub(super) fn phases(
     model: &ModelSpec,
@@ -48,7 +71,11 @@ pub(super) fn phases(
     let b = job.micro_batch_size;
     let s = job.seq_len;
     let t = b * s;
-    let kv = kv_cache_bytes(model, b, s, job.kv_dtype, tp) / pp;
+    let kv = if job.stack == crate::job::Stack::Litgpt {
+        litgpt_kv_cache_bytes(model, b, s, job.kv_dtype, tp)
+    } else {
+        kv_cache_bytes(model, b, s, job.kv_dtype, tp)
+    } / pp;
     let cb = r.compute_bytes;
     let h = model.hidden_size;
     let ad = model.q_width() / tp;
@@ -64,18 +91,36 @@ pub(super) fn phases(
     // Logits: `generate` keeps only the last position (`logits_to_keep=1`), upcast to fp32.
     let logits = b * model.vocab_size / tp * 4 * 2;
     let dequant = super::weights::dequant_transient(model, job, r);
+    // fp32 weights under autocast: `cached_cast` keeps a bf16 copy of every fp32 leaf that
+    // requires grad (an unfrozen model) until the autocast region ends — the whole forward
+    // (litgpt's bf16-mixed `generate` runs each step inside `torch.autocast`).
+    let autocast_cache = if r.autocast && r.frozen_bytes == 4 {
+        2 * (model.linear_params() + model.lm_head_params().max(model.embedding_params())) / tp
+    } else {
+        0
+    };
+    // litgpt's `generate/tp.py` shards the Blocks' Linears only: `wte` and `lm_head`
+    // are replicated on every device.
+    let replicated = if job.stack == crate::job::Stack::Litgpt && tp > 1 {
+        let layers = model.layer_params();
+        let rest = model.total_params().saturating_sub(layers);
+        rest * r.frozen_bytes * (tp - 1) / tp
+    } else {
+        0
+    };
     let cublas = device.cublas_workspace_bytes;
+    let weights = sh.weights + replicated;
     vec![
         PhaseBytes {
             phase: Phase::Load,
-            components: vec![(Component::Weights, sh.weights)],
+            components: vec![(Component::Weights, weights)],
         },
         PhaseBytes {
             phase: Phase::Prefill,
             components: vec![
-                (Component::Weights, sh.weights),
+                (Component::Weights, weights),
                 (Component::KvCache, kv),
-                (Component::Activations, prefill / pp),
+                (Component::Activations, prefill / pp + autocast_cache),
                 (Component::LogitsLoss, logits),
                 (Component::Transients, cublas + dequant),
             ],
@@ -83,8 +128,9 @@ pub(super) fn phases(
         PhaseBytes {
             phase: Phase::Decode,
             components: vec![
-                (Component::Weights, sh.weights),
+                (Component::Weights, weights),
                 (Component::KvCache, kv),
+                (Component::Activations, autocast_cache),
                 (Component::LogitsLoss, logits),
                 (Component::Transients, cublas + dequant),
             ],

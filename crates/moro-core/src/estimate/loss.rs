@@ -41,6 +41,17 @@ impl Loss {
             // another fp32 copy of the outputs under AMP. Backward: log-probs (4) + the
             // dense nll grad (4) + log_softmax grad (4) = 12 B (memory-anatomy §3.3; the
             // oracle measures 12·T·ΔV between vocabularies).
+            // torchtune 0.1: `TransformerDecoder.forward` returns `self.output(h).float()`;
+            // the recipe keeps `logits = logits[..., :-1, :].contiguous().transpose(1, 2)`
+            // alive through backward: shifted fp32 logits (4) + log-probs (4) in forward,
+            // plus the nll and log_softmax gradients (4 + 4) in backward.
+            LossImpl::Standard if job.stack == Stack::Torchtune => Self {
+                forward_peak: 8 * tv,
+                forward_transient: 0,
+                backward_peak: 16 * tv,
+                backward_transient: 0,
+                after_backward: 4 * tv,
+            },
             LossImpl::Standard | LossImpl::StandardLegacy => {
                 let mut fwd = if r.compute_bytes == 4 && !r.autocast {
                     8

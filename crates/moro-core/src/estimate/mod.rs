@@ -243,7 +243,10 @@ pub fn estimate(
         // litgpt never ties lm_head to wte when fine-tuning (`GPT.__init__` creates both;
         // `convert_hf_checkpoint` copies wte into lm_head; `finetune/*.py` lists
         // `tie_embeddings` as unsupported): the model holds V·h more parameters.
-        untied = ModelSpec { tie_word_embeddings: false, ..model.clone() };
+        untied = ModelSpec {
+            tie_word_embeddings: false,
+            ..model.clone()
+        };
         &untied
     } else {
         model
@@ -330,7 +333,12 @@ fn training_phases(
             (Component::LogitsLoss, head.backward_peak),
             (
                 Component::Transients,
-                cublas + head.backward_transient + comm + unit,
+                // A quantized lm_head is dequantized again for its backward.
+                cublas
+                    + head.backward_transient
+                    + if regime.quantize_lm_head { dequant } else { 0 }
+                    + comm
+                    + unit,
             ),
         ]),
     });
@@ -447,9 +455,14 @@ fn finish(
     let reserve = round_up(allocated + frag, 2 * MIB) - allocated;
     let reserved = allocated + reserve;
     let mut outside = optimizer::paged_bytes(model, job, regime);
-    if job.parallel.gpus() > 1 && job.method != Method::Inference {
+    // torch.distributed's NCCL communicators and buffers: with several GPUs, and with
+    // DeepSpeed or FSDP even on one (they initialise the process group and run their
+    // collectives regardless of the world size).
+    let distributed =
+        job.parallel.gpus() > 1 || job.parallel.sharding != crate::job::Sharding::None;
+    if distributed && job.method != Method::Inference {
         outside += device.nccl_bytes;
-    } else if job.parallel.gpus() > 1 {
+    } else if distributed {
         outside += device.nccl_bytes / 2;
     }
     let device_total = reserved + outside + device.cuda_context_bytes;

@@ -203,10 +203,15 @@ impl Sharded {
                     let blocks = model.layer_params() / tp;
                     let pb = if full { r.param_bytes } else { r.frozen_bytes };
                     s.grads = blocks * pb
-                        + if full { grads.saturating_sub(model.layer_params() * tb / tp) } else { 0 };
+                        + if full {
+                            grads.saturating_sub(model.layer_params() * tb / tp)
+                        } else {
+                            0
+                        };
                     // The root unit (embeddings, head) stays unsharded from forward to
                     // backward.
-                    s.weights += base.saturating_sub(model.layer_params() * pb / tp) * (group - 1) / group;
+                    s.weights +=
+                        base.saturating_sub(model.layer_params() * pb / tp) * (group - 1) / group;
                 }
                 s.states_on_gpu = if offload { 0 } else { states / group };
                 // Unsharded gradients of one unit before reduce-scatter.

@@ -172,7 +172,14 @@ impl Regime {
             trainable_params,
             bnb_lora_layer: quantized && job.quantization != Quantization::Gptq4,
             autocast_weight_copies: autocast && !sharded_16bit,
-            dequant_bytes: if stack == Stack::Litgpt { 4 } else { compute_bytes },
+            // torchao's eager `NF4Tensor.get_original_weight` builds two int64 index tensors
+            // of n/2 elements (8n bytes together) plus bf16 pieces of n/2 to 2n: ~14 B per
+            // element for the largest quantized Linear. [DERIVED]
+            dequant_bytes: match stack {
+                Stack::Litgpt => 4,
+                Stack::Torchtune => 14,
+                _ => compute_bytes,
+            },
             quantized_saves_input: quantized
                 && job.quantization.is_bnb4()
                 && method != Method::Full

@@ -49,6 +49,16 @@ pub fn quantized_linear_bytes(l: &Linear, q: Quantization) -> u64 {
     }
 }
 
+/// Stored bytes of a torchao `NF4Tensor` of `n` elements (torchao `dtypes/nf4tensor.py`,
+/// block 64, scaler block 256): packed `quantized_data` n/2, int8 `quantized_scalers` n/64,
+/// and `quantization_factor`, a `[:, 0]` view that keeps its full n/64-element bf16 storage
+/// alive (n/32 bytes) as torchtune's `copy_` override assigns it. [DERIVED from the code;
+/// unverified on a GPU]
+#[must_use]
+pub const fn torchao_nf4_bytes(n: u64) -> u64 {
+    n.div_ceil(2) + n.div_ceil(64) + 2 * n.div_ceil(64) + 512
+}
+
 /// Bytes of the base model's weights as the job holds them (adapters excluded).
 ///
 /// Only `nn.Linear` modules inside the decoder layers are quantized; embeddings, norms,
@@ -67,8 +77,19 @@ pub fn base_weight_bytes(model: &ModelSpec, job: &Job, r: &Regime) -> u64 {
     }
     let mut quant = 0u64;
     let mut quantized_params = 0u64;
+    let torchtune = job.stack == crate::job::Stack::Torchtune && q.is_bnb4();
     for (layers, l) in model.linears() {
-        quant += layers * l.count * quantized_linear_bytes(l, q);
+        if torchtune {
+            // torchtune quantizes only the base weight of each `LoRALinear`
+            // (`lora.py`: `to_nf4(linear.weight) if self._quantize_base`); other Linears
+            // stay in the load dtype.
+            if !job.lora.targets.matches(&l.name) {
+                continue;
+            }
+            quant += layers * l.count * torchao_nf4_bytes(l.weight_numel());
+        } else {
+            quant += layers * l.count * quantized_linear_bytes(l, q);
+        }
         quantized_params += layers * l.count * l.weight_numel();
     }
     if r.quantize_lm_head {

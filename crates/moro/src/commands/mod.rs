@@ -1,5 +1,6 @@
 //! One module per subcommand; each owns its clap `Args` and a `run` function.
 
+pub(crate) mod calibrate;
 pub(crate) mod estimate;
 pub(crate) mod hardware;
 pub(crate) mod models;
