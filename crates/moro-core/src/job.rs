@@ -349,6 +349,10 @@ pub enum LossImpl {
     /// transformers 4.46-4.48: as `Standard`, plus an fp32 `shift_logits.contiguous()` copy
     /// in the forward pass.
     StandardLegacy,
+    /// Model code that shifts the logits with a `.contiguous()` copy and takes
+    /// `CrossEntropyLoss` in their own dtype (no fp32 upcast): GPT-2-era code such as
+    /// GPT-BigCode and Qwen-1.
+    StandardNoUpcast,
     /// TRL ≥ 1.7 `chunked_nll`: lm_head applied in 256-token checkpointed chunks.
     ChunkedNll,
     /// litgpt / torchtune chunked cross-entropy (logits in chunks, fp32 upcast per chunk).

@@ -323,7 +323,7 @@ fn hf_training_args(p: &Plan<'_>, m: &mut Map, warnings: &mut Vec<String>) {
 /// asked for one it cannot express.
 fn hf_loss_warning(p: &Plan<'_>, trainer: &str, warnings: &mut Vec<String>) {
     match p.loss {
-        LossImpl::Standard | LossImpl::StandardLegacy | LossImpl::Fused => {}
+        LossImpl::Standard | LossImpl::StandardLegacy | LossImpl::StandardNoUpcast | LossImpl::Fused => {}
         LossImpl::ChunkedNll => warnings.push(format!(
             "training.loss = chunked-nll (TRL's chunked loss): {trainer} computes the full-logits loss, \
              which needs more memory than predicted"
@@ -769,7 +769,7 @@ fn sft_config_kwargs(p: &Plan<'_>, w: &mut Vec<String>, loss_type: bool) -> Vec<
     if loss_type {
         match p.loss {
             LossImpl::ChunkedNll => kw.push(("loss_type".to_owned(), "chunked_nll".into())),
-            LossImpl::Standard | LossImpl::StandardLegacy => {
+            LossImpl::Standard | LossImpl::StandardLegacy | LossImpl::StandardNoUpcast => {
                 kw.push(("loss_type".to_owned(), "nll".into()))
             }
             LossImpl::Fused => {}
@@ -1039,7 +1039,7 @@ pub(crate) fn unsloth(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
     // Unsloth checkpoints through get_peft_model / from_pretrained, not the Trainer flag.
     sft.retain(|(k, _)| k != "gradient_checkpointing" && k != "gradient_checkpointing_kwargs");
     match p.loss {
-        LossImpl::Standard | LossImpl::StandardLegacy => {}
+        LossImpl::Standard | LossImpl::StandardLegacy | LossImpl::StandardNoUpcast => {}
         _ => w.push(format!(
             "training.loss = {}: Unsloth uses its own fused cross-entropy",
             loss_name(p.loss)
@@ -1141,6 +1141,7 @@ const fn loss_name(l: LossImpl) -> &'static str {
     match l {
         LossImpl::Standard => "standard",
         LossImpl::StandardLegacy => "standard-legacy",
+        LossImpl::StandardNoUpcast => "standard-no-upcast",
         LossImpl::ChunkedNll => "chunked-nll",
         LossImpl::Chunked => "chunked",
         LossImpl::Fused => "fused",

@@ -206,6 +206,7 @@ choice! {
         /// As `standard`, plus the fp32 `shift_logits.contiguous()` copy of transformers
         /// 4.46–4.48.
         StandardLegacy = "standard-legacy" => StandardLegacy,
+        StandardNoUpcast = "standard-no-upcast" => StandardNoUpcast,
         /// TRL chunked NLL (lm_head in checkpointed chunks).
         ChunkedNll = "chunked-nll" => ChunkedNll,
         /// litgpt / torchtune chunked cross-entropy.

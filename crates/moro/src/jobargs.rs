@@ -73,6 +73,7 @@ pub(crate) fn parse_loss(s: &str) -> Result<LossImpl, String> {
     match s.to_ascii_lowercase().as_str() {
         "standard" | "hf" => Ok(LossImpl::Standard),
         "standard-legacy" => Ok(LossImpl::StandardLegacy),
+        "standard-no-upcast" => Ok(LossImpl::StandardNoUpcast),
         "chunked-nll" | "chunked_nll" => Ok(LossImpl::ChunkedNll),
         "chunked" => Ok(LossImpl::Chunked),
         "fused" | "liger" | "cce" => Ok(LossImpl::Fused),

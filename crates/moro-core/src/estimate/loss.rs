@@ -52,7 +52,20 @@ impl Loss {
                 backward_transient: 0,
                 after_backward: 4 * tv,
             },
-            LossImpl::Standard | LossImpl::StandardLegacy => {
+            // No upcast and no autocast: logits (2) + shifted copy (2) + log-probs (2) in
+            // forward; log-probs + nll grad + log_softmax grad (2 + 2 + 2) in backward. Under
+            // autocast `log_softmax` runs in fp32 and the standard figures apply.
+            LossImpl::StandardNoUpcast if !r.autocast => {
+                let e = r.compute_bytes;
+                Self {
+                    forward_peak: 3 * e * tv,
+                    forward_transient: 0,
+                    backward_peak: 3 * e * tv,
+                    backward_transient: 0,
+                    after_backward: e * tv,
+                }
+            }
+            LossImpl::Standard | LossImpl::StandardLegacy | LossImpl::StandardNoUpcast => {
                 let mut fwd = if r.compute_bytes == 4 && !r.autocast {
                     8
                 } else {

@@ -70,7 +70,10 @@ impl Regime {
     pub fn resolve(model: &ModelSpec, job: &Job) -> Self {
         let precision = job.precision;
         let stack = job.stack;
-        let autocast = precision.autocast();
+        // DeepSpeed trains a 16-bit model without autocast: the HF Trainer sets
+        // `native_amp = False` when DeepSpeed is enabled (memory-anatomy §9).
+        let autocast =
+            precision.autocast() && !crate::estimate::parallel::is_deepspeed(job.parallel.sharding);
         let fp32 = precision == Precision::Fp32;
         let quantized = job.quantization != Quantization::None;
         let method = job.method;
@@ -168,9 +171,21 @@ impl Regime {
             kbit_prepare,
             frozen_fp32_head: kbit_prepare && !legacy_recast,
             quantize_lm_head: quantized && stack == Stack::Litgpt,
-            loss: job.loss_impl(),
+            loss: match job.loss {
+                // Older model code computes `CrossEntropyLoss` on a `.contiguous()` shifted copy
+                // of the logits in their own dtype, with no fp32 upcast: GPT-BigCode's
+                // `GPTBigCodeForCausalLM.forward` and Qwen-1's remote `modeling_qwen.py`.
+                None if (stack == Stack::Hf || (stack == Stack::Trl && !job.versions.trl_chunked_loss()))
+                    && matches!(model.model_type.as_str(), "qwen" | "gpt_bigcode") =>
+                {
+                    LossImpl::StandardNoUpcast
+                }
+                _ => job.loss_impl(),
+            },
             trainable_params,
-            bnb_lora_layer: quantized && job.quantization != Quantization::Gptq4,
+            // PEFT's GPTQ LoRA layer (`lora/gptq.py`) casts like the bitsandbytes one: only
+            // without autocast.
+            bnb_lora_layer: quantized,
             autocast_weight_copies: autocast && !sharded_16bit,
             // torchao's eager `NF4Tensor.get_original_weight` builds two int64 index tensors
             // of n/2 elements (8n bytes together) plus bf16 pieces of n/2 to 2n: ~14 B per
