@@ -34,8 +34,19 @@ enum Command {
     Models(commands::models::ModelsArgs),
     /// Show the GPUs on this machine.
     Hardware(commands::hardware::HardwareArgs),
+    /// Work with moro.yaml recipes.
+    #[command(subcommand)]
+    Recipe(RecipeCommand),
     /// Measure this machine's GPU and store a calibration profile that estimates use.
     Calibrate(commands::calibrate::CalibrateArgs),
+}
+
+/// `moro recipe ...`.
+#[derive(Debug, Subcommand)]
+enum RecipeCommand {
+    /// Write the recipe in a trainer's own format (axolotl, LLaMA-Factory, TRL, HF Trainer,
+    /// Unsloth, DeepSpeed, accelerate).
+    Export(commands::export::ExportArgs),
 }
 
 fn main() -> ExitCode {
@@ -45,6 +56,7 @@ fn main() -> ExitCode {
         Command::Validate(a) => commands::validate::run(a),
         Command::Models(a) => commands::models::run(a),
         Command::Hardware(a) => commands::hardware::run(a),
+        Command::Recipe(RecipeCommand::Export(a)) => commands::export::run_export(a),
         Command::Calibrate(a) => commands::calibrate::run(a),
     };
     match result {

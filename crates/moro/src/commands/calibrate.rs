@@ -454,7 +454,8 @@ fn measure(args: &CalibrateArgs, dir: &Path) -> Result<(PathBuf, Option<Value>)>
         std::fs::create_dir_all(parent)
             .map_err(|e| user(format!("cannot create `{}`: {e}", parent.display())))?;
     }
-    let work = TempDir::new().map_err(|e| user(format!("cannot create a temporary directory: {e}")))?;
+    let work =
+        TempDir::new().map_err(|e| user(format!("cannot create a temporary directory: {e}")))?;
     let harness = work.path().join("harness.py");
     std::fs::write(&harness, HARNESS_PY)
         .map_err(|e| user(format!("cannot write `{}`: {e}", harness.display())))?;

@@ -2,6 +2,7 @@
 
 pub(crate) mod calibrate;
 pub(crate) mod estimate;
+pub(crate) mod export;
 pub(crate) mod hardware;
 pub(crate) mod models;
 pub(crate) mod validate;

@@ -1,0 +1,157 @@
+//! `moro recipe export`: a moro.yaml in a trainer's own format.
+//!
+//! The conversion is `moro_export::export` (pure); this module reads the recipe, looks the
+//! base model up in the embedded catalog (for LoRA target checks and FSDP wrap classes),
+//! refuses to overwrite files without `--force`, writes every file atomically (temporary file
+//! in the same directory, then rename) and prints warnings on stderr.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::Args;
+use moro_core::catalog;
+use moro_export::{Export, Format, Options};
+use serde::Serialize;
+
+use crate::error::{user, user_hint};
+use crate::output::{json, note, stdout};
+
+/// Arguments of `moro recipe export`.
+#[derive(Debug, Args)]
+pub(crate) struct ExportArgs {
+    /// The recipe to export.
+    #[arg(default_value = "moro.yaml", value_name = "RECIPE")]
+    pub(crate) recipe: PathBuf,
+    /// Target format: axolotl, llamafactory, trl, hf-trainer, unsloth, deepspeed, accelerate.
+    #[arg(long = "to", value_name = "FORMAT", value_parser = parse_format)]
+    pub(crate) to: Format,
+    /// Path of the main file (a directory keeps the default name). Companion files (DeepSpeed
+    /// JSON, accelerate YAML) go in the same directory. Default: the current directory.
+    #[arg(long, short = 'o', value_name = "PATH")]
+    pub(crate) output: Option<PathBuf>,
+    /// Overwrite files that exist.
+    #[arg(long)]
+    pub(crate) force: bool,
+    /// Print a JSON object (files written, warnings, launch command) on stdout.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+fn parse_format(s: &str) -> Result<Format, String> {
+    Format::parse(s).ok_or_else(|| {
+        let names: Vec<&str> = Format::ALL.iter().map(|f| f.as_str()).collect();
+        format!("unknown format `{s}`; expected one of {}", names.join(", "))
+    })
+}
+
+#[derive(Debug, Serialize)]
+struct Report<'a> {
+    format: Format,
+    files: Vec<String>,
+    warnings: &'a [String],
+    launch: &'a str,
+}
+
+/// Runs `moro recipe export`.
+pub(crate) fn run_export(args: &ExportArgs) -> Result<ExitCode> {
+    let source = args.recipe.display().to_string();
+    let bytes =
+        std::fs::read(&args.recipe).map_err(|e| user(format!("cannot read {source}: {e}")))?;
+    let recipe = moro_recipe::parse_bytes(&bytes)
+        .map_err(|e| user(e.with_source(source.clone()).to_string()))?;
+
+    let model = catalog::find(&recipe.model.base).and_then(|e| catalog::load(e).ok());
+    if model.is_none() {
+        note(&format!(
+            "note: `{}` is not in moro's catalog; LoRA target names are not checked against the model",
+            recipe.model.base
+        ));
+    }
+
+    let (dir, main_name) = destination(args.output.as_deref(), args.to);
+    let options = Options {
+        main_file_name: Some(main_name),
+    };
+    let export = moro_export::export(args.to, &recipe, model.as_ref(), &options)
+        .map_err(|e| user(format!("{source}: {e}")))?;
+
+    let paths: Vec<PathBuf> = export.files.iter().map(|f| dir.join(&f.name)).collect();
+    if !args.force
+        && let Some(p) = paths.iter().find(|p| p.exists())
+    {
+        return Err(user_hint(
+            format!("{} exists; not overwriting it", p.display()),
+            "pass --force to overwrite, or --output to write elsewhere",
+        ));
+    }
+    if !dir.as_os_str().is_empty() && !dir.exists() {
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| user(format!("cannot create {}: {e}", dir.display())))?;
+    }
+    for (f, path) in export.files.iter().zip(&paths) {
+        write_atomic(path, f.content.as_bytes())
+            .map_err(|e| user(format!("cannot write {}: {e}", path.display())))?;
+    }
+    report(&export, &paths, args.json)
+}
+
+/// The directory and main file name for `--output`.
+fn destination(output: Option<&Path>, format: Format) -> (PathBuf, String) {
+    let default = format.default_file_name().to_owned();
+    match output {
+        None => (PathBuf::new(), default),
+        Some(p) if p.is_dir() || p.as_os_str().to_string_lossy().ends_with('/') => {
+            (p.to_path_buf(), default)
+        }
+        Some(p) => {
+            let name = p
+                .file_name()
+                .map_or(default, |n| n.to_string_lossy().into_owned());
+            (p.parent().map(Path::to_path_buf).unwrap_or_default(), name)
+        }
+    }
+}
+
+/// Writes `bytes` to a temporary file beside `path`, then renames it over `path`.
+fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let name = path
+        .file_name()
+        .map_or_else(|| "export".into(), |n| n.to_string_lossy().into_owned());
+    let tmp = path.with_file_name(format!(".{name}.moro-tmp-{}", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+fn report(export: &Export, paths: &[PathBuf], as_json: bool) -> Result<ExitCode> {
+    for w in &export.warnings {
+        note(&format!("warning: {w}"));
+    }
+    let files: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+    if as_json {
+        let r = Report {
+            format: export.format,
+            files,
+            warnings: &export.warnings,
+            launch: &export.launch,
+        };
+        stdout(&json(&r)?)?;
+    } else {
+        let mut s = String::new();
+        for f in &files {
+            s.push_str(&format!("wrote {f}\n"));
+        }
+        s.push_str(&format!("launch: {}\n", export.launch));
+        stdout(&s)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
