@@ -37,6 +37,8 @@ enum Command {
     /// Work with moro.yaml recipes.
     #[command(subcommand)]
     Recipe(RecipeCommand),
+    /// Run a training command from a moro.yaml, healing out-of-memory failures.
+    Run(commands::run::RunArgs),
     /// Measure this machine's GPU and store a calibration profile that estimates use.
     Calibrate(commands::calibrate::CalibrateArgs),
 }
@@ -57,6 +59,7 @@ fn main() -> ExitCode {
         Command::Models(a) => commands::models::run(a),
         Command::Hardware(a) => commands::hardware::run(a),
         Command::Recipe(RecipeCommand::Export(a)) => commands::export::run_export(a),
+        Command::Run(a) => commands::run::run(a),
         Command::Calibrate(a) => commands::calibrate::run(a),
     };
     match result {

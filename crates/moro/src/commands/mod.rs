@@ -5,4 +5,5 @@ pub(crate) mod estimate;
 pub(crate) mod export;
 pub(crate) mod hardware;
 pub(crate) mod models;
+pub(crate) mod run;
 pub(crate) mod validate;
