@@ -1,0 +1,87 @@
+//! One estimate, and 100,000 estimates over a grid of jobs (issue 2 §9: one estimate should
+//! take microseconds). `cargo bench -p moro-core --bench estimate`.
+
+use moro_core::catalog;
+use moro_core::estimate::{DeviceProfile, estimate};
+use moro_core::job::{Job, Method, Optimizer, Quantization};
+use moro_core::model::ModelSpec;
+
+fn main() {
+    divan::main();
+}
+
+fn model(id: &str) -> ModelSpec {
+    match catalog::find(id).and_then(|e| catalog::load(e).ok()) {
+        Some(m) => m,
+        None => std::process::exit(1),
+    }
+}
+
+/// One QLoRA estimate of a dense 7B model, and of a 128-expert MoE (the largest layer lists).
+#[divan::bench(args = ["Qwen/Qwen2.5-7B", "Qwen/Qwen3-235B-A22B", "deepseek-ai/DeepSeek-V3"])]
+fn one(bencher: divan::Bencher, id: &str) {
+    let m = model(id);
+    let mut job = Job {
+        method: Method::Qlora,
+        quantization: Quantization::Nf4Dq,
+        seq_len: 2048,
+        gradient_checkpointing: true,
+        ..Job::default()
+    };
+    job.lora.targets = moro_core::job::Targets::AllLinear;
+    let profile = DeviceProfile::default();
+    bencher.bench(|| estimate(divan::black_box(&m), divan::black_box(&job), &profile));
+}
+
+/// 100,000 estimates: 4 methods × 5 batches × 5 lengths × 4 optimizers × 2 checkpointing ×
+/// 5 ranks × 25 repeats on a 7B model; the cost should grow linearly with the count.
+#[divan::bench(args = [1_000, 10_000, 100_000], sample_count = 3)]
+fn grid(bencher: divan::Bencher, n: usize) {
+    let m = model("meta-llama/Llama-3.1-8B");
+    let profile = DeviceProfile::default();
+    let mut jobs = Vec::with_capacity(n);
+    'outer: for rep in 0.. {
+        for method in [Method::Full, Method::Lora, Method::Qlora, Method::Inference] {
+            for b in [1u64, 2, 4, 8, 16] {
+                for s in [512u64, 1024, 2048, 4096, 8192] {
+                    for opt in [
+                        Optimizer::AdamwTorchFused,
+                        Optimizer::AdamwTorch,
+                        Optimizer::Adamw8bit,
+                        Optimizer::PagedAdamw8bit,
+                    ] {
+                        for gc in [false, true] {
+                            let mut j = Job {
+                                method,
+                                quantization: if method == Method::Qlora {
+                                    Quantization::Nf4Dq
+                                } else {
+                                    Quantization::None
+                                },
+                                micro_batch_size: b,
+                                seq_len: s,
+                                optimizer: opt,
+                                gradient_checkpointing: gc,
+                                ..Job::default()
+                            };
+                            j.lora.rank = 8 << (rep % 5);
+                            jobs.push(j);
+                            if jobs.len() == n {
+                                break 'outer;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    bencher.bench(|| {
+        let mut total = 0u64;
+        for j in &jobs {
+            if let Ok(e) = estimate(&m, j, &profile) {
+                total = total.wrapping_add(e.peak_device_bytes);
+            }
+        }
+        total
+    });
+}

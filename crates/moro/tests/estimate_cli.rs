@@ -1,0 +1,215 @@
+//! `moro estimate`, `moro models` and `moro validate` through the real binary: output shape,
+//! exit codes, and a clear one-line error naming the field for bad input.
+
+use std::process::Command;
+
+fn moro() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_moro"));
+    // Keep the user's Hugging Face cache out of the tests.
+    c.env("HF_HUB_CACHE", "/nonexistent-moro-test-cache")
+        .env("HF_HUB_OFFLINE", "1");
+    c.env("NO_COLOR", "1");
+    c
+}
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn run(args: &[&str]) -> Out {
+    let o = moro().args(args).output().expect("runs");
+    Out {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+}
+
+fn json(args: &[&str]) -> serde_json::Value {
+    let o = run(args);
+    assert!(o.code == 0 || o.code == 1, "exit {}: {}", o.code, o.stderr);
+    serde_json::from_str(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", o.stdout))
+}
+
+#[test]
+fn estimate_json_has_the_documented_fields() {
+    let v = json(&[
+        "estimate",
+        "--model",
+        "Qwen/Qwen2.5-7B",
+        "--method",
+        "qlora",
+        "--seq-len",
+        "2048",
+        "--json",
+    ]);
+    let a = v["peak_allocated_bytes"].as_u64().expect("allocated");
+    let r = v["peak_reserved_bytes"].as_u64().expect("reserved");
+    let d = v["peak_device_bytes"].as_u64().expect("device");
+    assert!(a <= r && r <= d, "{a} {r} {d}");
+    assert!(v["peak_phase"].is_string());
+    let comps = v["components"].as_object().expect("components");
+    assert!(comps.contains_key("weights") && comps.contains_key("cuda_context"));
+    // The components at the peak add up to the device level.
+    let sum: u64 = comps.values().map(|x| x.as_u64().unwrap_or(0)).sum();
+    assert_eq!(sum, d);
+    // The exact parameter count of Qwen2.5-7B (docs/model-params.md).
+    assert_eq!(v["model"]["parameters"].as_u64(), Some(7_615_616_512));
+}
+
+#[test]
+fn memory_verdict_and_exit_code() {
+    let small = run(&["estimate", "--model", "Qwen/Qwen2.5-7B", "--memory", "4GiB"]);
+    assert_eq!(small.code, 1, "{}", small.stderr);
+    assert!(small.stdout.contains("does NOT fit"), "{}", small.stdout);
+    let big = run(&[
+        "estimate",
+        "--model",
+        "Qwen/Qwen2.5-0.5B",
+        "--memory",
+        "80GiB",
+    ]);
+    assert_eq!(big.code, 0, "{}", big.stderr);
+    assert!(big.stdout.contains("fits on"), "{}", big.stdout);
+}
+
+fn bad(args: &[&str], needle: &str) {
+    let o = run(args);
+    assert_eq!(
+        o.code, 2,
+        "args {args:?}: stdout {} stderr {}",
+        o.stdout, o.stderr
+    );
+    assert!(
+        o.stderr.contains(needle),
+        "args {args:?}: expected `{needle}` in {}",
+        o.stderr
+    );
+    assert!(!o.stderr.contains("panicked"), "{}", o.stderr);
+    assert!(
+        o.stdout.is_empty(),
+        "nothing on stdout for an error: {}",
+        o.stdout
+    );
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let m = ["estimate", "--model", "Qwen/Qwen2.5-0.5B"];
+    let with = |extra: &[&'static str]| -> Vec<&str> {
+        let mut v: Vec<&str> = m.to_vec();
+        v.extend_from_slice(extra);
+        v
+    };
+    bad(&with(&["--micro-batch-size", "0"]), "micro-batch-size");
+    bad(&with(&["--micro-batch-size=-3"]), "micro-batch-size");
+    bad(&with(&["--seq-len", "1000000000000"]), "max_seq_length");
+    bad(&with(&["--lora-rank", "100000"]), "lora_rank");
+    bad(&with(&["--optimizer", "adamw_9bit"]), "adamw_8bit");
+    bad(&with(&["--target-modules", "nonsense"]), "target_modules");
+    bad(&with(&["--memory", "lots"]), "--memory");
+    bad(&["estimate", "--model", "Qwen/Qwen9-7B"], "did you mean");
+}
+
+#[test]
+fn bad_config_files_name_the_problem() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broken = dir.path().join("broken.json");
+    std::fs::write(&broken, "{ \"model_type\": \"llama\", ").expect("write");
+    bad(
+        &["estimate", "--model", broken.to_str().expect("utf8")],
+        "broken.json",
+    );
+
+    let unknown = dir.path().join("unknown.json");
+    std::fs::write(&unknown, r#"{"model_type": "mamba", "hidden_size": 64}"#).expect("write");
+    let o = run(&["estimate", "--model", unknown.to_str().expect("utf8")]);
+    assert_eq!(o.code, 2);
+    assert!(
+        o.stderr.contains("mamba") && o.stderr.contains("llama"),
+        "{}",
+        o.stderr
+    );
+
+    let incomplete = dir.path().join("incomplete.json");
+    std::fs::write(&incomplete, r#"{"model_type": "llama", "hidden_size": 64}"#).expect("write");
+    bad(
+        &["estimate", "--model", incomplete.to_str().expect("utf8")],
+        "field",
+    );
+}
+
+#[test]
+fn hf_cache_is_searched_before_the_catalog() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let repo = dir.path().join("models--acme--tiny-llama");
+    let snap = repo.join("snapshots").join("0123abc");
+    std::fs::create_dir_all(&snap).expect("mkdir");
+    std::fs::create_dir_all(repo.join("refs")).expect("mkdir");
+    std::fs::write(repo.join("refs").join("main"), "0123abc").expect("write");
+    let config = r#"{"model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "vocab_size": 1000, "tie_word_embeddings": false, "torch_dtype": "bfloat16"}"#;
+    std::fs::write(snap.join("config.json"), config).expect("write");
+    let o = moro()
+        .env("HF_HUB_CACHE", dir.path())
+        .args(["estimate", "--model", "acme/tiny-llama", "--json"])
+        .output()
+        .expect("runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(v["model"]["source"], "Hugging Face cache");
+    // By hand: embeddings 2·1000·256, per layer q 256·256 + k,v 2·256·128 + o 256·256 +
+    // MLP 3·256·512 + 2 norms·256, final norm 256.
+    let per_layer = 256 * 256 + 2 * 256 * 128 + 256 * 256 + 3 * 256 * 512 + 2 * 256;
+    assert_eq!(
+        v["model"]["parameters"].as_u64(),
+        Some(2 * 1000 * 256 + 2 * per_layer + 256)
+    );
+}
+
+#[test]
+fn models_json_lists_the_catalog() {
+    let v = json(&["models", "--json"]);
+    let arr = v.as_array().expect("array");
+    assert!(arr.len() >= 69, "{}", arr.len());
+    let qwen = arr
+        .iter()
+        .find(|e| e["id"] == "Qwen/Qwen2.5-7B")
+        .expect("listed");
+    assert_eq!(qwen["model_type"], "qwen2");
+    assert_eq!(qwen["parameters"].as_u64(), Some(7_615_616_512));
+}
+
+#[test]
+fn validate_json_shape() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../validation/measured.jsonl"
+    );
+    let v = json(&["validate", path, "--json"]);
+    let rows = v["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 213);
+    for r in rows {
+        let status = r["status"].as_str().expect("status");
+        assert!(
+            ["ok", "skipped", "oom_ok", "oom_missed"].contains(&status),
+            "{status}"
+        );
+        if status == "ok" {
+            assert!(r["predicted_bytes"].is_u64() && r["measured_bytes"].is_u64());
+            assert!(r["error"].is_f64());
+        }
+        if status == "skipped" {
+            assert!(r["reason"].is_string());
+        }
+    }
+    assert!(v["summary"]["overall"]["median_abs"].is_f64());
+}
+
+#[test]
+fn validate_missing_file_is_exit_2() {
+    bad(&["validate", "/nonexistent/rows.jsonl"], "rows.jsonl");
+}
