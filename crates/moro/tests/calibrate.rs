@@ -1,0 +1,536 @@
+//! `moro calibrate` without a GPU: the harness's own tests (python3, no torch), its rows read
+//! by `moro validate`, fitting / showing / resetting the profile, the profile's exact effect
+//! on `moro estimate`, the messages when torch or a GPU is missing (fake pythons), and a whole
+//! run with a fake python standing in for torch + harness.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn fixture() -> PathBuf {
+    root().join("calibration/tests/fixtures/sample_rows.jsonl")
+}
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn run_in(config: &Path, args: &[&str], env: &[(&str, &str)]) -> Out {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_moro"));
+    c.env("MORO_CONFIG_DIR", config)
+        .env("HF_HUB_CACHE", "/nonexistent-moro-test-cache")
+        .env("HF_HUB_OFFLINE", "1")
+        .env("NO_COLOR", "1")
+        .env_remove("MORO_PYTHON");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let o = c.args(args).output().expect("moro runs");
+    Out {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+}
+
+fn json_of(o: &Out) -> Value {
+    serde_json::from_str(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}\n{}", o.stdout, o.stderr))
+}
+
+fn python3() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join("python3"))
+        .find(|p| p.is_file())
+}
+
+#[test]
+fn harness_python_tests_pass_without_torch() {
+    let Some(py) = python3() else {
+        eprintln!("skipped: no python3 on PATH");
+        return;
+    };
+    let o = Command::new(&py)
+        .current_dir(root())
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env_remove("MORO_UPDATE_FIXTURES")
+        .args(["-m", "unittest", "discover", "-s", "calibration/tests"])
+        .output()
+        .expect("python3 runs");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "python unittest failed:\n{err}");
+    assert!(err.contains("OK"), "{err}");
+    // The harness compiles on its own (python3 -m py_compile, without writing bytecode).
+    let o = Command::new(&py)
+        .current_dir(root())
+        .args([
+            "-c",
+            "import sys; compile(open(sys.argv[1]).read(), sys.argv[1], 'exec')",
+            "calibration/harness.py",
+        ])
+        .output()
+        .expect("python3 runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn validate_reads_every_harness_row_at_its_level() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = run_in(
+        dir.path(),
+        &["validate", "--json", fixture().to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let v = json_of(&o);
+    let rows = v["rows"].as_array().unwrap();
+    let lines = std::fs::read_to_string(fixture()).unwrap().lines().count();
+    assert_eq!(rows.len(), lines);
+    for r in rows {
+        let id = r["id"].as_str().unwrap();
+        let status = r["status"].as_str().unwrap();
+        assert_ne!(status, "skipped", "{id}: {}", r["reason"]);
+        if id.ends_with("-oom") {
+            assert!(status.starts_with("oom"), "{id}: {status}");
+            continue;
+        }
+        let level = id.rsplit('-').next().unwrap();
+        assert_eq!(r["metric"].as_str(), Some(level), "{id}");
+        assert!(r["measured_bytes"].as_u64().unwrap() > GIB);
+        assert!(r["predicted_bytes"].as_u64().unwrap() > GIB);
+    }
+    // Methods as the harness meant them.
+    let method = |prefix: &str| {
+        rows.iter()
+            .find(|r| r["id"].as_str().unwrap().starts_with(prefix))
+            .unwrap()["method"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(method("moro-cal-0894874744"), "qlora");
+    assert_eq!(method("moro-cal-e00578d00b"), "full");
+    assert_eq!(method("moro-cal-a9d50f6316"), "inference");
+    assert_eq!(v["summary"]["skipped"], 0);
+}
+
+#[test]
+fn fit_show_reset() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("cfg");
+    let fx = fixture();
+    let o = run_in(
+        &cfg,
+        &["calibrate", "--from-rows", fx.to_str().unwrap(), "--json"],
+        &[],
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let v = json_of(&o);
+    let path = PathBuf::from(v["path"].as_str().unwrap());
+    assert_eq!(path, cfg.join("profile-nvidia-h200.json"));
+    assert!(path.is_file());
+    let p = &v["profile"];
+    assert_eq!(p["gpu_name"], "NVIDIA H200");
+    // Context: the median device − reserved of the jobs (900 MiB each in the fixture); the
+    // bare context is kept as evidence.
+    assert_eq!(p["device"]["cuda_context_bytes"], 900 * MIB);
+    assert_eq!(p["fit"]["context_bare_bytes"], 520 * MIB);
+    assert_eq!(p["device"]["cublas_workspace_bytes"], 32 * MIB);
+    assert_eq!(p["fit"]["jobs_ok"], 6);
+    assert_eq!(p["fit"]["jobs_oom"], 1);
+    assert_eq!(p["stack"]["torch"], "2.6.0");
+    assert_eq!(p["measured_at"], "2026-01-02T03:04:05Z");
+
+    let o = run_in(&cfg, &["calibrate", "--show"], &[]);
+    assert_eq!(o.code, 0);
+    assert!(
+        o.stdout.contains("calibration profile for NVIDIA H200"),
+        "{}",
+        o.stdout
+    );
+    assert!(
+        o.stdout.contains("cuda context      900 MiB"),
+        "{}",
+        o.stdout
+    );
+    let o = run_in(&cfg, &["calibrate", "--show", "--json"], &[]);
+    assert_eq!(json_of(&o)["profiles"].as_array().unwrap().len(), 1);
+
+    let o = run_in(&cfg, &["calibrate", "--reset", "--json"], &[]);
+    assert_eq!(o.code, 0);
+    assert_eq!(json_of(&o)["removed"].as_array().unwrap().len(), 1);
+    assert!(!path.exists());
+    let o = run_in(&cfg, &["calibrate", "--show", "--json"], &[]);
+    assert_eq!(json_of(&o)["profiles"].as_array().unwrap().len(), 0);
+    let o = run_in(&cfg, &["calibrate", "--show"], &[]);
+    assert_eq!(o.code, 0);
+    assert!(
+        o.stderr.contains("no calibration profile in"),
+        "{}",
+        o.stderr
+    );
+
+    // Not harness rows: a one-line error, exit 2.
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(&bad, "{\"id\": 1}\n").unwrap();
+    let o = run_in(
+        &cfg,
+        &["calibrate", "--from-rows", bad.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(o.code, 2);
+    assert!(o.stderr.contains("cannot fit a profile"), "{}", o.stderr);
+}
+
+/// Rows whose measured allocated bytes are moro's prediction plus 512 MiB: the fit finds
+/// exactly that offset.
+#[test]
+fn consistent_offset_is_fitted() {
+    let dir = tempfile::tempdir().unwrap();
+    let fx = fixture();
+    let o = run_in(
+        dir.path(),
+        &["validate", "--json", fx.to_str().unwrap()],
+        &[],
+    );
+    let report = json_of(&o);
+    let predicted: std::collections::HashMap<String, u64> = report["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| Some((r["id"].as_str()?.to_owned(), r["predicted_bytes"].as_u64()?)))
+        .collect();
+    let mut out = String::new();
+    for line in std::fs::read_to_string(&fx).unwrap().lines() {
+        let mut row: Value = serde_json::from_str(line).unwrap();
+        // `moro validate` ignores `model_overrides`; keep the rows it predicts as measured.
+        if row.get("model_overrides").is_some() || row["outcome"] == "OOM" {
+            continue;
+        }
+        let id = row["id"]
+            .as_str()
+            .unwrap()
+            .replace("-reserved", "-allocated")
+            .replace("-device", "-allocated");
+        let alloc = predicted[&id] + 512 * MIB;
+        row["calibration"]["allocated_bytes"] = alloc.into();
+        row["calibration"]["reserved_bytes"] = (alloc + GIB).into();
+        out.push_str(&row.to_string());
+        out.push('\n');
+    }
+    let rows = dir.path().join("rows.jsonl");
+    std::fs::write(&rows, out).unwrap();
+    std::fs::copy(
+        root().join("calibration/tests/fixtures/sample_rows.jsonl.machine.json"),
+        dir.path().join("rows.jsonl.machine.json"),
+    )
+    .unwrap();
+    let cfg = dir.path().join("cfg");
+    let o = run_in(
+        &cfg,
+        &["calibrate", "--from-rows", rows.to_str().unwrap(), "--json"],
+        &[],
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let p = &json_of(&o)["profile"];
+    assert_eq!(p["device"]["offset_bytes"], 512 * MIB, "{p}");
+    assert_eq!(p["fit"]["offset_samples"], 5);
+    assert_eq!(p["fit"]["offset_mad_bytes"], 0);
+}
+
+fn estimate_json(cfg: &Path, extra: &[&str]) -> (Value, String) {
+    let mut args = vec![
+        "estimate",
+        "--model",
+        "meta-llama/Llama-3.1-8B",
+        "--method",
+        "qlora",
+        "--seq-len",
+        "2048",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let o = run_in(cfg, &args, &[]);
+    assert!(o.code == 0 || o.code == 1, "{}", o.stderr);
+    (json_of(&o), o.stderr)
+}
+
+fn write_profile(cfg: &Path, device: &Value) {
+    std::fs::create_dir_all(cfg).unwrap();
+    let p = serde_json::json!({
+        "version": 1,
+        "gpu_name": "NVIDIA H200",
+        "gpu_slug": "nvidia-h200",
+        "measured_at": "2026-02-03T04:05:06Z",
+        "device": device,
+    });
+    std::fs::write(cfg.join("profile-nvidia-h200.json"), p.to_string()).unwrap();
+}
+
+#[test]
+fn profile_moves_the_estimate_by_exactly_what_it_measured() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("cfg");
+    let (before, err) = estimate_json(&cfg, &["--hardware", "h200"]);
+    assert!(!err.contains("calibration profile"), "{err}");
+    let ctx = before["components"]["cuda_context"].as_u64().unwrap();
+
+    // A context 1 GiB bigger than moro's default: the device level grows by exactly 1 GiB,
+    // the other levels not at all.
+    write_profile(
+        &cfg,
+        &serde_json::json!({ "cuda_context_bytes": ctx + GIB }),
+    );
+    let (after, err) = estimate_json(&cfg, &["--hardware", "h200"]);
+    assert!(
+        err.contains("using calibration profile for NVIDIA H200 (measured 2026-02-03)"),
+        "{err}"
+    );
+    let level = |v: &Value, k: &str| v[k].as_u64().unwrap();
+    assert_eq!(
+        level(&after, "peak_device_bytes"),
+        level(&before, "peak_device_bytes") + GIB
+    );
+    assert_eq!(
+        level(&after, "peak_reserved_bytes"),
+        level(&before, "peak_reserved_bytes")
+    );
+    assert_eq!(
+        level(&after, "peak_allocated_bytes"),
+        level(&before, "peak_allocated_bytes")
+    );
+
+    // With no --hardware, the machine's only profile applies too.
+    let (_, err) = estimate_json(&cfg, &[]);
+    assert!(err.contains("using calibration profile"), "{err}");
+    // Another GPU: not applied.
+    let (other, err) = estimate_json(&cfg, &["--hardware", "a100-sxm4-80gb"]);
+    assert!(!err.contains("calibration profile"), "{err}");
+    assert!(other["components"]["cuda_context"].as_u64().unwrap() < ctx + GIB);
+
+    // A correction from `moro run` adds to the allocated level.
+    std::fs::write(
+        cfg.join("corrections.json"),
+        r#"{"nvidia-h200": {"offset_bytes": 268435456, "observed_at": "2026-02-04T00:00:00Z"}}"#,
+    )
+    .unwrap();
+    let (corr, err) = estimate_json(&cfg, &["--hardware", "h200"]);
+    assert!(err.contains("out-of-memory run predicted to fit"), "{err}");
+    assert_eq!(
+        level(&corr, "peak_allocated_bytes"),
+        level(&before, "peak_allocated_bytes") + 256 * MIB
+    );
+}
+
+/// A fake python (shell script) in `dir`.
+fn fake_python(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    p
+}
+
+const PROBE_OK: &str = r#"{"moro_probe": 1, "python": "/fake/python", "torch": "2.6.0", "cuda_build": "12.4", "cuda_available": true, "device_count": 1, "gpu_name": "NVIDIA H200", "transformers": "4.51.3", "peft": "0.15.2", "accelerate": "1.6.0", "bitsandbytes": "0.45.5"}"#;
+
+#[cfg(unix)]
+#[test]
+fn missing_torch_cuda_gpu_or_python_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("cfg");
+    let no_torch = fake_python(
+        dir.path(),
+        "py-no-torch",
+        "echo 'Traceback (most recent call last):' >&2\n\
+         echo '  File \"<string>\", line 1, in <module>' >&2\n\
+         echo \"ModuleNotFoundError: No module named 'torch'\" >&2\nexit 1",
+    );
+    let o = run_in(
+        &cfg,
+        &["calibrate", "--python", no_torch.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(o.code, 2);
+    let want = format!(
+        "torch is not installed in {} (pip install torch)",
+        no_torch.display()
+    );
+    assert!(o.stderr.contains(&want), "{}", o.stderr);
+    assert!(o.stderr.contains("hint:"), "{}", o.stderr);
+    assert_eq!(
+        o.stderr.lines().filter(|l| l.starts_with("error")).count(),
+        1
+    );
+
+    let cpu = fake_python(
+        dir.path(),
+        "py-cpu",
+        r#"echo '{"moro_probe": 1, "torch": "2.6.0+cpu", "cuda_build": null, "cuda_available": false}'"#,
+    );
+    let o = run_in(&cfg, &["calibrate", "--python", cpu.to_str().unwrap()], &[]);
+    assert_eq!(o.code, 2);
+    assert!(
+        o.stderr.contains("torch has no CUDA (CPU-only build"),
+        "{}",
+        o.stderr
+    );
+
+    let no_gpu = fake_python(
+        dir.path(),
+        "py-no-gpu",
+        r#"echo '{"moro_probe": 1, "torch": "2.6.0", "cuda_build": "12.4", "cuda_available": false, "device_count": 0}'"#,
+    );
+    // Found through MORO_PYTHON this time.
+    let o = run_in(
+        &cfg,
+        &["calibrate"],
+        &[("MORO_PYTHON", no_gpu.to_str().unwrap())],
+    );
+    assert_eq!(o.code, 2);
+    assert!(o.stderr.contains("no NVIDIA GPU visible"), "{}", o.stderr);
+
+    let no_peft = fake_python(
+        dir.path(),
+        "py-no-peft",
+        &format!(
+            "echo '{}'",
+            PROBE_OK.replace(r#""peft": "0.15.2""#, r#""peft": null"#)
+        ),
+    );
+    let o = run_in(
+        &cfg,
+        &["calibrate", "--python", no_peft.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(o.code, 2);
+    assert!(
+        o.stderr.contains("peft is not installed in"),
+        "{}",
+        o.stderr
+    );
+
+    let o = run_in(
+        &cfg,
+        &["calibrate", "--python", "/nonexistent/python3"],
+        &[],
+    );
+    assert_eq!(o.code, 2);
+    assert!(
+        o.stderr
+            .contains("--python `/nonexistent/python3`: no such file"),
+        "{}",
+        o.stderr
+    );
+    // Nothing was written.
+    assert!(!cfg.join("profile-nvidia-h200.json").exists());
+}
+
+/// A fake python with "torch and a GPU": it answers the probe, and when run on the harness it
+/// checks what moro gave it and writes the sample rows as its measurements.
+#[cfg(unix)]
+#[test]
+fn a_whole_calibration_with_a_fake_python() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("cfg");
+    let seen = dir.path().join("seen");
+    let body = format!(
+        r#"if [ "$1" = "-c" ]; then echo '{probe}'; exit 0; fi
+harness="$1"; shift
+out=""; configs=""; grid=""; budget=""; moro=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --output) out="$2"; shift;;
+    --configs) configs="$2"; shift;;
+    --grid) grid="$2"; shift;;
+    --budget-seconds) budget="$2"; shift;;
+    --moro) moro="$2"; shift;;
+  esac
+  shift
+done
+echo "[calibrate] fake harness running" >&2
+{{ echo "grid=$grid"; echo "budget=$budget"; test -f "$configs/meta-llama--Llama-3.1-70B-Instruct.json" && echo configs=ok
+   grep -q 'def build_rows' "$harness" && echo harness=ok; test -x "$moro" && echo moro=ok; }} > "{seen}"
+cp "{rows}" "$out"; cp "{rows}.machine.json" "$out.machine.json"
+echo '{{"ran": 6}}'"#,
+        probe = PROBE_OK,
+        seen = seen.display(),
+        rows = fixture().display(),
+    );
+    let py = fake_python(dir.path(), "py-gpu", &body);
+    let o = run_in(
+        &cfg,
+        &[
+            "calibrate",
+            "--python",
+            py.to_str().unwrap(),
+            "--budget-seconds",
+            "120",
+        ],
+        &[],
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(
+        o.stderr
+            .contains("calibrating NVIDIA H200 with torch 2.6.0"),
+        "{}",
+        o.stderr
+    );
+    assert!(o.stderr.contains("fake harness running"), "{}", o.stderr);
+    assert!(
+        o.stdout.contains("calibration profile for NVIDIA H200"),
+        "{}",
+        o.stdout
+    );
+    let seen = std::fs::read_to_string(&seen).unwrap();
+    for want in [
+        "grid=quick",
+        "budget=120",
+        "configs=ok",
+        "harness=ok",
+        "moro=ok",
+    ] {
+        assert!(seen.contains(want), "{want} in {seen}");
+    }
+    // Rows kept in the config directory (a second run resumes from them), profile saved.
+    assert!(cfg.join("measured-nvidia-h200.jsonl").is_file());
+    assert!(cfg.join("profile-nvidia-h200.json").is_file());
+    let o = run_in(&cfg, &["calibrate", "--show", "--json"], &[]);
+    let shown = json_of(&o);
+    assert_eq!(
+        shown["profiles"][0]["profile"]["device"]["cuda_context_bytes"],
+        900 * MIB
+    );
+
+    // A harness that fails: exit 2 and where the rows are.
+    let failing = fake_python(
+        dir.path(),
+        "py-fail",
+        &format!(
+            "if [ \"$1\" = \"-c\" ]; then echo '{PROBE_OK}'; exit 0; fi\necho boom >&2; exit 3"
+        ),
+    );
+    let o = run_in(
+        &cfg,
+        &["calibrate", "--python", failing.to_str().unwrap()],
+        &[],
+    );
+    assert_eq!(o.code, 2);
+    assert!(
+        o.stderr.contains("the calibration harness failed (exit 3)"),
+        "{}",
+        o.stderr
+    );
+}
