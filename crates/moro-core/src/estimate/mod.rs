@@ -40,10 +40,12 @@ pub struct DeviceProfile {
     /// `parseChosenWorkspaceSize`: 32 MiB on sm90+, `4096·1024·2 + 16·1024·8` = 8.125 MiB
     /// otherwise).
     pub cublas_workspace_bytes: u64,
-    /// CUDA context plus lazily loaded kernels, outside PyTorch's counters. stas00's
+    /// CUDA context plus loaded kernels, outside PyTorch's counters. stas00's
     /// ml-engineering measured 0.47 GiB (lazy loading, which PyTorch sets itself in
-    /// `CUDAHooks::init`) to 0.92 GiB (eager) on an A100; training loads more kernels than
-    /// the bare context, so the default sits between the two. [UNVERIFIED on Hopper]
+    /// `CUDAHooks::init`) to 0.92 GiB (every kernel loaded) on an A100. A training step loads
+    /// most kernel families (cuBLAS GEMMs of many shapes, attention, norms, optimizer,
+    /// NCCL), so moro takes the loaded figure: a device-level prediction should not come in
+    /// under what nvidia-smi shows. [UNVERIFIED on Hopper; `moro calibrate` measures it]
     pub cuda_context_bytes: u64,
     /// Fraction of the churning (non-resident) allocations that the caching allocator keeps
     /// reserved on top of them at the peak (fragmentation: freed blocks of the wrong size).
@@ -76,7 +78,7 @@ impl DeviceProfile {
         };
         Self {
             cublas_workspace_bytes: cublas,
-            cuda_context_bytes: 600 * MIB,
+            cuda_context_bytes: 920 * MIB,
             reserve_ratio: 0.08,
             nccl_bytes: 1024 * MIB,
             offset_bytes: 0,
