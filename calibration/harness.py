@@ -598,6 +598,30 @@ class Smi:
             return None
         return parse_smi_memory(out.stdout)
 
+    def used_by_uuid(self) -> Dict[str, int]:
+        """Used bytes of every device, by UUID (to find the one CUDA picks, whose NVML index
+        may differ)."""
+        out: Dict[str, int] = {}
+        if self.nvml:
+            try:
+                for i in range(self.nvml.nvmlDeviceGetCount()):
+                    hd = self.nvml.nvmlDeviceGetHandleByIndex(i)
+                    u = self.nvml.nvmlDeviceGetUUID(hd)
+                    u = u.decode() if isinstance(u, bytes) else str(u)
+                    out[u] = int(self.nvml.nvmlDeviceGetMemoryInfo(hd).used)
+            except Exception:  # noqa: BLE001
+                return {}
+            return out
+        if not shutil.which("nvidia-smi"):
+            return out
+        try:
+            r = self.runner(["nvidia-smi", "--query-gpu=uuid,memory.used",
+                             "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                            timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return out
+        return parse_smi_uuid_used(r.stdout) if r.returncode == 0 else out
+
     def process_used(self, pid: int) -> Optional[int]:
         """Memory used by process `pid` on the device (None when the driver does not say,
         e.g. inside a PID namespace)."""
@@ -650,6 +674,19 @@ def parse_smi_memory(text: str) -> Optional[Tuple[int, int]]:
             except ValueError:
                 return None
     return None
+
+
+def parse_smi_uuid_used(text: str) -> Dict[str, int]:
+    """`--query-gpu=uuid,memory.used --format=csv,noheader,nounits` (MiB)."""
+    out: Dict[str, int] = {}
+    for line in text.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 2:
+            try:
+                out[parts[0]] = int(float(parts[1]) * MIB)
+            except ValueError:
+                continue
+    return out
 
 
 def parse_smi_process(text: str, pid: int) -> Optional[int]:
@@ -858,7 +895,8 @@ def run_grid(args: argparse.Namespace, jobs: List[Job],
                 log("skip %s (%s): %s" % (job.short_id(), job.why, why))
                 counts["skipped"] += 1
                 continue
-            opts = {"configs": args.configs, "margin_bytes": margin, "steps": args.steps}
+            opts = {"configs": args.configs, "margin_bytes": margin, "steps": args.steps,
+                    "uuid": machine.get("uuid")}
             auto = job.layers == "auto"
             attempts = 0
             while True:
@@ -953,15 +991,17 @@ def worker_probe() -> Dict[str, Any]:
     if not torch.version.cuda:
         return {"error": "torch has no CUDA (CPU-only build)"}
     smi0 = Smi(os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0] or None)
+    before_all = smi0.used_by_uuid()  # before this process touches CUDA
     before = smi0.memory()
     if not torch.cuda.is_available():
         return {"error": "no NVIDIA GPU visible"}
     torch.cuda.init()
     uuid = device_uuid(torch)
     smi = Smi(uuid) if uuid else smi0
+    baseline = before_all.get(uuid) if uuid in before_all else (before[0] if before else None)
     x = torch.ones(1, device="cuda")
     torch.cuda.synchronize()
-    used, source = our_used(smi, before[0] if before else None)
+    used, source = our_used(smi, baseline)
     context = None if used is None else used - torch.cuda.memory_reserved()
     # cuBLAS workspace: allocated through the caching allocator on the first matmul.
     a = torch.ones(256, 256, device="cuda", dtype=torch.bfloat16)
@@ -1151,15 +1191,13 @@ def worker_job(spec: Dict[str, Any], device: str = "cuda") -> Dict[str, Any]:
                            "layers_full": full_layers(config), "layer_key": layer_key(config),
                            "model_type": config.get("model_type"), "steps": 0}
     cuda = device == "cuda"
-    smi = Smi(os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0] or None) if cuda else None
+    device_id = spec.get("uuid") or os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0]
+    smi = Smi(device_id or None) if cuda else None
     before = smi.memory() if smi else None
     baseline = before[0] if before else None
     t0 = time.monotonic()
     if cuda:
         torch.cuda.init()
-        uuid = device_uuid(torch)
-        if uuid and smi and not smi.nvml:
-            smi = Smi(uuid)
         torch.ones(1, device="cuda")
         free, total = torch.cuda.mem_get_info()
         limit = max(free - int(spec.get("margin_bytes", 2 * GIB)), 256 * MIB)

@@ -14,6 +14,7 @@ import sys
 import tempfile
 import types
 import unittest
+import unittest.mock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
@@ -231,8 +232,11 @@ class ResumeTest(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory()
         self.out = os.path.join(self.tmp.name, "rows.jsonl")
+        self.quiet = unittest.mock.patch.object(h, "log", lambda msg: None)
+        self.quiet.start()
 
     def tearDown(self):
+        self.quiet.stop()
         self.tmp.cleanup()
 
     def args(self, **kw):
@@ -394,6 +398,98 @@ class SafetyTest(unittest.TestCase):
         self.assertIsNone(h.parse_smi_memory("[N/A], [N/A]"))
         self.assertEqual(h.parse_smi_process("12, 500\n34, 700\n", 34), 700 * MIB)
         self.assertIsNone(h.parse_smi_process("12, 500\n", 34))
+        self.assertEqual(h.parse_smi_uuid_used("GPU-a, 10\nGPU-b, 20\nbad\n"),
+                         {"GPU-a": 10 * MIB, "GPU-b": 20 * MIB})
+
+
+def fake_torch(cuda_build="12.4", available=True):
+    """A stand-in for torch with the CUDA calls the worker makes."""
+    torch = types.ModuleType("torch")
+    torch.version = types.SimpleNamespace(cuda=cuda_build)
+
+    class OutOfMemoryError(RuntimeError):
+        pass
+
+    stats = {"requested_bytes.all.peak": 5 * GIB, "num_alloc_retries": 2}
+    torch.cuda = types.SimpleNamespace(
+        OutOfMemoryError=OutOfMemoryError,
+        is_available=lambda: available,
+        init=lambda: None,
+        mem_get_info=lambda: (100 * GIB, 140 * GIB),
+        set_per_process_memory_fraction=lambda f: torch.fractions.append(f),
+        synchronize=lambda: None,
+        max_memory_allocated=lambda: 6 * GIB,
+        max_memory_reserved=lambda: 7 * GIB,
+        memory_reserved=lambda: 7 * GIB,
+        memory_stats=lambda: stats,
+        empty_cache=lambda: None,
+        reset_peak_memory_stats=lambda: None,
+    )
+    torch.fractions = []
+    torch.ones = lambda *a, **k: None
+    return torch
+
+
+class WorkerWithFakeTorchTest(unittest.TestCase):
+    """The worker's CUDA bookkeeping with torch mocked (the model code needs real torch)."""
+
+    def setUp(self):
+        self.saved = sys.modules.get("torch")
+
+    def tearDown(self):
+        if self.saved is None:
+            sys.modules.pop("torch", None)
+        else:
+            sys.modules["torch"] = self.saved
+
+    def spec(self, job):
+        return {"job": job.to_dict(), "layers": 8, "configs": os.path.join(ROOT, "data", "models"),
+                "margin_bytes": 2 * GIB, "steps": 3, "uuid": None}
+
+    def test_oom_is_caught_and_measured(self):
+        torch = sys.modules["torch"] = fake_torch()
+        job = h.grid("full")[0]
+
+        def oom(*a, **k):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore")
+
+        with unittest.mock.patch.object(h, "build_model", oom), \
+                unittest.mock.patch.object(h.Smi, "__init__", _no_smi):
+            r = h.worker_job(self.spec(job))
+        self.assertEqual(r["outcome"], "OOM")
+        self.assertEqual(r["error"], "CUDA out of memory. Tried to allocate 2.00 GiB")
+        self.assertEqual((r["allocated_bytes"], r["reserved_bytes"]), (6 * GIB, 7 * GIB))
+        self.assertEqual((r["layers"], r["layers_full"]), (8, 32))
+        # The limit: free memory minus the margin, as a fraction of the card.
+        self.assertAlmostEqual(torch.fractions[0], 98 / 140)
+        self.assertEqual(r["memory_limit_bytes"], int(98 / 140 * 140 * GIB))
+        rows = h.build_rows(job, r, MACHINE)
+        self.assertEqual([x["outcome"] for x in rows], ["OOM"])
+
+    def test_other_errors_are_not_rows(self):
+        sys.modules["torch"] = fake_torch()
+        job = h.grid("full")[0]
+
+        def boom(*a, **k):
+            raise KeyError("rope_scaling")
+
+        with unittest.mock.patch.object(h, "build_model", boom), \
+                unittest.mock.patch.object(h.Smi, "__init__", _no_smi):
+            r = h.worker_job(self.spec(job))
+        self.assertEqual(r["outcome"], "error")
+        self.assertIn("KeyError", r["error"])
+
+    def test_probe_says_what_is_missing(self):
+        sys.modules["torch"] = fake_torch(cuda_build=None)
+        self.assertEqual(h.worker_probe()["error"], "torch has no CUDA (CPU-only build)")
+        sys.modules["torch"] = fake_torch(available=False)
+        with unittest.mock.patch.object(h.Smi, "__init__", _no_smi):
+            self.assertEqual(h.worker_probe()["error"], "no NVIDIA GPU visible")
+
+
+def _no_smi(self, device=None, runner=None):
+    """Smi without pynvml or nvidia-smi (what a machine without the driver tools has)."""
+    self.device, self.runner, self.nvml, self.handle = device, lambda *a, **k: None, None, None
 
 
 if __name__ == "__main__":
