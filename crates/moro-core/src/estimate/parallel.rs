@@ -81,6 +81,19 @@ impl Sharded {
             .max()
             .unwrap_or(0)
             / tp;
+        // Bytes of one layer as stored (at most 2 B per parameter: units are gathered in
+        // 16-bit), and its trainable share.
+        let layers = model.num_layers.max(1);
+        let non_layer = total.saturating_sub(model.layer_params());
+        let base_all = base_weight_bytes(model, job, r);
+        let layer_bytes_all =
+            base_all.saturating_sub(non_layer * r.frozen_bytes.max(r.param_bytes));
+        let unit_bytes = (layer_bytes_all / layers).min(layer_params * 2) / tp;
+        let unit_trainable = if full {
+            0
+        } else {
+            trainable * tb / layers / tp
+        };
         let mut s = Self {
             weights: base,
             adapters,
@@ -178,7 +191,9 @@ impl Sharded {
                 let offload = !matches!(p.offload, Offload::None);
                 // Flat parameters in their load dtype, sharded; FSDP's MixedPrecision
                 // all-gathers a unit in bf16 (current + prefetched unit).
-                s.gathered_params = 2 * layer_params * 2;
+                // The all-gathered unit holds the layer as stored: bf16 under FSDP's
+                // MixedPrecision, or the packed 4-bit storage for QLoRA (quant storage dtype).
+                s.gathered_params = 2 * unit_bytes;
                 match sharding {
                     Sharding::FsdpShardGradOp => {
                         s.weights = base + adapters;
@@ -215,7 +230,13 @@ impl Sharded {
                 }
                 s.states_on_gpu = if offload { 0 } else { states / group };
                 // Unsharded gradients of one unit before reduce-scatter.
-                s.comm_buffers = layer_params * 2;
+                // Unsharded gradients of one unit before its reduce-scatter: the whole flat
+                // parameter for full fine-tuning; the adapters' share for PEFT.
+                s.comm_buffers = if full {
+                    layer_params * 2
+                } else {
+                    unit_trainable
+                };
                 s.head_grads = head_grads / group;
                 s.step_transient = step_transient / group;
                 if offload {
