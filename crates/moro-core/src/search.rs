@@ -47,29 +47,83 @@ use crate::units::MIB;
 /// server; 512 MiB covers the first and most of the second.
 pub const MARGIN_FLOOR_BYTES: u64 = 512 * MIB;
 
+/// The measured rows the margin is derived from (`validation/measured.jsonl`, compiled in).
+const MEASURED_JSONL: &str = include_str!("../../../validation/measured.jsonl");
+
+/// Quantile of the under-prediction the margin covers, per mille: the 90th percentile.
+pub const MARGIN_QUANTILE_PERMILLE: u64 = 900;
+
+/// Fewest compared rows a stack needs for its own margin; below it the margin of all rows
+/// together is used.
+pub const MARGIN_MIN_ROWS: usize = 10;
+
 /// Relative safety margin per stack, in per-mille of the predicted device peak.
 ///
-/// Each value is the 90th percentile, over that stack's rows of `validation/measured.jsonl`,
-/// of the under-prediction `max(0, measured / predicted − 1)` as `moro validate
-/// validation/measured.jsonl` computed it (estimator of 2026-06, commit 8df7f1f, 151 compared
-/// rows), rounded up to the next percent: adding it to a prediction covers 90% of the
-/// measured peaks of that stack. The test `margins_cover_p90_underprediction` recomputes
-/// the percentiles from the data and fails if a constant is below them (a worse estimator
-/// needs a wider margin).
+/// Derived, not typed in: the [`MARGIN_QUANTILE_PERMILLE`] quantile (p90), over that stack's
+/// rows of `validation/measured.jsonl` (compiled in), of the under-prediction
+/// `max(0, measured / predicted − 1)` of this very estimator, exactly as `moro validate
+/// validation/measured.jsonl` predicts the rows, rounded up to the next whole percent. Adding
+/// it to a prediction covers 90% of the measured peaks of that stack; a stack with fewer than
+/// [`MARGIN_MIN_ROWS`] rows takes the figure of all rows. Computed once per process (a few
+/// milliseconds); when the estimator improves, the margin shrinks with it.
 ///
-/// | stack | rows | p90 under-prediction |
-/// |---|---|---|
-/// | hf | 42 | 16.3% |
-/// | trl | 22 | 12.2% |
-/// | torchtune | 13 | 33.7% |
-/// | litgpt | 74 | 131.9% (the estimator misses litgpt's resource tables by up to 3.7×: a known gap) |
+/// At commit 8df7f1f the figures were hf 16.3% (42 rows), trl 12.2% (22), torchtune 33.7%
+/// (13) and litgpt 131.9% (74: litgpt's resource tables were under-predicted up to 3.7×).
 #[must_use]
-pub const fn margin_permille(stack: Stack) -> u64 {
+pub fn margin_permille(stack: Stack) -> u64 {
+    static TABLE: std::sync::OnceLock<[u64; 4]> = std::sync::OnceLock::new();
+    let t = TABLE.get_or_init(|| {
+        let report =
+            crate::validation::validate(MEASURED_JSONL, &crate::validation::CatalogModels, false);
+        let shortfall = |stack: Option<Stack>| -> Vec<f64> {
+            report
+                .rows
+                .iter()
+                .filter(|r| stack.is_none_or(|s| r.stack == Some(s.as_str())))
+                .filter_map(|r| {
+                    let (m, p) = (r.measured_bytes?, r.predicted_bytes?);
+                    #[allow(clippy::cast_precision_loss)]
+                    let x = m as f64 / p.max(1) as f64 - 1.0;
+                    Some(x.max(0.0))
+                })
+                .collect()
+        };
+        let all = quantile_permille(shortfall(None));
+        Stack::ALL.map(|s| {
+            let v = shortfall(Some(s));
+            if v.len() < MARGIN_MIN_ROWS {
+                all
+            } else {
+                quantile_permille(v)
+            }
+        })
+    });
     match stack {
-        Stack::Hf => 170,
-        Stack::Trl => 130,
-        Stack::Torchtune => 340,
-        Stack::Litgpt => 1320,
+        Stack::Hf => t[0],
+        Stack::Trl => t[1],
+        Stack::Litgpt => t[2],
+        Stack::Torchtune => t[3],
+    }
+}
+
+/// The nearest-rank [`MARGIN_QUANTILE_PERMILLE`] quantile of `v`, in per mille rounded up to
+/// a whole percent; 0 for no rows.
+fn quantile_permille(mut v: Vec<f64>) -> u64 {
+    if v.is_empty() {
+        return 0;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_precision_loss,
+        clippy::cast_sign_loss
+    )]
+    {
+        let rank =
+            ((MARGIN_QUANTILE_PERMILLE as f64 / 1000.0 * n as f64).ceil() as usize).clamp(1, n);
+        let q = v[rank - 1].clamp(0.0, 100.0);
+        ((q * 100.0).ceil() as u64) * 10
     }
 }
 
@@ -77,14 +131,10 @@ pub const fn margin_permille(stack: Stack) -> u64 {
 /// stack, 512 MiB)` ([`margin_permille`], [`MARGIN_FLOOR_BYTES`]). A configuration fits
 /// when `peak + margin ≤ usable memory`.
 #[must_use]
-pub const fn margin_bytes(peak_device_bytes: u64, stack: Stack) -> u64 {
-    let rel = peak_device_bytes / 1000 * margin_permille(stack)
-        + peak_device_bytes % 1000 * margin_permille(stack) / 1000;
-    if rel > MARGIN_FLOOR_BYTES {
-        rel
-    } else {
-        MARGIN_FLOOR_BYTES
-    }
+pub fn margin_bytes(peak_device_bytes: u64, stack: Stack) -> u64 {
+    let pm = margin_permille(stack);
+    let rel = (peak_device_bytes / 1000).saturating_mul(pm) + peak_device_bytes % 1000 * pm / 1000;
+    rel.max(MARGIN_FLOOR_BYTES)
 }
 
 /// The rule behind [`margin_bytes`], in words (for recipe headers and `--help`).
@@ -501,11 +551,12 @@ const fn optimizer_rank(o: Optimizer) -> u64 {
 ///    requirement, not a knob to trade);
 /// 2. method: full > LoRA on a 16-bit base > QLoRA (no 4-bit when 16-bit LoRA fits: NF4
 ///    quantization error reaches the adapters' gradients);
-/// 3. LoRA targets: every Linear > attention only, then
-/// 4. higher rank. Targets before rank: "LoRA on all linear transformer block layers is
-///    required to match full finetuning performance" while the rank matters little once
-///    every layer is adapted (QLoRA paper, Dettmers et al. 2023, §4);
-/// 5. precision: fp32 master weights under autocast (`bf16-mixed`) > pure bf16;
+/// 3. LoRA targets: every Linear > attention only. Part of the method's leverage: "LoRA on
+///    all linear transformer block layers is required to match full finetuning performance"
+///    (QLoRA paper, Dettmers et al. 2023, §4);
+/// 4. precision: fp32 master weights under autocast (`bf16-mixed`) > pure bf16;
+/// 5. higher LoRA rank. Below precision: the same paper finds the rank matters little once
+///    every layer is adapted;
 /// 6. no gradient checkpointing > checkpointing (it changes speed, not the result, so it
 ///    ranks below everything that changes the result);
 /// 7. larger micro batch (fewer accumulation steps);
@@ -518,8 +569,8 @@ pub fn quality_key(c: &Config) -> [u64; KEY_LEN] {
         c.seq_len,
         method_quality(c.method),
         u64::from(peft && c.targets == TargetSet::AllLinear),
-        if peft { c.rank } else { 0 },
         u64::from(c.precision != Precision::Bf16),
+        if peft { c.rank } else { 0 },
         u64::from(!c.gradient_checkpointing),
         c.micro_batch,
         optimizer_rank(c.optimizer),
@@ -595,8 +646,9 @@ impl Candidate {
 pub struct Outcome {
     /// The best fitting configuration, if any fits.
     pub best: Option<Candidate>,
-    /// The next best fitting configurations, best first: each other rest-of-configuration
-    /// at its largest fitting micro batch (at most [`RUNNERS_UP`]).
+    /// The next best fitting configurations, best first, each at its largest fitting micro
+    /// batch and best optimizer/attention: one per distinct method, adapters, precision,
+    /// checkpointing and length (at most [`RUNNERS_UP`]).
     pub runners_up: Vec<Candidate>,
     /// When nothing fits: the configuration with the smallest peak.
     pub closest: Option<Candidate>,
@@ -614,6 +666,24 @@ impl Outcome {
             (None, Some(c)) => c.headroom_bytes.min(0).unsigned_abs(),
             _ => 0,
         }
+    }
+}
+
+/// What makes a runner-up a different recipe rather than the same one with another
+/// optimizer or attention kernel: method, adapters, precision, checkpointing, length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Shape(Method, TargetSet, u64, Precision, bool, u64);
+
+impl Shape {
+    const fn of(c: &Config) -> Self {
+        Self(
+            c.method,
+            c.targets,
+            c.rank,
+            c.precision,
+            c.gradient_checkpointing,
+            c.seq_len,
+        )
     }
 }
 
@@ -678,7 +748,18 @@ pub fn search(model: &ModelSpec, space: &Space, caps: &Caps) -> Outcome {
     fitting.sort_by_key(|c| std::cmp::Reverse(key(objective, &c.config)));
     let mut it = fitting.into_iter();
     let best = it.next();
-    let runners_up: Vec<Candidate> = it.take(RUNNERS_UP).collect();
+    let mut seen: Vec<Shape> = best.iter().map(|b| Shape::of(&b.config)).collect();
+    let mut runners_up: Vec<Candidate> = Vec::new();
+    for c in it {
+        if runners_up.len() == RUNNERS_UP {
+            break;
+        }
+        let shape = Shape::of(&c.config);
+        if !seen.contains(&shape) {
+            seen.push(shape);
+            runners_up.push(c);
+        }
+    }
     Outcome {
         closest: if best.is_some() { None } else { closest },
         best,

@@ -41,6 +41,10 @@ enum Command {
     Run(commands::run::RunArgs),
     /// Measure this machine's GPU and store a calibration profile that estimates use.
     Calibrate(commands::calibrate::CalibrateArgs),
+    /// The hardware tier table (largest model per GPU class), computed by the recipe search.
+    Tiers(commands::tiers::TiersArgs),
+    /// Which GPU classes fit a model, a method and a context, cheapest first.
+    Fit(commands::fit::FitArgs),
 }
 
 /// `moro recipe ...`.
@@ -49,6 +53,10 @@ enum RecipeCommand {
     /// Write the recipe in a trainer's own format (axolotl, LLaMA-Factory, TRL, HF Trainer,
     /// Unsloth, DeepSpeed, accelerate).
     Export(commands::export::ExportArgs),
+    /// Search the configurations that fit the hardware and write the best as moro.yaml.
+    Generate(commands::recipe::GenerateArgs),
+    /// Validate a moro.yaml and say whether it fits (exit 0 fits, 1 does not, 2 invalid).
+    Check(commands::recipe::CheckArgs),
 }
 
 fn main() -> ExitCode {
@@ -61,6 +69,10 @@ fn main() -> ExitCode {
         Command::Recipe(RecipeCommand::Export(a)) => commands::export::run_export(a),
         Command::Run(a) => commands::run::run(a),
         Command::Calibrate(a) => commands::calibrate::run(a),
+        Command::Recipe(RecipeCommand::Generate(a)) => commands::recipe::run_generate(a),
+        Command::Recipe(RecipeCommand::Check(a)) => commands::recipe::run_check(a),
+        Command::Tiers(a) => commands::tiers::run(a),
+        Command::Fit(a) => commands::fit::run(a),
     };
     match result {
         Ok(code) => code,

@@ -16,6 +16,9 @@ use crate::resolve;
 /// Arguments of `moro estimate`.
 #[derive(Debug, Args)]
 pub(crate) struct EstimateArgs {
+    /// A moro.yaml to estimate (`moro estimate moro.yaml`); flags override its values and
+    /// its `hardware:` section is used unless --hardware/--memory is given.
+    pub(crate) recipe: Option<std::path::PathBuf>,
     /// Model: a Hugging Face id (`Qwen/Qwen2.5-7B`), a config.json or a model directory.
     #[arg(long, short)]
     pub(crate) model: Option<String>,
@@ -83,15 +86,20 @@ pub(crate) fn run_estimate(
 }
 
 pub(crate) fn run(args: &EstimateArgs) -> Result<ExitCode> {
-    let Some(model_arg) = args.model.as_deref() else {
+    let loaded = args.recipe.as_deref().map(crate::commands::recipe::load).transpose()?;
+    let from_recipe = loaded.as_ref().map(|l| l.recipe.model.base.as_str());
+    let Some(model_arg) = args.model.as_deref().or(from_recipe) else {
         return Err(crate::error::user_hint(
             "`--model` is required",
             "e.g. `moro estimate --model Qwen/Qwen2.5-7B --method qlora --seq-len 2048`",
         ));
     };
     let model = resolve::model(model_arg)?;
-    let mut job = args.job.apply(None);
-    let target = crate::hw::resolve(args.hardware.as_deref(), args.memory.as_deref())?;
+    let mut job = args.job.apply(loaded.as_ref().map(|l| l.job.clone()));
+    let mut target = crate::hw::resolve(args.hardware.as_deref(), args.memory.as_deref())?;
+    if target.is_none() {
+        target = loaded.as_ref().and_then(crate::commands::recipe::LoadedRecipe::target);
+    }
     let mut profile = target
         .as_ref()
         .map(crate::hw::Target::profile)

@@ -3,7 +3,10 @@
 pub(crate) mod calibrate;
 pub(crate) mod estimate;
 pub(crate) mod export;
+pub(crate) mod fit;
 pub(crate) mod hardware;
 pub(crate) mod models;
+pub(crate) mod recipe;
 pub(crate) mod run;
+pub(crate) mod tiers;
 pub(crate) mod validate;

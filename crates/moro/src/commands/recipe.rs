@@ -1,0 +1,983 @@
+//! `moro recipe generate` and `moro recipe check`: the zero-OOM recipe, and the CI gate.
+//!
+//! The search is `moro_core::search` (pure); this module resolves the model and hardware,
+//! turns the winner into a moro.yaml ([`build_recipe`]), writes it atomically, and, when
+//! nothing fits, looks for what would: a smaller model of the same family, a GPU with more
+//! memory, more GPUs ([`alternatives`]). [`load`] and [`LoadedRecipe::target`] are shared
+//! with `moro estimate FILE`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::Args;
+use moro_core::catalog;
+use moro_core::estimate::{DeviceProfile, Estimate};
+use moro_core::hardware::{Device, Hardware, HardwareSpec, Vendor, parse_hardware_spec};
+use moro_core::job::{Job, Method, Parallel, Sharding, Stack};
+use moro_core::model::ModelSpec;
+use moro_core::search::{
+    Candidate, Caps, MethodChoice, Objective, Outcome, Request, Space, margin_bytes, margin_rule,
+    search,
+};
+use moro_recipe::{Components, HardwareSection, PredictionSection, Recipe, TrainingExtras};
+use serde::Serialize;
+
+use crate::error::{user, user_hint};
+use crate::hw::Target;
+use crate::jobargs::parse_stack;
+use crate::output::{Table, gib, json, note, stdout};
+use crate::resolve;
+
+fn parse_method_choice(s: &str) -> Result<MethodChoice, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "auto" => Ok(MethodChoice::Auto),
+        "full" => Ok(MethodChoice::Only(Method::Full)),
+        "lora" => Ok(MethodChoice::Only(Method::Lora)),
+        "qlora" => Ok(MethodChoice::Only(Method::Qlora)),
+        _ => Err(format!(
+            "unknown method `{s}`; use auto, full, lora or qlora"
+        )),
+    }
+}
+
+fn parse_objective(s: &str) -> Result<Objective, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "quality" => Ok(Objective::Quality),
+        "speed" => Ok(Objective::Speed),
+        _ => Err(format!("unknown objective `{s}`; use quality or speed")),
+    }
+}
+
+fn parse_positive(s: &str) -> Result<u64, String> {
+    match s.trim().parse::<u64>() {
+        Ok(0) => Err("must be at least 1, got 0".to_owned()),
+        Ok(v) => Ok(v),
+        Err(_) => Err(format!("`{s}` is not a positive whole number")),
+    }
+}
+
+/// Arguments of `moro recipe generate`.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Example:\n  moro recipe generate --model Qwen/Qwen2.5-1.5B --hardware detect \
+    --output ./moro.yaml\n\nExit codes: 0 written, 1 nothing fits (the closest configuration \
+    and what would fit are printed), 2 invalid input."
+)]
+pub(crate) struct GenerateArgs {
+    /// Model: a Hugging Face id (`Qwen/Qwen2.5-7B`), a config.json or a model directory.
+    #[arg(long, short)]
+    pub(crate) model: String,
+    /// Hardware: `detect`, a preset (`rtx-4090`, `apple-m3-max-64gb`), a GPU name, a size
+    /// (`24GiB`) or `N×preset`.
+    #[arg(long, default_value = "detect")]
+    pub(crate) hardware: String,
+    /// Write the recipe here (atomically); without it the YAML goes to stdout.
+    #[arg(long, short)]
+    pub(crate) output: Option<PathBuf>,
+    /// Overwrite an existing --output file.
+    #[arg(long)]
+    pub(crate) force: bool,
+    /// Method: auto (full, LoRA or QLoRA, whichever ranks best and fits), full, lora, qlora.
+    #[arg(long, default_value = "auto", value_parser = parse_method_choice)]
+    pub(crate) method: MethodChoice,
+    /// Sequence length in tokens; without it the longest of 8192, 4096, 2048, 1024 that fits.
+    #[arg(long, visible_alias = "max-seq-length", value_parser = parse_positive)]
+    pub(crate) seq_len: Option<u64>,
+    /// Sequences per optimizer step (micro batch × gradient accumulation) [default: 16].
+    #[arg(long, value_parser = parse_positive)]
+    pub(crate) effective_batch: Option<u64>,
+    /// Training stack: hf, trl, litgpt, torchtune.
+    #[arg(long, default_value = "hf", value_parser = parse_stack)]
+    pub(crate) stack: Stack,
+    /// What to optimize: quality (method > adapters > precision > checkpointing > batch >
+    /// optimizer) or speed (checkpointing > batch > method > attention > optimizer).
+    #[arg(long, default_value = "quality", value_parser = parse_objective)]
+    pub(crate) objective: Objective,
+    /// Print one JSON object (sizes in bytes) instead of text.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// Arguments of `moro recipe check`.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Exit codes: 0 fits with the safety margin, 1 does not fit, 2 invalid \
+    recipe or input (usable as a CI gate)."
+)]
+pub(crate) struct CheckArgs {
+    /// The recipe.
+    pub(crate) file: PathBuf,
+    /// Hardware to check against [default: the recipe's `hardware:` section].
+    #[arg(long)]
+    pub(crate) hardware: Option<String>,
+    /// Print one JSON object (sizes in bytes) instead of text.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// A recipe read from a file.
+#[derive(Debug, Clone)]
+pub(crate) struct LoadedRecipe {
+    /// The path as given.
+    pub(crate) path: String,
+    /// The file's text.
+    pub(crate) text: String,
+    /// The parsed recipe.
+    pub(crate) recipe: Recipe,
+    /// Its engine job (defaults applied).
+    pub(crate) job: Job,
+}
+
+/// Reads and validates a recipe file; errors carry the path, line and column (exit 2).
+pub(crate) fn load(path: &Path) -> Result<LoadedRecipe> {
+    let shown = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|e| user(format!("cannot read `{shown}`: {e}")))?;
+    let recipe =
+        moro_recipe::parse_bytes(&bytes).map_err(|e| user(e.with_source(&shown).to_string()))?;
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    let job = recipe
+        .to_job()
+        .map_err(|e| user(e.with_source(&shown).to_string()))?;
+    Ok(LoadedRecipe {
+        path: shown,
+        text,
+        recipe,
+        job,
+    })
+}
+
+impl LoadedRecipe {
+    /// The hardware the recipe was made for, from its `hardware:` section: the preset (with
+    /// the GPU count), else a generic GPU of `memory_bytes`. `None` without either.
+    pub(crate) fn target(&self) -> Option<Target> {
+        let h = self.recipe.hardware.as_ref()?;
+        let count = h.count.max(1);
+        if let Some(p) = h.preset.as_deref() {
+            let spec = if count > 1 {
+                format!("{count}x{p}")
+            } else {
+                p.to_owned()
+            };
+            if let Ok(HardwareSpec::Given(hardware)) = parse_hardware_spec(&spec) {
+                return Some(Target {
+                    hardware,
+                    detected: false,
+                    spec,
+                });
+            }
+        }
+        let bytes = h.memory_bytes?;
+        let mut d = Device::generic(bytes);
+        if let Some(n) = &h.name {
+            d.name.clone_from(n);
+        }
+        let devices = vec![d; usize::try_from(count).unwrap_or(1)];
+        Some(Target {
+            hardware: Hardware { devices },
+            detected: false,
+            spec: format!("{bytes}B"),
+        })
+    }
+
+    /// Usable memory per GPU the recipe was generated against (`prediction.memory_bytes`).
+    pub(crate) fn usable_bytes(&self) -> Option<u64> {
+        self.recipe.prediction.as_ref().and_then(|p| p.memory_bytes)
+    }
+}
+
+/// Reports a job error of a recipe at its line and column.
+fn job_error_at(e: &moro_core::job::JobError, loaded: &LoadedRecipe) -> anyhow::Error {
+    user(
+        moro_recipe::job_error(e, Some(&loaded.text))
+            .with_source(&loaded.path)
+            .to_string(),
+    )
+}
+
+/// Search capabilities of a target. Usable memory: the smallest GPU's total, or for
+/// detected GPUs what is free on them now (other processes hold the rest). bf16 and
+/// FlashAttention only when every GPU has them.
+pub(crate) fn caps_of(target: &Target) -> Option<Caps> {
+    let devices = &target.hardware.devices;
+    let first = devices.first()?;
+    let usable = devices
+        .iter()
+        .map(|d| {
+            if target.detected {
+                d.free_bytes.unwrap_or(d.total_bytes)
+            } else {
+                d.total_bytes
+            }
+        })
+        .min()?;
+    Some(Caps {
+        usable_bytes: usable,
+        bf16: devices.iter().all(|d| d.supports_bf16),
+        flash_attention: devices.iter().all(|d| d.supports_flash_attention),
+        profile: DeviceProfile::for_compute_capability(first.compute_capability),
+    })
+}
+
+/// The multi-GPU layout for `gpus` GPUs: one GPU plain; more GPUs fully sharded (FSDP
+/// FULL_SHARD), the layout that lowers per-GPU memory most without offload.
+pub(crate) fn parallel_for(gpus: u64) -> Parallel {
+    if gpus <= 1 {
+        Parallel::single()
+    } else {
+        Parallel {
+            data_parallel: gpus,
+            sharding: Sharding::FsdpFullShard,
+            ..Parallel::single()
+        }
+    }
+}
+
+/// The catalog preset a recipe names: the hand-typed preset (count stripped), or the
+/// detected GPU's catalog id.
+fn preset_of(target: &Target) -> Option<String> {
+    let first = target.hardware.devices.first()?;
+    if !target.detected && !target.spec.contains(',') {
+        let spec = target.spec.trim();
+        let rest = spec
+            .split_once(['x', 'X', '×', '*'])
+            .filter(|(n, _)| !n.is_empty() && n.trim().chars().all(|c| c.is_ascii_digit()))
+            .map_or(spec, |(_, r)| r.trim());
+        if let Ok(HardwareSpec::Given(h)) = parse_hardware_spec(rest)
+            && h.devices.first().is_some_and(|d| d.catalog_id.is_some())
+        {
+            return Some(rest.to_owned());
+        }
+    }
+    first.catalog_id.clone()
+}
+
+/// The moro.yaml of a search winner, with `hardware:` and `prediction:` filled in.
+pub(crate) fn build_recipe(
+    model_id: &str,
+    target: &Target,
+    cand: &Candidate,
+    usable_bytes: u64,
+) -> Recipe {
+    let name = format!(
+        "{} {}",
+        model_id.rsplit('/').next().unwrap_or(model_id),
+        cand.job.method.as_str()
+    );
+    let mut recipe = Recipe::from_job(name, model_id, &cand.job, TrainingExtras::default());
+    let first = target.hardware.devices.first();
+    recipe.hardware = Some(HardwareSection {
+        name: first.map(|d| d.name.clone()),
+        preset: preset_of(target),
+        memory_bytes: target.memory_bytes(),
+        count: target.hardware.devices.len().max(1) as u64,
+        detected: target.detected,
+    });
+    recipe.prediction = Some(prediction_section(
+        &cand.estimate,
+        cand.margin_bytes,
+        usable_bytes,
+    ));
+    recipe
+}
+
+fn prediction_section(est: &Estimate, margin: u64, usable: u64) -> PredictionSection {
+    PredictionSection {
+        peak_allocated_bytes: est.peak_allocated_bytes,
+        peak_reserved_bytes: est.peak_reserved_bytes,
+        peak_device_bytes: est.peak_device_bytes,
+        phase: Some(est.peak_phase.as_str().to_owned()),
+        components: est
+            .components
+            .iter()
+            .map(|(c, b)| (c.as_str(), *b))
+            .collect::<Components>(),
+        headroom_bytes: Some(headroom(usable, est.peak_device_bytes, margin)),
+        margin_bytes: Some(margin),
+        memory_bytes: Some(usable),
+    }
+}
+
+/// usable − margin − peak, saturating into i64.
+fn headroom(usable: u64, peak: u64, margin: u64) -> i64 {
+    let h = i128::from(usable) - i128::from(peak) - i128::from(margin);
+    i64::try_from(h).unwrap_or(if h < 0 { i64::MIN } else { i64::MAX })
+}
+
+/// The header comment of a generated recipe.
+fn header(
+    model: &resolve::Resolved,
+    target: &Target,
+    request: &Request,
+    cand: &Candidate,
+    usable: u64,
+) -> String {
+    #[allow(clippy::cast_precision_loss)]
+    let params = model.spec.total_params() as f64 / 1e9;
+    format!(
+        "Generated by moro {} (`moro recipe generate`): the best configuration by the `{}` \
+         objective that fits.\nmodel: {} ({params:.2}B parameters, {})\nhardware: {} ({} GiB \
+         usable per GPU{})\nsafety: {}\npredicted peak {} GiB + margin {} GiB = {} GiB of {} GiB \
+         (headroom {} GiB)\n`moro recipe check` re-checks it; `moro estimate <this file>` shows the \
+         breakdown.",
+        env!("CARGO_PKG_VERSION"),
+        request.objective.as_str(),
+        model.id,
+        model.spec.model_type,
+        target.display(),
+        gib(usable),
+        if target.detected {
+            ", detected: free memory"
+        } else {
+            ""
+        },
+        margin_rule(request.stack),
+        gib(cand.estimate.peak_device_bytes),
+        gib(cand.margin_bytes),
+        gib(cand.estimate.peak_device_bytes + cand.margin_bytes),
+        gib(usable),
+        gib(cand.headroom_bytes.max(0).unsigned_abs()),
+    )
+}
+
+/// One line describing a configuration.
+pub(crate) fn describe(job: &Job) -> String {
+    let mut s = job.method.as_str().to_owned();
+    if job.method.is_peft() {
+        let t = match &job.lora.targets {
+            moro_core::job::Targets::AllLinear => "all-linear".to_owned(),
+            moro_core::job::Targets::Names(v) => v.join(","),
+        };
+        s.push_str(&format!(" r={} α={} on {t}", job.lora.rank, job.lora.alpha));
+    }
+    if job.method == Method::Qlora {
+        s.push_str(&format!(" ({})", job.quantization.as_str()));
+    }
+    s.push_str(&format!(
+        ", {} tokens, micro-batch {} × accum {}, {}, {}, {}{}",
+        job.seq_len,
+        job.micro_batch_size,
+        job.grad_accum,
+        job.precision.as_str(),
+        job.optimizer.as_str(),
+        job.attention.as_str(),
+        if job.gradient_checkpointing {
+            ", checkpointing"
+        } else {
+            ""
+        }
+    ));
+    if job.parallel.gpus() > 1 {
+        s.push_str(&format!(", {} GPUs fsdp", job.parallel.gpus()));
+    }
+    s
+}
+
+/// What would fit when nothing does.
+#[derive(Debug, Default, Serialize)]
+pub(crate) struct Alternatives {
+    /// The largest smaller catalog model of the same family (org and `model_type`) that fits.
+    pub(crate) smaller_model: Option<AltModel>,
+    /// The smallest catalog GPU with more memory on which it fits.
+    pub(crate) larger_gpu: Option<AltGpu>,
+    /// The fewest GPUs of this kind (FSDP full shard) on which it fits.
+    pub(crate) more_gpus: Option<AltGpus>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct AltModel {
+    pub(crate) id: String,
+    pub(crate) parameters: u64,
+    pub(crate) configuration: String,
+    pub(crate) peak_device_bytes: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct AltGpu {
+    pub(crate) preset: String,
+    pub(crate) memory_bytes: u64,
+    pub(crate) configuration: String,
+    pub(crate) peak_device_bytes: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct AltGpus {
+    pub(crate) gpus: u64,
+    pub(crate) configuration: String,
+    pub(crate) peak_device_bytes: u64,
+}
+
+/// Runs the search; `None` when the request is invalid for this model.
+pub(crate) fn run_search(spec: &ModelSpec, request: &Request, caps: &Caps) -> Option<Outcome> {
+    let space = Space::new(spec, request, caps).ok()?;
+    Some(search(spec, &space, caps))
+}
+
+/// Catalog models of the same family as `model_id`/`spec` with fewer parameters, largest
+/// first. Family: the same organisation (id prefix) and the same `model_type`.
+pub(crate) fn smaller_family_models(
+    model_id: &str,
+    spec: &ModelSpec,
+) -> Vec<(&'static str, ModelSpec)> {
+    let org = model_id
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    let params = spec.total_params();
+    let mut out: Vec<(&'static str, ModelSpec)> = catalog::entries()
+        .iter()
+        .filter(|e| {
+            e.id.split('/')
+                .next()
+                .unwrap_or_default()
+                .eq_ignore_ascii_case(&org)
+        })
+        .filter_map(|e| catalog::load(e).ok().map(|s| (e.id, s)))
+        .filter(|(_, s)| s.model_type == spec.model_type && s.total_params() < params)
+        .collect();
+    out.sort_by_key(|(_, s)| std::cmp::Reverse(s.total_params()));
+    out
+}
+
+/// NVIDIA catalog GPUs (the estimator models CUDA) as devices, smallest memory first.
+pub(crate) fn nvidia_presets() -> Vec<(String, Device)> {
+    let mut v: Vec<(String, Device)> = moro_core::hardware::presets()
+        .iter()
+        .filter(|p| p.vendor == Vendor::Nvidia)
+        .filter_map(|p| p.to_device(None).map(|d| (p.id.clone(), d)))
+        .collect();
+    v.sort_by_key(|(_, d)| d.total_bytes);
+    v
+}
+
+/// Looks for what would fit: a smaller model of the family, a GPU with more memory, more
+/// GPUs of this kind (2, 4 or 8, fully sharded).
+pub(crate) fn alternatives(
+    model_id: &str,
+    spec: &ModelSpec,
+    request: &Request,
+    target: &Target,
+    caps: &Caps,
+) -> Alternatives {
+    let mut alt = Alternatives::default();
+    for (id, s) in smaller_family_models(model_id, spec) {
+        if let Some(best) = run_search(&s, request, caps).and_then(|o| o.best) {
+            alt.smaller_model = Some(AltModel {
+                id: id.to_owned(),
+                parameters: s.total_params(),
+                configuration: describe(&best.job),
+                peak_device_bytes: best.estimate.peak_device_bytes,
+            });
+            break;
+        }
+    }
+    for (id, d) in nvidia_presets() {
+        if d.total_bytes <= caps.usable_bytes {
+            continue;
+        }
+        let c = Caps::of_device(&d);
+        if let Some(best) = run_search(spec, request, &c).and_then(|o| o.best) {
+            alt.larger_gpu = Some(AltGpu {
+                preset: id,
+                memory_bytes: d.total_bytes,
+                configuration: describe(&best.job),
+                peak_device_bytes: best.estimate.peak_device_bytes,
+            });
+            break;
+        }
+    }
+    let have = target.hardware.devices.len() as u64;
+    for gpus in [2u64, 4, 8].into_iter().filter(|g| *g > have) {
+        let req = Request {
+            parallel: parallel_for(gpus),
+            ..request.clone()
+        };
+        if let Some(best) = run_search(spec, &req, caps).and_then(|o| o.best) {
+            alt.more_gpus = Some(AltGpus {
+                gpus,
+                configuration: describe(&best.job),
+                peak_device_bytes: best.estimate.peak_device_bytes,
+            });
+            break;
+        }
+    }
+    alt
+}
+
+/// Writes `bytes` to a temporary file beside `path`, then renames it over `path`.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let file = path
+        .file_name()
+        .map_or_else(|| "moro.yaml".into(), |f| f.to_string_lossy().into_owned());
+    let tmp = dir.join(format!(".{file}.{}.tmp", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+#[derive(Debug, Serialize)]
+struct CandidateJson {
+    configuration: String,
+    job: Job,
+    peak_device_bytes: u64,
+    margin_bytes: u64,
+    headroom_bytes: i64,
+}
+
+impl CandidateJson {
+    fn of(c: &Candidate) -> Self {
+        Self {
+            configuration: describe(&c.job),
+            job: c.job.clone(),
+            peak_device_bytes: c.estimate.peak_device_bytes,
+            margin_bytes: c.margin_bytes,
+            headroom_bytes: c.headroom_bytes,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct GenerateJson<'a> {
+    model: &'a str,
+    hardware: String,
+    usable_bytes: u64,
+    objective: &'static str,
+    margin_rule: String,
+    fits: bool,
+    output: Option<String>,
+    recipe: Option<&'a Recipe>,
+    best: Option<CandidateJson>,
+    runners_up: Vec<CandidateJson>,
+    closest: Option<CandidateJson>,
+    short_by_bytes: u64,
+    alternatives: Option<Alternatives>,
+    evaluated: usize,
+}
+
+pub(crate) fn run_generate(args: &GenerateArgs) -> Result<ExitCode> {
+    let model = resolve::model(&args.model)?;
+    let Some(target) = crate::hw::resolve(Some(&args.hardware), None)? else {
+        return Err(user("--hardware: empty value"));
+    };
+    let caps = caps_of(&target).ok_or_else(|| user("--hardware: no GPU"))?;
+    let gpus = target.hardware.devices.len() as u64;
+    let request = Request {
+        method: args.method,
+        seq_len: args.seq_len,
+        effective_batch: args.effective_batch,
+        stack: args.stack,
+        parallel: parallel_for(gpus),
+        objective: args.objective,
+    };
+    let space = Space::new(&model.spec, &request, &caps).map_err(|e| user(e.to_string()))?;
+    if let Some(out) = &args.output
+        && out.exists()
+        && !args.force
+    {
+        return Err(user_hint(
+            format!("`{}` exists", out.display()),
+            "pass --force to overwrite it, or choose another --output",
+        ));
+    }
+    note(&format!(
+        "searching {} configurations of {} for {} ({} GiB usable)…",
+        moro_core::search::all_configs(&space).len(),
+        model.id,
+        target.display(),
+        gib(caps.usable_bytes)
+    ));
+    let outcome = search(&model.spec, &space, &caps);
+    let Some(best) = &outcome.best else {
+        return nothing_fits(args, &model, &target, &caps, &request, &outcome);
+    };
+    let recipe = build_recipe(&model.id, &target, best, caps.usable_bytes);
+    let yaml = moro_recipe::to_yaml(
+        &recipe,
+        &header(&model, &target, &request, best, caps.usable_bytes),
+    );
+    if let Some(out) = &args.output {
+        write_atomic(out, yaml.as_bytes())
+            .map_err(|e| user(format!("cannot write `{}`: {e}", out.display())))?;
+    }
+    if args.json {
+        let doc = GenerateJson {
+            model: &model.id,
+            hardware: target.display(),
+            usable_bytes: caps.usable_bytes,
+            objective: args.objective.as_str(),
+            margin_rule: margin_rule(args.stack),
+            fits: true,
+            output: args.output.as_ref().map(|p| p.display().to_string()),
+            recipe: Some(&recipe),
+            best: Some(CandidateJson::of(best)),
+            runners_up: outcome.runners_up.iter().map(CandidateJson::of).collect(),
+            closest: None,
+            short_by_bytes: 0,
+            alternatives: None,
+            evaluated: outcome.evaluated,
+        };
+        stdout(&json(&doc)?)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let summary = summary_text(best, &outcome, caps.usable_bytes);
+    match &args.output {
+        Some(out) => {
+            stdout(&format!("wrote {}\n{summary}", out.display()))?;
+        }
+        None => {
+            stdout(&yaml)?;
+            note(&summary);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn summary_text(best: &Candidate, outcome: &Outcome, usable: u64) -> String {
+    let mut s = format!(
+        "best    {}\npeak    {} GiB + margin {} GiB of {} GiB usable (headroom {} GiB)\n",
+        describe(&best.job),
+        gib(best.estimate.peak_device_bytes),
+        gib(best.margin_bytes),
+        gib(usable),
+        gib(best.headroom_bytes.max(0).unsigned_abs())
+    );
+    if !outcome.runners_up.is_empty() {
+        s.push_str("runners-up:\n");
+        for r in &outcome.runners_up {
+            s.push_str(&format!(
+                "  {} ({} GiB)\n",
+                describe(&r.job),
+                gib(r.estimate.peak_device_bytes)
+            ));
+        }
+    }
+    s
+}
+
+fn nothing_fits(
+    args: &GenerateArgs,
+    model: &resolve::Resolved,
+    target: &Target,
+    caps: &Caps,
+    request: &Request,
+    outcome: &Outcome,
+) -> Result<ExitCode> {
+    let alt = alternatives(&model.id, &model.spec, request, target, caps);
+    if args.json {
+        let doc = GenerateJson {
+            model: &model.id,
+            hardware: target.display(),
+            usable_bytes: caps.usable_bytes,
+            objective: args.objective.as_str(),
+            margin_rule: margin_rule(args.stack),
+            fits: false,
+            output: None,
+            recipe: None,
+            best: None,
+            runners_up: Vec::new(),
+            closest: outcome.closest.as_ref().map(CandidateJson::of),
+            short_by_bytes: outcome.short_by_bytes(),
+            alternatives: Some(alt),
+            evaluated: outcome.evaluated,
+        };
+        stdout(&json(&doc)?)?;
+        return Ok(ExitCode::from(1));
+    }
+    let mut s = format!(
+        "nothing fits: no configuration of {} fits {} ({} GiB usable per GPU, {})\n",
+        model.id,
+        target.display(),
+        gib(caps.usable_bytes),
+        margin_rule(args.stack)
+    );
+    if let Some(c) = &outcome.closest {
+        s.push_str(&format!(
+            "closest: {}\n  peak {} GiB + margin {} GiB: misses by {} GiB\n",
+            describe(&c.job),
+            gib(c.estimate.peak_device_bytes),
+            gib(c.margin_bytes),
+            gib(outcome.short_by_bytes())
+        ));
+    }
+    s.push_str("what would fit:\n");
+    let mut any = false;
+    if let Some(m) = &alt.smaller_model {
+        any = true;
+        #[allow(clippy::cast_precision_loss)]
+        let b = m.parameters as f64 / 1e9;
+        s.push_str(&format!(
+            "  a smaller model: {} ({b:.1}B), {}\n",
+            m.id, m.configuration
+        ));
+    }
+    if let Some(g) = &alt.larger_gpu {
+        any = true;
+        s.push_str(&format!(
+            "  more memory: --hardware {} ({} GiB), {}\n",
+            g.preset,
+            gib(g.memory_bytes),
+            g.configuration
+        ));
+    }
+    if let Some(g) = &alt.more_gpus {
+        any = true;
+        s.push_str(&format!(
+            "  more GPUs: {} × this GPU with FSDP full shard, {}\n",
+            g.gpus, g.configuration
+        ));
+    }
+    if !any {
+        s.push_str(
+            "  nothing in the catalog: no smaller model of the family, GPU or GPU count up to 8\n",
+        );
+    }
+    stdout(&s)?;
+    Ok(ExitCode::from(1))
+}
+
+#[derive(Debug, Serialize)]
+struct CheckJson<'a> {
+    file: &'a str,
+    model: &'a str,
+    hardware: String,
+    configuration: String,
+    usable_bytes: u64,
+    peak_allocated_bytes: u64,
+    peak_reserved_bytes: u64,
+    peak_device_bytes: u64,
+    margin_bytes: u64,
+    margin_rule: String,
+    headroom_bytes: i64,
+    fits: bool,
+    fits_without_margin: bool,
+    recorded_peak_device_bytes: Option<u64>,
+}
+
+pub(crate) fn run_check(args: &CheckArgs) -> Result<ExitCode> {
+    let loaded = load(&args.file)?;
+    let model = resolve::model(&loaded.recipe.model.base)?;
+    let target = match args.hardware.as_deref() {
+        Some(h) => crate::hw::resolve(Some(h), None)?,
+        None => loaded.target(),
+    };
+    let Some(target) = target else {
+        return Err(user_hint(
+            format!("`{}` has no `hardware:` section", loaded.path),
+            "pass --hardware (detect, a preset such as rtx-4090, or a size such as 24GiB)",
+        ));
+    };
+    let caps = caps_of(&target).ok_or_else(|| user("--hardware: no GPU"))?;
+    // The recipe's own usable memory (free memory when it was detected) unless the hardware
+    // is given on the command line.
+    let usable = match (&args.hardware, loaded.usable_bytes()) {
+        (None, Some(u)) => u,
+        _ => caps.usable_bytes,
+    };
+    let profile = caps.profile.clone();
+    let mut job = loaded.job.clone();
+    job.lora.targets = moro_core::targets::resolve(&model.spec, &job.lora.targets);
+    let est = moro_core::estimate::estimate(&model.spec, &job, &profile)
+        .map_err(|e| job_error_at(&e, &loaded))?;
+    let margin = margin_bytes(est.peak_device_bytes, job.stack);
+    let head = headroom(usable, est.peak_device_bytes, margin);
+    let fits = head >= 0;
+    let fits_raw = est.peak_device_bytes <= usable;
+    let recorded = loaded
+        .recipe
+        .prediction
+        .as_ref()
+        .map(|p| p.peak_device_bytes);
+    if args.json {
+        let doc = CheckJson {
+            file: &loaded.path,
+            model: &model.id,
+            hardware: target.display(),
+            configuration: describe(&job),
+            usable_bytes: usable,
+            peak_allocated_bytes: est.peak_allocated_bytes,
+            peak_reserved_bytes: est.peak_reserved_bytes,
+            peak_device_bytes: est.peak_device_bytes,
+            margin_bytes: margin,
+            margin_rule: margin_rule(job.stack),
+            headroom_bytes: head,
+            fits,
+            fits_without_margin: fits_raw,
+            recorded_peak_device_bytes: recorded,
+        };
+        stdout(&json(&doc)?)?;
+    } else {
+        let mut t = Table::new(&["", "GiB"], &[false, true]);
+        t.row(vec!["peak (device)".into(), gib(est.peak_device_bytes)]);
+        t.row(vec!["safety margin".into(), gib(margin)]);
+        t.row(vec!["usable".into(), gib(usable)]);
+        let mut s = format!(
+            "{}: valid\nmodel   {}\njob     {}\non      {}\n\n{}",
+            loaded.path,
+            model.id,
+            describe(&job),
+            target.display(),
+            t.render()
+        );
+        if fits {
+            s.push_str(&format!(
+                "\nfits: {} GiB headroom after the margin\n",
+                gib(head.unsigned_abs())
+            ));
+        } else if fits_raw {
+            s.push_str(&format!(
+                "\ndoes NOT fit with the safety margin: {} GiB short ({}); the bare prediction fits\n",
+                gib(head.unsigned_abs()),
+                margin_rule(job.stack)
+            ));
+        } else {
+            s.push_str(&format!(
+                "\ndoes NOT fit: {} GiB over\n",
+                gib(head.unsigned_abs())
+            ));
+        }
+        if let Some(r) = recorded
+            && r != est.peak_device_bytes
+        {
+            s.push_str(&format!(
+                "note: the recipe recorded a peak of {} GiB; this moro predicts {} GiB\n",
+                gib(r),
+                gib(est.peak_device_bytes)
+            ));
+        }
+        stdout(&s)?;
+    }
+    Ok(if fits {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use moro_core::estimate::estimate;
+
+    fn target_of(spec: &str) -> Target {
+        match parse_hardware_spec(spec).unwrap() {
+            HardwareSpec::Given(hardware) => Target {
+                hardware,
+                detected: false,
+                spec: spec.to_owned(),
+            },
+            HardwareSpec::Detect => unreachable!(),
+        }
+    }
+
+    /// generate → YAML → check → estimate for every catalog model on five presets: the job
+    /// read back from the text is the searched job, and it predicts the same bytes with the
+    /// profile rebuilt from the recipe's `hardware:` section.
+    #[test]
+    fn every_catalog_model_round_trips_on_five_presets() {
+        let presets = [
+            "rtx-3060-12gb",
+            "rtx-4090",
+            "a100-sxm4-80gb",
+            "h100-sxm",
+            "apple-m3-max-64gb",
+            "t4",
+        ];
+        let mut written = 0;
+        let mut nothing = 0;
+        for entry in catalog::entries() {
+            let spec = catalog::load(entry).unwrap();
+            for hw in presets {
+                let target = target_of(hw);
+                let caps = caps_of(&target).unwrap();
+                let request = Request {
+                    seq_len: Some(1024),
+                    ..Request::default()
+                };
+                let Some(outcome) = run_search(&spec, &request, &caps) else {
+                    panic!("{} on {hw}: request rejected", entry.id)
+                };
+                let Some(best) = outcome.best else {
+                    nothing += 1;
+                    assert!(outcome.closest.is_some(), "{} on {hw}", entry.id);
+                    continue;
+                };
+                let recipe = build_recipe(entry.id, &target, &best, caps.usable_bytes);
+                let text = moro_recipe::to_yaml(&recipe, "test");
+                assert!(text.starts_with(moro_recipe::SCHEMA_LINE));
+                let back = moro_recipe::parse(&text)
+                    .unwrap_or_else(|e| panic!("{} on {hw}: {e}\n{text}", entry.id));
+                let loaded = LoadedRecipe {
+                    path: "moro.yaml".into(),
+                    text: text.clone(),
+                    job: back.to_job().unwrap(),
+                    recipe: back,
+                };
+                assert_eq!(loaded.job, best.job, "{} on {hw}", entry.id);
+                // The profile and memory come back from the hardware section alone.
+                let t2 = loaded.target().expect("hardware section");
+                let caps2 = caps_of(&t2).unwrap();
+                assert_eq!(caps2.profile, caps.profile, "{} on {hw}", entry.id);
+                assert_eq!(loaded.usable_bytes(), Some(caps.usable_bytes));
+                let est = estimate(&spec, &loaded.job, &caps2.profile).unwrap();
+                assert_eq!(
+                    est.peak_device_bytes, best.estimate.peak_device_bytes,
+                    "{} on {hw}",
+                    entry.id
+                );
+                let p = loaded.recipe.prediction.as_ref().unwrap();
+                assert_eq!(p.peak_device_bytes, est.peak_device_bytes);
+                assert_eq!(p.peak_allocated_bytes, est.peak_allocated_bytes);
+                // check's verdict: fits with the margin.
+                let margin = margin_bytes(est.peak_device_bytes, loaded.job.stack);
+                assert!(
+                    est.peak_device_bytes + margin <= caps2.usable_bytes.min(caps.usable_bytes)
+                );
+                written += 1;
+            }
+        }
+        assert!(
+            written > catalog::entries().len() * 3,
+            "{written} written, {nothing} nothing fits"
+        );
+    }
+
+    #[test]
+    fn preset_of_strips_counts_and_keeps_apple_sizes() {
+        assert_eq!(
+            preset_of(&target_of("rtx-4090")).as_deref(),
+            Some("rtx-4090")
+        );
+        assert_eq!(
+            preset_of(&target_of("2xa100-sxm4-80gb")).as_deref(),
+            Some("a100-sxm4-80gb")
+        );
+        assert_eq!(
+            preset_of(&target_of("apple-m3-max-64gb")).as_deref(),
+            Some("apple-m3-max-64gb")
+        );
+        assert_eq!(preset_of(&target_of("24GiB")), None);
+    }
+
+    #[test]
+    fn smaller_family_is_same_org_and_type() {
+        let e = catalog::find("Qwen/Qwen2.5-72B").unwrap();
+        let spec = catalog::load(e).unwrap();
+        let v = smaller_family_models(e.id, &spec);
+        assert!(!v.is_empty());
+        assert!(
+            v.iter()
+                .all(|(id, s)| id.starts_with("Qwen/") && s.model_type == "qwen2")
+        );
+        assert!(
+            v.windows(2)
+                .all(|w| w[0].1.total_params() >= w[1].1.total_params())
+        );
+        assert_eq!(v[0].0, "Qwen/Qwen2.5-32B");
+    }
+}
