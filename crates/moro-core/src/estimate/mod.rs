@@ -22,6 +22,7 @@ pub mod loss;
 pub mod optimizer;
 pub mod parallel;
 pub mod regime;
+pub mod stored;
 pub mod weights;
 
 use serde::{Deserialize, Serialize};
