@@ -161,7 +161,11 @@ fn fits(spec: &ModelSpec, space: &Space, caps: &Caps, c: &Config, stack: Stack) 
     let peak = est.peak_device_bytes;
     #[allow(clippy::cast_precision_loss)]
     let ratio = moro_core::search::margin_permille(stack) as f64 / 1000.0;
-    #[allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    #[allow(
+        clippy::cast_precision_loss,
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss
+    )]
     let margin = ((peak as f64 * ratio) as u64).max(512 * MIB);
     // The rule and the library's integer arithmetic agree to a few bytes.
     assert!(margin.abs_diff(margin_bytes(peak, stack)) < 1024);
