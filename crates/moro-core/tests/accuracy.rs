@@ -61,7 +61,11 @@ fn measured_rows_do_not_regress() {
         s.overall.median_abs
     );
     assert!(s.overall.p90_abs <= 0.17, "p90 {}", s.overall.p90_abs);
-    assert!(s.overall.under_5pct_share <= 0.30, "under {}", s.overall.under_5pct_share);
+    assert!(
+        s.overall.under_5pct_share <= 0.30,
+        "under {}",
+        s.overall.under_5pct_share
+    );
     // Every OOM row moro covers must be predicted not to fit, except the ones listed with
     // their reason in the closing note.
     assert!(s.oom_missed <= 3, "oom missed {}", s.oom_missed);

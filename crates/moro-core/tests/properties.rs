@@ -3,8 +3,7 @@
 use moro_core::catalog;
 use moro_core::estimate::{DeviceProfile, Estimate, estimate};
 use moro_core::job::{
-    Attention, Job, LossImpl, Method, Optimizer, Padding, Precision, Quantization, Stack,
-    Targets,
+    Attention, Job, LossImpl, Method, Optimizer, Padding, Precision, Quantization, Stack, Targets,
 };
 use moro_core::model::ModelSpec;
 use proptest::prelude::*;
@@ -50,25 +49,34 @@ fn job_strategy() -> impl Strategy<Value = Job> {
         prop::sample::select(vec![4u64, 16, 64]),
         1u64..=4,
     )
-        .prop_map(|(method, optimizer, precision, attention, stack, gc, padded, b, s, r, ga)| {
-            let mut j = Job {
-                method,
-                optimizer,
-                precision,
-                attention,
-                stack,
-                gradient_checkpointing: gc,
-                padding: if padded { Padding::Padded } else { Padding::Packed },
-                micro_batch_size: b,
-                seq_len: s,
-                grad_accum: ga,
-                ..Job::default()
-            };
-            j.lora.rank = r;
-            j.quantization =
-                if method == Method::Qlora { Quantization::Nf4Dq } else { Quantization::None };
-            j
-        })
+        .prop_map(
+            |(method, optimizer, precision, attention, stack, gc, padded, b, s, r, ga)| {
+                let mut j = Job {
+                    method,
+                    optimizer,
+                    precision,
+                    attention,
+                    stack,
+                    gradient_checkpointing: gc,
+                    padding: if padded {
+                        Padding::Padded
+                    } else {
+                        Padding::Packed
+                    },
+                    micro_batch_size: b,
+                    seq_len: s,
+                    grad_accum: ga,
+                    ..Job::default()
+                };
+                j.lora.rank = r;
+                j.quantization = if method == Method::Qlora {
+                    Quantization::Nf4Dq
+                } else {
+                    Quantization::None
+                };
+                j
+            },
+        )
 }
 
 proptest! {
@@ -128,14 +136,23 @@ fn weight_bytes_shrink_with_bits() {
         // Stack `trl` keeps the unquantized modules in bf16 (no PEFT fp32 upcast), so only
         // the storage of the quantized Linears differs.
         let weights = |q: Quantization, method: Method| {
-            let j = Job { method, quantization: q, stack: Stack::Trl, ..Job::default() };
+            let j = Job {
+                method,
+                quantization: q,
+                stack: Stack::Trl,
+                ..Job::default()
+            };
             est(&m, &j).component(moro_core::estimate::Component::Weights)
         };
         let w16 = weights(Quantization::None, Method::Lora);
         let w8 = weights(Quantization::Int8, Method::Qlora);
         let w4 = weights(Quantization::Nf4, Method::Qlora);
         let w4dq = weights(Quantization::Nf4Dq, Method::Qlora);
-        assert!(w4dq <= w4 && w4 <= w8 && w8 <= w16, "{}: {w4dq} {w4} {w8} {w16}", e.id);
+        assert!(
+            w4dq <= w4 && w4 <= w8 && w8 <= w16,
+            "{}: {w4dq} {w4} {w8} {w16}",
+            e.id
+        );
     }
 }
 
@@ -148,8 +165,14 @@ fn nf4_bytes_by_hand() {
     use moro_core::estimate::weights::quantized_linear_bytes;
     use moro_core::model::{Linear, LinearRole};
     let l = Linear::new("down_proj", 14336, 4096, false, LinearRole::Mlp);
-    assert_eq!(quantized_linear_bytes(&l, Quantization::Nf4), 33_030_144 + 512);
-    assert_eq!(quantized_linear_bytes(&l, Quantization::Nf4Dq), 30_291_968 + 2048);
+    assert_eq!(
+        quantized_linear_bytes(&l, Quantization::Nf4),
+        33_030_144 + 512
+    );
+    assert_eq!(
+        quantized_linear_bytes(&l, Quantization::Nf4Dq),
+        30_291_968 + 2048
+    );
 }
 
 /// Full fine-tune, pure bf16, fused AdamW: weights 2 B, gradients 2 B and states 4 B per
@@ -168,8 +191,18 @@ fn full_bf16_bytes_by_hand() {
     };
     let e = est(&m, &j);
     use moro_core::estimate::{Component, Phase};
-    let step = e.phases.iter().find(|ph| ph.phase == Phase::OptimizerStep).expect("step phase");
-    let get = |c: Component| step.components.iter().filter(|x| x.0 == c).map(|x| x.1).sum::<u64>();
+    let step = e
+        .phases
+        .iter()
+        .find(|ph| ph.phase == Phase::OptimizerStep)
+        .expect("step phase");
+    let get = |c: Component| {
+        step.components
+            .iter()
+            .filter(|x| x.0 == c)
+            .map(|x| x.1)
+            .sum::<u64>()
+    };
     assert_eq!(get(Component::Weights), 2 * p);
     assert_eq!(get(Component::Gradients), 2 * p);
     assert_eq!(get(Component::OptimizerStates), 4 * p);
@@ -190,7 +223,10 @@ fn llama_layer_activations_by_hand() {
         loss: Some(LossImpl::Fused),
         micro_batch_size: 1,
         seq_len: s,
-        lora: moro_core::job::LoraConfig { targets: Targets::AllLinear, ..Default::default() },
+        lora: moro_core::job::LoraConfig {
+            targets: Targets::AllLinear,
+            ..Default::default()
+        },
         ..Job::default()
     };
     let acts = |s: u64| {

@@ -175,7 +175,8 @@ impl Regime {
                 // Older model code computes `CrossEntropyLoss` on a `.contiguous()` shifted copy
                 // of the logits in their own dtype, with no fp32 upcast: GPT-BigCode's
                 // `GPTBigCodeForCausalLM.forward` and Qwen-1's remote `modeling_qwen.py`.
-                None if (stack == Stack::Hf || (stack == Stack::Trl && !job.versions.trl_chunked_loss()))
+                None if (stack == Stack::Hf
+                    || (stack == Stack::Trl && !job.versions.trl_chunked_loss()))
                     && matches!(model.model_type.as_str(), "qwen" | "gpt_bigcode") =>
                 {
                     LossImpl::StandardNoUpcast
