@@ -45,6 +45,9 @@ enum Command {
     Tiers(commands::tiers::TiersArgs),
     /// Which GPU classes fit a model, a method and a context, cheapest first.
     Fit(commands::fit::FitArgs),
+    /// What llama.cpp allocates to run a GGUF model: GPU and host weights, KV cache, compute
+    /// buffer.
+    Gguf(commands::gguf::GgufArgs),
 }
 
 /// `moro recipe ...`.
@@ -73,6 +76,7 @@ fn main() -> ExitCode {
         Command::Recipe(RecipeCommand::Check(a)) => commands::recipe::run_check(a),
         Command::Tiers(a) => commands::tiers::run(a),
         Command::Fit(a) => commands::fit::run(a),
+        Command::Gguf(a) => commands::gguf::run(a),
     };
     match result {
         Ok(code) => code,

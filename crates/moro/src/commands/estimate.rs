@@ -33,6 +33,8 @@ pub(crate) struct EstimateArgs {
     /// Print one JSON object (sizes in bytes) instead of the table.
     #[arg(long)]
     pub(crate) json: bool,
+    #[command(flatten)]
+    pub(crate) hub: resolve::HubArgs,
 }
 
 /// The JSON document of `moro estimate --json`.
@@ -60,6 +62,9 @@ pub(crate) struct ModelJson<'a> {
     pub(crate) source: &'a str,
     pub(crate) model_type: &'a str,
     pub(crate) parameters: u64,
+    /// What the checkpoint stores (safetensors headers), when read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) stored_weights: Option<&'a moro_core::formats::safetensors::StoredWeights>,
 }
 
 #[derive(Debug, Serialize)]
@@ -86,7 +91,11 @@ pub(crate) fn run_estimate(
 }
 
 pub(crate) fn run(args: &EstimateArgs) -> Result<ExitCode> {
-    let loaded = args.recipe.as_deref().map(crate::commands::recipe::load).transpose()?;
+    let loaded = args
+        .recipe
+        .as_deref()
+        .map(crate::commands::recipe::load)
+        .transpose()?;
     let from_recipe = loaded.as_ref().map(|l| l.recipe.model.base.as_str());
     let Some(model_arg) = args.model.as_deref().or(from_recipe) else {
         return Err(crate::error::user_hint(
@@ -94,11 +103,16 @@ pub(crate) fn run(args: &EstimateArgs) -> Result<ExitCode> {
             "e.g. `moro estimate --model Qwen/Qwen2.5-7B --method qlora --seq-len 2048`",
         ));
     };
-    let model = resolve::model(model_arg)?;
+    if resolve::is_gguf(model_arg) {
+        return crate::commands::gguf::from_estimate(args, model_arg);
+    }
+    let model = resolve::model_with(model_arg, &args.hub)?;
     let mut job = args.job.apply(loaded.as_ref().map(|l| l.job.clone()));
     let mut target = crate::hw::resolve(args.hardware.as_deref(), args.memory.as_deref())?;
     if target.is_none() {
-        target = loaded.as_ref().and_then(crate::commands::recipe::LoadedRecipe::target);
+        target = loaded
+            .as_ref()
+            .and_then(crate::commands::recipe::LoadedRecipe::target);
     }
     let mut profile = target
         .as_ref()
@@ -112,6 +126,7 @@ pub(crate) fn run(args: &EstimateArgs) -> Result<ExitCode> {
         crate::output::note(&n);
     }
     let est = run_estimate(&model.spec, &mut job, &profile)?;
+    let est = resolve::apply_stored(&model, &job, &profile, est);
     let memory = target.as_ref().and_then(crate::hw::Target::memory_bytes);
     let fits = memory.map(|m| est.peak_device_bytes <= m);
 
@@ -143,6 +158,7 @@ pub(crate) fn to_json<'a>(
             source: &model.source,
             model_type: &model.spec.model_type,
             parameters: model.spec.total_params(),
+            stored_weights: model.stored.as_ref(),
         },
         job,
         peak_allocated_bytes: est.peak_allocated_bytes,
@@ -223,6 +239,9 @@ pub(crate) fn render(
         "model   {} ({}, {params_b:.2}B parameters, from {})\n",
         model.id, model.spec.model_type, model.source
     ));
+    if let Some(w) = &model.stored {
+        out.push_str(&format!("stored  {}\n", resolve::describe_stored(w)));
+    }
     out.push_str(&format!("job     {}\n", describe(job)));
     out.push_str(&format!(
         "peak    at {} (trainable parameters: {})\n\n",

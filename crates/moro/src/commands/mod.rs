@@ -4,6 +4,7 @@ pub(crate) mod calibrate;
 pub(crate) mod estimate;
 pub(crate) mod export;
 pub(crate) mod fit;
+pub(crate) mod gguf;
 pub(crate) mod hardware;
 pub(crate) mod models;
 pub(crate) mod recipe;
