@@ -2,7 +2,8 @@
 //!
 //! 1. a local path: a `config.json` (or any `.json` config), a directory, a `.safetensors`
 //!    file (single or sharded, headers read for the exact stored bytes) or a `.gguf` file;
-//! 2. the local Hugging Face cache (`HF_HUB_CACHE`);
+//! 2. the local Hugging Face cache (`HF_HUB_CACHE`); the safetensors headers come from the
+//!    cached weights when present, else from the Hub (`Range` requests) unless offline;
 //! 3. the embedded catalog;
 //! 4. the Hugging Face Hub (`HF_ENDPOINT`): `config.json` and the safetensors headers, unless
 //!    offline (`--offline`, `HF_HUB_OFFLINE=1`).
@@ -210,10 +211,9 @@ fn resolve(arg: &str, opts: &HubArgs) -> Result<Resolved> {
         let mut r = parse_file(&cfg, &bare, "Hugging Face cache")?;
         if let Ok(repo) = RepoRef::parse(&full) {
             let bits = std::fs::read(&cfg).ok().and_then(|b| quant_bits(&b));
-            // From the cache only, unless exact weights were asked for.
-            let mut s = settings.clone();
-            s.offline = settings.offline || !want_hub;
-            let client = client(s);
+            // From the cache when the weights are there, else their headers from the Hub
+            // (as a run that fetched the config would), unless offline.
+            let client = client(settings.clone());
             match client.fetch_safetensors_headers(&repo) {
                 Ok(remote) => {
                     r.stored = Some(summarize(
