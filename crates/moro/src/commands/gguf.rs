@@ -238,12 +238,12 @@ fn render(
     let mix: Vec<String> = header
         .bytes_by_type()
         .iter()
-        .take(4)
-        .map(|(t, b)| {
+        .filter_map(|(t, b)| {
             #[allow(clippy::cast_precision_loss)]
             let pct = *b as f64 * 100.0 / total_w.max(1) as f64;
-            format!("{t} {pct:.0}%")
+            (pct >= 0.5).then(|| format!("{t} {pct:.0}%"))
         })
+        .take(4)
         .collect();
     let (arch_name, n_layer, swa) = arch(header).map_or_else(
         |_| ("?".to_owned(), 0, false),
