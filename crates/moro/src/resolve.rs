@@ -128,15 +128,27 @@ fn summarize<'a>(
     let w = stored_weights(headers.into_iter().flat_map(|h| &h.tensors), bits);
     let expected = spec.total_params();
     if let ParamCheck::Mismatch { relative } = check_params(w.params_estimate, expected) {
-        #[allow(clippy::cast_precision_loss)]
-        let (s, e) = (w.params_estimate as f64 / 1e9, expected as f64 / 1e9);
         say(&format!(
-            "note: the safetensors headers hold {s:.3}B parameters, config.json implies {e:.3}B \
-             ({:+.1}%): the weights are counted as stored",
+            "note: the safetensors headers hold {} parameters, config.json implies {} \
+             ({:+.1}%): the weights follow the headers",
+            count(w.params_estimate),
+            count(expected),
             relative * 100.0
         ));
     }
     w
+}
+
+/// A parameter count for display: `7.62B`, `494.03M`, `6400`.
+#[allow(clippy::cast_precision_loss)]
+fn count(n: u64) -> String {
+    if n >= 1_000_000_000 {
+        format!("{:.2}B", n as f64 / 1e9)
+    } else if n >= 1_000_000 {
+        format!("{:.2}M", n as f64 / 1e6)
+    } else {
+        n.to_string()
+    }
 }
 
 /// Whether `arg` names something on disk rather than a Hub id.
