@@ -407,22 +407,15 @@ fn training_phases(
     phases
 }
 
-/// Picks the peak phase and adds the reserved and device levels.
-fn finish(
-    model: &ModelSpec,
-    job: &Job,
-    regime: &Regime,
-    device: &DeviceProfile,
-    phases: Vec<PhaseBytes>,
-) -> Estimate {
-    let peak = phases
-        .iter()
-        .max_by_key(|p| p.total())
-        .cloned()
-        .unwrap_or(PhaseBytes {
-            phase: Phase::Load,
-            components: vec![],
-        });
+/// The allocated level of a peak phase (with the device's learned offset) and the caching
+/// allocator's reserve on top of it.
+///
+/// Resident allocations (weights, adapters, states, gradients, KV cache) are made once and sit
+/// in their own segments, rounded to 2 MiB (`kRoundLarge`, CUDACachingAllocator.cpp); the
+/// churning rest (activations, loss buffers, transients) fragments the cache by
+/// `reserve_ratio` of its size.
+#[must_use]
+pub fn allocated_and_reserve(peak: &PhaseBytes, device: &DeviceProfile) -> (u64, u64) {
     let offset = device.offset_bytes;
     let raw = peak.total();
     let allocated = if offset >= 0 {
@@ -430,9 +423,6 @@ fn finish(
     } else {
         raw.saturating_sub(offset.unsigned_abs())
     };
-    // Resident allocations (weights, adapters, states, gradients) are made once and sit in
-    // their own segments, rounded to 2 MiB (`kRoundLarge`, CUDACachingAllocator.cpp); the
-    // churning rest (activations, loss buffers, transients) fragments the cache.
     let resident: u64 = peak
         .components
         .iter()
@@ -455,7 +445,27 @@ fn finish(
         clippy::cast_precision_loss
     )]
     let frag = (churn as f64 * device.reserve_ratio.max(0.0)) as u64;
-    let reserve = round_up(allocated + frag, 2 * MIB) - allocated;
+    let reserve = round_up(allocated.saturating_add(frag), 2 * MIB) - allocated;
+    (allocated, reserve)
+}
+
+/// Picks the peak phase and adds the reserved and device levels.
+fn finish(
+    model: &ModelSpec,
+    job: &Job,
+    regime: &Regime,
+    device: &DeviceProfile,
+    phases: Vec<PhaseBytes>,
+) -> Estimate {
+    let peak = phases
+        .iter()
+        .max_by_key(|p| p.total())
+        .cloned()
+        .unwrap_or(PhaseBytes {
+            phase: Phase::Load,
+            components: vec![],
+        });
+    let (allocated, reserve) = allocated_and_reserve(&peak, device);
     let reserved = allocated + reserve;
     let mut outside = optimizer::paged_bytes(model, job, regime);
     // torch.distributed's NCCL communicators and buffers: with several GPUs, and with

@@ -11,7 +11,6 @@
 use crate::formats::safetensors::StoredWeights;
 use crate::job::{Job, Method, Quantization, Stack};
 use crate::model::ModelSpec;
-use crate::units::{MIB, round_up};
 
 use super::weights::base_weight_bytes;
 use super::{Component, DeviceProfile, Estimate, PhaseBytes, Regime};
@@ -117,36 +116,7 @@ pub fn with_stored_weights(
 
 /// The three levels of `peak`, as `estimate::finish` computes them.
 fn relevel(mut est: Estimate, peak: &PhaseBytes, device: &DeviceProfile) -> Estimate {
-    let raw = peak.total();
-    let offset = device.offset_bytes;
-    let allocated = if offset >= 0 {
-        raw.saturating_add(offset.unsigned_abs())
-    } else {
-        raw.saturating_sub(offset.unsigned_abs())
-    };
-    let resident: u64 = peak
-        .components
-        .iter()
-        .filter(|c| {
-            matches!(
-                c.0,
-                Component::Weights
-                    | Component::Adapters
-                    | Component::OptimizerStates
-                    | Component::Gradients
-                    | Component::KvCache
-            )
-        })
-        .map(|c| c.1)
-        .sum();
-    let churn = allocated.saturating_sub(resident);
-    #[allow(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        clippy::cast_precision_loss
-    )]
-    let frag = (churn as f64 * device.reserve_ratio.max(0.0)) as u64;
-    let reserve = round_up(allocated.saturating_add(frag), 2 * MIB) - allocated;
+    let (allocated, reserve) = super::allocated_and_reserve(peak, device);
     let reserved = allocated + reserve;
     let outside = est.component(Component::OutsideAllocator);
     let context = est.component(Component::CudaContext);
@@ -169,6 +139,7 @@ fn relevel(mut est: Estimate, peak: &PhaseBytes, device: &DeviceProfile) -> Esti
 mod tests {
     use super::*;
     use crate::estimate::estimate;
+    use crate::units::MIB;
 
     fn model() -> ModelSpec {
         crate::catalog::load(
