@@ -20,6 +20,17 @@
 //!   never proposed: it materializes the a·s² probabilities and is never smaller);
 //! - precision: bf16 (mixed and pure) where the device supports it, else fp16-mixed.
 //!
+//! # Several GPUs
+//! With a [`Cluster`] in the request (`--hardware 8xh100-sxm`, `2x8xh100-sxm`), the number of
+//! GPUs used and the strategy are knobs too ([`Layout`], [`layouts`]): 1, 2, 4, … GPUs up to
+//! a node, then whole nodes up to the cluster; for each count above one, plain data parallel
+//! (DDP), DeepSpeed ZeRO-1/2/3, FSDP SHARD_GRAD_OP and FULL_SHARD, HYBRID_SHARD when the GPUs
+//! span nodes, then CPU offload of the optimizer (ZeRO-2/3) and of optimizer and parameters
+//! (ZeRO-3, FSDP). The effective batch is global: each GPU's share is
+//! `effective_batch / data-parallel degree` (rounded up, so at least one sequence per GPU),
+//! split into micro batch × accumulation. Among the layouts that fit, the objectives prefer the
+//! least communication ([`Layout::comm_cost`]), then more GPUs; see [`quality_key`].
+//!
 //! # Pruning
 //! For a fixed rest-of-configuration the peak is monotone in the micro batch at a fixed
 //! gradient-accumulation regime, but the effective batch couples the two: the micro batch
@@ -35,8 +46,8 @@ use serde::Serialize;
 
 use crate::estimate::{DeviceProfile, Estimate, estimate};
 use crate::job::{
-    Attention, Job, JobError, MAX_BATCH, Method, Optimizer, Padding, Parallel, Precision,
-    Quantization, Stack, Targets,
+    Attention, Job, JobError, MAX_BATCH, Method, Offload, Optimizer, Padding, Parallel, Precision,
+    Quantization, Sharding, Stack, Targets,
 };
 use crate::model::ModelSpec;
 use crate::units::MIB;
@@ -236,6 +247,232 @@ pub enum MethodChoice {
     Only(Method),
 }
 
+/// The GPUs a multi-GPU search may use: `nodes` × `gpus_per_node` of one kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct Cluster {
+    /// Nodes (machines).
+    pub nodes: u64,
+    /// GPUs in each node.
+    pub gpus_per_node: u64,
+    /// Use every GPU of the cluster (`moro fit` asks whether exactly this many suffice);
+    /// `false` lets the search also try fewer ([`gpu_counts`]).
+    pub exact: bool,
+    /// Whether CPU offload layouts are searched (they need host RAM:
+    /// [`Estimate::host_bytes`]).
+    pub offload: bool,
+}
+
+impl Cluster {
+    /// Every GPU of one node of `gpus` GPUs, the search free to use fewer.
+    #[must_use]
+    pub const fn node(gpus: u64) -> Self {
+        Self {
+            nodes: 1,
+            gpus_per_node: gpus,
+            exact: false,
+            offload: true,
+        }
+    }
+
+    /// All GPUs.
+    #[must_use]
+    pub const fn gpus(&self) -> u64 {
+        self.nodes.saturating_mul(self.gpus_per_node)
+    }
+}
+
+/// GPU counts a search over `cluster` tries, fewest first: powers of two below one node, the
+/// node, then 2, 4, … whole nodes and all of them. With `exact`, only all of them.
+#[must_use]
+pub fn gpu_counts(cluster: &Cluster) -> Vec<u64> {
+    let g = cluster.gpus_per_node.max(1);
+    let nodes = cluster.nodes.max(1);
+    if cluster.exact {
+        return vec![g.saturating_mul(nodes)];
+    }
+    let mut v: Vec<u64> = (0..63).map(|k| 1u64 << k).take_while(|&c| c < g).collect();
+    let mut m = 1;
+    while m < nodes {
+        v.push(g * m);
+        m *= 2;
+    }
+    v.push(g.saturating_mul(nodes));
+    v
+}
+
+/// How one configuration spreads over GPUs: the count, the sharding strategy and the CPU
+/// offload. One GPU is [`Layout::SINGLE`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct Layout {
+    /// GPUs used (data-parallel degree × the request's tensor and pipeline degrees).
+    pub gpus: u64,
+    /// Nodes those GPUs span.
+    pub nodes: u64,
+    /// Sharding strategy over the data-parallel GPUs.
+    pub sharding: Sharding,
+    /// CPU offload.
+    pub offload: Offload,
+}
+
+impl Layout {
+    /// One GPU, nothing sharded or offloaded.
+    pub const SINGLE: Self = Self {
+        gpus: 1,
+        nodes: 1,
+        sharding: Sharding::None,
+        offload: Offload::None,
+    };
+
+    /// The communication a layout costs, smaller is less (issue 6 §3: "preferring the least
+    /// communication that fits"): `5 × offload level + sharding level`, where
+    ///
+    /// - sharding: 0 one GPU or DDP (one all-reduce of the gradients per step); 1 ZeRO-1 (the
+    ///   same volume, reduce-scatter + all-gather); 2 ZeRO-2 / FSDP SHARD_GRAD_OP (gradients
+    ///   reduce-scattered per bucket during backward); 3 ZeRO-3 / FSDP FULL_SHARD within one
+    ///   node, or HYBRID_SHARD (full shard within each node, replicas across nodes: the
+    ///   parameter all-gathers stay on NVLink); 4 ZeRO-3 / FULL_SHARD across nodes (every
+    ///   layer's all-gather, forward and backward, crosses the network);
+    /// - offload: 0 none; 1 optimizer states (the step runs on the CPU and every gradient and
+    ///   updated parameter crosses PCIe); 2 optimizer and parameters (the parameters too,
+    ///   every forward and backward).
+    ///
+    /// Any offload costs more than any sharding: CPU Adam and PCIe are an order of magnitude
+    /// slower than NVLink collectives.
+    #[must_use]
+    pub const fn comm_cost(&self) -> u64 {
+        let across = self.nodes > 1;
+        let shard = match self.sharding {
+            Sharding::None => 0,
+            Sharding::Zero1 => 1,
+            Sharding::Zero2 | Sharding::FsdpShardGradOp => 2,
+            Sharding::FsdpHybridShard => 3,
+            Sharding::Zero3 | Sharding::FsdpFullShard => {
+                if across {
+                    4
+                } else {
+                    3
+                }
+            }
+        };
+        let off = match self.offload {
+            Offload::None => 0,
+            Offload::Optimizer => 1,
+            Offload::OptimizerAndParams => 2,
+        };
+        5 * off + shard
+    }
+
+    /// Whether the strategy is DeepSpeed's.
+    #[must_use]
+    pub const fn is_deepspeed(&self) -> bool {
+        matches!(
+            self.sharding,
+            Sharding::Zero1 | Sharding::Zero2 | Sharding::Zero3
+        )
+    }
+
+    /// The strategy in words: `DDP`, `ZeRO-3 + optimizer offload`, `FSDP FULL_SHARD`, ...
+    #[must_use]
+    pub fn strategy_text(&self) -> String {
+        let s = match (self.gpus, self.sharding) {
+            (1, Sharding::None) => "one GPU",
+            (_, Sharding::None) => "DDP",
+            (_, Sharding::Zero1) => "ZeRO-1",
+            (_, Sharding::Zero2) => "ZeRO-2",
+            (_, Sharding::Zero3) => "ZeRO-3",
+            (_, Sharding::FsdpFullShard) => "FSDP FULL_SHARD",
+            (_, Sharding::FsdpShardGradOp) => "FSDP SHARD_GRAD_OP",
+            (_, Sharding::FsdpHybridShard) => "FSDP HYBRID_SHARD",
+        };
+        let off = match (self.offload, self.is_deepspeed()) {
+            (Offload::None, _) => "",
+            (Offload::Optimizer, true) => " + optimizer offload",
+            (Offload::OptimizerAndParams, true) => " + optimizer and parameter offload",
+            // FSDP's CPUOffload moves parameters, gradients and the optimizer step together.
+            (_, false) => " + CPU offload",
+        };
+        format!("{s}{off}")
+    }
+}
+
+/// The layouts a request searches, best first by [`Layout::comm_cost`] then more GPUs.
+///
+/// Without a cluster: the request's fixed `parallel` layout alone. With one, for each count
+/// of [`gpu_counts`]: one GPU plain; above one, per stack:
+///
+/// - hf, trl (the HF Trainer launches DeepSpeed and FSDP through accelerate): DDP, ZeRO-1,
+///   ZeRO-2, FSDP SHARD_GRAD_OP, ZeRO-3, FSDP FULL_SHARD, FSDP HYBRID_SHARD when the GPUs span
+///   nodes; ZeRO-2 and ZeRO-3 with the optimizer offloaded; ZeRO-3 and FSDP FULL_SHARD with
+///   optimizer and parameters offloaded (offload only with [`Cluster::offload`]);
+/// - torchtune (its distributed recipes always shard with FSDP2, `fsdp_cpu_offload`
+///   optional): FSDP FULL_SHARD, with and without CPU offload;
+/// - litgpt (Fabric's `FSDPStrategy`, full shard, no offload in its fine-tuning scripts):
+///   FSDP FULL_SHARD.
+#[must_use]
+pub fn layouts(request: &Request) -> Vec<Layout> {
+    let Some(cluster) = request.cluster.filter(|c| c.gpus() > 1 || c.exact) else {
+        let p = &request.parallel;
+        return vec![Layout {
+            gpus: p.gpus().max(1),
+            nodes: 1,
+            sharding: p.sharding,
+            offload: p.offload,
+        }];
+    };
+    let g = cluster.gpus_per_node.max(1);
+    let mut out = Vec::new();
+    for n in gpu_counts(&cluster) {
+        if n <= 1 {
+            out.push(Layout::SINGLE);
+            continue;
+        }
+        let nodes = n.div_ceil(g);
+        let l = |sharding, offload| Layout {
+            gpus: n,
+            nodes,
+            sharding,
+            offload,
+        };
+        let (none, opt, all) = (
+            Offload::None,
+            Offload::Optimizer,
+            Offload::OptimizerAndParams,
+        );
+        match request.stack {
+            Stack::Hf | Stack::Trl => {
+                out.extend([
+                    l(Sharding::None, none),
+                    l(Sharding::Zero1, none),
+                    l(Sharding::Zero2, none),
+                    l(Sharding::FsdpShardGradOp, none),
+                    l(Sharding::Zero3, none),
+                    l(Sharding::FsdpFullShard, none),
+                ]);
+                if nodes > 1 {
+                    out.push(l(Sharding::FsdpHybridShard, none));
+                }
+                if cluster.offload {
+                    out.extend([
+                        l(Sharding::Zero2, opt),
+                        l(Sharding::Zero3, opt),
+                        l(Sharding::Zero3, all),
+                        l(Sharding::FsdpFullShard, all),
+                    ]);
+                }
+            }
+            Stack::Torchtune => {
+                out.push(l(Sharding::FsdpFullShard, none));
+                if cluster.offload {
+                    out.push(l(Sharding::FsdpFullShard, all));
+                }
+            }
+            Stack::Litgpt => out.push(l(Sharding::FsdpFullShard, none)),
+        }
+    }
+    out.sort_by_key(|l| (l.comm_cost(), std::cmp::Reverse(l.gpus)));
+    out
+}
+
 /// What the user asked for.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Request {
@@ -247,8 +484,10 @@ pub struct Request {
     pub effective_batch: Option<u64>,
     /// Training stack.
     pub stack: Stack,
-    /// Multi-GPU layout (one GPU: [`Parallel::single`]).
+    /// A fixed multi-GPU layout (one GPU: [`Parallel::single`]), used without a cluster.
     pub parallel: Parallel,
+    /// GPUs to choose the count and strategy over ([`layouts`]); `None` keeps `parallel`.
+    pub cluster: Option<Cluster>,
     /// The objective.
     pub objective: Objective,
 }
@@ -261,6 +500,7 @@ impl Default for Request {
             effective_batch: None,
             stack: Stack::Hf,
             parallel: Parallel::single(),
+            cluster: None,
             objective: Objective::Quality,
         }
     }
@@ -312,10 +552,10 @@ pub struct Space {
     pub methods: Vec<Method>,
     /// Sequence lengths, longest first.
     pub seq_lens: Vec<u64>,
-    /// Effective batch.
+    /// Effective batch (global: over every data-parallel GPU).
     pub effective_batch: u64,
-    /// Micro batches (powers of two dividing the effective batch), largest first.
-    pub micro_batches: Vec<u64>,
+    /// GPU layouts, best first ([`layouts`]).
+    pub layouts: Vec<Layout>,
     /// LoRA ranks.
     pub ranks: Vec<u64>,
     /// LoRA target sets.
@@ -330,7 +570,8 @@ pub struct Space {
     pub attentions: Vec<Attention>,
     /// Stack (fixed).
     pub stack: Stack,
-    /// Parallel layout (fixed).
+    /// The request's fixed layout (its tensor and pipeline degrees; the data-parallel degree,
+    /// sharding and offload come from each [`Layout`]).
     pub parallel: Parallel,
     /// Objective.
     pub objective: Objective,
@@ -386,11 +627,6 @@ impl Space {
                 format!("must be between 1 and {}, got {effective_batch}", 1 << 20),
             );
         }
-        let micro_batches: Vec<u64> = (0..=16)
-            .rev()
-            .map(|k| 1u64 << k)
-            .filter(|b| *b <= MAX_BATCH && effective_batch.is_multiple_of(*b))
-            .collect();
         let precisions = if caps.bf16 {
             vec![Precision::Bf16Mixed, Precision::Bf16]
         } else {
@@ -406,7 +642,7 @@ impl Space {
             methods,
             seq_lens,
             effective_batch,
-            micro_batches,
+            layouts: layouts(request),
             ranks: LORA_RANKS.to_vec(),
             target_sets: vec![TargetSet::Attention, TargetSet::AllLinear],
             precisions,
@@ -414,7 +650,11 @@ impl Space {
             optimizers: OPTIMIZERS.to_vec(),
             attentions,
             stack: request.stack,
-            parallel: request.parallel.clone(),
+            parallel: if request.cluster.is_some() {
+                Parallel::single()
+            } else {
+                request.parallel.clone()
+            },
             objective: request.objective,
             attention_targets: crate::targets::resolve(model, &Targets::Names(names)),
         })
@@ -429,12 +669,48 @@ impl Space {
         }
     }
 
+    /// The data-parallel degree of a layout (its GPUs over the tensor and pipeline degrees).
+    #[must_use]
+    pub fn data_parallel(&self, layout: &Layout) -> u64 {
+        let split = (self.parallel.tensor_parallel.max(1) * self.parallel.pipeline.max(1)).max(1);
+        (layout.gpus / split).max(1)
+    }
+
+    /// Sequences each data-parallel GPU processes per optimizer step: the effective batch over
+    /// the data-parallel degree, rounded up (at least one per GPU, so with more GPUs than the
+    /// effective batch the step holds one sequence per GPU).
+    #[must_use]
+    pub fn per_gpu_batch(&self, layout: &Layout) -> u64 {
+        self.effective_batch
+            .div_ceil(self.data_parallel(layout))
+            .max(1)
+    }
+
+    /// Micro batches of a layout: powers of two dividing [`Space::per_gpu_batch`], largest
+    /// first.
+    #[must_use]
+    pub fn micro_batches(&self, layout: &Layout) -> Vec<u64> {
+        let share = self.per_gpu_batch(layout);
+        (0..=16)
+            .rev()
+            .map(|k| 1u64 << k)
+            .filter(|b| *b <= MAX_BATCH && share.is_multiple_of(*b))
+            .collect()
+    }
+
     /// Every configuration but the micro batch ("rest of configuration"), with the micro
-    /// batch set to 1. Full fine-tuning has no LoRA knobs, so it appears once per
-    /// combination of the others.
+    /// batch set to 1, for every layout. Full fine-tuning has no LoRA knobs, so it appears
+    /// once per combination of the others.
     #[must_use]
     pub fn rests(&self, seq_len: u64) -> Vec<Config> {
         let mut out = Vec::new();
+        for &layout in &self.layouts {
+            self.push_rests(seq_len, layout, &mut out);
+        }
+        out
+    }
+
+    fn push_rests(&self, seq_len: u64, layout: Layout, out: &mut Vec<Config>) {
         for &method in &self.methods {
             let lora_knobs: Vec<(TargetSet, u64)> = if method.is_peft() {
                 self.target_sets
@@ -459,6 +735,7 @@ impl Space {
                                     attention,
                                     seq_len,
                                     micro_batch: 1,
+                                    layout,
                                 });
                             }
                         }
@@ -466,7 +743,6 @@ impl Space {
                 }
             }
         }
-        out
     }
 
     /// The engine job of a configuration.
@@ -481,7 +757,7 @@ impl Space {
             },
             micro_batch_size: c.micro_batch,
             seq_len: c.seq_len,
-            grad_accum: (self.effective_batch / c.micro_batch.max(1)).max(1),
+            grad_accum: (self.per_gpu_batch(&c.layout) / c.micro_batch.max(1)).max(1),
             optimizer: c.optimizer,
             gradient_checkpointing: c.gradient_checkpointing,
             attention: c.attention,
@@ -489,7 +765,13 @@ impl Space {
             stack: self.stack,
             loss: None,
             padding: Padding::Packed,
-            parallel: self.parallel.clone(),
+            parallel: Parallel {
+                data_parallel: self.data_parallel(&c.layout),
+                tensor_parallel: self.parallel.tensor_parallel.max(1),
+                pipeline: self.parallel.pipeline.max(1),
+                sharding: c.layout.sharding,
+                offload: c.layout.offload,
+            },
             ..Job::default()
         };
         if c.method.is_peft() {
@@ -520,12 +802,17 @@ pub struct Config {
     pub attention: Attention,
     /// Sequence length.
     pub seq_len: u64,
-    /// Micro batch.
+    /// Micro batch (per GPU).
     pub micro_batch: u64,
+    /// GPUs, strategy and offload.
+    pub layout: Layout,
 }
 
 /// Number of entries of a ranking key.
-pub const KEY_LEN: usize = 9;
+pub const KEY_LEN: usize = 13;
+
+/// Largest [`Layout::comm_cost`] (offload of optimizer and parameters across nodes).
+const MAX_COMM_COST: u64 = 14;
 
 const fn method_quality(m: Method) -> u64 {
     match m {
@@ -545,23 +832,36 @@ const fn optimizer_rank(o: Optimizer) -> u64 {
 
 /// The `quality` ranking key (compared lexicographically, larger is better), following the
 /// product's order of knobs by leverage, method > precision > checkpointing >
-/// batch/accumulation > optimizer (issue 3 §2):
+/// batch/accumulation > optimizer (issue 3 §2), with the GPU layout after the method and
+/// precision (issue 6 §3):
 ///
 /// 1. sequence length, longer first (only varies when not fixed: the data's context is a
 ///    requirement, not a knob to trade);
 /// 2. method: full > LoRA on a 16-bit base > QLoRA (no 4-bit when 16-bit LoRA fits: NF4
-///    quantization error reaches the adapters' gradients);
+///    quantization error reaches the adapters' gradients). A full fine-tune sharded with
+///    ZeRO-3 over eight GPUs beats QLoRA on one;
 /// 3. LoRA targets: every Linear > attention only. Part of the method's leverage: "LoRA on
 ///    all linear transformer block layers is required to match full finetuning performance"
 ///    (QLoRA paper, Dettmers et al. 2023, §4);
 /// 4. precision: fp32 master weights under autocast (`bf16-mixed`) > pure bf16;
-/// 5. higher LoRA rank. Below precision: the same paper finds the rank matters little once
+/// 5. the least communication ([`Layout::comm_cost`]): one GPU or DDP < ZeRO-1 < ZeRO-2 /
+///    SHARD_GRAD_OP < ZeRO-3 / FULL_SHARD within a node or HYBRID_SHARD < FULL_SHARD across
+///    nodes < optimizer offload < optimizer and parameter offload. The layout changes the
+///    speed, not the result, so it ranks below the knobs that change the result (method,
+///    adapters, precision) and above those a user trades for speed; ranked above precision
+///    it would pick DDP with pure bf16 weights and 8-bit AdamW for a 7B full fine-tune on
+///    eight A100s where ZeRO-1 keeps fp32 master weights and 32-bit AdamW;
+/// 6. more GPUs, at equal communication (the user's GPUs are used, not left idle);
+/// 7. higher LoRA rank. Below precision: the same paper finds the rank matters little once
 ///    every layer is adapted;
-/// 6. no gradient checkpointing > checkpointing (it changes speed, not the result, so it
+/// 8. no gradient checkpointing > checkpointing (it changes speed, not the result, so it
 ///    ranks below everything that changes the result);
-/// 7. larger micro batch (fewer accumulation steps);
-/// 8. optimizer: 32-bit AdamW states > 8-bit > paged 8-bit;
-/// 9. FlashAttention-2 > SDPA.
+/// 9. larger micro batch (fewer accumulation steps);
+/// 10. optimizer: 32-bit AdamW states > 8-bit > paged 8-bit;
+/// 11. FlashAttention-2 > SDPA;
+/// 12. DeepSpeed > FSDP at the same communication (ZeRO-2 over SHARD_GRAD_OP, ZeRO-3 over
+///     FULL_SHARD: the HF Trainer's most used integration, and the one the published
+///     full fine-tuning runs of issue 6 used).
 #[must_use]
 pub fn quality_key(c: &Config) -> [u64; KEY_LEN] {
     let peft = c.method.is_peft();
@@ -570,24 +870,33 @@ pub fn quality_key(c: &Config) -> [u64; KEY_LEN] {
         method_quality(c.method),
         u64::from(peft && c.targets == TargetSet::AllLinear),
         u64::from(c.precision != Precision::Bf16),
+        MAX_COMM_COST.saturating_sub(c.layout.comm_cost()),
+        c.layout.gpus,
         if peft { c.rank } else { 0 },
         u64::from(!c.gradient_checkpointing),
         c.micro_batch,
         optimizer_rank(c.optimizer),
         u64::from(c.attention == Attention::Flash),
+        u64::from(c.layout.is_deepspeed()),
+        0,
     ]
 }
 
 /// The `speed` ranking key (lexicographic, larger is better):
 ///
 /// 1. sequence length, longer first (as for quality);
-/// 2. no gradient checkpointing (recomputing the forward costs about a third of a step);
-/// 3. larger micro batch (better GPU utilisation per step);
-/// 4. method: LoRA > full > QLoRA (LoRA skips the weight-gradient GEMMs, about a third of a
+/// 2. no CPU offload > optimizer offload > optimizer and parameter offload (the CPU step and
+///    PCIe transfers dominate a step);
+/// 3. more GPUs (throughput grows with the data-parallel degree);
+/// 4. no gradient checkpointing (recomputing the forward costs about a third of a step);
+/// 5. less communication ([`Layout::comm_cost`]);
+/// 6. larger micro batch (better GPU utilisation per step);
+/// 7. method: LoRA > full > QLoRA (LoRA skips the weight-gradient GEMMs, about a third of a
 ///    step's FLOPs; QLoRA dequantizes every weight in forward and backward);
-/// 5. FlashAttention-2 > SDPA;
-/// 6. optimizer: fused 32-bit > 8-bit > paged 8-bit;
-/// 7. then the quality order: targets, rank, precision.
+/// 8. FlashAttention-2 > SDPA;
+/// 9. optimizer: fused 32-bit > 8-bit > paged 8-bit;
+/// 10. then the quality order: targets, rank, precision;
+/// 13. DeepSpeed > FSDP at the same communication.
 #[must_use]
 pub fn speed_key(c: &Config) -> [u64; KEY_LEN] {
     let peft = c.method.is_peft();
@@ -596,9 +905,13 @@ pub fn speed_key(c: &Config) -> [u64; KEY_LEN] {
         Method::Full => 1,
         Method::Qlora | Method::Inference => 0,
     };
+    let cost = c.layout.comm_cost();
     [
         c.seq_len,
+        (MAX_COMM_COST / 5).saturating_sub(cost / 5),
+        c.layout.gpus,
         u64::from(!c.gradient_checkpointing),
+        MAX_COMM_COST.saturating_sub(cost),
         c.micro_batch,
         method,
         u64::from(c.attention == Attention::Flash),
@@ -606,6 +919,7 @@ pub fn speed_key(c: &Config) -> [u64; KEY_LEN] {
         u64::from(peft && c.targets == TargetSet::AllLinear),
         if peft { c.rank } else { 0 },
         u64::from(c.precision != Precision::Bf16),
+        u64::from(c.layout.is_deepspeed()),
     ]
 }
 
@@ -717,6 +1031,12 @@ pub fn evaluate(
 }
 
 /// Searches `space` for the best configuration of `model` that fits `caps`.
+///
+/// For each sequence length (longest first), the rests of configuration are visited in the
+/// order of their best possible key (the key at their largest micro batch, which no fitting
+/// micro batch exceeds); the visit stops once [`RUNNERS_UP`] + 1 distinct recipes are held and
+/// no rest left can outrank the last of them. When nothing fits every rest is estimated, so
+/// the closest configuration is the smallest of the whole space.
 #[must_use]
 pub fn search(model: &ModelSpec, space: &Space, caps: &Caps) -> Outcome {
     let mut evaluated = 0usize;
@@ -732,41 +1052,64 @@ pub fn search(model: &ModelSpec, space: &Space, caps: &Caps) -> Outcome {
         }
         Some(cand)
     };
-    let mut fitting: Vec<Candidate> = Vec::new();
+    let objective = space.objective;
+    // The best candidate of each distinct recipe, best first, at most RUNNERS_UP + 1: the
+    // same selection as sorting every fitting candidate and keeping the first of each shape.
+    let mut top: Vec<([u64; KEY_LEN], Candidate)> = Vec::new();
     for &seq_len in &space.seq_lens {
-        for rest in space.rests(seq_len) {
+        let mut rests: Vec<([u64; KEY_LEN], Config)> = space
+            .rests(seq_len)
+            .into_iter()
+            .map(|r| {
+                let largest = space.micro_batches(&r.layout).first().copied().unwrap_or(1);
+                let upper = key(
+                    objective,
+                    &Config {
+                        micro_batch: largest,
+                        ..r
+                    },
+                );
+                (upper, r)
+            })
+            .collect();
+        rests.sort_by_key(|r| std::cmp::Reverse(r.0));
+        for (upper, rest) in rests {
+            if top.len() > RUNNERS_UP && top.last().is_some_and(|(k, _)| upper < *k) {
+                break;
+            }
             if let Some(c) = largest_fitting_batch(space, rest, &mut eval) {
-                fitting.push(c);
+                keep_top(&mut top, key(objective, &c.config), c);
             }
         }
         // The sequence length is the first key of every objective.
-        if !fitting.is_empty() {
+        if !top.is_empty() {
             break;
         }
     }
-    let objective = space.objective;
-    fitting.sort_by_key(|c| std::cmp::Reverse(key(objective, &c.config)));
-    let mut it = fitting.into_iter();
+    let mut it = top.into_iter().map(|(_, c)| c);
     let best = it.next();
-    let mut seen: Vec<Shape> = best.iter().map(|b| Shape::of(&b.config)).collect();
-    let mut runners_up: Vec<Candidate> = Vec::new();
-    for c in it {
-        if runners_up.len() == RUNNERS_UP {
-            break;
-        }
-        let shape = Shape::of(&c.config);
-        if !seen.contains(&shape) {
-            seen.push(shape);
-            runners_up.push(c);
-        }
-    }
     Outcome {
         closest: if best.is_some() { None } else { closest },
         best,
-        runners_up,
+        runners_up: it.collect(),
         evaluated,
         usable_bytes: caps.usable_bytes,
     }
+}
+
+/// Adds a fitting candidate to the best-per-shape list (sorted, best first, at most
+/// [`RUNNERS_UP`] + 1 shapes).
+fn keep_top(top: &mut Vec<([u64; KEY_LEN], Candidate)>, k: [u64; KEY_LEN], c: Candidate) {
+    let shape = Shape::of(&c.config);
+    if let Some(i) = top.iter().position(|(_, x)| Shape::of(&x.config) == shape) {
+        if top[i].0 >= k {
+            return;
+        }
+        top.remove(i);
+    }
+    let at = top.partition_point(|(x, _)| *x > k);
+    top.insert(at, (k, c));
+    top.truncate(RUNNERS_UP + 1);
 }
 
 /// The largest micro batch that fits for one rest-of-configuration.
@@ -783,7 +1126,7 @@ fn largest_fitting_batch(
         micro_batch: b,
         ..rest
     };
-    let batches = &space.micro_batches; // largest first
+    let batches = &space.micro_batches(&rest.layout); // largest first
     let (&first, accumulating) = batches.split_first()?;
     // Without accumulation (micro batch = effective batch).
     if let Some(c) = eval(with(first)).filter(Candidate::fits) {
@@ -814,7 +1157,7 @@ pub fn all_configs(space: &Space) -> Vec<Config> {
     let mut out = Vec::new();
     for &s in &space.seq_lens {
         for rest in space.rests(s) {
-            for &b in &space.micro_batches {
+            for b in space.micro_batches(&rest.layout) {
                 out.push(Config {
                     micro_batch: b,
                     ..rest

@@ -10,10 +10,11 @@ use std::cmp::Ordering;
 use moro_core::catalog;
 use moro_core::estimate::estimate;
 use moro_core::hardware::{Device, preset};
-use moro_core::job::{Attention, Method, Optimizer, Precision, Stack};
+use moro_core::job::{Attention, Method, Offload, Optimizer, Precision, Sharding, Stack};
 use moro_core::model::ModelSpec;
 use moro_core::search::{
-    Caps, Config, MethodChoice, Objective, Request, Space, TargetSet, margin_bytes, search,
+    Caps, Cluster, Config, Layout, MethodChoice, Objective, Request, Space, TargetSet,
+    margin_bytes, search,
 };
 use moro_core::units::{GIB, MIB};
 
@@ -30,6 +31,31 @@ fn device(spec: &str) -> Device {
         moro_core::hardware::HardwareSpec::Given(h) => h.devices[0].clone(),
         moro_core::hardware::HardwareSpec::Detect => unreachable!(),
     }
+}
+
+/// The documented communication order of a layout (smaller is less): offload level × 5 +
+/// sharding level, ZeRO-3 / FULL_SHARD costing one more across nodes.
+fn comm(l: &Layout) -> u64 {
+    let shard = match l.sharding {
+        Sharding::None => 0,
+        Sharding::Zero1 => 1,
+        Sharding::Zero2 | Sharding::FsdpShardGradOp => 2,
+        Sharding::FsdpHybridShard => 3,
+        Sharding::Zero3 | Sharding::FsdpFullShard => 3 + u64::from(l.nodes > 1),
+    };
+    let off = match l.offload {
+        Offload::None => 0,
+        Offload::Optimizer => 1,
+        Offload::OptimizerAndParams => 2,
+    };
+    off * 5 + shard
+}
+
+fn deepspeed(l: &Layout) -> bool {
+    matches!(
+        l.sharding,
+        Sharding::Zero1 | Sharding::Zero2 | Sharding::Zero3
+    )
 }
 
 /// The documented quality order, written independently of `moro_core::search::quality_key`.
@@ -54,11 +80,14 @@ fn quality_cmp(a: &Config, b: &Config) -> Ordering {
             (a.precision == Precision::Bf16Mixed || a.precision == Precision::Fp16Mixed)
                 .cmp(&(b.precision == Precision::Bf16Mixed || b.precision == Precision::Fp16Mixed)),
         )
+        .then(comm(&b.layout).cmp(&comm(&a.layout)))
+        .then(a.layout.gpus.cmp(&b.layout.gpus))
         .then(rank(a).cmp(&rank(b)))
         .then(b.gradient_checkpointing.cmp(&a.gradient_checkpointing))
         .then(a.micro_batch.cmp(&b.micro_batch))
         .then(opt(a.optimizer).cmp(&opt(b.optimizer)))
         .then((a.attention == Attention::Flash).cmp(&(b.attention == Attention::Flash)))
+        .then(deepspeed(&a.layout).cmp(&deepspeed(&b.layout)))
 }
 
 /// The documented speed order.
@@ -77,7 +106,10 @@ fn speed_cmp(a: &Config, b: &Config) -> Ordering {
     let rank = |c: &Config| if c.method == Method::Full { 0 } else { c.rank };
     a.seq_len
         .cmp(&b.seq_len)
+        .then((comm(&b.layout) / 5).cmp(&(comm(&a.layout) / 5)))
+        .then(a.layout.gpus.cmp(&b.layout.gpus))
         .then(b.gradient_checkpointing.cmp(&a.gradient_checkpointing))
+        .then(comm(&b.layout).cmp(&comm(&a.layout)))
         .then(a.micro_batch.cmp(&b.micro_batch))
         .then(method(a.method).cmp(&method(b.method)))
         .then((a.attention == Attention::Flash).cmp(&(b.attention == Attention::Flash)))
@@ -85,14 +117,83 @@ fn speed_cmp(a: &Config, b: &Config) -> Ordering {
         .then(all_linear(a).cmp(&all_linear(b)))
         .then(rank(a).cmp(&rank(b)))
         .then((a.precision != Precision::Bf16).cmp(&(b.precision != Precision::Bf16)))
+        .then(deepspeed(&a.layout).cmp(&deepspeed(&b.layout)))
 }
 
-/// The whole space of issue 3 §2, enumerated by hand.
+/// The layouts of issue 6 §3, enumerated by hand: GPU counts 1, 2, 4, … below a node, then
+/// 1, 2, 4, … nodes and all of them; the strategies of each stack.
+fn brute_layouts(cluster: Option<Cluster>, stack: Stack) -> Vec<Layout> {
+    let Some(c) = cluster else {
+        return vec![Layout::SINGLE];
+    };
+    let mut counts = Vec::new();
+    if c.exact {
+        counts.push(c.nodes * c.gpus_per_node);
+    } else {
+        let mut n = 1;
+        while n < c.gpus_per_node {
+            counts.push(n);
+            n *= 2;
+        }
+        let mut m = 1;
+        while m < c.nodes {
+            counts.push(m * c.gpus_per_node);
+            m *= 2;
+        }
+        counts.push(c.nodes * c.gpus_per_node);
+    }
+    let mut out = Vec::new();
+    for gpus in counts {
+        if gpus == 1 {
+            out.push(Layout::SINGLE);
+            continue;
+        }
+        let nodes = gpus.div_ceil(c.gpus_per_node);
+        let mut v: Vec<(Sharding, Offload)> = match stack {
+            Stack::Hf | Stack::Trl => vec![
+                (Sharding::None, Offload::None),
+                (Sharding::Zero1, Offload::None),
+                (Sharding::Zero2, Offload::None),
+                (Sharding::Zero3, Offload::None),
+                (Sharding::FsdpShardGradOp, Offload::None),
+                (Sharding::FsdpFullShard, Offload::None),
+            ],
+            Stack::Torchtune | Stack::Litgpt => vec![(Sharding::FsdpFullShard, Offload::None)],
+        };
+        if nodes > 1 && matches!(stack, Stack::Hf | Stack::Trl) {
+            v.push((Sharding::FsdpHybridShard, Offload::None));
+        }
+        if c.offload {
+            match stack {
+                Stack::Hf | Stack::Trl => v.extend([
+                    (Sharding::Zero2, Offload::Optimizer),
+                    (Sharding::Zero3, Offload::Optimizer),
+                    (Sharding::Zero3, Offload::OptimizerAndParams),
+                    (Sharding::FsdpFullShard, Offload::OptimizerAndParams),
+                ]),
+                Stack::Torchtune => v.push((Sharding::FsdpFullShard, Offload::OptimizerAndParams)),
+                Stack::Litgpt => {}
+            }
+        }
+        for (sharding, offload) in v {
+            out.push(Layout {
+                gpus,
+                nodes,
+                sharding,
+                offload,
+            });
+        }
+    }
+    out
+}
+
+/// The whole space of issue 3 §2 and issue 6 §3, enumerated by hand.
 fn brute_configs(
     dev: &Device,
     methods: &[Method],
     seq_lens: &[u64],
     effective_batch: u64,
+    layouts: &[Layout],
 ) -> Vec<Config> {
     let precisions: &[Precision] = if dev.supports_bf16 {
         &[Precision::Bf16Mixed, Precision::Bf16]
@@ -127,22 +228,27 @@ fn brute_configs(
                             Optimizer::PagedAdamw8bit,
                         ] {
                             for &attention in attentions {
-                                let mut b = 1;
-                                while b <= effective_batch {
-                                    if effective_batch.is_multiple_of(b) {
-                                        out.push(Config {
-                                            method,
-                                            targets,
-                                            rank,
-                                            precision,
-                                            gradient_checkpointing,
-                                            optimizer,
-                                            attention,
-                                            seq_len,
-                                            micro_batch: b,
-                                        });
+                                for &layout in layouts {
+                                    // Each GPU's share of the global batch, rounded up.
+                                    let share = effective_batch.div_ceil(layout.gpus).max(1);
+                                    let mut b = 1;
+                                    while b <= share {
+                                        if share.is_multiple_of(b) {
+                                            out.push(Config {
+                                                method,
+                                                targets,
+                                                rank,
+                                                precision,
+                                                gradient_checkpointing,
+                                                optimizer,
+                                                attention,
+                                                seq_len,
+                                                micro_batch: b,
+                                                layout,
+                                            });
+                                        }
+                                        b *= 2;
                                     }
-                                    b *= 2;
                                 }
                             }
                         }
@@ -194,7 +300,8 @@ fn check_brute_force(model_id: &str, hw: &str, request: &Request) {
         MethodChoice::Auto => vec![Method::Full, Method::Lora, Method::Qlora],
         MethodChoice::Only(m) => vec![m],
     };
-    let all = brute_configs(&dev, &methods, &seq_lens, eb);
+    let layouts = brute_layouts(request.cluster, request.stack);
+    let all = brute_configs(&dev, &methods, &seq_lens, eb, &layouts);
     assert_eq!(
         all.len(),
         moro_core::search::all_configs(&space).len(),
@@ -359,6 +466,243 @@ fn other_stacks_batches_and_fixed_methods() {
         req.objective = Objective::Speed;
         check_brute_force(m, hw, &req);
     }
+}
+
+fn cluster(nodes: u64, gpus_per_node: u64) -> Option<Cluster> {
+    Some(Cluster {
+        nodes,
+        gpus_per_node,
+        exact: false,
+        offload: true,
+    })
+}
+
+/// Several GPUs: the count and the strategy are searched with the other knobs; brute force
+/// over every layout agrees.
+#[test]
+fn no_fitting_configuration_beats_the_choice_multi_gpu() {
+    let full = MethodChoice::Only(Method::Full);
+    let cases: [(&str, &str, Option<Cluster>, MethodChoice, Stack); 8] = [
+        // 7B full fine-tuning on a node of A100s; on two.
+        (
+            "Qwen/Qwen2.5-7B",
+            "a100-sxm4-80gb",
+            cluster(1, 8),
+            full,
+            Stack::Hf,
+        ),
+        (
+            "Qwen/Qwen2.5-7B",
+            "a100-sxm4-80gb",
+            cluster(1, 2),
+            full,
+            Stack::Hf,
+        ),
+        // 70B full fine-tuning: a node of H100s (offload), two nodes (hybrid / across).
+        (
+            "meta-llama/Llama-3.1-70B-Instruct",
+            "h100-sxm",
+            cluster(1, 8),
+            full,
+            Stack::Hf,
+        ),
+        (
+            "meta-llama/Llama-3.1-70B-Instruct",
+            "h100-sxm",
+            cluster(2, 8),
+            full,
+            Stack::Trl,
+        ),
+        // Exactly 16 GPUs without offload, as `moro fit` asks.
+        (
+            "meta-llama/Llama-3.1-70B-Instruct",
+            "h100-sxm",
+            Some(Cluster {
+                nodes: 2,
+                gpus_per_node: 8,
+                exact: true,
+                offload: false,
+            }),
+            full,
+            Stack::Hf,
+        ),
+        // QLoRA of a 32B on four 24 GB cards; other stacks.
+        (
+            "Qwen/Qwen2.5-32B",
+            "rtx-4090",
+            cluster(1, 4),
+            MethodChoice::Only(Method::Qlora),
+            Stack::Hf,
+        ),
+        (
+            "Qwen/Qwen2.5-7B",
+            "rtx-4090",
+            cluster(1, 4),
+            full,
+            Stack::Torchtune,
+        ),
+        (
+            "Qwen/Qwen2.5-7B",
+            "rtx-4090",
+            cluster(1, 8),
+            full,
+            Stack::Litgpt,
+        ),
+    ];
+    for (m, hw, cluster, method, stack) in cases {
+        for objective in [Objective::Quality, Objective::Speed] {
+            check_brute_force(
+                m,
+                hw,
+                &Request {
+                    method,
+                    seq_len: Some(4096),
+                    stack,
+                    cluster,
+                    objective,
+                    ..Request::default()
+                },
+            );
+        }
+    }
+    // Method auto (full, LoRA and QLoRA) on two GPUs, the sequence length free.
+    check_brute_force(
+        "Qwen/Qwen2.5-1.5B",
+        "rtx-3060-12gb",
+        &Request {
+            cluster: cluster(1, 2),
+            effective_batch: Some(8),
+            ..Request::default()
+        },
+    );
+}
+
+#[test]
+fn layouts_follow_the_cluster_and_the_stack() {
+    let req = |c: Option<Cluster>, stack| Request {
+        cluster: c,
+        stack,
+        ..Request::default()
+    };
+    // One node of 8: counts 1, 2, 4, 8; no hybrid (it needs several nodes).
+    let l = moro_core::search::layouts(&req(cluster(1, 8), Stack::Hf));
+    let counts: std::collections::BTreeSet<u64> = l.iter().map(|x| x.gpus).collect();
+    assert_eq!(counts.into_iter().collect::<Vec<_>>(), [1, 2, 4, 8]);
+    assert!(l.iter().all(|x| x.sharding != Sharding::FsdpHybridShard));
+    assert!(l.contains(&Layout::SINGLE));
+    assert_eq!(
+        (l[0].gpus, l[0].sharding),
+        (8, Sharding::None),
+        "DDP over every GPU first"
+    );
+    assert!(l.windows(2).all(|w| w[0].comm_cost() <= w[1].comm_cost()));
+    // Two nodes: 16 GPUs, hybrid shard only across nodes, full shard across costs more.
+    let l = moro_core::search::layouts(&req(cluster(2, 8), Stack::Hf));
+    assert!(l.iter().any(|x| x.gpus == 16));
+    assert!(
+        l.iter()
+            .filter(|x| x.sharding == Sharding::FsdpHybridShard)
+            .all(|x| x.nodes == 2)
+    );
+    let cost = |s, g| {
+        l.iter()
+            .find(|x| x.sharding == s && x.gpus == g && x.offload == Offload::None)
+            .unwrap()
+            .comm_cost()
+    };
+    assert!(cost(Sharding::FsdpHybridShard, 16) < cost(Sharding::FsdpFullShard, 16));
+    assert_eq!(cost(Sharding::FsdpFullShard, 8), cost(Sharding::Zero3, 8));
+    assert!(cost(Sharding::None, 16) < cost(Sharding::Zero1, 16));
+    // Offload only when allowed, and last.
+    let no = Cluster {
+        offload: false,
+        ..cluster(1, 8).unwrap()
+    };
+    let l = moro_core::search::layouts(&req(Some(no), Stack::Hf));
+    assert!(l.iter().all(|x| x.offload == Offload::None));
+    // torchtune and litgpt shard with FSDP only.
+    for stack in [Stack::Torchtune, Stack::Litgpt] {
+        let l = moro_core::search::layouts(&req(cluster(1, 8), stack));
+        assert!(
+            l.iter()
+                .all(|x| x.gpus == 1 || x.sharding == Sharding::FsdpFullShard),
+            "{stack:?}"
+        );
+    }
+    // Exactly 16.
+    let ex = Cluster {
+        exact: true,
+        ..cluster(2, 8).unwrap()
+    };
+    assert!(
+        moro_core::search::layouts(&req(Some(ex), Stack::Hf))
+            .iter()
+            .all(|x| x.gpus == 16)
+    );
+    // No cluster: the request's fixed layout.
+    assert_eq!(
+        moro_core::search::layouts(&Request::default()),
+        [Layout::SINGLE]
+    );
+}
+
+/// The effective batch is global: micro batch × accumulation × GPUs.
+#[test]
+fn effective_batch_is_over_all_gpus() {
+    let spec = model("Qwen/Qwen2.5-7B");
+    let caps = Caps::of_device(&device("a100-sxm4-80gb"));
+    let space = Space::new(
+        &spec,
+        &Request {
+            method: MethodChoice::Only(Method::Full),
+            seq_len: Some(2048),
+            effective_batch: Some(32),
+            cluster: cluster(1, 8),
+            ..Request::default()
+        },
+        &caps,
+    )
+    .unwrap();
+    for c in moro_core::search::all_configs(&space) {
+        let job = space.job(&c);
+        assert_eq!(
+            job.micro_batch_size * job.grad_accum * job.parallel.data_parallel,
+            32,
+            "{c:?}"
+        );
+        assert_eq!(job.parallel.gpus(), c.layout.gpus);
+        assert_eq!(job.parallel.sharding, c.layout.sharding);
+    }
+    let out = search(&spec, &space, &caps);
+    let best = out.best.unwrap();
+    assert!(best.job.parallel.gpus() > 1, "{:?}", best.config.layout);
+}
+
+/// The plans of issue 6's closing note, as the engine makes them: a 70B full fine-tune does
+/// not fit one H100 but fits a node of eight (sharded, never plain DDP), and two nodes fit it
+/// without offload; 70B QLoRA fits one 80 GB card.
+#[test]
+fn seventy_b_full_needs_a_sharded_node() {
+    let spec = model("meta-llama/Llama-3.1-70B-Instruct");
+    let caps = Caps::of_device(&device("h100-sxm"));
+    let req = |c: Option<Cluster>, m| Request {
+        method: MethodChoice::Only(m),
+        seq_len: Some(4096),
+        cluster: c,
+        ..Request::default()
+    };
+    let run = |r: &Request| search(&spec, &Space::new(&spec, r, &caps).unwrap(), &caps);
+    assert!(run(&req(None, Method::Full)).best.is_none());
+    let node = run(&req(cluster(1, 8), Method::Full)).best.unwrap();
+    assert_eq!(node.job.parallel.gpus(), 8);
+    assert!(matches!(
+        node.job.parallel.sharding,
+        Sharding::Zero3 | Sharding::FsdpFullShard
+    ));
+    let two = run(&req(cluster(2, 8), Method::Full)).best.unwrap();
+    assert_eq!(two.job.parallel.gpus(), 16);
+    assert_eq!(two.job.parallel.offload, Offload::None);
+    assert!(run(&req(None, Method::Qlora)).best.is_some());
 }
 
 #[test]

@@ -393,27 +393,238 @@ fn fit_json_shape_and_order() {
     assert_eq!(v["method"], "qlora");
     let fits = v["fits"].as_array().unwrap();
     assert!(!fits.is_empty());
-    let mem: Vec<u64> = fits
+    // Cheapest first: the priced GPU-resident rows by total $/h.
+    let price: Vec<f64> = fits
         .iter()
-        .map(|f| f["memory_bytes"].as_u64().unwrap())
+        .filter(|f| f["host_bytes"] == 0)
+        .map_while(|f| f["total_usd_per_hour"].as_f64())
         .collect();
-    assert!(mem.windows(2).all(|w| w[0] <= w[1]), "{mem:?}");
+    assert!(price.len() > 3, "{price:?}");
+    assert!(price.windows(2).all(|w| w[0] <= w[1]), "{price:?}");
     for f in fits {
         assert!(f["configuration"].as_str().unwrap().starts_with("qlora"));
         assert_eq!(f["seq_len"].as_u64(), Some(4096));
         assert!(f["headroom_bytes"].as_i64().unwrap() >= 0);
+        assert_eq!(f["job"]["parallel"]["data_parallel"], f["gpus"]);
     }
-    // A 7B QLoRA job at 4096 does not fit an 8 GB card.
-    assert!(
-        v["does_not_fit"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|x| x == "rtx-3070")
-    );
+    // A 7B QLoRA job at 4096 does not fit one 8 GB card: it takes several.
+    let small = fits.iter().find(|f| f["preset"] == "rtx-3070").unwrap();
+    assert!(small["gpus"].as_u64().unwrap() > 1, "{small}");
+    let big = fits.iter().find(|f| f["preset"] == "h100-sxm").unwrap();
+    assert_eq!(big["gpus"], 1);
+    assert_eq!(big["strategy"], "one GPU");
     moro(dir.path()).args(["fit"]).assert().code(2);
     moro(dir.path())
         .args(["fit", "--model-size", "seven"])
         .assert()
         .code(2);
+}
+
+/// 70B full fine-tuning: no single GPU fits, `fit` answers how many of each class, with the
+/// strategy, the per-GPU peak and the host RAM offload needs.
+#[test]
+fn fit_json_answers_70b_full_fine_tuning() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = moro(dir.path())
+        .args([
+            "fit",
+            "--model",
+            "meta-llama/Llama-3.1-70B-Instruct",
+            "--method",
+            "full",
+            "--seq-len",
+            "4096",
+            "--json",
+        ])
+        .assert()
+        .code(0)
+        .get_output()
+        .clone();
+    let v = json_of(&o.stdout);
+    assert_eq!(v["method"], "full");
+    let fits = v["fits"].as_array().unwrap();
+    let h100 = fits
+        .iter()
+        .find(|f| f["preset"] == "h100-sxm")
+        .expect("an H100 row");
+    let gpus = h100["gpus"].as_u64().unwrap();
+    assert!((2..=16).contains(&gpus), "{h100}");
+    let strategy = h100["strategy"].as_str().unwrap();
+    assert!(
+        strategy.starts_with("ZeRO-3") || strategy.starts_with("FSDP"),
+        "{strategy}"
+    );
+    assert!(h100["peak_device_bytes"].as_u64().unwrap() < 80 << 30);
+    assert!(
+        h100["configuration"]
+            .as_str()
+            .unwrap()
+            .starts_with("full, 4096 tokens")
+    );
+    // Offload saves GPUs where it is reported, with its host RAM.
+    if let Some(o) = h100["with_offload"].as_object() {
+        assert!(o["gpus"].as_u64().unwrap() < gpus);
+        assert!(o["host_bytes"].as_u64().unwrap() > 0);
+    }
+    // Total price = GPUs × price per GPU-hour.
+    let total = h100["total_usd_per_hour"].as_f64().unwrap();
+    let each = h100["price_usd_per_hour"].as_f64().unwrap();
+    #[allow(clippy::cast_precision_loss)]
+    let want = each * gpus as f64;
+    assert!((total - want).abs() < 1e-9);
+    // Apple Silicon is one GPU or nothing.
+    assert!(
+        fits.iter()
+            .filter(|f| f["vendor"] == "apple")
+            .all(|f| f["gpus"] == 1)
+    );
+    // The text table names the count and the strategy.
+    let o = moro(dir.path())
+        .args([
+            "fit",
+            "--model",
+            "meta-llama/Llama-3.1-70B-Instruct",
+            "--method",
+            "full",
+            "--seq-len",
+            "4096",
+        ])
+        .assert()
+        .code(0)
+        .get_output()
+        .clone();
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(s.contains("strategy") && s.contains("h100-sxm"), "{s}");
+}
+
+/// `--hardware 8xh100-sxm` on a 70B full fine-tune: the search picks a ZeRO/FSDP strategy
+/// over the eight GPUs, writes `parallel:`, and the DeepSpeed and accelerate exports of that
+/// recipe launch eight processes.
+#[test]
+fn generate_on_eight_h100_writes_parallel_and_exports_deepspeed() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let o = moro(d)
+        .args([
+            "recipe",
+            "generate",
+            "--model",
+            "meta-llama/Llama-3.1-70B-Instruct",
+            "--hardware",
+            "8xh100-sxm",
+            "--method",
+            "full",
+            "--seq-len",
+            "4096",
+            "--output",
+            "moro.yaml",
+        ])
+        .assert()
+        .code(0)
+        .get_output()
+        .clone();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("8 GPUs"), "{out}");
+    let text = std::fs::read_to_string(d.join("moro.yaml")).unwrap();
+    assert!(text.contains("\nparallel:\n  gpus: 8\n"), "{text}");
+    let strategy = text
+        .lines()
+        .find_map(|l| l.strip_prefix("  strategy: "))
+        .unwrap();
+    assert!(
+        ["zero2", "zero3", "fsdp_full_shard", "fsdp_shard_grad_op"].contains(&strategy),
+        "{strategy}"
+    );
+    assert!(text.contains("# parallel: 8 of the 8 GPUs with "), "{text}");
+    assert!(text.contains("  count: 8\n"), "{text}");
+    // The recipe re-checks on its own hardware section.
+    moro(d)
+        .args(["recipe", "check", "moro.yaml"])
+        .assert()
+        .code(0);
+    // DeepSpeed export: the JSON config and a launch over eight GPUs.
+    let o = moro(d)
+        .args([
+            "recipe",
+            "export",
+            "moro.yaml",
+            "--to",
+            "deepspeed",
+            "-o",
+            "ds/",
+            "--json",
+        ])
+        .assert()
+        .code(0)
+        .get_output()
+        .clone();
+    let v = json_of(&o.stdout);
+    let launch = v["launch"].as_str().unwrap();
+    let files: Vec<&str> = v["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    if strategy.starts_with("zero") {
+        assert!(launch.contains("8"), "{launch}");
+        let ds = std::fs::read_to_string(d.join("ds/ds_config.json")).unwrap();
+        let ds: serde_json::Value = serde_json::from_str(&ds).unwrap();
+        let stage = ds["zero_optimization"]["stage"].as_u64().unwrap();
+        assert_eq!(format!("zero{stage}"), strategy);
+        assert!(
+            files.iter().any(|f| f.ends_with("ds_config.json")),
+            "{files:?}"
+        );
+    }
+    // accelerate export: the config and `accelerate launch`.
+    let o = moro(d)
+        .args([
+            "recipe",
+            "export",
+            "moro.yaml",
+            "--to",
+            "accelerate",
+            "-o",
+            "acc/",
+            "--json",
+        ])
+        .assert()
+        .code(0)
+        .get_output()
+        .clone();
+    let v = json_of(&o.stdout);
+    assert!(
+        v["launch"]
+            .as_str()
+            .unwrap()
+            .starts_with("accelerate launch"),
+        "{v}"
+    );
+    let acc = std::fs::read_to_string(d.join("acc/accelerate.yaml")).unwrap();
+    assert!(acc.contains("num_processes: 8"), "{acc}");
+    // JSON: the best names its GPUs, strategy and host RAM.
+    let o = moro(d)
+        .args([
+            "recipe",
+            "generate",
+            "--model",
+            "meta-llama/Llama-3.1-70B-Instruct",
+            "--hardware",
+            "2x8xh100-sxm",
+            "--method",
+            "full",
+            "--seq-len",
+            "4096",
+            "--json",
+        ])
+        .assert()
+        .code(0)
+        .get_output()
+        .clone();
+    let v = json_of(&o.stdout);
+    assert_eq!(v["best"]["gpus"], 16);
+    assert!(v["best"]["host_bytes"].is_u64());
+    assert_eq!(v["recipe"]["parallel"]["gpus"], 16);
+    assert_eq!(v["recipe"]["hardware"]["count"], 16);
 }

@@ -1,5 +1,6 @@
-//! `moro fit`: the three-question framework (how big, full or PEFT, what context) → which
-//! GPU classes of the catalog fit, cheapest first.
+//! `moro fit`: the three-question framework (how big, full or PEFT, what context) → for each
+//! GPU class of the catalog, the fewest GPUs (1, 2, 4, 8, then nodes of 8 up to 64) and the
+//! strategy the recipe search picks for them, cheapest first.
 
 use std::process::ExitCode;
 
@@ -10,7 +11,9 @@ use moro_core::model::ModelSpec;
 use moro_core::search::{MethodChoice, Objective, Request};
 use serde::Serialize;
 
-use crate::commands::recipe::{caps_of, describe, run_search};
+use crate::commands::recipe::{
+    FIT_GPU_COUNTS, caps_of, describe, exact_cluster, layout_of, run_search,
+};
 use crate::error::{user, user_hint};
 use crate::hw::Target;
 use crate::jobargs::parse_stack;
@@ -126,12 +129,43 @@ pub(crate) struct FitRow {
     pub(crate) preset: String,
     pub(crate) name: String,
     pub(crate) vendor: &'static str,
+    /// Memory of one GPU.
     pub(crate) memory_bytes: u64,
+    /// The fewest GPUs of this class on which the job fits.
+    pub(crate) gpus: u64,
+    /// The strategy the search chose for them (`one GPU`, `DDP`, `ZeRO-3`, ...).
+    pub(crate) strategy: String,
+    /// US$ per GPU-hour, where the hardware document has a figure.
     pub(crate) price_usd_per_hour: Option<f64>,
+    /// `gpus × price_usd_per_hour`.
+    pub(crate) total_usd_per_hour: Option<f64>,
+    /// `gpus × memory_bytes`.
+    pub(crate) total_memory_bytes: u64,
     pub(crate) configuration: String,
     pub(crate) seq_len: u64,
+    pub(crate) micro_batch_size: u64,
+    pub(crate) gradient_accumulation_steps: u64,
+    pub(crate) gradient_checkpointing: bool,
+    /// Predicted peak of one GPU.
     pub(crate) peak_device_bytes: u64,
     pub(crate) headroom_bytes: i64,
+    /// Host RAM the offloaded states need (0 without offload).
+    pub(crate) host_bytes: u64,
+    /// The job, for `moro recipe generate --hardware <gpus>x<preset>`.
+    pub(crate) job: moro_core::job::Job,
+    /// Fewer GPUs of this class with CPU offload, when offload saves GPUs (it needs
+    /// `host_bytes` of host RAM and runs the optimizer step on the CPU).
+    pub(crate) with_offload: Option<FitOffload>,
+}
+
+/// The offload alternative of a [`FitRow`].
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct FitOffload {
+    pub(crate) gpus: u64,
+    pub(crate) strategy: String,
+    pub(crate) configuration: String,
+    pub(crate) peak_device_bytes: u64,
+    pub(crate) host_bytes: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -140,55 +174,148 @@ struct FitJson<'a> {
     parameters: u64,
     method: String,
     seq_len: Option<u64>,
+    gpu_counts: [u64; 7],
     order: &'static str,
     fits: Vec<FitRow>,
     does_not_fit: Vec<String>,
 }
 
-/// Every catalog preset the job fits on (ordered by memory, then price), and those it does
-/// not fit on.
-pub(crate) fn fit_rows(spec: &ModelSpec, request: &Request) -> (Vec<FitRow>, Vec<String>) {
-    let mut fits = Vec::new();
-    let mut not = Vec::new();
-    for p in moro_core::hardware::presets() {
-        let Some(d) = p.to_device(None) else { continue };
-        let target = Target {
-            hardware: moro_core::hardware::Hardware {
-                devices: vec![d.clone()],
-            },
-            detected: false,
-            spec: p.id.clone(),
+/// The fewest GPUs of one preset ([`FIT_GPU_COUNTS`]; Apple Silicon: one) on which the job
+/// fits without CPU offload, with the search's strategy for them, and the fewest with
+/// offload when that is fewer; `None` when not even 64 fit, offload included.
+///
+/// Each count is searched without offload, then, until an offloading layout has fitted,
+/// with it (the quality objective ranks precision above the layout, so a search allowing
+/// offload may pick it over a GPU-resident pure-bf16 configuration).
+fn fit_preset(
+    spec: &ModelSpec,
+    request: &Request,
+    p: &moro_core::hardware::GpuModel,
+) -> Option<FitRow> {
+    let d = p.to_device(None)?;
+    let target = Target {
+        hardware: moro_core::hardware::Hardware {
+            devices: vec![d.clone()],
+        },
+        detected: false,
+        spec: p.id.clone(),
+    };
+    let caps = caps_of(&target)?;
+    let counts: &[u64] = if p.vendor == moro_core::hardware::Vendor::Apple {
+        &[1]
+    } else {
+        &FIT_GPU_COUNTS
+    };
+    let price = PRICES_USD_PER_HOUR
+        .iter()
+        .find(|(id, _)| *id == p.id)
+        .map(|(_, v)| *v);
+    let mut offloaded: Option<(u64, moro_core::search::Candidate)> = None;
+    let mut resident: Option<(u64, moro_core::search::Candidate)> = None;
+    let best = |n: u64, offload: bool| {
+        let req = Request {
+            cluster: exact_cluster(n, offload),
+            parallel: moro_core::job::Parallel::single(),
+            ..request.clone()
         };
-        let Some(caps) = caps_of(&target) else {
-            continue;
-        };
-        match run_search(spec, request, &caps).and_then(|o| o.best) {
-            Some(b) => fits.push(FitRow {
-                preset: p.id.clone(),
-                name: d.name.clone(),
-                vendor: p.vendor.as_str(),
-                memory_bytes: caps.usable_bytes,
-                price_usd_per_hour: PRICES_USD_PER_HOUR
-                    .iter()
-                    .find(|(id, _)| *id == p.id)
-                    .map(|(_, v)| *v),
-                configuration: describe(&b.job),
-                seq_len: b.job.seq_len,
-                peak_device_bytes: b.estimate.peak_device_bytes,
-                headroom_bytes: b.headroom_bytes,
-            }),
-            None => not.push(p.id.clone()),
+        run_search(spec, &req, &caps).and_then(|o| o.best)
+    };
+    for &n in counts {
+        if let Some(b) = best(n, false) {
+            resident = Some((n, b));
+            break;
+        }
+        if offloaded.is_none() && n > 1 {
+            offloaded = best(n, true).map(|b| (n, b));
         }
     }
-    // Cheapest first: the memory class is the price proxy every preset has (a card with
-    // less memory of the same generation never costs more); within a class the §6 $/h
-    // figure, presets without one last.
+    let (main, alt) = match (resident, offloaded) {
+        (Some(r), o) => (r, o),
+        (None, Some(o)) => (o, None),
+        (None, None) => return None,
+    };
+    let (n, b) = main;
+    let with_offload = alt.map(|(gpus, c)| FitOffload {
+        gpus,
+        strategy: layout_of(&c.job).strategy_text(),
+        configuration: describe(&c.job),
+        peak_device_bytes: c.estimate.peak_device_bytes,
+        host_bytes: c.estimate.host_bytes,
+    });
+    #[allow(clippy::cast_precision_loss)]
+    Some(FitRow {
+        preset: p.id.clone(),
+        name: d.name.clone(),
+        vendor: p.vendor.as_str(),
+        memory_bytes: caps.usable_bytes,
+        gpus: n,
+        strategy: layout_of(&b.job).strategy_text(),
+        price_usd_per_hour: price,
+        total_usd_per_hour: price.map(|v| v * n as f64),
+        total_memory_bytes: caps.usable_bytes.saturating_mul(n),
+        configuration: describe(&b.job),
+        seq_len: b.job.seq_len,
+        micro_batch_size: b.job.micro_batch_size,
+        gradient_accumulation_steps: b.job.grad_accum,
+        gradient_checkpointing: b.job.gradient_checkpointing,
+        peak_device_bytes: b.estimate.peak_device_bytes,
+        headroom_bytes: b.headroom_bytes,
+        host_bytes: b.estimate.host_bytes,
+        job: b.job,
+        with_offload,
+    })
+}
+
+/// For every catalog preset, the fewest GPUs that fit, and the presets on which not even 64
+/// GPUs fit. Ordered cheapest first: by total $/hour (GPUs × $/GPU-hour) where the hardware
+/// document prices the GPU, then the unpriced by total memory; the classes that fit only with
+/// CPU offload come after those that fit in GPU memory (their host RAM is not priced, and can
+/// be terabytes). Presets are searched in parallel.
+pub(crate) fn fit_rows(spec: &ModelSpec, request: &Request) -> (Vec<FitRow>, Vec<String>) {
+    let presets = moro_core::hardware::presets();
+    let threads = std::thread::available_parallelism()
+        .map_or(4, std::num::NonZeroUsize::get)
+        .clamp(1, 16);
+    let chunk = presets.len().div_ceil(threads).max(1);
+    let results: Vec<(String, Option<FitRow>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = presets
+            .chunks(chunk)
+            .map(|ps| {
+                s.spawn(move || {
+                    ps.iter()
+                        .filter(|p| p.to_device(None).is_some())
+                        .map(|p| (p.id.clone(), fit_preset(spec, request, p)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_default())
+            .collect()
+    });
+    let mut fits = Vec::new();
+    let mut not = Vec::new();
+    for (id, row) in results {
+        match row {
+            Some(r) => fits.push(r),
+            None => not.push(id),
+        }
+    }
     fits.sort_by(|a, b| {
-        a.memory_bytes.cmp(&b.memory_bytes).then(
-            a.price_usd_per_hour
-                .unwrap_or(f64::INFINITY)
-                .total_cmp(&b.price_usd_per_hour.unwrap_or(f64::INFINITY)),
-        )
+        (a.host_bytes > 0).cmp(&(b.host_bytes > 0)).then_with(|| {
+            match (a.total_usd_per_hour, b.total_usd_per_hour) {
+                (Some(x), Some(y)) => x
+                    .total_cmp(&y)
+                    .then(a.total_memory_bytes.cmp(&b.total_memory_bytes)),
+                (Some(_), None) => std::cmp::Ordering::Less,
+                (None, Some(_)) => std::cmp::Ordering::Greater,
+                (None, None) => a
+                    .total_memory_bytes
+                    .cmp(&b.total_memory_bytes)
+                    .then(a.preset.cmp(&b.preset)),
+            }
+        })
     });
     (fits, not)
 }
@@ -217,6 +344,7 @@ pub(crate) fn run(args: &FitArgs) -> Result<ExitCode> {
         effective_batch: args.effective_batch,
         stack: args.stack,
         parallel: moro_core::job::Parallel::single(),
+        cluster: None,
         objective: Objective::Quality,
     };
     // Reject an invalid request once, with its field, before searching every preset.
@@ -234,7 +362,10 @@ pub(crate) fn run(args: &FitArgs) -> Result<ExitCode> {
             parameters: spec.total_params(),
             method,
             seq_len: args.seq_len,
-            order: "memory ascending, then $/GPU-hour (hardware-detection.md §6)",
+            gpu_counts: FIT_GPU_COUNTS,
+            order: "GPU-resident answers first, CPU-offload-only answers after; each by total \
+                    $/hour (GPUs × $/GPU-hour, hardware-detection.md §6) ascending, then the \
+                    unpriced GPUs by total memory",
             fits,
             does_not_fit: not,
         };
@@ -249,27 +380,57 @@ pub(crate) fn run(args: &FitArgs) -> Result<ExitCode> {
             .map_or("8192 → 1024".to_owned(), |s| s.to_string())
     );
     if fits.is_empty() {
-        out.push_str("no single catalog GPU fits; try --method qlora, a shorter --seq-len, or `moro recipe generate --hardware 8xh100-sxm`\n");
+        out.push_str(
+            "not even 64 GPUs of any catalog class fit; try --method qlora or a shorter --seq-len\n",
+        );
         stdout(&out)?;
         return Ok(ExitCode::from(1));
     }
     let mut t = Table::new(
-        &["gpu", "GiB", "$/h", "peak GiB", "recipe"],
-        &[false, true, true, true, false],
+        &[
+            "gpu",
+            "GPUs",
+            "GiB/GPU",
+            "$/h",
+            "strategy",
+            "peak GiB/GPU",
+            "host GiB",
+            "with offload",
+            "recipe",
+        ],
+        &[false, true, true, true, false, true, true, false, false],
     );
     for r in &fits {
         t.row(vec![
             r.preset.clone(),
+            r.gpus.to_string(),
             gib(r.memory_bytes),
-            r.price_usd_per_hour
+            r.total_usd_per_hour
                 .map_or("-".to_owned(), |p| format!("{p:.2}")),
+            r.strategy.clone(),
             gib(r.peak_device_bytes),
+            if r.host_bytes == 0 {
+                "-".to_owned()
+            } else {
+                gib(r.host_bytes)
+            },
+            r.with_offload.as_ref().map_or("-".to_owned(), |o| {
+                format!(
+                    "{} GPUs, {}, {} GiB/GPU + {} GiB host",
+                    o.gpus,
+                    o.strategy,
+                    gib(o.peak_device_bytes),
+                    gib(o.host_bytes)
+                )
+            }),
             r.configuration.clone(),
         ]);
     }
     out.push_str(&t.render());
     out.push_str(&format!(
-        "\n{} presets fit, {} do not\n",
+        "\n{} GPU classes fit, {} do not even as 64; cheapest first (GPUs × $/GPU-hour, unpriced \
+         classes by total memory; classes that need CPU offload last); strategy: the least communication that fits without CPU \
+         offload (`with offload`: fewer GPUs when the host has the RAM)\n",
         fits.len(),
         not.len()
     ));
@@ -294,29 +455,59 @@ mod tests {
     }
 
     #[test]
-    fn cheaper_classes_first_and_fits_is_monotone_in_memory() {
+    fn cheapest_first_and_the_fewest_gpus() {
         let (_, spec) = model_of_size(7_000_000_000).unwrap();
         let req = Request {
-            method: MethodChoice::Only(moro_core::job::Method::Qlora),
-            seq_len: Some(4096),
+            method: MethodChoice::Only(moro_core::job::Method::Full),
+            seq_len: Some(2048),
             ..Request::default()
         };
-        let (fits, not) = fit_rows(&spec, &req);
+        let (fits, _not) = fit_rows(&spec, &req);
         assert!(!fits.is_empty());
+        // GPU-resident rows first; among them priced rows first, by total $/h; then the
+        // unpriced by total memory.
+        let resident = fits.iter().take_while(|r| r.host_bytes == 0).count();
+        assert!(fits[resident..].iter().all(|r| r.host_bytes > 0));
+        let fits = &fits[..resident];
+        let priced = fits
+            .iter()
+            .take_while(|r| r.total_usd_per_hour.is_some())
+            .count();
         assert!(
-            fits.windows(2)
-                .all(|w| w[0].memory_bytes <= w[1].memory_bytes)
+            fits[priced..]
+                .iter()
+                .all(|r| r.total_usd_per_hour.is_none())
         );
-        // Every preset with at least as much memory as a fitting one, the same bf16/FA2
-        // support, fits too (the search is monotone in memory).
-        let smallest = fits[0].memory_bytes;
-        for id in &not {
-            let p = moro_core::hardware::preset(id).unwrap();
+        assert!(fits[..priced].windows(2).all(|w| {
+            w[0].total_usd_per_hour.unwrap_or(0.0) <= w[1].total_usd_per_hour.unwrap_or(0.0)
+        }));
+        assert!(
+            fits[priced..]
+                .windows(2)
+                .all(|w| w[0].total_memory_bytes <= w[1].total_memory_bytes)
+        );
+        // The count is the fewest: half as many GPUs do not fit.
+        for r in fits.iter().filter(|r| r.gpus > 1) {
+            let p = moro_core::hardware::preset(&r.preset).unwrap();
             let d = p.to_device(None).unwrap();
+            let caps = moro_core::search::Caps::of_device(&d);
+            let fewer = Request {
+                cluster: exact_cluster(r.gpus / 2, r.host_bytes > 0),
+                ..req.clone()
+            };
             assert!(
-                d.total_bytes < smallest || !d.supports_bf16 || !d.supports_flash_attention,
-                "{id}"
+                run_search(&spec, &fewer, &caps)
+                    .and_then(|o| o.best)
+                    .is_none(),
+                "{} fits on {} GPUs",
+                r.preset,
+                r.gpus / 2
             );
+            assert_eq!(r.job.parallel.gpus(), r.gpus);
         }
+        assert!(fits.iter().any(|r| r.preset == "a100-sxm4-80gb"));
+        // A 24 GB card needs several, sharded.
+        let r = fits.iter().find(|r| r.preset == "rtx-4090").unwrap();
+        assert!(r.gpus > 1 && r.strategy != "DDP", "{r:?}");
     }
 }

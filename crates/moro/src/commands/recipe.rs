@@ -14,11 +14,11 @@ use clap::Args;
 use moro_core::catalog;
 use moro_core::estimate::{DeviceProfile, Estimate};
 use moro_core::hardware::{Device, Hardware, HardwareSpec, Vendor, parse_hardware_spec};
-use moro_core::job::{Job, Method, Parallel, Sharding, Stack};
+use moro_core::job::{Job, Method, Stack};
 use moro_core::model::ModelSpec;
 use moro_core::search::{
-    Candidate, Caps, MethodChoice, Objective, Outcome, Request, Space, margin_bytes, margin_rule,
-    search,
+    Candidate, Caps, Cluster, Layout, MethodChoice, Objective, Outcome, Request, Space,
+    margin_bytes, margin_rule, search,
 };
 use moro_recipe::{Components, HardwareSection, PredictionSection, Recipe, TrainingExtras};
 use serde::Serialize;
@@ -69,7 +69,10 @@ pub(crate) struct GenerateArgs {
     #[arg(long, short)]
     pub(crate) model: String,
     /// Hardware: `detect`, a preset (`rtx-4090`, `apple-m3-max-64gb`), a GPU name, a size
-    /// (`24GiB`) or `N×preset`.
+    /// (`24GiB`), `N×preset` (one node; above 8, nodes of 8) or a cluster `NODES×GPUS×preset`
+    /// (`2x8xh100-sxm`). With several GPUs the search also chooses how many to use and the
+    /// strategy (DDP, ZeRO-1/2/3, FSDP, offload), preferring the least communication that
+    /// fits.
     #[arg(long, default_value = "detect")]
     pub(crate) hardware: String,
     /// Write the recipe here (atomically); without it the YAML goes to stdout.
@@ -219,17 +222,104 @@ pub(crate) fn caps_of(target: &Target) -> Option<Caps> {
     })
 }
 
-/// The multi-GPU layout for `gpus` GPUs: one GPU plain; more GPUs fully sharded (FSDP
-/// FULL_SHARD), the layout that lowers per-GPU memory most without offload.
-pub(crate) fn parallel_for(gpus: u64) -> Parallel {
-    if gpus <= 1 {
-        Parallel::single()
-    } else {
-        Parallel {
-            data_parallel: gpus,
-            sharding: Sharding::FsdpFullShard,
-            ..Parallel::single()
+/// GPUs per node when a GPU count alone is given (`16xh100-sxm`): the common 8-GPU server.
+pub(crate) const DEFAULT_GPUS_PER_NODE: u64 = 8;
+
+/// A cluster spec `NODES×GPUS×rest` (`2x8xh100-sxm`): `(nodes, gpus per node, rest)`.
+/// `None` for anything else (a preset, `8xh100-sxm`, a list).
+pub(crate) fn parse_cluster_spec(spec: &str) -> Option<(u64, u64, &str)> {
+    fn count(s: &str) -> Option<(u64, &str)> {
+        let s = s.trim_start();
+        let digits = s.find(|c: char| !c.is_ascii_digit())?;
+        let n: u64 = s[..digits].parse().ok()?;
+        let rest = s[digits..].trim_start();
+        let rest = ['x', 'X', '×', '*']
+            .iter()
+            .find_map(|sep| rest.strip_prefix(*sep))?;
+        (n > 0).then_some((n, rest))
+    }
+    if spec.contains(',') {
+        return None;
+    }
+    let (nodes, rest) = count(spec)?;
+    let (per, rest) = count(rest)?;
+    let rest = rest.trim();
+    (!rest.is_empty()).then_some((nodes, per, rest))
+}
+
+/// Resolves `--hardware`, accepting a cluster spec (`2x8xh100-sxm`, normalized to
+/// `16xh100-sxm` for the hardware parser), and the cluster the search may spread over:
+/// `None` for one GPU; `N×preset` is one node up to [`DEFAULT_GPUS_PER_NODE`] GPUs, and
+/// nodes of that many above it when they divide `N`.
+pub(crate) fn resolve_target(spec: &str) -> Result<(Target, Option<Cluster>)> {
+    let (target, nodes) = match parse_cluster_spec(spec) {
+        Some((nodes, per, rest)) => {
+            let total = nodes
+                .checked_mul(per)
+                .filter(|t| *t <= u64::from(moro_core::hardware::MAX_GPU_COUNT))
+                .ok_or_else(|| {
+                    user(format!(
+                        "--hardware `{spec}`: at most {} GPUs in all",
+                        moro_core::hardware::MAX_GPU_COUNT
+                    ))
+                })?;
+            let flat = format!("{total}x{rest}");
+            let Some(t) = crate::hw::resolve(Some(&flat), None)? else {
+                return Err(user("--hardware: empty value"));
+            };
+            (t, Some((nodes, per)))
         }
+        None => {
+            let Some(t) = crate::hw::resolve(Some(spec), None)? else {
+                return Err(user("--hardware: empty value"));
+            };
+            (t, None)
+        }
+    };
+    let n = target.hardware.devices.len() as u64;
+    let cluster = match nodes {
+        _ if n <= 1 => None,
+        Some((nodes, per)) => Some(Cluster {
+            nodes,
+            gpus_per_node: per,
+            exact: false,
+            offload: true,
+        }),
+        None if n > DEFAULT_GPUS_PER_NODE && n.is_multiple_of(DEFAULT_GPUS_PER_NODE) => {
+            Some(Cluster {
+                nodes: n / DEFAULT_GPUS_PER_NODE,
+                gpus_per_node: DEFAULT_GPUS_PER_NODE,
+                exact: false,
+                offload: true,
+            })
+        }
+        None => Some(Cluster::node(n)),
+    };
+    Ok((target, cluster))
+}
+
+/// Exactly `gpus` GPUs, in nodes of [`DEFAULT_GPUS_PER_NODE`] above that, CPU offload
+/// searched or not.
+pub(crate) fn exact_cluster(gpus: u64, offload: bool) -> Option<Cluster> {
+    (gpus > 1).then(|| {
+        let per = gpus.min(DEFAULT_GPUS_PER_NODE);
+        Cluster {
+            nodes: gpus.div_ceil(per),
+            gpus_per_node: per,
+            exact: true,
+            offload,
+        }
+    })
+}
+
+/// The layout of a job (for display).
+pub(crate) fn layout_of(job: &Job) -> Layout {
+    let p = &job.parallel;
+    Layout {
+        gpus: p.gpus(),
+        nodes: p.gpus().div_ceil(DEFAULT_GPUS_PER_NODE),
+        sharding: p.sharding,
+        offload: p.offload,
     }
 }
 
@@ -318,8 +408,8 @@ fn header(
         "Generated by moro {} (`moro recipe generate`): the best configuration by the `{}` \
          objective that fits.\nmodel: {} ({params:.2}B parameters, {})\nhardware: {} ({} GiB \
          usable per GPU{})\nsafety: {}\npredicted peak {} GiB + margin {} GiB = {} GiB of {} GiB \
-         (headroom {} GiB)\n`moro recipe check` re-checks it; `moro estimate <this file>` shows the \
-         breakdown.",
+         (headroom {} GiB)\n{}`moro recipe check` re-checks it; `moro estimate <this file>` shows \
+         the breakdown.",
         env!("CARGO_PKG_VERSION"),
         request.objective.as_str(),
         model.id,
@@ -337,7 +427,34 @@ fn header(
         gib(cand.estimate.peak_device_bytes + cand.margin_bytes),
         gib(usable),
         gib(cand.headroom_bytes.max(0).unsigned_abs()),
+        layout_lines(request, cand),
     )
+}
+
+/// The header lines of a multi-GPU recipe: the GPUs and strategy chosen, the rule, the host
+/// RAM offload needs, and how to export it.
+fn layout_lines(request: &Request, cand: &Candidate) -> String {
+    let Some(cluster) = request.cluster else {
+        return String::new();
+    };
+    let gpus = cand.job.parallel.gpus();
+    let mut s = format!(
+        "parallel: {} of the {} GPUs with {} (per-GPU figures above; the effective batch is \
+         over all of them)\nstrategy rule: the least communication that fits, DDP < ZeRO-1 < \
+         ZeRO-2/SHARD_GRAD_OP < ZeRO-3/FULL_SHARD in a node or HYBRID_SHARD < FULL_SHARD across \
+         nodes < optimizer offload < parameter offload; then more GPUs\n",
+        gpus,
+        cluster.gpus(),
+        layout_of(&cand.job).strategy_text()
+    );
+    s.push_str(&host_text(cand));
+    if gpus > 1 {
+        s.push_str(
+            "`moro recipe export --to deepspeed|accelerate|trl|...` writes the launcher configs \
+             and the launch command.\n",
+        );
+    }
+    s
 }
 
 /// One line describing a configuration.
@@ -368,9 +485,25 @@ pub(crate) fn describe(job: &Job) -> String {
         }
     ));
     if job.parallel.gpus() > 1 {
-        s.push_str(&format!(", {} GPUs fsdp", job.parallel.gpus()));
+        s.push_str(&format!(
+            ", {} GPUs {}",
+            job.parallel.gpus(),
+            layout_of(job).strategy_text()
+        ));
     }
     s
+}
+
+/// The host memory line of an offloading configuration ("" without offload).
+fn host_text(c: &Candidate) -> String {
+    if c.estimate.host_bytes == 0 {
+        String::new()
+    } else {
+        format!(
+            "host RAM for the offloaded states: {} GiB\n",
+            gib(c.estimate.host_bytes)
+        )
+    }
 }
 
 /// What would fit when nothing does.
@@ -380,7 +513,8 @@ pub(crate) struct Alternatives {
     pub(crate) smaller_model: Option<AltModel>,
     /// The smallest catalog GPU with more memory on which it fits.
     pub(crate) larger_gpu: Option<AltGpu>,
-    /// The fewest GPUs of this kind (FSDP full shard) on which it fits.
+    /// The fewest GPUs of this kind (2 to 64, nodes of 8, the strategy searched) on which
+    /// it fits.
     pub(crate) more_gpus: Option<AltGpus>,
 }
 
@@ -403,6 +537,7 @@ pub(crate) struct AltGpu {
 #[derive(Debug, Serialize)]
 pub(crate) struct AltGpus {
     pub(crate) gpus: u64,
+    pub(crate) strategy: String,
     pub(crate) configuration: String,
     pub(crate) peak_device_bytes: u64,
 }
@@ -452,7 +587,7 @@ pub(crate) fn nvidia_presets() -> Vec<(String, Device)> {
 }
 
 /// Looks for what would fit: a smaller model of the family, a GPU with more memory, more
-/// GPUs of this kind (2, 4 or 8, fully sharded).
+/// GPUs of this kind (2 to 64, the strategy searched).
 pub(crate) fn alternatives(
     model_id: &str,
     spec: &ModelSpec,
@@ -488,14 +623,15 @@ pub(crate) fn alternatives(
         }
     }
     let have = target.hardware.devices.len() as u64;
-    for gpus in [2u64, 4, 8].into_iter().filter(|g| *g > have) {
+    for gpus in FIT_GPU_COUNTS.into_iter().filter(|g| *g > have) {
         let req = Request {
-            parallel: parallel_for(gpus),
+            cluster: exact_cluster(gpus, true),
             ..request.clone()
         };
         if let Some(best) = run_search(spec, &req, caps).and_then(|o| o.best) {
             alt.more_gpus = Some(AltGpus {
                 gpus,
+                strategy: layout_of(&best.job).strategy_text(),
                 configuration: describe(&best.job),
                 peak_device_bytes: best.estimate.peak_device_bytes,
             });
@@ -504,6 +640,10 @@ pub(crate) fn alternatives(
     }
     alt
 }
+
+/// GPU counts `moro fit` and the "more GPUs" alternative try: up to a node of 8, then nodes
+/// of 8.
+pub(crate) const FIT_GPU_COUNTS: [u64; 7] = [1, 2, 4, 8, 16, 32, 64];
 
 /// Writes `bytes` to a temporary file beside `path`, then renames it over `path`.
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -524,20 +664,26 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 #[derive(Debug, Serialize)]
 struct CandidateJson {
     configuration: String,
+    gpus: u64,
+    strategy: String,
     job: Job,
     peak_device_bytes: u64,
     margin_bytes: u64,
     headroom_bytes: i64,
+    host_bytes: u64,
 }
 
 impl CandidateJson {
     fn of(c: &Candidate) -> Self {
         Self {
             configuration: describe(&c.job),
+            gpus: c.job.parallel.gpus(),
+            strategy: layout_of(&c.job).strategy_text(),
             job: c.job.clone(),
             peak_device_bytes: c.estimate.peak_device_bytes,
             margin_bytes: c.margin_bytes,
             headroom_bytes: c.headroom_bytes,
+            host_bytes: c.estimate.host_bytes,
         }
     }
 }
@@ -562,17 +708,15 @@ struct GenerateJson<'a> {
 
 pub(crate) fn run_generate(args: &GenerateArgs) -> Result<ExitCode> {
     let model = resolve::model(&args.model)?;
-    let Some(target) = crate::hw::resolve(Some(&args.hardware), None)? else {
-        return Err(user("--hardware: empty value"));
-    };
+    let (target, cluster) = resolve_target(&args.hardware)?;
     let caps = caps_of(&target).ok_or_else(|| user("--hardware: no GPU"))?;
-    let gpus = target.hardware.devices.len() as u64;
     let request = Request {
         method: args.method,
         seq_len: args.seq_len,
         effective_batch: args.effective_batch,
         stack: args.stack,
-        parallel: parallel_for(gpus),
+        parallel: moro_core::job::Parallel::single(),
+        cluster,
         objective: args.objective,
     };
     let space = Space::new(&model.spec, &request, &caps).map_err(|e| user(e.to_string()))?;
@@ -640,12 +784,18 @@ pub(crate) fn run_generate(args: &GenerateArgs) -> Result<ExitCode> {
 
 fn summary_text(best: &Candidate, outcome: &Outcome, usable: u64) -> String {
     let mut s = format!(
-        "best    {}\npeak    {} GiB + margin {} GiB of {} GiB usable (headroom {} GiB)\n",
+        "best    {}\npeak    {} GiB + margin {} GiB of {} GiB usable{} (headroom {} GiB)\n{}",
         describe(&best.job),
         gib(best.estimate.peak_device_bytes),
         gib(best.margin_bytes),
         gib(usable),
-        gib(best.headroom_bytes.max(0).unsigned_abs())
+        if best.job.parallel.gpus() > 1 {
+            " per GPU"
+        } else {
+            ""
+        },
+        gib(best.headroom_bytes.max(0).unsigned_abs()),
+        host_text(best)
     );
     if !outcome.runners_up.is_empty() {
         s.push_str("runners-up:\n");
@@ -728,13 +878,13 @@ fn nothing_fits(
     if let Some(g) = &alt.more_gpus {
         any = true;
         s.push_str(&format!(
-            "  more GPUs: {} × this GPU with FSDP full shard, {}\n",
-            g.gpus, g.configuration
+            "  more GPUs: {} × this GPU with {}, {}\n",
+            g.gpus, g.strategy, g.configuration
         ));
     }
     if !any {
         s.push_str(
-            "  nothing in the catalog: no smaller model of the family, GPU or GPU count up to 8\n",
+            "  nothing in the catalog: no smaller model of the family, GPU or GPU count up to 64\n",
         );
     }
     stdout(&s)?;
@@ -945,6 +1095,91 @@ mod tests {
             written > catalog::entries().len() * 3,
             "{written} written, {nothing} nothing fits"
         );
+    }
+
+    /// Multi-GPU winners round-trip through moro.yaml too: `parallel:` carries the count,
+    /// strategy and offload, and the job read back predicts the same bytes.
+    #[test]
+    fn multi_gpu_recipes_round_trip() {
+        let cases = [
+            ("Qwen/Qwen2.5-7B", "8xa100-sxm4-80gb", Method::Full),
+            (
+                "meta-llama/Llama-3.1-70B-Instruct",
+                "8xh100-sxm",
+                Method::Full,
+            ),
+            (
+                "meta-llama/Llama-3.1-70B-Instruct",
+                "2x8xh100-sxm",
+                Method::Full,
+            ),
+            ("Qwen/Qwen2.5-32B", "4xrtx-4090", Method::Lora),
+            ("Qwen/Qwen2.5-1.5B", "2xa100-sxm4-80gb", Method::Full),
+        ];
+        for (id, hw, method) in cases {
+            let spec = catalog::load(catalog::find(id).unwrap()).unwrap();
+            let (target, cluster) = resolve_target(hw).unwrap();
+            assert!(cluster.is_some(), "{hw}");
+            let caps = caps_of(&target).unwrap();
+            let request = Request {
+                method: MethodChoice::Only(method),
+                seq_len: Some(2048),
+                cluster,
+                ..Request::default()
+            };
+            let best = run_search(&spec, &request, &caps)
+                .and_then(|o| o.best)
+                .unwrap_or_else(|| panic!("{id} on {hw}: nothing fits"));
+            let recipe = build_recipe(id, &target, &best, caps.usable_bytes);
+            let text = moro_recipe::to_yaml(&recipe, "test");
+            let back = moro_recipe::parse(&text).unwrap();
+            let job = back.to_job().unwrap();
+            assert_eq!(job, best.job, "{id} on {hw}");
+            if best.job.parallel.gpus() > 1 {
+                assert!(text.contains("\nparallel:\n"), "{text}");
+            }
+            let est = estimate(&spec, &job, &caps.profile).unwrap();
+            assert_eq!(est.peak_device_bytes, best.estimate.peak_device_bytes);
+            let loaded = LoadedRecipe {
+                path: "moro.yaml".into(),
+                text,
+                job,
+                recipe: back,
+            };
+            let t2 = loaded.target().unwrap();
+            assert_eq!(
+                t2.hardware.devices.len(),
+                target.hardware.devices.len(),
+                "{hw}"
+            );
+        }
+    }
+
+    #[test]
+    fn cluster_specs() {
+        assert_eq!(parse_cluster_spec("2x8xh100-sxm"), Some((2, 8, "h100-sxm")));
+        assert_eq!(
+            parse_cluster_spec("4 × 8 × a100-sxm4-80gb"),
+            Some((4, 8, "a100-sxm4-80gb"))
+        );
+        assert_eq!(parse_cluster_spec("8xh100-sxm"), None);
+        assert_eq!(parse_cluster_spec("h100-sxm"), None);
+        assert_eq!(parse_cluster_spec("2x8x"), None);
+        assert_eq!(parse_cluster_spec("0x8xh100-sxm"), None);
+        assert_eq!(parse_cluster_spec("2x8xh100-sxm,rtx-4090"), None);
+        let (t, c) = resolve_target("2x8xh100-sxm").unwrap();
+        assert_eq!(t.hardware.devices.len(), 16);
+        assert_eq!(t.spec, "16xh100-sxm");
+        assert_eq!(preset_of(&t).as_deref(), Some("h100-sxm"));
+        let c = c.unwrap();
+        assert_eq!((c.nodes, c.gpus_per_node, c.exact), (2, 8, false));
+        let (_, c) = resolve_target("16xh100-sxm").unwrap();
+        assert_eq!(c.map(|c| (c.nodes, c.gpus_per_node)), Some((2, 8)));
+        let (_, c) = resolve_target("8xh100-sxm").unwrap();
+        assert_eq!(c.map(|c| (c.nodes, c.gpus_per_node)), Some((1, 8)));
+        let (_, c) = resolve_target("h100-sxm").unwrap();
+        assert!(c.is_none());
+        assert!(resolve_target("1000x8xh100-sxm").is_err());
     }
 
     #[test]
