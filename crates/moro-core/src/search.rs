@@ -517,6 +517,9 @@ pub struct Caps {
     pub flash_attention: bool,
     /// The estimator's device profile (cuBLAS workspace, CUDA context, ...).
     pub profile: DeviceProfile,
+    /// Host RAM the job may fill with offloaded states, compared with
+    /// [`Estimate::host_bytes`]; `None`: not checked (the figure is still reported).
+    pub host_bytes: Option<u64>,
 }
 
 impl Caps {
@@ -528,6 +531,7 @@ impl Caps {
             bf16: device.supports_bf16,
             flash_attention: device.supports_flash_attention,
             profile: DeviceProfile::for_compute_capability(device.compute_capability),
+            host_bytes: None,
         }
     }
 }
@@ -945,13 +949,17 @@ pub struct Candidate {
     pub margin_bytes: u64,
     /// Usable memory − margin − device peak (negative: does not fit).
     pub headroom_bytes: i64,
+    /// Whether the offloaded states fit the host RAM ([`Caps::host_bytes`]; true when not
+    /// checked).
+    pub host_fits: bool,
 }
 
 impl Candidate {
-    /// Whether the peak plus margin stays within the usable memory.
+    /// Whether the peak plus margin stays within the usable memory (and the offloaded
+    /// states within the host RAM, when it is known).
     #[must_use]
     pub const fn fits(&self) -> bool {
-        self.headroom_bytes >= 0
+        self.headroom_bytes >= 0 && self.host_fits
     }
 }
 
@@ -1021,12 +1029,14 @@ pub fn evaluate(
     let headroom = i128::from(caps.usable_bytes) - i128::from(need);
     let headroom =
         i64::try_from(headroom).unwrap_or(if headroom < 0 { i64::MIN } else { i64::MAX });
+    let host_fits = caps.host_bytes.is_none_or(|h| est.host_bytes <= h);
     Ok(Candidate {
         config,
         job,
         estimate: est,
         margin_bytes: margin,
         headroom_bytes: headroom,
+        host_fits,
     })
 }
 
@@ -1046,7 +1056,7 @@ pub fn search(model: &ModelSpec, space: &Space, caps: &Caps) -> Outcome {
         let cand = evaluate(model, space, caps, c).ok()?;
         if closest
             .as_ref()
-            .is_none_or(|x| cand.headroom_bytes > x.headroom_bytes)
+            .is_none_or(|x| (cand.host_fits, cand.headroom_bytes) > (x.host_fits, x.headroom_bytes))
         {
             closest = Some(cand.clone());
         }

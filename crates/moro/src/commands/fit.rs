@@ -119,6 +119,10 @@ pub(crate) struct FitArgs {
     /// Training stack: hf, trl, litgpt, torchtune.
     #[arg(long, default_value = "hf", value_parser = parse_stack)]
     pub(crate) stack: moro_core::job::Stack,
+    /// Host RAM per job for CPU offload (`2TiB`): offloading answers that need more are
+    /// rejected. Without it the need is only reported.
+    #[arg(long, value_parser = crate::commands::recipe::parse_host_memory)]
+    pub(crate) host_memory: Option<u64>,
     /// Print one JSON object (sizes in bytes) instead of the table.
     #[arg(long)]
     pub(crate) json: bool,
@@ -191,6 +195,7 @@ fn fit_preset(
     spec: &ModelSpec,
     request: &Request,
     p: &moro_core::hardware::GpuModel,
+    host_memory: Option<u64>,
 ) -> Option<FitRow> {
     let d = p.to_device(None)?;
     let target = Target {
@@ -200,7 +205,8 @@ fn fit_preset(
         detected: false,
         spec: p.id.clone(),
     };
-    let caps = caps_of(&target)?;
+    let mut caps = caps_of(&target)?;
+    caps.host_bytes = host_memory;
     let counts: &[u64] = if p.vendor == moro_core::hardware::Vendor::Apple {
         &[1]
     } else {
@@ -271,7 +277,11 @@ fn fit_preset(
 /// document prices the GPU, then the unpriced by total memory; the classes that fit only with
 /// CPU offload come after those that fit in GPU memory (their host RAM is not priced, and can
 /// be terabytes). Presets are searched in parallel.
-pub(crate) fn fit_rows(spec: &ModelSpec, request: &Request) -> (Vec<FitRow>, Vec<String>) {
+pub(crate) fn fit_rows(
+    spec: &ModelSpec,
+    request: &Request,
+    host_memory: Option<u64>,
+) -> (Vec<FitRow>, Vec<String>) {
     let presets = moro_core::hardware::presets();
     let threads = std::thread::available_parallelism()
         .map_or(4, std::num::NonZeroUsize::get)
@@ -284,7 +294,7 @@ pub(crate) fn fit_rows(spec: &ModelSpec, request: &Request) -> (Vec<FitRow>, Vec
                 s.spawn(move || {
                     ps.iter()
                         .filter(|p| p.to_device(None).is_some())
-                        .map(|p| (p.id.clone(), fit_preset(spec, request, p)))
+                        .map(|p| (p.id.clone(), fit_preset(spec, request, p, host_memory)))
                         .collect::<Vec<_>>()
                 })
             })
@@ -351,7 +361,7 @@ pub(crate) fn run(args: &FitArgs) -> Result<ExitCode> {
     let any = moro_core::hardware::Device::generic(80 * moro_core::units::GIB);
     moro_core::search::Space::new(&spec, &request, &moro_core::search::Caps::of_device(&any))
         .map_err(|e| user(e.to_string()))?;
-    let (fits, not) = fit_rows(&spec, &request);
+    let (fits, not) = fit_rows(&spec, &request, args.host_memory);
     let method = match args.method {
         MethodChoice::Auto => "auto".to_owned(),
         MethodChoice::Only(m) => m.as_str().to_owned(),
@@ -462,7 +472,7 @@ mod tests {
             seq_len: Some(2048),
             ..Request::default()
         };
-        let (fits, _not) = fit_rows(&spec, &req);
+        let (fits, _not) = fit_rows(&spec, &req, None);
         assert!(!fits.is_empty());
         // GPU-resident rows first; among them priced rows first, by total $/h; then the
         // unpriced by total memory.

@@ -97,6 +97,10 @@ pub(crate) struct GenerateArgs {
     /// optimizer) or speed (checkpointing > batch > method > attention > optimizer).
     #[arg(long, default_value = "quality", value_parser = parse_objective)]
     pub(crate) objective: Objective,
+    /// Host RAM available for CPU offload (`2TiB`): offloading configurations whose
+    /// offloaded states need more are rejected. Without it the need is only reported.
+    #[arg(long, value_parser = parse_host_memory)]
+    pub(crate) host_memory: Option<u64>,
     /// Print one JSON object (sizes in bytes) instead of text.
     #[arg(long)]
     pub(crate) json: bool,
@@ -219,7 +223,13 @@ pub(crate) fn caps_of(target: &Target) -> Option<Caps> {
         bf16: devices.iter().all(|d| d.supports_bf16),
         flash_attention: devices.iter().all(|d| d.supports_flash_attention),
         profile: DeviceProfile::for_compute_capability(first.compute_capability),
+        host_bytes: None,
     })
+}
+
+/// Parses `--host-memory` (`2TiB`, `1536GiB`).
+pub(crate) fn parse_host_memory(s: &str) -> Result<u64, String> {
+    moro_core::units::parse_size(s)
 }
 
 /// GPUs per node when a GPU count alone is given (`16xh100-sxm`): the common 8-GPU server.
@@ -709,7 +719,8 @@ struct GenerateJson<'a> {
 pub(crate) fn run_generate(args: &GenerateArgs) -> Result<ExitCode> {
     let model = resolve::model(&args.model)?;
     let (target, cluster) = resolve_target(&args.hardware)?;
-    let caps = caps_of(&target).ok_or_else(|| user("--hardware: no GPU"))?;
+    let mut caps = caps_of(&target).ok_or_else(|| user("--hardware: no GPU"))?;
+    caps.host_bytes = args.host_memory;
     let request = Request {
         method: args.method,
         seq_len: args.seq_len,
