@@ -80,7 +80,11 @@ fn job_strategy() -> impl Strategy<Value = Job> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 200, .. ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig {
+        cases: 200,
+        max_global_rejects: 100_000,
+        ..ProptestConfig::default()
+    })]
 
     /// More tokens never take less memory.
     #[test]
@@ -97,7 +101,7 @@ proptest! {
     }
 
     /// LoRA never takes more than full fine-tuning of the same model, shape and stack.
-    /// Two exceptions are physics, not bugs, and are excluded: with `lora_dropout > 0` every
+    /// Three exceptions are physics, not bugs, and are excluded: with `lora_dropout > 0` every
     /// adapter keeps a private dropout copy and mask of its input; and PEFT's fp32 adapters
     /// on a pure-bf16 model (no autocast) cast their input to a private fp32 copy each
     /// (`_cast_input_dtype`), which the fake-CUDA oracle confirms (its `B-lora-bf16` runs)
@@ -105,6 +109,11 @@ proptest! {
     #[test]
     fn lora_at_most_full(i in 0usize..6, j in job_strategy()) {
         prop_assume!(!(j.precision == Precision::Bf16 && matches!(j.stack, Stack::Hf | Stack::Trl)));
+        // A third: with an optimizer that keeps (almost) no state — Adafactor's factored
+        // moments, SGD without momentum — and no gradients alive at the forward peak, full
+        // fine-tuning holds nothing LoRA does not, while LoRA adds its adapters and their
+        // `lora_A` outputs (when every Linear is adapted it saves the same inputs).
+        prop_assume!(!matches!(j.optimizer, Optimizer::Adafactor | Optimizer::Sgd));
         let m = model(i);
         let mut lora = j.clone();
         lora.method = Method::Lora;
