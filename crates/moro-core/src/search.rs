@@ -520,6 +520,9 @@ pub struct Caps {
     /// Host RAM the job may fill with offloaded states, compared with
     /// [`Estimate::host_bytes`]; `None`: not checked (the figure is still reported).
     pub host_bytes: Option<u64>,
+    /// bitsandbytes runs here (CUDA and ROCm builds; not Apple's MPS): 4-bit bases and
+    /// 8-bit optimizer states are offered only then.
+    pub bitsandbytes: bool,
 }
 
 impl Caps {
@@ -532,6 +535,7 @@ impl Caps {
             flash_attention: device.supports_flash_attention,
             profile: DeviceProfile::for_compute_capability(device.compute_capability),
             host_bytes: None,
+            bitsandbytes: device.vendor != crate::hardware::Vendor::Apple,
         }
     }
 }
@@ -631,6 +635,29 @@ impl Space {
                 format!("must be between 1 and {}, got {effective_batch}", 1 << 20),
             );
         }
+        let methods: Vec<Method> = if caps.bitsandbytes {
+            methods
+        } else {
+            methods
+                .into_iter()
+                .filter(|m| *m != Method::Qlora)
+                .collect()
+        };
+        if methods.is_empty() {
+            return invalid(
+                "method",
+                "QLoRA needs bitsandbytes, which does not run on this device (Apple GPUs); \
+                 use lora or full"
+                    .to_owned(),
+            );
+        }
+        let optimizers: Vec<Optimizer> = OPTIMIZERS
+            .iter()
+            .copied()
+            .filter(|o| {
+                caps.bitsandbytes || !matches!(o, Optimizer::Adamw8bit | Optimizer::PagedAdamw8bit)
+            })
+            .collect();
         let precisions = if caps.bf16 {
             vec![Precision::Bf16Mixed, Precision::Bf16]
         } else {
@@ -651,7 +678,7 @@ impl Space {
             target_sets: vec![TargetSet::Attention, TargetSet::AllLinear],
             precisions,
             checkpointing: vec![false, true],
-            optimizers: OPTIMIZERS.to_vec(),
+            optimizers,
             attentions,
             stack: request.stack,
             parallel: if request.cluster.is_some() {

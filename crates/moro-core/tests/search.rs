@@ -222,11 +222,16 @@ fn brute_configs(
             for (targets, rank) in lora {
                 for &precision in precisions {
                     for gradient_checkpointing in [false, true] {
+                        // bitsandbytes (8-bit states) does not run on Apple GPUs.
+                        let apple = dev.vendor == moro_core::hardware::Vendor::Apple;
                         for optimizer in [
                             Optimizer::AdamwTorchFused,
                             Optimizer::Adamw8bit,
                             Optimizer::PagedAdamw8bit,
-                        ] {
+                        ]
+                        .into_iter()
+                        .filter(|o| !apple || *o == Optimizer::AdamwTorchFused)
+                        {
                             for &attention in attentions {
                                 for &layout in layouts {
                                     // Each GPU's share of the global batch, rounded up.
@@ -296,10 +301,14 @@ fn check_brute_force(model_id: &str, hw: &str, request: &Request) {
             .collect(),
     };
     let eb = request.effective_batch.unwrap_or(16);
-    let methods = match request.method {
+    let methods: Vec<Method> = match request.method {
         MethodChoice::Auto => vec![Method::Full, Method::Lora, Method::Qlora],
         MethodChoice::Only(m) => vec![m],
-    };
+    }
+    .into_iter()
+    // 4-bit bases need bitsandbytes, which does not run on Apple GPUs.
+    .filter(|m| dev.vendor != moro_core::hardware::Vendor::Apple || *m != Method::Qlora)
+    .collect();
     let layouts = brute_layouts(request.cluster, request.stack);
     let all = brute_configs(&dev, &methods, &seq_lens, eb, &layouts);
     assert_eq!(

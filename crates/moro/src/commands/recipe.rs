@@ -224,6 +224,9 @@ pub(crate) fn caps_of(target: &Target) -> Option<Caps> {
         flash_attention: devices.iter().all(|d| d.supports_flash_attention),
         profile: DeviceProfile::for_compute_capability(first.compute_capability),
         host_bytes: None,
+        bitsandbytes: devices
+            .iter()
+            .all(|d| d.vendor != moro_core::hardware::Vendor::Apple),
     })
 }
 
