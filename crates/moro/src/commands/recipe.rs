@@ -367,7 +367,13 @@ pub(crate) fn build_recipe(
         model_id.rsplit('/').next().unwrap_or(model_id),
         cand.job.method.as_str()
     );
-    let mut recipe = Recipe::from_job(name, model_id, &cand.job, TrainingExtras::default());
+    // Generated recipes turn on the 5-level out-of-memory recovery of `moro run`, as the
+    // product's moro.yaml does (`auto_heal: true`).
+    let extras = TrainingExtras {
+        auto_heal: true,
+        ..TrainingExtras::default()
+    };
+    let mut recipe = Recipe::from_job(name, model_id, &cand.job, extras);
     let first = target.hardware.devices.first();
     recipe.hardware = Some(HardwareSection {
         name: first.map(|d| d.name.clone()),
