@@ -52,6 +52,9 @@ pub struct Row {
     pub compute_capability: Option<(u32, u32)>,
     /// `confidence` field.
     pub confidence: String,
+    /// Config fields the run changed (`model_overrides`: the calibration harness cuts models
+    /// to fewer layers to fit the card).
+    pub model_overrides: Option<serde_json::Map<String, Value>>,
 }
 
 fn text(v: &Value, key: &str) -> String {
@@ -452,6 +455,7 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         gpu_memory_bytes,
         compute_capability,
         confidence: text(v, "confidence"),
+        model_overrides: v.get("model_overrides").and_then(Value::as_object).cloned(),
     })
 }
 
@@ -663,6 +667,19 @@ mod tests {
     }
 
     #[test]
+    fn overrides_change_the_model() {
+        let mut o = serde_json::Map::new();
+        o.insert("num_hidden_layers".into(), Value::from(2));
+        let full = CatalogModels.model("meta-llama/Llama-3.1-8B").unwrap();
+        let cut = CatalogModels
+            .model_with("meta-llama/Llama-3.1-8B", Some(&o))
+            .unwrap();
+        assert_eq!(cut.num_layers, 2);
+        // 30 fewer layers of 218,112,000 parameters each (Llama-3.1-8B's decoder layer).
+        assert_eq!(full.total_params() - cut.total_params(), 30 * 218_112_000);
+    }
+
+    #[test]
     fn gpu_text() {
         let (m, cc) = gpu_facts("A100 40GB (per text)");
         assert_eq!(cc, Some((8, 0)));
@@ -765,6 +782,20 @@ pub trait ModelSource {
     /// # Errors
     /// Why the model is unavailable.
     fn model(&self, id: &str) -> Result<crate::model::ModelSpec, String>;
+
+    /// The architecture of `id` with config fields replaced (`model_overrides`). The default
+    /// ignores them; the catalog applies them.
+    ///
+    /// # Errors
+    /// Why the model is unavailable or the overridden config does not parse.
+    fn model_with(
+        &self,
+        id: &str,
+        overrides: Option<&serde_json::Map<String, Value>>,
+    ) -> Result<crate::model::ModelSpec, String> {
+        let _ = overrides;
+        self.model(id)
+    }
 }
 
 /// Models from the embedded catalog.
@@ -773,10 +804,47 @@ pub struct CatalogModels;
 
 impl ModelSource for CatalogModels {
     fn model(&self, id: &str) -> Result<crate::model::ModelSpec, String> {
+        self.model_with(id, None)
+    }
+
+    fn model_with(
+        &self,
+        id: &str,
+        overrides: Option<&serde_json::Map<String, Value>>,
+    ) -> Result<crate::model::ModelSpec, String> {
         let e = crate::catalog::find(id)
             .ok_or_else(|| format!("model `{id}` is not in the catalog"))?;
-        crate::catalog::load(e).map_err(|e| e.to_string())
+        match overrides {
+            None => crate::catalog::load(e).map_err(|e| e.to_string()),
+            Some(o) => config_with_overrides(e.config_json, o),
+        }
     }
+}
+
+/// Parses a config.json with some fields replaced (in `text_config` when the field lives
+/// there, as in multimodal Gemma 3 configs).
+///
+/// # Errors
+/// The config or the result does not parse.
+pub fn config_with_overrides(
+    config_json: &str,
+    overrides: &serde_json::Map<String, Value>,
+) -> Result<crate::model::ModelSpec, String> {
+    let mut cfg: Value = serde_json::from_str(config_json).map_err(|e| e.to_string())?;
+    for (k, v) in overrides {
+        let in_text =
+            cfg.get(k).is_none() && cfg.get("text_config").and_then(|t| t.get(k)).is_some();
+        let target = if in_text {
+            cfg.get_mut("text_config")
+        } else {
+            Some(&mut cfg)
+        };
+        if let Some(Value::Object(m)) = target {
+            m.insert(k.clone(), v.clone());
+        }
+    }
+    let bytes = serde_json::to_vec(&cfg).map_err(|e| e.to_string())?;
+    crate::arch::parse_config(&bytes).map_err(|e| e.to_string())
 }
 
 /// Predicts every row of a JSONL text and scores the predictions. Rows with
@@ -857,7 +925,7 @@ fn predict_row(row: &Row, models: &dyn ModelSource) -> RowResult {
         phase: None,
         reason: None,
     };
-    let spec = match models.model(&row.model_id) {
+    let spec = match models.model_with(&row.model_id, row.model_overrides.as_ref()) {
         Ok(s) => s,
         Err(e) => {
             out.reason = Some(e);

@@ -555,29 +555,13 @@ fn read_machine(rows: &Path) -> Option<Value> {
 /// The architecture of a row's model: the catalog's config with the row's `model_overrides`
 /// (the harness cuts models to fewer layers to fit the card).
 pub(crate) fn spec_for_row(row: &Value) -> Result<ModelSpec, String> {
+    use moro_core::validation::ModelSource as _;
     let id = row
         .get("model_hf_id")
         .and_then(Value::as_str)
         .ok_or("no model_hf_id")?;
-    let entry = moro_core::catalog::find(id)
-        .ok_or_else(|| format!("model `{id}` is not in the catalog"))?;
-    let mut cfg: Value = serde_json::from_str(entry.config_json).map_err(|e| e.to_string())?;
-    if let Some(Value::Object(over)) = row.get("model_overrides") {
-        for (k, v) in over {
-            let in_text =
-                cfg.get(k).is_none() && cfg.get("text_config").and_then(|t| t.get(k)).is_some();
-            let target = if in_text {
-                cfg.get_mut("text_config")
-            } else {
-                Some(&mut cfg)
-            };
-            if let Some(Value::Object(m)) = target {
-                m.insert(k.clone(), v.clone());
-            }
-        }
-    }
-    let bytes = serde_json::to_vec(&cfg).map_err(|e| e.to_string())?;
-    moro_core::arch::parse_config(&bytes).map_err(|e| e.to_string())
+    let overrides = row.get("model_overrides").and_then(Value::as_object);
+    moro_core::validation::CatalogModels.model_with(id, overrides)
 }
 
 fn median_f(xs: &mut [f64]) -> Option<f64> {
