@@ -274,16 +274,19 @@ impl HubClient {
             let code = header(&resp, "x-error-code").unwrap_or_default();
             match status {
                 200 | 206 => {}
+                // The Hub answers a missing repo — and, without a token, a private one — with
+                // 401 and `X-Error-Code: RepoNotFound`; gated repos say `GatedRepo`
+                // (huggingface_hub `hf_raise_for_status` reads the code before the status).
+                401 | 403 | 404 if code == "RepoNotFound" => {
+                    return Err(HubError::RepoNotFound {
+                        repo: repo.id.clone(),
+                        endpoint: self.settings.endpoint.clone(),
+                    });
+                }
                 401 | 403 => {
                     return Err(HubError::Gated {
                         repo: repo.id.clone(),
                         token_sent: self.settings.token.is_some(),
-                    });
-                }
-                404 if code == "RepoNotFound" => {
-                    return Err(HubError::RepoNotFound {
-                        repo: repo.id.clone(),
-                        endpoint: self.settings.endpoint.clone(),
                     });
                 }
                 404 if code == "RevisionNotFound" => {

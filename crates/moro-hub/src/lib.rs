@@ -91,8 +91,11 @@ pub enum HubError {
         /// Whether a token was sent.
         token_sent: bool,
     },
-    /// The repo does not exist (HF `X-Error-Code: RepoNotFound`).
-    #[error("model `{repo}` not found on {endpoint}")]
+    /// The repo does not exist, or is private and no token was sent (HF
+    /// `X-Error-Code: RepoNotFound`, with status 404 or 401).
+    #[error(
+        "model `{repo}` not found on {endpoint} (a private repo answers the same without a token)"
+    )]
     RepoNotFound {
         /// Repo id.
         repo: String,

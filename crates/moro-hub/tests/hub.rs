@@ -304,6 +304,20 @@ fn missing_files_and_repos() {
         .fetch_config(&RepoRef::parse("org/nope").unwrap())
         .unwrap_err();
     assert!(matches!(err, HubError::RepoNotFound { .. }), "{err}");
+    // Without a token the real Hub answers a misspelled repo with 401 + RepoNotFound: not
+    // "gated".
+    server.route(
+        "/org/typo/resolve/main/config.json",
+        Route {
+            status: 401,
+            headers: vec![("X-Error-Code".into(), "RepoNotFound".into())],
+            ..Route::default()
+        },
+    );
+    let err = client
+        .fetch_config(&RepoRef::parse("org/typo").unwrap())
+        .unwrap_err();
+    assert!(matches!(err, HubError::RepoNotFound { .. }), "{err}");
     // A repo without index or model.safetensors.
     server.file("org/bin", "config.json", b"{}".to_vec());
     let err = client
