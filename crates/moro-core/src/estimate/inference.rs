@@ -64,8 +64,8 @@ pub(super) fn phases(
     job: &Job,
     r: &Regime,
     device: &DeviceProfile,
+    sh: &Sharded,
 ) -> Vec<PhaseBytes> {
-    let sh = Sharded::new(model, job, r);
     let tp = sh.tp;
     let pp = job.parallel.pipeline.max(1);
     let b = job.micro_batch_size;

@@ -255,12 +255,13 @@ pub fn estimate(
         model
     };
     let regime = Regime::resolve(model, job);
+    let par = parallel::Sharded::new(model, job, &regime);
     let phases = if job.method == Method::Inference {
-        inference::phases(model, job, &regime, device)
+        inference::phases(model, job, &regime, device, &par)
     } else {
-        training_phases(model, job, &regime, device)
+        training_phases(model, job, &regime, device, &par)
     };
-    Ok(finish(model, job, &regime, device, phases))
+    Ok(finish(model, job, &regime, device, &par, phases))
 }
 
 /// Builds the phase list of a training step.
@@ -269,8 +270,8 @@ fn training_phases(
     job: &Job,
     regime: &Regime,
     device: &DeviceProfile,
+    par: &parallel::Sharded,
 ) -> Vec<PhaseBytes> {
-    let par = parallel::Sharded::new(model, job, regime);
     let w = par.weights;
     let adapters = par.adapters;
     let grads = par.grads;
@@ -455,6 +456,7 @@ fn finish(
     job: &Job,
     regime: &Regime,
     device: &DeviceProfile,
+    par: &parallel::Sharded,
     phases: Vec<PhaseBytes>,
 ) -> Estimate {
     let peak = phases
@@ -467,7 +469,7 @@ fn finish(
         });
     let (allocated, reserve) = allocated_and_reserve(&peak, device);
     let reserved = allocated + reserve;
-    let mut outside = optimizer::paged_bytes(model, job, regime);
+    let mut outside = par.paged_states;
     // torch.distributed's NCCL communicators and buffers: with several GPUs, and with
     // DeepSpeed or FSDP even on one (they initialise the process group and run their
     // collectives regardless of the world size).
@@ -486,7 +488,6 @@ fn finish(
         components.push((Component::OutsideAllocator, outside));
     }
     components.push((Component::CudaContext, device.cuda_context_bytes));
-    let par = parallel::Sharded::new(model, job, regime);
     Estimate {
         peak_allocated_bytes: allocated,
         peak_reserved_bytes: reserved,

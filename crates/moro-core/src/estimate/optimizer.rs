@@ -183,20 +183,6 @@ pub fn states(model: &ModelSpec, job: &Job, r: &Regime) -> (u64, u64) {
     })
 }
 
-/// Optimizer-state bytes in CUDA managed memory (paged optimizers), which nvidia-smi shows
-/// when resident but `memory_allocated` does not.
-#[must_use]
-pub fn paged_bytes(model: &ModelSpec, job: &Job, r: &Regime) -> u64 {
-    if job.method == Method::Inference || !job.optimizer.is_paged() {
-        return 0;
-    }
-    let offload = !matches!(job.parallel.offload, crate::job::Offload::None);
-    if offload {
-        return 0;
-    }
-    states(model, job, r).1 / shard_divisor(job)
-}
-
 /// Data-parallel divisor of optimizer states under ZeRO ≥ 1 / FSDP.
 #[must_use]
 pub fn shard_divisor(job: &Job) -> u64 {

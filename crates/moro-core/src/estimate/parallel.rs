@@ -33,6 +33,9 @@ pub struct Sharded {
     pub gathered_params: u64,
     /// Host memory for offloaded states / params.
     pub host_bytes: u64,
+    /// Optimizer-state bytes in CUDA managed memory (bitsandbytes paged optimizers) on this
+    /// GPU: nvidia-smi shows them when resident, `memory_allocated` does not.
+    pub paged_states: u64,
     /// Tensor-parallel degree (activations and logits are split by it).
     pub tp: u64,
 }
@@ -65,8 +68,17 @@ impl Sharded {
         } else {
             0
         };
-        let (states, _paged) = optimizer::states(model, job, r);
-        let states = states / split;
+        // Optimizer states, once: (inside PyTorch's allocator, paged), whole model.
+        let (states_all, paged_all) = optimizer::states(model, job, r);
+        let states = states_all / split;
+        let paged_states = if job.method == Method::Inference
+            || !job.optimizer.is_paged()
+            || !matches!(p.offload, Offload::None)
+        {
+            0
+        } else {
+            paged_all / optimizer::shard_divisor(job)
+        };
         let grads = trainable * tb / split;
         let step_transient = optimizer::step_transient(model, job, r) / split;
         let head_grads = if full {
@@ -105,6 +117,7 @@ impl Sharded {
             comm_buffers: 0,
             gathered_params: 0,
             host_bytes: 0,
+            paged_states,
             tp,
         };
         if job.method == Method::Inference {
@@ -132,9 +145,12 @@ impl Sharded {
                 // int(18 * total_params / total_gpus)`; ZeRO-3:
                 // `largest_layer_memory + 18·P/N`.
                 let states_fp32 = if full {
-                    let st = optimizer::states(model, job, r).0;
                     // states are computed at param_bytes; DeepSpeed's are fp32 over fp32 master.
-                    let fp32_states = if r.param_bytes == 2 { st * 2 } else { st };
+                    let fp32_states = if r.param_bytes == 2 {
+                        states_all * 2
+                    } else {
+                        states_all
+                    };
                     fp32_states + trainable * (4 + 4)
                 } else {
                     states + trainable * 4
