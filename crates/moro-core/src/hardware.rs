@@ -532,22 +532,6 @@ fn contains_token(haystack: &str, needle: &str) -> bool {
     })
 }
 
-/// Edit (Levenshtein) distance over characters.
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    let mut cur = vec![0; b.len() + 1];
-    for (i, ca) in a.chars().enumerate() {
-        cur[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let sub = prev[j] + usize::from(ca != *cb);
-            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
-        }
-        std::mem::swap(&mut prev, &mut cur);
-    }
-    prev[b.len()]
-}
-
 /// The three preset ids nearest `input` by edit distance (ties in catalog order).
 #[must_use]
 pub fn nearest_presets(input: &str) -> Vec<String> {
@@ -555,7 +539,7 @@ pub fn nearest_presets(input: &str) -> Vec<String> {
     let mut scored: Vec<(usize, usize, &str)> = catalog()
         .iter()
         .enumerate()
-        .map(|(i, m)| (edit_distance(&n, &m.id), i, m.id.as_str()))
+        .map(|(i, m)| (crate::catalog::levenshtein(&n, &m.id), i, m.id.as_str()))
         .collect();
     scored.sort_unstable();
     scored

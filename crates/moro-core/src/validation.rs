@@ -396,15 +396,13 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         padding,
         parallel,
         versions: Versions {
-            transformers: version_of(&fw, "transformers")
-                .and_then(|(a, b)| Some((u32::try_from(a).ok()?, u32::try_from(b).ok()?))),
+            transformers: version_of(&fw, "transformers"),
             bitsandbytes: version3_of(&fw, "bitsandbytes").or_else(|| {
                 // litgpt pinned `bitsandbytes==0.42.0` (pyproject `[all]`) until 2024-12-28.
                 let year: u32 = text(v, "measured_when").get(..4)?.parse().ok()?;
                 (stack == Stack::Litgpt && year <= 2024).then_some((0, 42, 0))
             }),
-            trl: version_of(&fw, "trl")
-                .and_then(|(a, b)| Some((u32::try_from(a).ok()?, u32::try_from(b).ok()?))),
+            trl: version_of(&fw, "trl"),
         },
         kv_dtype: if precision == Precision::Fp32 || fp32_kv {
             crate::job::KvDtype::F32
@@ -459,15 +457,15 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
     })
 }
 
-/// The `major.minor` version of `package` in a framework-version string such as
-/// `"torch 2.4.1, transformers 4.48.1, trl 0.13.0"`.
-fn version_of(fw: &str, package: &str) -> Option<(u64, u64)> {
+/// The `major.minor.patch` version of `package` in a framework-version string such as
+/// `"torch 2.4.1, transformers 4.48.1, trl 0.13.0"` (missing parts are 0; whole words only,
+/// so `trl` does not match `sfttrl`).
+fn version3_of(fw: &str, package: &str) -> Option<(u32, u32, u32)> {
     let needle = format!("{package} ");
     let mut from = 0;
     while let Some(pos) = fw[from..].find(&needle) {
         let start = from + pos;
         from = start + needle.len();
-        // Whole word only (`trl` must not match `sfttrl`).
         if start > 0 && fw.as_bytes()[start - 1].is_ascii_alphanumeric() {
             continue;
         }
@@ -475,26 +473,20 @@ fn version_of(fw: &str, package: &str) -> Option<(u64, u64)> {
         if !rest.starts_with(|c: char| c.is_ascii_digit()) {
             continue;
         }
-        let mut parts = rest.split(|c: char| !c.is_ascii_digit());
-        let a = parts.next()?.parse().ok()?;
-        let b = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
-        return Some((a, b));
+        let mut parts = rest
+            .split(|c: char| !c.is_ascii_digit())
+            .map(|p| p.parse::<u32>().ok());
+        let a = parts.next()??;
+        let b = parts.next().flatten().unwrap_or(0);
+        let c = parts.next().flatten().unwrap_or(0);
+        return Some((a, b, c));
     }
     None
 }
 
-/// The `major.minor.patch` version of `package` (missing parts are 0).
-fn version3_of(fw: &str, package: &str) -> Option<(u32, u32, u32)> {
-    let needle = format!("{package} ");
-    let pos = fw.find(&needle)?;
-    let rest = &fw[pos + needle.len()..];
-    let mut parts = rest
-        .split(|c: char| !c.is_ascii_digit())
-        .map(|p| p.parse::<u32>().ok());
-    let a = parts.next()??;
-    let b = parts.next().flatten().unwrap_or(0);
-    let c = parts.next().flatten().unwrap_or(0);
-    Some((a, b, c))
+/// The `major.minor` part of [`version3_of`].
+fn version_of(fw: &str, package: &str) -> Option<(u32, u32)> {
+    version3_of(fw, package).map(|(a, b, _)| (a, b))
 }
 
 /// Memory and compute capability of a GPU named in free text ("NVIDIA A100-SXM4-40GB",
