@@ -136,6 +136,36 @@ pub fn find_cached(hub_cache: &Path, repo: &RepoRef, file: &str) -> Option<PathB
     path.exists().then_some(path)
 }
 
+/// Like [`find_cached`], but also tolerant of caches written by hand or by other tools: a
+/// revision that names a snapshot folder directly, and, for the default revision with no
+/// `refs/main`, the most recently modified snapshot holding `file`.
+#[must_use]
+pub fn find_cached_lenient(hub_cache: &Path, repo: &RepoRef, file: &str) -> Option<PathBuf> {
+    if let Some(p) = find_cached(hub_cache, repo, file) {
+        return Some(p);
+    }
+    check_file_name(file).ok()?;
+    let snapshots = hub_cache.join(repo.cache_folder()).join("snapshots");
+    let direct = snapshots.join(&repo.revision).join(file);
+    if direct.is_file() {
+        return Some(direct);
+    }
+    if repo.revision != "main" {
+        return None;
+    }
+    let mut best: Option<(std::time::SystemTime, PathBuf)> = None;
+    for entry in fs::read_dir(&snapshots).ok()?.flatten() {
+        let p = entry.path().join(file);
+        if let Ok(meta) = fs::metadata(&p) {
+            let t = meta.modified().unwrap_or(std::time::UNIX_EPOCH);
+            if best.as_ref().is_none_or(|b| t > b.0) {
+                best = Some((t, p));
+            }
+        }
+    }
+    best.map(|b| b.1)
+}
+
 /// Whether an ETag is usable as a blob file name.
 fn safe_etag(etag: &str) -> bool {
     !etag.is_empty()

@@ -62,40 +62,11 @@ pub(crate) struct HubArgs {
     pub(crate) exact_weights: bool,
 }
 
-/// `config.json` of `org/name[@rev]` in the local cache: `models--org--name/refs/<rev>` names
-/// a snapshot; without a ref file, the newest snapshot holding a config.json.
+/// `config.json` of `org/name[@rev]` in the local cache (`models--org--name/refs/<rev>` →
+/// `snapshots/<sha>`, with moro-hub's lenient fallbacks for hand-made caches).
 pub(crate) fn find_in_cache(cache: &Path, id: &str) -> Option<PathBuf> {
-    let (repo, rev) = match id.split_once('@') {
-        Some((r, v)) => (r, v),
-        None => (id, "main"),
-    };
-    if !repo.contains('/') {
-        return None;
-    }
-    let dir = cache.join(format!("models--{}", repo.replace('/', "--")));
-    let snapshots = dir.join("snapshots");
-    if let Ok(sha) = std::fs::read_to_string(dir.join("refs").join(rev)) {
-        let p = snapshots.join(sha.trim()).join("config.json");
-        if p.is_file() {
-            return Some(p);
-        }
-    }
-    // A revision given as a commit hash, or no refs file.
-    let direct = snapshots.join(rev).join("config.json");
-    if direct.is_file() {
-        return Some(direct);
-    }
-    let mut best: Option<(std::time::SystemTime, PathBuf)> = None;
-    for entry in std::fs::read_dir(&snapshots).ok()?.flatten() {
-        let p = entry.path().join("config.json");
-        if let Ok(meta) = std::fs::metadata(&p) {
-            let t = meta.modified().unwrap_or(std::time::UNIX_EPOCH);
-            if best.as_ref().is_none_or(|b| t > b.0) {
-                best = Some((t, p));
-            }
-        }
-    }
-    best.map(|b| b.1)
+    let repo = RepoRef::parse(id).ok()?;
+    moro_hub::find_cached_lenient(cache, &repo, "config.json")
 }
 
 fn parse_config_bytes(bytes: &[u8], what: &str) -> Result<ModelSpec> {
