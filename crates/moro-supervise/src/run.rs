@@ -405,6 +405,29 @@ pub fn run(opts: RunOptions, hooks: Hooks<'_>) -> Result<RunReport, Error> {
             summary: format!("moro: {summary}"),
         }
     };
+    // The ladder has no step left, or the healed recipe cannot be written.
+    let give_up = |stderr: &mut dyn Write,
+                   exit_code: i32,
+                   reason: String,
+                   last_error: &str,
+                   heals: Vec<JournalEntry>,
+                   job: Job,
+                   pgids: Vec<u32>| {
+        let summary = format!(
+            "gave up after {} heal{}: {reason}; last error: {last_error}",
+            heals.len(),
+            plural(heals.len())
+        );
+        finish(
+            stderr,
+            exit_code,
+            End::GaveUp { reason },
+            summary,
+            heals,
+            job,
+            pgids,
+        )
+    };
 
     loop {
         let mut argv: Vec<OsString> = opts
@@ -592,17 +615,11 @@ pub fn run(opts: RunOptions, hooks: Hooks<'_>) -> Result<RunReport, Error> {
         let heal = match next_heal(&job, &ctx) {
             Ok(h) => h,
             Err(why) => {
-                let reason = why.to_string();
-                let summary = format!(
-                    "gave up after {} heal{}: {reason}; last error: {last_error}",
-                    heals.len(),
-                    plural(heals.len())
-                );
-                return Ok(finish(
+                return Ok(give_up(
                     stderr,
                     code,
-                    End::GaveUp { reason },
-                    summary,
+                    why.to_string(),
+                    &last_error,
                     heals,
                     job,
                     pgids,
@@ -625,17 +642,11 @@ pub fn run(opts: RunOptions, hooks: Hooks<'_>) -> Result<RunReport, Error> {
             })
         };
         if let Err(e) = written {
-            let reason = e.to_string();
-            let summary = format!(
-                "gave up after {} heal{}: {reason}; last error: {last_error}",
-                heals.len(),
-                plural(heals.len())
-            );
-            return Ok(finish(
+            return Ok(give_up(
                 stderr,
                 code,
-                End::GaveUp { reason },
-                summary,
+                e.to_string(),
+                &last_error,
                 heals,
                 job,
                 pgids,
