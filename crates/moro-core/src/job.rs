@@ -369,6 +369,21 @@ pub enum Padding {
     Packed,
     /// Right-padded to `seq_len`: an attention mask is passed.
     Padded,
+    /// Each batch padded to its own longest sample, with the longest sample put in the first
+    /// batch so that an out-of-memory shows at step 1 (lit-gpt's 2023 `finetune/*.py`:
+    /// `get_longest_seq_length` and the longest sample swapped to index 0). `seq_len` is
+    /// that longest batch; it has no earlier step of its size whose buffers could still be
+    /// alive.
+    #[serde(rename = "longest_first")]
+    LongestFirst,
+}
+
+impl Padding {
+    /// Whether the model receives an attention mask.
+    #[must_use]
+    pub const fn has_mask(self) -> bool {
+        !matches!(self, Self::Packed)
+    }
 }
 
 /// How the job is spread over GPUs (one GPU: [`Parallel::single`]).

@@ -308,8 +308,13 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
     };
     let gradient_checkpointing = truthy(v, "gradient_checkpointing").unwrap_or(false);
     let kind = text(v, "seq_len_kind").to_ascii_lowercase();
+    let notes = text(v, "notes").to_ascii_lowercase();
     let padding = if kind.contains("pack") || kind.contains("random token") || kind.is_empty() {
         Padding::Packed
+    } else if kind.contains("first batch contains the longest")
+        || notes.contains("first micro-batch forced to contain the longest")
+    {
+        Padding::LongestFirst
     } else {
         Padding::Padded
     };
@@ -895,6 +900,44 @@ pub fn validate(jsonl: &str, models: &dyn ModelSource, include_low: bool) -> Rep
     }
     let summary = summarize(&rows);
     Report { rows, summary }
+}
+
+/// What one row was predicted from: the row as read, the model and job it became, and the
+/// full estimate (for `moro validate --explain ID`).
+#[derive(Debug, Clone)]
+pub struct Explained {
+    /// The row as interpreted.
+    pub row: Row,
+    /// The model the row ran (with its `model_overrides`).
+    pub model: crate::model::ModelSpec,
+    /// The job, LoRA targets resolved against the model.
+    pub job: Job,
+    /// The estimate the row's prediction was taken from.
+    pub estimate: crate::estimate::Estimate,
+}
+
+/// Interprets and estimates the row whose `id` is `id`.
+///
+/// # Errors
+/// No such row, or why it is skipped (the same reason `validate` gives).
+pub fn explain(jsonl: &str, models: &dyn ModelSource, id: &str) -> Result<Explained, String> {
+    let v = jsonl
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| text(v, "id") == id)
+        .ok_or_else(|| format!("no row with id `{id}`"))?;
+    let row = interpret(&v)?;
+    let model = models.model_with(&row.model_id, row.model_overrides.as_ref())?;
+    let mut job = row.job.clone();
+    job.lora.targets = crate::targets::resolve(&model, &job.lora.targets);
+    let profile = crate::estimate::DeviceProfile::for_compute_capability(row.compute_capability);
+    let estimate = crate::estimate::estimate(&model, &job, &profile).map_err(|e| e.to_string())?;
+    Ok(Explained {
+        row,
+        model,
+        job,
+        estimate,
+    })
 }
 
 fn predict_row(row: &Row, models: &dyn ModelSource) -> RowResult {

@@ -25,7 +25,7 @@
 //! The oracle (../shared/oracle) matches the full-FT bf16 sum of these terms to the byte:
 //! `16h + 4ad + 4kd + 4a + 8I` per token per layer.
 
-use crate::job::{Attention, Job, Method, Padding};
+use crate::job::{Attention, Job, Method, Padding, Stack};
 use crate::model::{LayerGroup, Linear, LinearRole, ModelSpec, NormKind};
 
 use super::Regime;
@@ -49,6 +49,14 @@ pub struct Activations {
     /// gradient intermediates, whichever is larger, plus the residual gradient.
     /// [DERIVED, memory-anatomy §4]
     pub layer_backward_transient: u64,
+    /// Inputs of bitsandbytes 4-bit Linears (< 0.43.2) that the *previous* step still holds
+    /// while this step's forward runs. `MatMul4Bit.forward` keeps its input as a plain
+    /// `ctx.tensors = (A, B)` attribute rather than through `save_for_backward`
+    /// (bitsandbytes/autograd/_functions.py before 9e753741), so autograd never releases it
+    /// during backward: it lives as long as the graph does. litgpt's loop variable `loss`
+    /// (`finetune/lora.py`: `loss = chunked_cross_entropy(...)`, `fabric.backward(loss / …)`)
+    /// keeps that graph until the next step rebinds it after its forward and loss.
+    pub previous_step_quantized_inputs: u64,
 }
 
 /// Input group of a Linear: which tensor it reads.
@@ -249,7 +257,7 @@ impl Ctx<'_> {
         let ad = m.q_width() / tp;
         let kd = m.kv_width() / tp;
         // litgpt trains with causal attention only (no padding mask is passed to SDPA).
-        let padded = job.padding == Padding::Padded && !litgpt;
+        let padded = job.padding.has_mask() && !litgpt;
         let seq = job.seq_len;
         bytes += match job.attention {
             Attention::Flash | Attention::Sdpa if litgpt => {
@@ -324,6 +332,36 @@ impl Ctx<'_> {
         bytes
     }
 
+    /// Bytes per token of the distinct input tensors of one layer's quantized Linears (the
+    /// tensors bitsandbytes' `MatMul4Bit` holds in `ctx.tensors`): the attention norm's
+    /// output (shared by q/k/v and, with one shared norm, by the MLP), the attention output,
+    /// the MLP norm's output and the MLP activation's output.
+    fn quantized_inputs(&self, g: &LayerGroup) -> u64 {
+        let h = self.m.hidden_size;
+        let tp = self.tp.max(1);
+        let s = self.r.stream_bytes;
+        let o = self.linear_out_bytes(s);
+        let shared_norm = Self::norms_per_layer(g, self.m) == 1;
+        let mut bytes = 0;
+        for grp in [Group::AttnIn, Group::AttnOut, Group::MlpIn, Group::MlpOut] {
+            let width = g
+                .linears
+                .iter()
+                .filter(|l| l.role != LinearRole::Expert && group_of(l, h) == grp)
+                .map(|l| l.in_features)
+                .max();
+            let Some(width) = width else { continue };
+            bytes += match grp {
+                Group::AttnIn => width * s,
+                Group::MlpIn if shared_norm => 0,
+                Group::MlpIn | Group::Router => width * s,
+                Group::AttnOut => width / tp * self.attn_bytes(o),
+                Group::MlpOut => width / tp * o,
+            };
+        }
+        bytes
+    }
+
     /// Backward transient of one layer, per token.
     fn layer_backward(&self, g: &LayerGroup) -> u64 {
         let tp = self.tp.max(1);
@@ -366,7 +404,15 @@ impl Activations {
         let mut all = 0u64;
         let mut one = 0u64;
         let mut bwd = 0u64;
+        let mut retained = 0u64;
+        // Only a step preceded by one of its own size meets these: not the first step.
+        let held_by_loop = job.stack == Stack::Litgpt
+            && r.quantized_saves_input
+            && job.padding != Padding::LongestFirst;
         for g in &model.layers {
+            if held_by_loop {
+                retained += g.count * ctx.quantized_inputs(g);
+            }
             let layer = ctx.layer_bytes(g);
             one = one.max(layer);
             bwd = bwd.max(ctx.layer_backward(g));
@@ -384,6 +430,9 @@ impl Activations {
         let mut head_fixed = 0u64;
         if r.quantize_lm_head && r.quantized_saves_input {
             head += r.compute_bytes * h;
+            if held_by_loop {
+                retained += r.compute_bytes * h;
+            }
         }
         if r.frozen_fp32_head && r.autocast {
             // Frozen fp32 lm_head under autocast: `mm` saves the uncached bf16 weight copy
@@ -437,6 +486,7 @@ impl Activations {
             head: head * t + head_fixed / tp,
             autocast_weight_cache,
             layer_backward_transient: bwd * t,
+            previous_step_quantized_inputs: retained * t,
         }
     }
 

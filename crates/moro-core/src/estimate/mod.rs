@@ -316,7 +316,10 @@ fn training_phases(
             (Component::Gradients, grads_in_fwd),
             (
                 Component::Activations,
-                all_layers + acts.head + acts.autocast_weight_cache,
+                all_layers
+                    + acts.head
+                    + acts.autocast_weight_cache
+                    + acts.previous_step_quantized_inputs / job.parallel.pipeline.max(1),
             ),
             (Component::LogitsLoss, head.forward_peak),
             (

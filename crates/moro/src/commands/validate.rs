@@ -20,6 +20,9 @@ pub(crate) struct ValidateArgs {
     /// Also compare rows marked `confidence: low`.
     #[arg(long)]
     pub(crate) include_low: bool,
+    /// Show how one row was predicted: the job it was read as and the full breakdown.
+    #[arg(long, value_name = "ID")]
+    pub(crate) explain: Option<String>,
 }
 
 fn pct(x: f64) -> String {
@@ -40,6 +43,9 @@ fn stats_line(name: &str, s: &Stats) -> Vec<String> {
 pub(crate) fn run(args: &ValidateArgs) -> Result<ExitCode> {
     let text = std::fs::read_to_string(&args.file)
         .map_err(|e| user(format!("cannot read `{}`: {e}", args.file.display())))?;
+    if let Some(id) = &args.explain {
+        return explain(&text, id, args.json);
+    }
     let report = validation::validate(&text, &CatalogModels, args.include_low);
     if args.json {
         stdout(&json(&report)?)?;
@@ -116,6 +122,59 @@ pub(crate) fn run(args: &ValidateArgs) -> Result<ExitCode> {
         st.row(stats_line(&format!("source {k}"), v));
     }
     out.push_str(&st.render());
+    stdout(&out)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn explain(text: &str, id: &str, as_json: bool) -> Result<ExitCode> {
+    let x = validation::explain(text, &CatalogModels, id)
+        .map_err(|e| user(format!("row `{id}`: {e}")))?;
+    let predicted = match x.row.metric {
+        validation::Metric::Allocated => x.estimate.peak_allocated_bytes,
+        validation::Metric::Reserved => x.estimate.peak_reserved_bytes,
+        validation::Metric::Device => x.estimate.peak_device_bytes,
+    };
+    #[allow(clippy::cast_precision_loss)]
+    let error = (!x.row.oom).then(|| {
+        (predicted as f64 - x.row.measured_bytes as f64) / x.row.measured_bytes.max(1) as f64
+    });
+    if as_json {
+        let doc = serde_json::json!({
+            "row": x.row,
+            "predicted_bytes": predicted,
+            "error": error,
+            "estimate": x.estimate,
+        });
+        stdout(&json(&doc)?)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let model = crate::resolve::Resolved {
+        id: x.row.model_id.clone(),
+        source: if x.row.model_overrides.is_some() {
+            "the catalog, with the row's model_overrides".into()
+        } else {
+            "the catalog".into()
+        },
+        spec: x.model,
+        stored: None,
+    };
+    let mut out = crate::commands::estimate::render(&model, &x.job, &x.estimate, None);
+    let level = format!("{:?}", x.row.metric).to_ascii_lowercase();
+    match error {
+        Some(e) => out.push_str(&format!(
+            "\nrow     measured {} GiB at the {level} level; predicted {} GiB ({})\n",
+            crate::output::gib(x.row.measured_bytes),
+            crate::output::gib(predicted),
+            pct(e)
+        )),
+        None => out.push_str(&format!(
+            "\nrow     ran out of memory on a {} GiB GPU; predicted device total {} GiB\n",
+            x.row
+                .gpu_memory_bytes
+                .map_or_else(|| "?".into(), crate::output::gib),
+            crate::output::gib(x.estimate.peak_device_bytes)
+        )),
+    }
     stdout(&out)?;
     Ok(ExitCode::SUCCESS)
 }
