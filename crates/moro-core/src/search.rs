@@ -517,8 +517,8 @@ pub struct Caps {
     pub flash_attention: bool,
     /// The estimator's device profile (cuBLAS workspace, CUDA context, ...).
     pub profile: DeviceProfile,
-    /// Host RAM the job may fill with offloaded states, compared with
-    /// [`Estimate::host_bytes`]; `None`: not checked (the figure is still reported).
+    /// Host RAM of one node the job may fill with offloaded states, compared with
+    /// [`Estimate::host_bytes_per_node`]; `None`: not checked (the figure is still reported).
     pub host_bytes: Option<u64>,
     /// bitsandbytes runs here (CUDA and ROCm builds; not Apple's MPS): 4-bit bases and
     /// 8-bit optimizer states are offered only then.
@@ -583,6 +583,9 @@ pub struct Space {
     pub parallel: Parallel,
     /// Objective.
     pub objective: Objective,
+    /// GPUs sharing one host (the cluster's GPUs per node; without a cluster, the fixed
+    /// layout's GPUs): a node's host RAM holds that many ranks' offloaded states.
+    pub gpus_per_node: u64,
     /// LoRA targets of the attention set, resolved onto this model.
     #[serde(skip)]
     attention_targets: Targets,
@@ -687,6 +690,11 @@ impl Space {
                 request.parallel.clone()
             },
             objective: request.objective,
+            gpus_per_node: request
+                .cluster
+                .as_ref()
+                .map_or_else(|| request.parallel.gpus(), |c| c.gpus_per_node)
+                .max(1),
             attention_targets: crate::targets::resolve(model, &Targets::Names(names)),
         })
     }
@@ -1056,7 +1064,10 @@ pub fn evaluate(
     let headroom = i128::from(caps.usable_bytes) - i128::from(need);
     let headroom =
         i64::try_from(headroom).unwrap_or(if headroom < 0 { i64::MIN } else { i64::MAX });
-    let host_fits = caps.host_bytes.is_none_or(|h| est.host_bytes <= h);
+    let ranks = job.parallel.gpus().min(space.gpus_per_node);
+    let host_fits = caps
+        .host_bytes
+        .is_none_or(|h| est.host_bytes_per_node(ranks) <= h);
     Ok(Candidate {
         config,
         job,

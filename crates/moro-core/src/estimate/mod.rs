@@ -209,7 +209,8 @@ pub struct Estimate {
     pub components: Vec<(Component, u64)>,
     /// Every phase considered, allocated level.
     pub phases: Vec<PhaseBytes>,
-    /// Host (CPU) memory the job needs for offloaded states and parameters.
+    /// Host (CPU) memory one GPU process (rank) needs for its offloaded states and
+    /// parameters; a node needs this times the ranks it runs ([`Estimate::host_bytes_per_node`]).
     pub host_bytes: u64,
     /// Total parameters of the model.
     pub total_params: u64,
@@ -220,6 +221,13 @@ pub struct Estimate {
 }
 
 impl Estimate {
+    /// Host memory a node running `ranks` GPU processes of this job needs for offload.
+    #[must_use]
+    pub const fn host_bytes_per_node(&self, ranks: u64) -> u64 {
+        self.host_bytes
+            .saturating_mul(if ranks == 0 { 1 } else { ranks })
+    }
+
     /// Bytes of a component at the peak (0 when absent).
     #[must_use]
     pub fn component(&self, c: Component) -> u64 {

@@ -31,7 +31,7 @@ pub struct Sharded {
     pub comm_buffers: u64,
     /// Parameters gathered from other shards (ZeRO-3 / FSDP units, current + prefetched).
     pub gathered_params: u64,
-    /// Host memory for offloaded states / params.
+    /// Host memory for offloaded states / params, per GPU process (rank).
     pub host_bytes: u64,
     /// Optimizer-state bytes in CUDA managed memory (bitsandbytes paged optimizers) on this
     /// GPU: nvidia-smi shows them when resident, `memory_allocated` does not.
@@ -193,9 +193,21 @@ impl Sharded {
                 };
                 s.step_transient = 0;
                 if offload_opt {
-                    // DeepSpeed's estimator: `cpu_mem = total_params * max(4 * total_gpus,
-                    // 16) * additional_buffer_factor` (1.5) for ZeRO-2 with offload.
-                    s.host_bytes = trainable * (4 * n).max(16) * 3 / 2;
+                    // Per rank, DeepSpeed's `estimate_zero{2,3}_model_states_mem_needs`
+                    // divided by the ranks sharing the host: the partition's fp32 master
+                    // weights, fp32 gradients and Adam's two moments (16 B per trainable
+                    // parameter; `18` with offloaded 16-bit params), times its
+                    // `additional_buffer_factor` 1.5 (pinned staging buffers). With ZeRO-3
+                    // parameter offload the frozen weights' partition (as loaded: 16-bit, or
+                    // fp32 for an fp32 model) lives there too. The full copy every process
+                    // loads before ZeRO-1/2 partitions (`4 * num_gpus_per_node`) is a
+                    // start-up transient and not counted.
+                    let params = if offload_params {
+                        if full { total * 2 / split } else { base }
+                    } else {
+                        0
+                    };
+                    s.host_bytes = (trainable * 16 / split + params) * 3 / 2 / n;
                 }
             }
             Sharding::FsdpFullShard | Sharding::FsdpShardGradOp | Sharding::FsdpHybridShard => {

@@ -278,10 +278,20 @@ pub(crate) fn render(
     ]);
     out.push_str(&lv.render());
     if est.host_bytes > 0 {
-        out.push_str(&format!(
-            "\nhost memory for offload: {}\n",
-            size(est.host_bytes)
-        ));
+        let ranks = job.parallel.gpus();
+        if ranks > 1 {
+            out.push_str(&format!(
+                "\nhost memory for offload: {} per GPU process, {} for all {ranks} \
+                 (on the nodes that run them)\n",
+                size(est.host_bytes),
+                size(est.host_bytes_per_node(ranks))
+            ));
+        } else {
+            out.push_str(&format!(
+                "\nhost memory for offload: {}\n",
+                size(est.host_bytes)
+            ));
+        }
     }
     if est.component(Component::OutsideAllocator) > 0 {
         out.push_str(

@@ -153,7 +153,7 @@ pub(crate) struct FitRow {
     /// Predicted peak of one GPU.
     pub(crate) peak_device_bytes: u64,
     pub(crate) headroom_bytes: i64,
-    /// Host RAM the offloaded states need (0 without offload).
+    /// Host RAM the offloaded states need on each node (0 without offload).
     pub(crate) host_bytes: u64,
     /// The job, for `moro recipe generate --hardware <gpus>x<preset>`.
     pub(crate) job: moro_core::job::Job,
@@ -246,7 +246,7 @@ fn fit_preset(
         strategy: layout_of(&c.job).strategy_text(),
         configuration: describe(&c.job),
         peak_device_bytes: c.estimate.peak_device_bytes,
-        host_bytes: c.estimate.host_bytes,
+        host_bytes: node_host_bytes(&c.estimate, gpus),
     });
     #[allow(clippy::cast_precision_loss)]
     Some(FitRow {
@@ -266,10 +266,16 @@ fn fit_preset(
         gradient_checkpointing: b.job.gradient_checkpointing,
         peak_device_bytes: b.estimate.peak_device_bytes,
         headroom_bytes: b.headroom_bytes,
-        host_bytes: b.estimate.host_bytes,
+        host_bytes: node_host_bytes(&b.estimate, n),
         job: b.job,
         with_offload,
     })
+}
+
+/// Host RAM one node needs: the per-rank offload figure times the ranks a node runs
+/// (`gpus` spread over nodes of [`crate::commands::recipe::DEFAULT_GPUS_PER_NODE`]).
+fn node_host_bytes(est: &moro_core::estimate::Estimate, gpus: u64) -> u64 {
+    est.host_bytes_per_node(gpus.min(crate::commands::recipe::DEFAULT_GPUS_PER_NODE))
 }
 
 /// For every catalog preset, the fewest GPUs that fit, and the presets on which not even 64
@@ -404,7 +410,7 @@ pub(crate) fn run(args: &FitArgs) -> Result<ExitCode> {
             "$/h",
             "strategy",
             "peak GiB/GPU",
-            "host GiB",
+            "host GiB/node",
             "with offload",
             "recipe",
         ],
@@ -426,7 +432,7 @@ pub(crate) fn run(args: &FitArgs) -> Result<ExitCode> {
             },
             r.with_offload.as_ref().map_or("-".to_owned(), |o| {
                 format!(
-                    "{} GPUs, {}, {} GiB/GPU + {} GiB host",
+                    "{} GPUs, {}, {} GiB/GPU + {} GiB host/node",
                     o.gpus,
                     o.strategy,
                     gib(o.peak_device_bytes),
