@@ -554,6 +554,12 @@ pub struct Job {
     /// Library versions, for behaviour that changed between releases (default: current).
     #[serde(default)]
     pub versions: Versions,
+    /// Optimizer step fused into the backward pass (torchtune `optimizer_in_bwd: True`): each
+    /// parameter is stepped in its `register_post_accumulate_grad_hook` and its gradient set
+    /// to `None` at once (`torchtune/training/memory.py` `register_optim_in_bwd_hooks`), so
+    /// at most one parameter's gradient is alive. Needs gradient accumulation 1.
+    #[serde(default)]
+    pub optimizer_in_backward: bool,
 }
 
 impl Default for Job {
@@ -575,6 +581,7 @@ impl Default for Job {
             parallel: Parallel::single(),
             kv_dtype: KvDtype::F16,
             versions: Versions::default(),
+            optimizer_in_backward: false,
         }
     }
 }
@@ -713,6 +720,16 @@ impl Job {
                 "quantization",
                 "a full fine-tune cannot train quantized weights; use lora/qlora or none"
                     .to_owned(),
+            );
+        }
+        if self.optimizer_in_backward && self.grad_accum > 1 {
+            return err(
+                "optimizer_in_backward",
+                format!(
+                    "steps each parameter as soon as its gradient exists, so gradients cannot \
+                     accumulate; set gradient_accumulation_steps to 1 (got {})",
+                    self.grad_accum
+                ),
             );
         }
         Ok(())

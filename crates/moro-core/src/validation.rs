@@ -330,11 +330,6 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
     if truthy(v, "activation_offload") == Some(true) {
         return Err("activation offloading to the CPU is not modelled yet".into());
     }
-    if truthy(v, "optimizer_in_backward") == Some(true) {
-        return Err(
-            "optimizer-in-backward (gradients freed per parameter) is not modelled yet".into(),
-        );
-    }
 
     // Parallelism.
     let gpus = num(v, "num_gpus").unwrap_or(1).max(1);
@@ -414,6 +409,7 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         } else {
             crate::job::KvDtype::F16
         },
+        optimizer_in_backward: truthy(v, "optimizer_in_backward") == Some(true),
     };
 
     let metric_text = text(v, "metric").to_ascii_lowercase();

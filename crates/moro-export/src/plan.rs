@@ -182,6 +182,15 @@ impl<'a> Plan<'a> {
             ));
         }
 
+        if t.optimizer_in_backward {
+            warnings.push(
+                "training.optimizer_in_backward: this trainer has no optimizer step in backward \
+                 (torchtune's optimizer_in_bwd); exported with a normal step, which keeps every \
+                 gradient until the step: estimate without it to size the run"
+                    .to_owned(),
+            );
+        }
+
         let lora = recipe.model.lora_config();
         if let (Some(m), Targets::Names(names)) = (model, &lora.targets)
             && method != Method::Full

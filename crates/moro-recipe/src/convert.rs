@@ -82,6 +82,7 @@ impl Recipe {
             dataset: extras.dataset,
             output_dir: extras.output_dir,
             versions: LibraryVersions::from_versions(&job.versions),
+            optimizer_in_backward: job.optimizer_in_backward,
         };
         let p = &job.parallel;
         let parallel = (*p != Parallel::single()).then(|| ParallelSection {
@@ -164,6 +165,7 @@ impl Recipe {
                 .map(LibraryVersions::to_versions)
                 .transpose()?
                 .unwrap_or_default(),
+            optimizer_in_backward: t.optimizer_in_backward,
         })
     }
 
@@ -187,7 +189,8 @@ pub fn job_field_path(field: &str) -> String {
         | "attention"
         | "stack"
         | "loss"
-        | "packing" => {
+        | "packing"
+        | "optimizer_in_backward" => {
             format!("training.{field}")
         }
         "lora_rank" | "lora_alpha" | "lora_dropout" | "target_modules" | "quantization"

@@ -281,6 +281,10 @@ pub struct TrainingSection {
     /// current releases.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub versions: Option<LibraryVersions>,
+    /// Step each parameter as soon as its gradient is ready and free the gradient (torchtune's
+    /// `optimizer_in_bwd: True`); needs `gradient_accumulation_steps: 1`. Default: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub optimizer_in_backward: bool,
 }
 
 /// `training.versions:` — library versions as `MAJOR.MINOR[.PATCH]` strings (quote them:
@@ -391,6 +395,7 @@ impl Default for TrainingSection {
             dataset: None,
             output_dir: None,
             versions: None,
+            optimizer_in_backward: false,
         }
     }
 }

@@ -410,8 +410,8 @@ fn on_off(b: bool) -> String {
 #[must_use]
 pub fn single_step(job: &Job, dataset_p99: Option<u64>) -> Option<Job> {
     let mut j = job.clone();
-    // Level 1.
-    if j.micro_batch_size > 1 {
+    // Level 1 (not with the optimizer step in backward, which cannot accumulate).
+    if j.micro_batch_size > 1 && !j.optimizer_in_backward {
         let p = smallest_prime_factor(j.micro_batch_size);
         if let Some(accum) = j.grad_accum.checked_mul(p).filter(|a| *a <= MAX_GRAD_ACCUM) {
             j.micro_batch_size /= p;
@@ -549,6 +549,21 @@ mod tests {
         assert_eq!(j.method, Method::Qlora);
         assert_eq!(j.quantization, Quantization::Nf4Dq);
         assert_eq!(next_heal(&j, &c).err(), Some(NoHeal::Exhausted));
+    }
+
+    /// With the optimizer step in backward, gradients cannot accumulate: the first step is
+    /// checkpointing, the micro-batch is left alone.
+    #[test]
+    fn optimizer_in_backward_skips_level_one() {
+        let j = Job {
+            micro_batch_size: 4,
+            grad_accum: 1,
+            optimizer_in_backward: true,
+            ..Job::default()
+        };
+        let n = single_step(&j, None).expect("a step exists");
+        assert_eq!((n.micro_batch_size, n.grad_accum), (4, 1));
+        assert!(n.gradient_checkpointing);
     }
 
     #[test]

@@ -176,6 +176,10 @@ pub(crate) struct JobArgs {
     /// Gradient checkpointing (`--gradient-checkpointing` or `=false`).
     #[arg(long, num_args = 0..=1, default_missing_value = "true", help_heading = "Training")]
     pub(crate) gradient_checkpointing: Option<bool>,
+    /// Step each parameter in backward and free its gradient at once (torchtune's
+    /// `optimizer_in_bwd`); needs --grad-accum 1.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", help_heading = "Training")]
+    pub(crate) optimizer_in_backward: Option<bool>,
     /// Attention: flash, sdpa or eager [default: sdpa].
     #[arg(long, value_parser = parse_attention, help_heading = "Training")]
     pub(crate) attention: Option<Attention>,
@@ -282,6 +286,9 @@ impl JobArgs {
         }
         if let Some(g) = self.gradient_checkpointing {
             job.gradient_checkpointing = g;
+        }
+        if let Some(o) = self.optimizer_in_backward {
+            job.optimizer_in_backward = o;
         }
         if let Some(a) = self.attention {
             job.attention = a;

@@ -79,13 +79,30 @@ impl Sharded {
         } else {
             paged_all / optimizer::shard_divisor(job)
         };
-        let grads = trainable * tb / split;
-        let step_transient = optimizer::step_transient(model, job, r) / split;
-        let head_grads = if full {
+        let mut grads = trainable * tb / split;
+        let mut step_transient = optimizer::step_transient(model, job, r) / split;
+        let mut head_grads = if full {
             model.vocab_size * h * tb / tp
         } else {
             0
         };
+        if job.optimizer_in_backward {
+            // Each parameter is stepped and its gradient freed in its post-accumulate-grad
+            // hook (torchtune `register_optim_in_bwd_hooks`): one parameter's gradient, and
+            // one parameter's step temporaries, at a time.
+            let largest = optimizer::trainable_tensors(model, job)
+                .iter()
+                .map(|t| t.numel)
+                .max()
+                .unwrap_or(0);
+            grads = grads.min(largest * tb / split);
+            head_grads = head_grads.min(grads);
+            // foreach AdamW's sqrt copy now covers one tensor; Adafactor's figure is already
+            // per tensor.
+            if job.optimizer == crate::job::Optimizer::AdamwTorch {
+                step_transient = step_transient.min(largest * tb / split);
+            }
+        }
         let layer_params = model
             .layers
             .iter()

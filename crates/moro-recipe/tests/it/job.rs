@@ -109,8 +109,13 @@ fn jobs() -> Vec<Job> {
             bitsandbytes: Some((0, 42, 0)),
             trl: Some((0, 9)),
         },
+        optimizer_in_backward: false,
     };
     v.push(all);
+    v.push(Job {
+        optimizer_in_backward: true,
+        ..d.clone()
+    });
     for m in Method::ALL {
         let quantization = if m == Method::Qlora {
             Quantization::Nf4
