@@ -191,7 +191,19 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
                 .and_then(|s| s.parse().ok())
                 .filter(|_| p.contains("token"))
         });
-        let prompt = prompt.unwrap_or(32);
+        // A script's default prompt is a sentence; any other prompt without a token count
+        // has an unknown length.
+        let default_prompt = text(inf, "prompt").to_ascii_lowercase().contains("default");
+        let prompt = match prompt {
+            Some(p) => p,
+            None if default_prompt => 32,
+            None => {
+                return Err(format!(
+                    "prompt length not given (`{}`)",
+                    text(inf, "prompt")
+                ));
+            }
+        };
         (num(inf, "batch_size").unwrap_or(1), prompt + new)
     } else {
         let b = num(v, "micro_batch_size").ok_or("no micro_batch_size")?;
@@ -227,6 +239,10 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         } else {
             Precision::Bf16Mixed
         }
+    } else if prec_text.is_empty() && quant_text.contains("fp32") {
+        // No torch_dtype with a bitsandbytes config: transformers loads the unquantized
+        // modules in the default dtype, fp32, and bnb computes in fp32.
+        Precision::Fp32
     } else if prec_text.contains("bf16") || prec_text.contains("fp16") || prec_text.is_empty() {
         Precision::Bf16
     } else {
