@@ -228,7 +228,6 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
     } else if prec_text.contains("bf16-true")
         || prec_text.contains("pure")
         || prec_text.contains("no amp")
-        || (prec_text.contains("bf16") && prec_text.contains("torch_dtype bfloat16"))
     {
         Precision::Bf16
     } else if prec_text.contains("amp") || prec_text.contains("mixed") {
