@@ -417,7 +417,11 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
                 let year: u32 = text(v, "measured_when").get(..4)?.parse().ok()?;
                 (stack == Stack::Litgpt && year <= 2024).then_some((0, 42, 0))
             }),
-            trl: version_of(&fw, "trl"),
+            // fms-acceleration's accelerated-peft plugin replaces TRL's preparation of the
+            // quantized model with its own, which only freezes the base and never upcasts
+            // to fp32 (`framework_plugin_bnb.py` `_prepare_model_for_kbit_training`: "the
+            // stock one in peft will introduce extraneous casting"), as TRL ≥ 0.26 does.
+            trl: version_of(&fw, "trl").filter(|_| !quant_text.contains("accelerated-peft")),
         },
         kv_dtype: if precision == Precision::Fp32 || fp32_kv {
             crate::job::KvDtype::F32
