@@ -643,6 +643,16 @@ impl Job {
                 ),
             );
         }
+        if model.position_embeddings > 0 && self.seq_len > model.position_embeddings {
+            return err(
+                "max_seq_length",
+                format!(
+                    "{} has {} learned positions (`n_positions`): a longer sequence indexes past \
+                     its position embedding; use at most {}",
+                    model.model_type, model.position_embeddings, model.position_embeddings
+                ),
+            );
+        }
         if self.grad_accum == 0 || self.grad_accum > 1 << 20 {
             return err(
                 "gradient_accumulation_steps",

@@ -944,6 +944,7 @@ pub fn explain(jsonl: &str, models: &dyn ModelSource, id: &str) -> Result<Explai
     let row = interpret(&v)?;
     let model = models.model_with(&row.model_id, row.model_overrides.as_ref())?;
     let mut job = row.job.clone();
+    cap_to_learned_positions(&mut job, &model);
     job.lora.targets = crate::targets::resolve(&model, &job.lora.targets);
     let profile = crate::estimate::DeviceProfile::for_compute_capability(row.compute_capability);
     let estimate = crate::estimate::estimate(&model, &job, &profile).map_err(|e| e.to_string())?;
@@ -953,6 +954,16 @@ pub fn explain(jsonl: &str, models: &dyn ModelSource, id: &str) -> Result<Explai
         job,
         estimate,
     })
+}
+
+/// A run that completed on a model with learned absolute positions cannot have used longer
+/// sequences than it has positions: the trainer cut them (fms-hf-tuning, for one, sets
+/// `max_seq_length = min(max_seq_length, tokenizer.model_max_length)` in
+/// `tuning/data/setup_dataprocessor.py`; santacoder's tokenizer says 2048, its `n_positions`).
+fn cap_to_learned_positions(job: &mut Job, model: &crate::model::ModelSpec) {
+    if model.position_embeddings > 0 && job.method != Method::Inference {
+        job.seq_len = job.seq_len.min(model.position_embeddings);
+    }
 }
 
 fn predict_row(row: &Row, models: &dyn ModelSource) -> RowResult {
@@ -983,6 +994,7 @@ fn predict_row(row: &Row, models: &dyn ModelSource) -> RowResult {
         }
     };
     let mut job = row.job.clone();
+    cap_to_learned_positions(&mut job, &spec);
     job.lora.targets = crate::targets::resolve(&spec, &job.lora.targets);
     let profile = crate::estimate::DeviceProfile::for_compute_capability(row.compute_capability);
     let est = match crate::estimate::estimate(&spec, &job, &profile) {

@@ -149,6 +149,8 @@ fn weight_bytes_shrink_with_bits() {
                 method,
                 quantization: q,
                 stack: Stack::Trl,
+                // Within every catalog model's learned positions (GPT-2: 1,024).
+                seq_len: 512,
                 ..Job::default()
             };
             est(&m, &j).component(moro_core::estimate::Component::Weights)
