@@ -12,8 +12,8 @@ use serde_json::Value;
 
 use crate::hardware;
 use crate::job::{
-    Attention, Job, LoraConfig, LossImpl, Method, Offload, Optimizer, Padding, Parallel, Precision,
-    Quantization, Sharding, Stack, Targets, Versions,
+    Attention, Job, LoraConfig, LossImpl, Method, Offload, Optimizer, Padding, Parallel, PeftKind,
+    Precision, Quantization, Sharding, Stack, Targets, Versions,
 };
 use crate::units::GIB;
 
@@ -124,14 +124,23 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         .and_then(Value::as_bool)
         .unwrap_or(false);
 
+    // lit-gpt's adapters: `adapter`, `adapter_v2`, with `+nf4` when the base is quantized
+    // (the `quantization` object says how).
+    let peft_text = method_text.split('+').next().unwrap_or_default();
+    let peft = match peft_text {
+        "adapter" | "llama-adapter" => PeftKind::LlamaAdapter,
+        "adapter_v2" | "adapter-v2" | "llama-adapter-v2" => PeftKind::AdapterV2,
+        _ => PeftKind::Lora,
+    };
     let method = match method_text.as_str() {
         "full" => Method::Full,
         "lora" => Method::Lora,
         "qlora" | "gptq-lora" => Method::Qlora,
         m if m.starts_with("inference") => Method::Inference,
+        _ if peft.is_adapter() => Method::Lora,
         other => {
             return Err(format!(
-                "PEFT method `{other}` is not modelled (LoRA/QLoRA only)"
+                "PEFT method `{other}` is not modelled (LoRA/QLoRA and lit-gpt's adapters only)"
             ));
         }
     };
@@ -170,6 +179,12 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
     } else {
         Stack::Hf
     };
+
+    if peft.is_adapter() && stack != Stack::Litgpt {
+        return Err(format!(
+            "`{method_text}` is modelled as lit-gpt's LLaMA-Adapter; this row is not from lit-gpt"
+        ));
+    }
 
     let arch = text(v, "arch").to_ascii_lowercase();
     if arch.contains("t5") || arch.contains("bert") || arch.contains("encoder") {
@@ -409,6 +424,7 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
             }),
             trl: version_of(&fw, "trl"),
         },
+        peft,
         kv_dtype: if precision == Precision::Fp32 || fp32_kv {
             crate::job::KvDtype::F32
         } else {
@@ -714,7 +730,7 @@ pub struct RowResult {
     pub status: Status,
     /// Source key.
     pub source: String,
-    /// Method (as modelled), for grouping.
+    /// Method (as modelled; lit-gpt's adapters by their own name), for grouping.
     pub method: Option<&'static str>,
     /// Stack (as modelled), for grouping.
     pub stack: Option<&'static str>,
@@ -945,7 +961,11 @@ fn predict_row(row: &Row, models: &dyn ModelSource) -> RowResult {
         id: row.id.clone(),
         status: Status::Skipped,
         source: row.source.clone(),
-        method: Some(row.job.method.as_str()),
+        method: Some(if row.job.peft.is_adapter() {
+            row.job.peft.as_str()
+        } else {
+            row.job.method.as_str()
+        }),
         stack: Some(row.job.stack.as_str()),
         metric: Some(row.metric),
         predicted_bytes: None,

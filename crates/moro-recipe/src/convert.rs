@@ -5,7 +5,7 @@
 //! not depend on defaults that may change), plus the [`TrainingExtras`] the engine does not
 //! use. Job → Recipe → Job is the identity.
 
-use moro_core::job::{Job, JobError, LoraConfig, Padding, Parallel};
+use moro_core::job::{Job, JobError, LoraConfig, Padding, Parallel, PeftKind};
 
 use crate::choices::{LrScheduler, Method};
 use crate::error::RecipeError;
@@ -164,6 +164,9 @@ impl Recipe {
                 .map(LibraryVersions::to_versions)
                 .transpose()?
                 .unwrap_or_default(),
+            // Recipes describe LoRA/QLoRA; lit-gpt's adapters are reachable from the CLI and
+            // from measured rows only.
+            peft: PeftKind::Lora,
         })
     }
 

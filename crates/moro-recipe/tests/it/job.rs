@@ -2,7 +2,7 @@
 
 use moro_core::job::{
     Attention, Job, JobError, KvDtype, LoraConfig, LossImpl, Method, Offload, Optimizer, Padding,
-    Parallel, Precision, Quantization, Sharding, Stack, Targets, Versions,
+    Parallel, PeftKind, Precision, Quantization, Sharding, Stack, Targets, Versions,
 };
 use moro_recipe::choices::LrScheduler;
 use moro_recipe::{Recipe, TrainingExtras, to_yaml};
@@ -109,6 +109,7 @@ fn jobs() -> Vec<Job> {
             bitsandbytes: Some((0, 42, 0)),
             trl: Some((0, 9)),
         },
+        peft: PeftKind::Lora,
     };
     v.push(all);
     for m in Method::ALL {
