@@ -45,6 +45,56 @@ impl Method {
     }
 }
 
+/// Which parameter-efficient method a LoRA/QLoRA-shaped job (frozen, possibly quantized base)
+/// trains. Only the litgpt stack models the lit-gpt adapters; every other stack trains LoRA.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PeftKind {
+    /// LoRA adapters (`lora` settings apply).
+    #[default]
+    Lora,
+    /// lit-gpt's LLaMA-Adapter (`lit_gpt/adapter.py`, `finetune/adapter.py`): a learned
+    /// 10-token prefix (`adapter_wte`) and a zero-init gate per attention layer from layer 2 on.
+    #[serde(rename = "adapter")]
+    LlamaAdapter,
+    /// lit-gpt's LLaMA-Adapter v2 (`lit_gpt/adapter_v2.py`, `finetune/adapter_v2.py`): the
+    /// prefix and gate, plus a trainable bias and scale on every Linear (`AdapterV2Linear`)
+    /// and trainable norms.
+    AdapterV2,
+}
+
+impl PeftKind {
+    /// All values.
+    pub const ALL: [Self; 3] = [Self::Lora, Self::LlamaAdapter, Self::AdapterV2];
+
+    /// The name on the command line and in JSON.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Lora => "lora",
+            Self::LlamaAdapter => "adapter",
+            Self::AdapterV2 => "adapter-v2",
+        }
+    }
+
+    /// Parses a name (`lora`, `adapter`, `adapter-v2` / `adapter_v2`).
+    #[must_use]
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim().to_ascii_lowercase().replace('_', "-").as_str() {
+            "lora" | "qlora" => Some(Self::Lora),
+            "adapter" | "adapter-v1" | "llama-adapter" => Some(Self::LlamaAdapter),
+            "adapter-v2" | "llama-adapter-v2" => Some(Self::AdapterV2),
+            _ => None,
+        }
+    }
+
+    /// Whether this is one of lit-gpt's LLaMA-Adapter variants.
+    #[must_use]
+    pub const fn is_adapter(self) -> bool {
+        matches!(self, Self::LlamaAdapter | Self::AdapterV2)
+    }
+}
+
 /// Storage of the frozen base weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -560,6 +610,10 @@ pub struct Job {
     /// at most one parameter's gradient is alive. Needs gradient accumulation 1.
     #[serde(default)]
     pub optimizer_in_backward: bool,
+    /// The parameter-efficient method of a LoRA/QLoRA job: LoRA, or (litgpt only) one of
+    /// lit-gpt's LLaMA-Adapter variants, which ignore `lora`.
+    #[serde(default)]
+    pub peft: PeftKind,
 }
 
 impl Default for Job {
@@ -582,6 +636,7 @@ impl Default for Job {
             kv_dtype: KvDtype::F16,
             versions: Versions::default(),
             optimizer_in_backward: false,
+            peft: PeftKind::Lora,
         }
     }
 }
@@ -669,7 +724,30 @@ impl Job {
                 return err(name, format!("must be between 1 and 65536, got {v}"));
             }
         }
-        if self.method.is_peft() {
+        if self.peft.is_adapter() {
+            if !self.method.is_peft() {
+                return err(
+                    "peft",
+                    format!(
+                        "`{}` trains on a frozen base: use method lora (or qlora with a \
+                         quantized base), not {}",
+                        self.peft.as_str(),
+                        self.method.as_str()
+                    ),
+                );
+            }
+            if self.stack != Stack::Litgpt {
+                return err(
+                    "peft",
+                    format!(
+                        "`{}` is lit-gpt's LLaMA-Adapter (lit_gpt/adapter.py); it is modelled \
+                         for the litgpt stack only",
+                        self.peft.as_str()
+                    ),
+                );
+            }
+        }
+        if self.method.is_peft() && !self.peft.is_adapter() {
             let r = self.lora.rank;
             if r == 0 {
                 return err("lora_rank", "must be at least 1".to_owned());

@@ -12,8 +12,8 @@ use serde_json::Value;
 
 use crate::hardware;
 use crate::job::{
-    Attention, Job, LoraConfig, LossImpl, Method, Offload, Optimizer, Padding, Parallel, Precision,
-    Quantization, Sharding, Stack, Targets, Versions,
+    Attention, Job, LoraConfig, LossImpl, Method, Offload, Optimizer, Padding, Parallel, PeftKind,
+    Precision, Quantization, Sharding, Stack, Targets, Versions,
 };
 use crate::units::GIB;
 
@@ -124,14 +124,23 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         .and_then(Value::as_bool)
         .unwrap_or(false);
 
+    // lit-gpt's adapters: `adapter`, `adapter_v2`, with `+nf4` when the base is quantized
+    // (the `quantization` object says how).
+    let peft_text = method_text.split('+').next().unwrap_or_default();
+    let peft = match peft_text {
+        "adapter" | "llama-adapter" => PeftKind::LlamaAdapter,
+        "adapter_v2" | "adapter-v2" | "llama-adapter-v2" => PeftKind::AdapterV2,
+        _ => PeftKind::Lora,
+    };
     let method = match method_text.as_str() {
         "full" => Method::Full,
         "lora" => Method::Lora,
         "qlora" | "gptq-lora" => Method::Qlora,
         m if m.starts_with("inference") => Method::Inference,
+        _ if peft.is_adapter() => Method::Lora,
         other => {
             return Err(format!(
-                "PEFT method `{other}` is not modelled (LoRA/QLoRA only)"
+                "PEFT method `{other}` is not modelled (LoRA/QLoRA and lit-gpt's adapters only)"
             ));
         }
     };
@@ -170,6 +179,12 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
     } else {
         Stack::Hf
     };
+
+    if peft.is_adapter() && stack != Stack::Litgpt {
+        return Err(format!(
+            "`{method_text}` is modelled as lit-gpt's LLaMA-Adapter; this row is not from lit-gpt"
+        ));
+    }
 
     let arch = text(v, "arch").to_ascii_lowercase();
     if arch.contains("t5") || arch.contains("bert") || arch.contains("encoder") {
@@ -328,6 +343,10 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         Padding::Packed
     } else if kind.contains("first batch contains the longest")
         || notes.contains("first micro-batch forced to contain the longest")
+        // lit-gpt's fine-tuning scripts put the longest sample first (`get_batch`:
+        // `ix[0] = longest_seq_ix`) from 2023-06-21 (fa5d73e3) until 2024-02-29 (73baa2d5),
+        // all under the old `lit-gpt` name.
+        || (fw.contains("lit-gpt") && kind.contains("longest"))
     {
         Padding::LongestFirst
     } else {
@@ -423,6 +442,7 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
             // stock one in peft will introduce extraneous casting"), as TRL ≥ 0.26 does.
             trl: version_of(&fw, "trl").filter(|_| !quant_text.contains("accelerated-peft")),
         },
+        peft,
         kv_dtype: if precision == Precision::Fp32 || fp32_kv {
             crate::job::KvDtype::F32
         } else {
@@ -729,7 +749,7 @@ pub struct RowResult {
     pub status: Status,
     /// Source key.
     pub source: String,
-    /// Method (as modelled), for grouping.
+    /// Method (as modelled; lit-gpt's adapters by their own name), for grouping.
     pub method: Option<&'static str>,
     /// Stack (as modelled), for grouping.
     pub stack: Option<&'static str>,
@@ -971,7 +991,11 @@ fn predict_row(row: &Row, models: &dyn ModelSource) -> RowResult {
         id: row.id.clone(),
         status: Status::Skipped,
         source: row.source.clone(),
-        method: Some(row.job.method.as_str()),
+        method: Some(if row.job.peft.is_adapter() {
+            row.job.peft.as_str()
+        } else {
+            row.job.method.as_str()
+        }),
         stack: Some(row.job.stack.as_str()),
         metric: Some(row.metric),
         predicted_bytes: None,

@@ -3,9 +3,11 @@
 //! [`Recipe::to_job`] applies the documented defaults and checks values;
 //! [`Recipe::from_job`] writes every engine setting explicitly (so a generated moro.yaml does
 //! not depend on defaults that may change), plus the [`TrainingExtras`] the engine does not
-//! use. Job → Recipe → Job is the identity.
+//! use. Job → Recipe → Job is the identity, except for what a recipe cannot say: lit-gpt's
+//! adapters (`Job.peft`, reached from `moro estimate --peft` and measured rows only) come
+//! back as LoRA, and longest-first padding as padded.
 
-use moro_core::job::{Job, JobError, LoraConfig, Padding, Parallel};
+use moro_core::job::{Job, JobError, LoraConfig, Padding, Parallel, PeftKind};
 
 use crate::choices::{LrScheduler, Method};
 use crate::error::RecipeError;
@@ -166,6 +168,9 @@ impl Recipe {
                 .transpose()?
                 .unwrap_or_default(),
             optimizer_in_backward: t.optimizer_in_backward,
+            // Recipes describe LoRA/QLoRA; lit-gpt's adapters are reachable from the CLI and
+            // from measured rows only.
+            peft: PeftKind::Lora,
         })
     }
 

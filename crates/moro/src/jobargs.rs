@@ -3,9 +3,14 @@
 
 use clap::Args;
 use moro_core::job::{
-    Attention, Job, KvDtype, LossImpl, Method, Offload, Optimizer, Padding, Precision,
+    Attention, Job, KvDtype, LossImpl, Method, Offload, Optimizer, Padding, PeftKind, Precision,
     Quantization, Sharding, Stack, Targets,
 };
+
+fn parse_peft(s: &str) -> Result<PeftKind, String> {
+    PeftKind::parse(s)
+        .ok_or_else(|| format!("unknown PEFT method `{s}`; use lora, adapter or adapter-v2"))
+}
 
 fn parse_method(s: &str) -> Result<Method, String> {
     Method::ALL
@@ -143,6 +148,10 @@ pub(crate) struct JobArgs {
     /// Base weights: none, int8, nf4, nf4-dq, fp4, fp4-dq, gptq-int4 [qlora default: nf4-dq].
     #[arg(long, value_parser = parse_quantization, help_heading = "Job")]
     pub(crate) quantization: Option<Quantization>,
+    /// PEFT method of a lora/qlora job: lora, or lit-gpt's adapter / adapter-v2
+    /// (LLaMA-Adapter; implies --stack litgpt) [default: lora].
+    #[arg(long, value_parser = parse_peft, help_heading = "Job")]
+    pub(crate) peft: Option<PeftKind>,
     /// LoRA rank [default: 16].
     #[arg(long, value_parser = parse_count, help_heading = "LoRA")]
     pub(crate) lora_rank: Option<u64>,
@@ -263,7 +272,14 @@ impl JobArgs {
         if let Some(o) = self.optimizer {
             job.optimizer = o;
         }
-        if let Some(s) = self.stack {
+        if let Some(p) = self.peft {
+            job.peft = p;
+        }
+        // lit-gpt's adapters exist on the litgpt stack only.
+        let stack = self
+            .stack
+            .or_else(|| (self.peft.is_some_and(PeftKind::is_adapter)).then_some(Stack::Litgpt));
+        if let Some(s) = stack {
             job.stack = s;
             if !from_recipe && s == Stack::Trl && self.gradient_checkpointing.is_none() {
                 // TRL's SFTConfig: "gradient_checkpointing: Defaults to True".

@@ -25,10 +25,11 @@
 //! The oracle (../shared/oracle) matches the full-FT bf16 sum of these terms to the byte:
 //! `16h + 4ad + 4kd + 4a + 8I` per token per layer.
 
-use crate::job::{Attention, Job, Method, Padding, Stack};
+use crate::job::{Attention, Job, Method, Padding, PeftKind, Stack};
 use crate::model::{LayerGroup, Linear, LinearRole, ModelSpec, NormKind};
 
 use super::Regime;
+use super::weights::{ADAPTER_PROMPT_LENGTH, ADAPTER_START_LAYER};
 
 /// Activation bytes for one GPU's micro-batch.
 #[derive(Debug, Clone, Copy, Default)]
@@ -94,6 +95,18 @@ fn group_of(l: &Linear, h: u64) -> Group {
             }
         }
     }
+}
+
+/// Whether lit-gpt runs the model's blocks with a parallel residual (`Block.forward`:
+/// `x = self.mlp(n_2) + h + x`, the MLP reading a norm of the layer input) rather than a
+/// sequential one (`x = h + x; x = self.mlp(self.norm_2(x)) + x`): `Config.parallel_residual`
+/// in `lit_gpt/config.py` is true for the GPT-NeoX family (Pythia, StableLM-Alpha,
+/// RedPajama-INCITE), Falcon and Phi, false for the Llama family.
+fn parallel_residual(m: &ModelSpec) -> bool {
+    matches!(
+        m.model_type.as_str(),
+        "gpt_neox" | "falcon" | "RefinedWeb" | "RefinedWebModel" | "phi" | "gptj"
+    )
 }
 
 /// Shape inputs of the per-layer formula.
@@ -261,17 +274,7 @@ impl Ctx<'_> {
         let seq = job.seq_len;
         bytes += match job.attention {
             Attention::Flash | Attention::Sdpa if litgpt => {
-                // litgpt `CausalSelfAttention`: q, k, v are views of the fused qkv output
-                // after `split`; GQA models `expand` + `reshape` k and v to all heads (copies)
-                // before SDPA; MHA and MQA keep a view of qkv that SDPA saves, keeping the
-                // whole fused output alive. Saved: (MHA/MQA) qkv + rotated q, k + out;
-                // (GQA) q, k, v at full heads + out.
-                let kv_heads = m.num_kv_heads;
-                let mut b = if kv_heads == m.num_heads || kv_heads == 1 {
-                    attn_b * (ad + 2 * kd) + attn_b * 3 * ad
-                } else {
-                    attn_b * 4 * ad
-                } + 4 * a;
+                let mut b = self.litgpt_attention_core(attn_b);
                 // LoRA on a subset of q/k/v: `zero_pad`'s `index_copy` saves its (copied)
                 // source, the enabled slices' widths.
                 if peft {
@@ -330,6 +333,179 @@ impl Ctx<'_> {
             bytes += 4 * moe.num_experts + moe.experts_per_token * h * mlp_o;
         }
         bytes
+    }
+
+    /// Saved bytes per token of litgpt's attention core (flash / SDPA), `attn_b` bytes per
+    /// element. litgpt `CausalSelfAttention`: q, k, v are views of the fused qkv output after
+    /// `split`; GQA models `expand` + `reshape` k and v to all heads (copies) before SDPA; MHA
+    /// and MQA keep a view of qkv that SDPA saves, keeping the whole fused output alive.
+    /// Saved: (MHA/MQA) qkv + rotated q, k + out; (GQA) q, k, v at full heads + out; plus the
+    /// fp32 log-sum-exp per head.
+    fn litgpt_attention_core(&self, attn_b: u64) -> u64 {
+        let m = self.m;
+        let tp = self.tp.max(1);
+        let a = m.num_heads / tp;
+        let ad = m.q_width() / tp;
+        let kd = m.kv_width() / tp;
+        let kv_heads = m.num_kv_heads;
+        (if kv_heads == m.num_heads || kv_heads == 1 {
+            attn_b * (ad + 2 * kd) + attn_b * 3 * ad
+        } else {
+            attn_b * 4 * ad
+        }) + 4 * a
+    }
+
+    /// Saved bytes per token of layer `idx` (in group `g`) of a lit-gpt LLaMA-Adapter job,
+    /// and the part of them that bitsandbytes' 4-bit matmuls hold as their inputs
+    /// (`ctx.tensors`, bnb < 0.43.2), for [`Activations::previous_step_quantized_inputs`].
+    ///
+    /// Every base weight is frozen, so a Linear saves nothing for its own weight; what is
+    /// saved is what the adapter's parameters and the graph reaching them need
+    /// (`gen_variable_type.py`: an input is saved only when the other input needs a
+    /// gradient). lit-gpt @0f021f3a (the commit that added the adapter resource table),
+    /// `lit_gpt/adapter.py`, `lit_gpt/adapter_v2.py`, `lit_gpt/model.py`:
+    ///
+    /// - **v1, layers before `adapter_start_layer`**: nothing in them requires grad (the
+    ///   embedding and every weight are frozen): nothing saved, not even by bnb
+    ///   (`MatMul4Bit.forward` keeps `(A, B)` only `if any(ctx.needs_input_grad[:2])`).
+    /// - **v1, the start layer**: the graph begins at `y + self.gating_factor * ay`, which
+    ///   saves `ay`, the prefix attention's output (its inputs, q and the cached no-grad
+    ///   `ak`/`av`, need no gradient, so that SDPA saves nothing). Then the attention output
+    ///   reaches `proj` (bnb saves it) and, in a sequential block (`x = h + x`), `norm_2` and
+    ///   the MLP save as usual; a parallel-residual block (`x = mlp(n_2) + h + x`) feeds the
+    ///   MLP from the no-grad layer input, so its MLP saves nothing.
+    /// - **later layers (v1) and every layer (v2)**: the norms (RMSNorm: the fp32 copy of its
+    ///   input `x.float()` saved by `x * x`; LayerNorm: its input, which in a parallel block
+    ///   both norms read, so it is saved once), the attention core
+    ///   ([`Self::litgpt_attention_core`]), the MLP core, bnb's inputs, and from
+    ///   `adapter_start_layer` on the prefix attention: its output `ay` (saved by the gate's
+    ///   mul and by SDPA) and SDPA's fp32 log-sum-exp (mem-efficient kernel, chosen because
+    ///   of the `amask` passed with it) — or with a micro-batch above 1, whose q batch differs
+    ///   from the prefix's batch of 1, the math kernel's bf16 softmax over the prefix
+    ///   (torch 2.1 `sdp_utils.cpp` kernel choice [DERIVED; a few hundred bytes per token
+    ///   either way]). The sum
+    ///   `y + gating * ay` is a new tensor, the `proj` input that bnb saves (without a prefix
+    ///   `proj` reads a view of SDPA's output).
+    /// - **v2 extras**: `AdapterV2Linear.forward` returns `adapter_scale * (linear(x) +
+    ///   adapter_bias)`; the mul saves its input (the pre-scale output, `out_features` per
+    ///   token, for `adapter_scale`'s gradient) on every Linear. Norm weights are trainable:
+    ///   RMSNorm's `self.weight * x_normed` saves the fp32 `x_normed` (LayerNorm saves the
+    ///   same tensors either way). In layer 0 the input (the frozen embedding's output) needs
+    ///   no gradient, so RMSNorm does not save its fp32 copy there.
+    #[allow(clippy::too_many_lines)]
+    fn adapter_layer(&self, g: &LayerGroup, idx: u64) -> (u64, u64) {
+        let m = self.m;
+        let r = self.r;
+        let tp = self.tp.max(1);
+        let h = m.hidden_size;
+        let s = r.stream_bytes;
+        let c = self.linear_out_bytes(s);
+        let ad = m.q_width() / tp;
+        let a = m.num_heads / tp;
+        let v2 = self.job.peft == PeftKind::AdapterV2;
+        let start = ADAPTER_START_LAYER;
+        let parallel = parallel_residual(m);
+        let bnb = r.quantized_saves_input;
+        let has_prefix = idx >= start;
+        // The layer input requires grad.
+        let live_in = if v2 { idx > 0 } else { idx > start };
+        // q requires grad: the main attention's SDPA saves.
+        let attn_live = v2 || live_in;
+        // The MLP input requires grad.
+        let mlp_live = v2 || live_in || (idx == start && !parallel);
+        if !(v2 || has_prefix) {
+            return (0, 0);
+        }
+        let norm = |input_live: bool| match m.norm {
+            NormKind::RmsNorm => (if input_live { 4 * h } else { 0 }) + if v2 { 4 * h } else { 0 },
+            NormKind::LayerNorm => {
+                if input_live || v2 {
+                    s * h
+                } else {
+                    0
+                }
+            }
+        };
+        let n_norms = Self::norms_per_layer(g, m);
+        let width = |grp: Group| {
+            g.linears
+                .iter()
+                .filter(|l| l.role != LinearRole::Expert && group_of(l, h) == grp)
+                .map(|l| l.in_features)
+                .max()
+                .unwrap_or(0)
+        };
+        let mut saved = 0u64;
+        // bnb-held inputs, and the part of them already saved by another op.
+        let mut held = 0u64;
+        let mut shared = 0u64;
+        // Attention half.
+        if attn_live {
+            saved += norm(live_in);
+            if bnb {
+                held += width(Group::AttnIn) * s;
+            }
+            saved += self.litgpt_attention_core(self.attn_bytes(c));
+        }
+        if has_prefix {
+            saved += c * ad;
+            if attn_live {
+                saved += if self.job.micro_batch_size == 1 {
+                    4 * a
+                } else {
+                    c * a * ADAPTER_PROMPT_LENGTH
+                };
+            }
+        }
+        if bnb {
+            let proj_in = width(Group::AttnOut) / tp * c;
+            held += proj_in;
+            // Without a prefix, proj reads a view of SDPA's (saved) output.
+            if !has_prefix {
+                shared += proj_in;
+            }
+        }
+        // MLP half.
+        if mlp_live {
+            if n_norms >= 2 {
+                let norm2_in_live = if parallel { live_in } else { true };
+                // In a parallel block `norm_2` reads the layer input `x` that `norm_1` read:
+                // a LayerNorm saves that same tensor (RMSNorm saves its own fp32 copy).
+                let same_input = parallel && attn_live && m.norm == NormKind::LayerNorm;
+                if !same_input {
+                    saved += norm(norm2_in_live);
+                }
+                if bnb {
+                    held += width(Group::MlpIn) * s;
+                }
+            }
+            if bnb {
+                held += width(Group::MlpOut) / tp * c;
+            }
+            let i_act = m.active_intermediate(g.moe) / tp;
+            saved += if m.gated_mlp {
+                3 * c * i_act
+            } else {
+                c * i_act
+            };
+        }
+        // v2: every AdapterV2Linear saves its pre-scale output.
+        if v2 {
+            saved += c * g
+                .linears
+                .iter()
+                .map(|l| {
+                    let mult = if l.role == LinearRole::Expert {
+                        l.active
+                    } else {
+                        l.count
+                    };
+                    l.out_features * mult
+                })
+                .sum::<u64>()
+                / tp;
+        }
+        (saved + held - shared, held)
     }
 
     /// Bytes per token of the distinct input tensors of one layer's quantized Linears (the
@@ -409,7 +585,28 @@ impl Activations {
         let held_by_loop = job.stack == Stack::Litgpt
             && r.quantized_saves_input
             && job.padding != Padding::LongestFirst;
+        let adapter = job.peft.is_adapter() && job.method.is_peft();
+        let mut idx = 0u64;
         for g in &model.layers {
+            if adapter {
+                // lit-gpt adapters: what a layer saves depends on its index (the prefix and
+                // the gate start at `adapter_start_layer`), so each layer is counted.
+                for _ in 0..g.count {
+                    let (layer, held) = ctx.adapter_layer(g, idx);
+                    idx += 1;
+                    if held_by_loop {
+                        retained += held;
+                    }
+                    one = one.max(layer);
+                    all += if job.gradient_checkpointing && layer > 0 {
+                        ckpt
+                    } else {
+                        layer
+                    };
+                }
+                bwd = bwd.max(ctx.layer_backward(g));
+                continue;
+            }
             if held_by_loop {
                 retained += g.count * ctx.quantized_inputs(g);
             }
@@ -428,6 +625,15 @@ impl Activations {
         let full = job.method == Method::Full;
         let mut head = 4 * h + if full { r.stream_bytes * h + 2 * h } else { 0 };
         let mut head_fixed = 0u64;
+        if adapter && job.peft == PeftKind::AdapterV2 {
+            // v2: `ln_f` is trainable (RMSNorm saves the fp32 `x_normed` for its weight), and
+            // `lm_head` is an `AdapterV2Linear` whose mul saves the pre-scale logits, each
+            // 128-token chunk's until its backward (`lit_gpt/adapter_v2.py`).
+            if model.norm == NormKind::RmsNorm {
+                head += 4 * h;
+            }
+            head += ctx.linear_out_bytes(r.stream_bytes) * model.vocab_size / tp.max(1);
+        }
         if r.quantize_lm_head && r.quantized_saves_input {
             head += r.compute_bytes * h;
             if held_by_loop {

@@ -4,7 +4,7 @@ use crate::job::{Job, Method, Optimizer};
 use crate::model::ModelSpec;
 
 use super::Regime;
-use super::weights::lora_tensors;
+use super::weights::{adapter_grad_tensors, lora_tensors};
 
 /// bitsandbytes keeps tensors below this many elements in 32-bit state
 /// (`Optimizer2State.init_state`: `if p.numel() < config["min_8bit_size"]`, default 4096).
@@ -34,6 +34,17 @@ pub struct Trainable {
 pub fn trainable_tensors(model: &ModelSpec, job: &Job) -> Vec<Trainable> {
     match job.method {
         Method::Inference => vec![],
+        Method::Lora | Method::Qlora if job.peft.is_adapter() => {
+            adapter_grad_tensors(model, job.peft)
+                .into_iter()
+                .map(|(copies, numel)| Trainable {
+                    copies,
+                    numel,
+                    shape: (numel, 1),
+                    embedding: false,
+                })
+                .collect()
+        }
         Method::Lora | Method::Qlora => lora_tensors(model, job)
             .map(|(copies, numel)| Trainable {
                 copies,

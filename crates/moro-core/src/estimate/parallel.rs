@@ -8,7 +8,7 @@ use crate::model::ModelSpec;
 
 use super::Regime;
 use super::optimizer;
-use super::weights::{base_weight_bytes, lora_params};
+use super::weights::{adapter_kv_cache_bytes, added_params, base_weight_bytes, grad_params};
 
 /// Per-GPU resident memory and communication buffers.
 #[derive(Debug, Clone, Copy, Default)]
@@ -61,10 +61,13 @@ impl Sharded {
         let h = model.hidden_size;
         let full = job.method == Method::Full;
         let tb = optimizer::trainable_bytes(job, r);
-        let trainable = if full { total } else { lora_params(model, job) };
+        // Parameters with gradients (and optimizer states).
+        let trainable = if full { total } else { grad_params(model, job) };
         let base = base_weight_bytes(model, job, r) / split;
         let adapters = if job.method.is_peft() {
-            trainable * r.adapter_bytes / split
+            (added_params(model, job) * r.adapter_bytes
+                + adapter_kv_cache_bytes(model, job.peft, r.adapter_bytes))
+                / split
         } else {
             0
         };

@@ -156,6 +156,9 @@ impl Regime {
 
         let trainable_params = match method {
             Method::Full => model.total_params(),
+            Method::Lora | Method::Qlora if job.peft.is_adapter() => {
+                crate::estimate::weights::AdapterParams::new(model, job.peft).trainable()
+            }
             Method::Lora | Method::Qlora => crate::estimate::weights::lora_params(model, job),
             Method::Inference => 0,
         };

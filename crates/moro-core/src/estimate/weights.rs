@@ -1,7 +1,7 @@
 //! Weight storage: dense, bitsandbytes 4-bit and 8-bit, GPTQ; LoRA / DoRA adapters; the
 //! dequantization transient of a quantized matmul.
 
-use crate::job::{Job, Method, Quantization};
+use crate::job::{Job, Method, PeftKind, Quantization};
 use crate::model::{Linear, ModelSpec};
 
 use super::Regime;
@@ -124,6 +124,157 @@ pub fn lora_params(model: &ModelSpec, job: &Job) -> u64 {
             layers * l.count * per
         })
         .sum()
+}
+
+/// lit-gpt `adapter.Config.adapter_prompt_length`: tokens of the learned prefix.
+pub const ADAPTER_PROMPT_LENGTH: u64 = 10;
+/// lit-gpt `adapter.Config.adapter_start_layer`: the first layer with a prefix and a gate.
+pub const ADAPTER_START_LAYER: u64 = 2;
+
+/// Parameters lit-gpt's LLaMA-Adapter (v1 and v2) adds or makes trainable, by kind.
+///
+/// - `prefix`: `CausalSelfAttention.adapter_wte = nn.Embedding(adapter_prompt_length,
+///   n_embd)` in every layer with `block_idx >= adapter_start_layer` (`lit_gpt/adapter.py`).
+/// - `gating`: `gating_factor = nn.Parameter(torch.zeros(1, 1, n_head, 1))` in the same layers.
+/// - `scale_bias` (v2 only): `AdapterV2Linear.adapter_bias` (zeros) and `adapter_scale`
+///   (ones), `out_features` each, on every Linear of every layer and on `lm_head`
+///   (`lit_gpt/adapter_v2.py`).
+/// - `norms` (v2 only): `adapter_filter` also marks `norm_1`, `norm_2` and `ln_f` trainable;
+///   the Linears' own weights and biases stay frozen.
+///
+/// For Llama-2-7B: v1 30 · (10·4096 + 32) = 1,229,760; v2 adds 32 · (2 · 42,496 + 2·4096)
+/// + 4096 + 2·32,000 = 3,049,984 (4,279,744 in all), the counts lit-gpt prints.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AdapterParams {
+    /// `adapter_wte` weights.
+    pub prefix: u64,
+    /// `gating_factor`s.
+    pub gating: u64,
+    /// v2 `adapter_bias` + `adapter_scale`.
+    pub scale_bias: u64,
+    /// v2 trainable norm weights (and biases) of the base model.
+    pub norms: u64,
+}
+
+impl AdapterParams {
+    /// The adapter parameters of `kind` on `model` (zero for LoRA).
+    #[must_use]
+    pub fn new(model: &ModelSpec, kind: PeftKind) -> Self {
+        if !kind.is_adapter() {
+            return Self::default();
+        }
+        let layers = adapter_layers(model);
+        let mut p = Self {
+            prefix: layers * ADAPTER_PROMPT_LENGTH * model.hidden_size,
+            gating: layers * model.num_heads,
+            ..Self::default()
+        };
+        if kind == PeftKind::AdapterV2 {
+            p.scale_bias = model
+                .linears()
+                .map(|(n, l)| 2 * n * l.count * l.out_features)
+                .sum::<u64>()
+                + 2 * model.vocab_size;
+            p.norms = model
+                .layers
+                .iter()
+                .map(|g| g.count * g.other_params)
+                .sum::<u64>()
+                + model.final_norm_params;
+        }
+        p
+    }
+
+    /// Tensors the adapter adds to the model (the `Adapters` component).
+    #[must_use]
+    pub const fn added(&self) -> u64 {
+        self.prefix + self.gating + self.scale_bias
+    }
+
+    /// Parameters with `requires_grad` (what lit-gpt prints as trainable).
+    #[must_use]
+    pub const fn trainable(&self) -> u64 {
+        self.added() + self.norms
+    }
+
+    /// Parameters that receive a gradient. The fine-tuning scripts run `validate` under
+    /// `torch.no_grad()` before training; its forward fills each layer's `adapter_kv_cache`
+    /// with the prefix's k/v, and `CausalSelfAttention.scaled_dot_product_attention` reuses
+    /// that cache in every later forward (it is never cleared), so `adapter_wte` never gets
+    /// a gradient nor optimizer states (Lightning-AI/litgpt#1287; PR #2327: "training instead
+    /// reuses detached K/V and the adapter embeddings receive no gradients").
+    #[must_use]
+    pub const fn with_grad(&self) -> u64 {
+        self.gating + self.scale_bias + self.norms
+    }
+}
+
+/// Layers with a prefix and a gate: `block_idx >= adapter_start_layer`.
+#[must_use]
+pub const fn adapter_layers(model: &ModelSpec) -> u64 {
+    model.num_layers.saturating_sub(ADAPTER_START_LAYER)
+}
+
+/// Bytes of the adapters' `adapter_kv_cache`: per adapter layer the prefix's k and v
+/// (`ak`, `av`, repeated to all heads: `(1, n_head, adapter_prompt_length, head_size)`),
+/// computed once by the first (no-grad) validation forward and kept for the whole run.
+#[must_use]
+pub fn adapter_kv_cache_bytes(model: &ModelSpec, kind: PeftKind, bytes: u64) -> u64 {
+    if kind.is_adapter() {
+        adapter_layers(model) * 2 * ADAPTER_PROMPT_LENGTH * model.q_width() * bytes
+    } else {
+        0
+    }
+}
+
+/// The adapter tensors that receive gradients, as `(copies, numel)`: the gates, v2's
+/// bias/scale pairs (`lm_head`'s included) and v2's norm weights (split into
+/// `hidden_size`-sized pieces, weight and bias).
+#[must_use]
+pub fn adapter_grad_tensors(model: &ModelSpec, kind: PeftKind) -> Vec<(u64, u64)> {
+    if !kind.is_adapter() {
+        return vec![];
+    }
+    let h = model.hidden_size.max(1);
+    let mut v = vec![(adapter_layers(model), model.num_heads)];
+    if kind == PeftKind::AdapterV2 {
+        for (n, l) in model.linears() {
+            v.push((2 * n * l.count, l.out_features));
+        }
+        v.push((2, model.vocab_size));
+        let mut pieces = |copies: u64, params: u64| {
+            if params > 0 {
+                let k = params.div_ceil(h);
+                v.push((copies * k, params / k));
+            }
+        };
+        for g in &model.layers {
+            pieces(g.count, g.other_params);
+        }
+        pieces(1, model.final_norm_params);
+    }
+    v
+}
+
+/// Parameters the method adds to the base model: LoRA's A/B (and DoRA's magnitude), or the
+/// lit-gpt adapter's tensors ([`AdapterParams::added`]).
+#[must_use]
+pub fn added_params(model: &ModelSpec, job: &Job) -> u64 {
+    if job.peft.is_adapter() {
+        AdapterParams::new(model, job.peft).added()
+    } else {
+        lora_params(model, job)
+    }
+}
+
+/// Parameters that get gradients (and optimizer states) in a PEFT job.
+#[must_use]
+pub fn grad_params(model: &ModelSpec, job: &Job) -> u64 {
+    if job.peft.is_adapter() {
+        AdapterParams::new(model, job.peft).with_grad()
+    } else {
+        lora_params(model, job)
+    }
 }
 
 /// The adapter tensors (numel each), for optimizer-state rules that depend on tensor size.

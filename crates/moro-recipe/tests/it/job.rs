@@ -2,7 +2,7 @@
 
 use moro_core::job::{
     Attention, Job, JobError, KvDtype, LoraConfig, LossImpl, Method, Offload, Optimizer, Padding,
-    Parallel, Precision, Quantization, Sharding, Stack, Targets, Versions,
+    Parallel, PeftKind, Precision, Quantization, Sharding, Stack, Targets, Versions,
 };
 use moro_recipe::choices::LrScheduler;
 use moro_recipe::{Recipe, TrainingExtras, to_yaml};
@@ -110,6 +110,7 @@ fn jobs() -> Vec<Job> {
             trl: Some((0, 9)),
         },
         optimizer_in_backward: false,
+        peft: PeftKind::Lora,
     };
     v.push(all);
     v.push(Job {

@@ -188,7 +188,9 @@ fn describe(job: &Job) -> String {
     if job.quantization != moro_core::job::Quantization::None {
         s.push_str(&format!(" ({})", job.quantization.as_str()));
     }
-    if job.method.is_peft() {
+    if job.method.is_peft() && job.peft.is_adapter() {
+        s.push_str(&format!(", lit-gpt {}", job.peft.as_str()));
+    } else if job.method.is_peft() {
         s.push_str(&format!(", r={}", job.lora.rank));
     }
     if job.method == Method::Inference {
