@@ -90,6 +90,7 @@ impl Recipe {
             tensor_parallel: p.tensor_parallel,
             pipeline_parallel: p.pipeline,
             offload: p.offload.into(),
+            nodes: p.nodes,
         });
         Self {
             name: Some(name.into()),
@@ -136,6 +137,7 @@ impl Recipe {
                 pipeline: p.pipeline_parallel,
                 sharding: p.strategy.into(),
                 offload: p.offload.into(),
+                nodes: p.nodes,
             },
         };
         Ok(Job {
