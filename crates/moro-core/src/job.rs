@@ -449,6 +449,21 @@ pub struct Parallel {
     pub sharding: Sharding,
     /// CPU offload of optimizer states (and with ZeRO-3/FSDP, parameters).
     pub offload: Offload,
+    /// Nodes (hosts) the GPUs span, each with `gpus() / nodes` of them; divides
+    /// [`Parallel::gpus`]. Default 1 (absent from JSON written before it existed, and left
+    /// out of JSON when 1). It matters to FSDP HYBRID_SHARD, whose shard group is one node
+    /// ([`Parallel::hybrid_shard_group`]).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub nodes: u64,
+}
+
+const fn one() -> u64 {
+    1
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+const fn is_one(n: &u64) -> bool {
+    *n == 1
 }
 
 impl Parallel {
@@ -461,6 +476,7 @@ impl Parallel {
             pipeline: 1,
             sharding: Sharding::None,
             offload: Offload::None,
+            nodes: 1,
         }
     }
 
@@ -468,6 +484,33 @@ impl Parallel {
     #[must_use]
     pub const fn gpus(&self) -> u64 {
         self.data_parallel * self.tensor_parallel * self.pipeline
+    }
+
+    /// GPUs on each node: [`Parallel::gpus`] over [`Parallel::nodes`] (at least 1).
+    #[must_use]
+    pub const fn gpus_per_node(&self) -> u64 {
+        let n = self.gpus() / if self.nodes == 0 { 1 } else { self.nodes };
+        if n == 0 { 1 } else { n }
+    }
+
+    /// The data-parallel ranks FSDP HYBRID_SHARD shards over: those of one node.
+    ///
+    /// PyTorch's `torch.distributed.fsdp.ShardingStrategy.HYBRID_SHARD`: "Apply `FULL_SHARD`
+    /// within a node, and replicate parameters across nodes" (FSDP API docs,
+    /// `torch/distributed/fsdp/api.py`); the default intra-node process group is built from
+    /// `torch.cuda.device_count()` ranks per node (`_init_intra_and_inter_node_groups` in
+    /// `torch/distributed/fsdp/_init_utils.py`). So the group is the data-parallel degree
+    /// over the node count: 8 for 16 GPUs on 2 nodes of 8, 16 for 16 GPUs on one node.
+    #[must_use]
+    pub const fn hybrid_shard_group(&self) -> u64 {
+        let dp = if self.data_parallel == 0 {
+            1
+        } else {
+            self.data_parallel
+        };
+        let nodes = if self.nodes == 0 { 1 } else { self.nodes };
+        let g = dp / nodes;
+        if g == 0 { 1 } else { g }
     }
 }
 
@@ -719,10 +762,21 @@ impl Job {
             ("parallel.data_parallel", p.data_parallel),
             ("parallel.tensor_parallel", p.tensor_parallel),
             ("parallel.pipeline", p.pipeline),
+            ("parallel.nodes", p.nodes),
         ] {
             if v == 0 || v > 1 << 16 {
                 return err(name, format!("must be between 1 and 65536, got {v}"));
             }
+        }
+        if !p.gpus().is_multiple_of(p.nodes) {
+            return err(
+                "parallel.nodes",
+                format!(
+                    "{} GPUs cannot be spread evenly over {} nodes",
+                    p.gpus(),
+                    p.nodes
+                ),
+            );
         }
         if self.peft.is_adapter() {
             if !self.method.is_peft() {

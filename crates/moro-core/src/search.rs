@@ -414,7 +414,7 @@ pub fn layouts(request: &Request) -> Vec<Layout> {
         let p = &request.parallel;
         return vec![Layout {
             gpus: p.gpus().max(1),
-            nodes: 1,
+            nodes: p.nodes.max(1),
             sharding: p.sharding,
             offload: p.offload,
         }];
@@ -693,7 +693,7 @@ impl Space {
             gpus_per_node: request
                 .cluster
                 .as_ref()
-                .map_or_else(|| request.parallel.gpus(), |c| c.gpus_per_node)
+                .map_or_else(|| request.parallel.gpus_per_node(), |c| c.gpus_per_node)
                 .max(1),
             attention_targets: crate::targets::resolve(model, &Targets::Names(names)),
         })
@@ -810,6 +810,7 @@ impl Space {
                 pipeline: self.parallel.pipeline.max(1),
                 sharding: c.layout.sharding,
                 offload: c.layout.offload,
+                nodes: c.layout.nodes.max(1),
             },
             ..Job::default()
         };

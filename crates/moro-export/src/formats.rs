@@ -4,7 +4,7 @@ use moro_core::job::LossImpl;
 use moro_recipe::choices::{Attention, LrScheduler, Method, Precision, Quantization, Strategy};
 
 use crate::json::to_json;
-use crate::plan::{ACCELERATE_CONFIG_NAME, DS_CONFIG_NAME, Dist, Plan};
+use crate::plan::{ACCELERATE_CONFIG_NAME, DS_CONFIG_NAME, Dist, HOSTFILE_NAME, MASTER_PORT, Plan};
 use crate::python::{Py, call, code, literal};
 use crate::value::{Map, Value};
 use crate::yaml::to_yaml;
@@ -25,6 +25,154 @@ fn file(name: &str, content: String) -> ExportFile {
 }
 
 const LOGGING_STEPS: u64 = 10;
+
+// ---------------------------------------------------------------------------------------------
+// Launch commands, one node or several
+
+/// How a launcher reaches the nodes of a multi-node run.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Launcher {
+    /// The same command on every node, each with its own `NODE_RANK` (torchrun, accelerate,
+    /// LLaMA-Factory's torchrun).
+    EachNode,
+    /// The DeepSpeed launcher on node 0 only: it starts the others over ssh (pdsh) from the
+    /// hostfile.
+    DeepSpeedHostfile,
+}
+
+/// `torchrun` for the plan's GPUs. Several nodes: the static multi-node form of
+/// `torch.distributed.run`, run on every node (`--nnodes`, `--nproc_per_node`, `--node_rank`,
+/// `--master_addr`, `--master_port`).
+fn torchrun(p: &Plan<'_>, script: &str) -> String {
+    if p.multi_node() {
+        format!(
+            "torchrun --nnodes {} --nproc_per_node {} --node_rank $NODE_RANK --master_addr \
+             $MASTER_ADDR --master_port {MASTER_PORT} {script}",
+            p.nodes,
+            p.gpus_per_node()
+        )
+    } else {
+        format!("torchrun --nproc_per_node {} {script}", p.dist.gpus())
+    }
+}
+
+/// The DeepSpeed launcher for the plan's GPUs. Several nodes: `--hostfile`, `--num_nodes`
+/// (the first N hosts of the hostfile) and `--num_gpus` ("max number of GPUs to use on each
+/// node"), as `deepspeed/launcher/runner.py` names them.
+fn deepspeed_launch(p: &Plan<'_>, script: &str) -> String {
+    if p.multi_node() {
+        format!(
+            "deepspeed --hostfile {HOSTFILE_NAME} --num_nodes {} --num_gpus {} {script}",
+            p.nodes,
+            p.gpus_per_node()
+        )
+    } else {
+        format!("deepspeed --num_gpus {} {script}", p.dist.gpus())
+    }
+}
+
+/// `accelerate launch` flags that make one node's launch part of a multi-node run
+/// (`--machine_rank`, `--main_process_ip`, `--main_process_port` in
+/// `accelerate/commands/launch.py`; they override the config file's values). Empty on one node.
+fn accelerate_machine_flags(p: &Plan<'_>) -> String {
+    if p.multi_node() {
+        format!(
+            " --machine_rank $NODE_RANK --main_process_ip $MASTER_ADDR --main_process_port \
+             {MASTER_PORT}"
+        )
+    } else {
+        String::new()
+    }
+}
+
+/// `accelerate launch --config_file CONFIG [machine flags] SCRIPT`.
+fn accelerate_launch(p: &Plan<'_>, config: &str, script: &str) -> String {
+    format!(
+        "accelerate launch --config_file {config}{} {script}",
+        accelerate_machine_flags(p)
+    )
+}
+
+/// The node a multi-node accelerate config names as the main one: a placeholder for its
+/// address (the launch command's `--main_process_ip $MASTER_ADDR` overrides it).
+const MAIN_NODE_PLACEHOLDER: &str = "node-0";
+
+/// Header lines saying how a multi-node launch is run; none on one node.
+fn node_header(p: &Plan<'_>, launcher: Launcher) -> Vec<String> {
+    if !p.multi_node() {
+        return Vec::new();
+    }
+    let others = match p.nodes - 1 {
+        1 => "1 on the other".to_owned(),
+        last => format!("1 to {last} on the others"),
+    };
+    match launcher {
+        Launcher::EachNode => vec![format!(
+            "{} nodes of {} GPUs: run the command on every node, with NODE_RANK set to the node's \
+             rank (0 on the main node, {others}) and MASTER_ADDR to the main node's address.",
+            p.nodes,
+            p.gpus_per_node()
+        )],
+        Launcher::DeepSpeedHostfile => {
+            let mut v = vec![
+                format!(
+                    "{} nodes of {} GPUs: run the command on the main node only; the deepspeed \
+                     launcher starts the others over passwordless ssh (pdsh).",
+                    p.nodes,
+                    p.gpus_per_node()
+                ),
+                format!(
+                    "`{HOSTFILE_NAME}` lists the nodes, one `HOST slots=GPUS` line each, the main \
+                     node first:"
+                ),
+            ];
+            for i in 0..p.nodes {
+                v.push(format!("  node-{i} slots={}", p.gpus_per_node()));
+            }
+            v
+        }
+    }
+}
+
+/// The warning of a multi-node export: what each node has to do; `None` on one node.
+fn node_warning(p: &Plan<'_>, launcher: Launcher) -> Option<String> {
+    if !p.multi_node() {
+        return None;
+    }
+    let last = p.nodes - 1;
+    Some(match launcher {
+        Launcher::EachNode => format!(
+            "parallel.nodes = {}: run the launch command on each node with NODE_RANK (0 to {last}) \
+             and MASTER_ADDR (the main node's address) set; every node needs the same files",
+            p.nodes
+        ),
+        Launcher::DeepSpeedHostfile => format!(
+            "parallel.nodes = {}: run the launch command on the main node only; the deepspeed \
+             launcher reaches the other nodes over passwordless ssh, listed in `{HOSTFILE_NAME}` \
+             one per line as `HOST slots={}`, the main node first",
+            p.nodes,
+            p.gpus_per_node()
+        ),
+    })
+}
+
+/// A Python script's multi-node header comment lines (and its warning); empty on one node.
+fn script_node_header(p: &Plan<'_>, warnings: &mut Vec<String>) -> String {
+    let launcher = script_launcher(p);
+    warnings.extend(node_warning(p, launcher));
+    node_header(p, launcher)
+        .iter()
+        .map(|l| format!("# {l}\n"))
+        .collect()
+}
+
+/// The launcher a Python-launched trainer's command uses ([`script_launch`]).
+const fn script_launcher(p: &Plan<'_>) -> Launcher {
+    match p.dist {
+        Dist::Zero { .. } => Launcher::DeepSpeedHostfile,
+        _ => Launcher::EachNode,
+    }
+}
 
 // ---------------------------------------------------------------------------------------------
 // DeepSpeed and accelerate
@@ -106,6 +254,13 @@ fn accelerate_value(p: &Plan<'_>, warnings: &mut Vec<String>) -> Value {
             // and refuses the same settings in its own config.
             let mut d = Map::new();
             d.set("deepspeed_config_file", DS_CONFIG_NAME);
+            if p.multi_node() {
+                // Several machines: accelerate otherwise hands the launch to the deepspeed
+                // launcher with pdsh from one node (`deepspeed_multinode_launcher` defaults to
+                // "pdsh"); "standard" runs torchrun on each node with the machine flags
+                // (`prepare_deepspeed_cmd_env` in accelerate/utils/launch.py).
+                d.set("deepspeed_multinode_launcher", "standard");
+            }
             if stage == 3 {
                 d.set("zero3_init_flag", true);
             }
@@ -151,9 +306,16 @@ fn accelerate_value(p: &Plan<'_>, warnings: &mut Vec<String>) -> Value {
         }
     }
     m.set("downcast_bf16", "no");
+    // accelerate's ClusterConfig (`commands/config/config_args.py`): `num_machines`, and
+    // `num_processes` over all of them; `machine_rank` is this machine's (each node passes its
+    // own with --machine_rank), `main_process_ip` / `main_process_port` the main node's.
     m.set("machine_rank", 0_u64);
+    if p.multi_node() {
+        m.set("main_process_ip", MAIN_NODE_PLACEHOLDER);
+        m.set("main_process_port", MASTER_PORT);
+    }
     m.set("main_training_function", "main");
-    m.set("num_machines", 1_u64);
+    m.set("num_machines", p.nodes);
     m.set("num_processes", p.dist.gpus());
     m.set("rdzv_backend", "static");
     m.set("same_network", true);
@@ -184,11 +346,24 @@ fn ds_file(p: &Plan<'_>) -> Option<ExportFile> {
     }
 }
 
-fn accelerate_file(p: &Plan<'_>, warnings: &mut Vec<String>) -> ExportFile {
+/// The header lines of an accelerate config: the launch line, and on several nodes how each
+/// one sets its rank.
+fn accelerate_header(p: &Plan<'_>, config: &str) -> Vec<String> {
     let mut header = p.header("accelerate config");
-    header.push(format!(
-        "accelerate launch --config_file {ACCELERATE_CONFIG_NAME} <script>"
-    ));
+    header.push(accelerate_launch(p, config, "<script>"));
+    if p.multi_node() {
+        header.extend(node_header(p, Launcher::EachNode));
+        header.push(format!(
+            "machine_rank and main_process_ip below are the main node's: each node sets its own \
+             rank with --machine_rank, and --main_process_ip replaces the {MAIN_NODE_PLACEHOLDER} \
+             placeholder."
+        ));
+    }
+    header
+}
+
+fn accelerate_file(p: &Plan<'_>, warnings: &mut Vec<String>) -> ExportFile {
+    let header = accelerate_header(p, ACCELERATE_CONFIG_NAME);
     file(
         ACCELERATE_CONFIG_NAME,
         to_yaml(&accelerate_value(p, warnings), &header),
@@ -209,20 +384,18 @@ fn script_companions(p: &Plan<'_>, warnings: &mut Vec<String>) -> Vec<ExportFile
 fn script_launch(p: &Plan<'_>, script: &str) -> String {
     match p.dist {
         Dist::Single => format!("python {script}"),
-        Dist::Ddp { n } => format!("torchrun --nproc_per_node {n} {script}"),
-        Dist::Zero { n, .. } => format!("deepspeed --num_gpus {n} {script}"),
-        Dist::Fsdp { .. } => {
-            format!("accelerate launch --config_file {ACCELERATE_CONFIG_NAME} {script}")
-        }
+        Dist::Ddp { .. } => torchrun(p, script),
+        Dist::Zero { .. } => deepspeed_launch(p, script),
+        Dist::Fsdp { .. } => accelerate_launch(p, ACCELERATE_CONFIG_NAME, script),
     }
 }
 
 pub(crate) fn deepspeed(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
     let Dist::Zero {
-        n,
         stage,
         offload_optimizer,
         offload_params,
+        ..
     } = p.dist
     else {
         return Err(ExportError::field(
@@ -234,15 +407,16 @@ pub(crate) fn deepspeed(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
     let content = to_json(&deepspeed_value(stage, offload_optimizer, offload_params));
     Ok(Out {
         files: vec![file(main, content)],
-        warnings: Vec::new(),
-        launch: format!("deepspeed --num_gpus {n} <train.py> --deepspeed {main}"),
+        warnings: node_warning(p, Launcher::DeepSpeedHostfile)
+            .into_iter()
+            .collect(),
+        launch: deepspeed_launch(p, &format!("<train.py> --deepspeed {main}")),
     })
 }
 
 pub(crate) fn accelerate(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
-    let mut warnings = Vec::new();
-    let mut header = p.header("accelerate config");
-    header.push(format!("accelerate launch --config_file {main} <script>"));
+    let mut warnings: Vec<String> = node_warning(p, Launcher::EachNode).into_iter().collect();
+    let header = accelerate_header(p, main);
     let mut files = vec![file(
         main,
         to_yaml(&accelerate_value(p, &mut warnings), &header),
@@ -251,7 +425,7 @@ pub(crate) fn accelerate(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
     Ok(Out {
         files,
         warnings,
-        launch: format!("accelerate launch --config_file {main} <train.py>"),
+        launch: accelerate_launch(p, main, "<train.py>"),
     })
 }
 
@@ -526,12 +700,22 @@ pub(crate) fn axolotl(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
     let mut header = p.header("axolotl config");
     let launch = match p.dist {
         Dist::Single => format!("axolotl train {main}"),
+        // Without a config file accelerate needs the machine count too (axolotl's
+        // docs/multi-node.qmd: the same accelerate settings on every machine).
+        d if p.multi_node() => format!(
+            "accelerate launch --num_processes {} --num_machines {}{} -m axolotl.cli.train {main}",
+            d.gpus(),
+            p.nodes,
+            accelerate_machine_flags(p)
+        ),
         d => format!(
             "accelerate launch --num_processes {} -m axolotl.cli.train {main}",
             d.gpus()
         ),
     };
     header.push(format!("Run: {launch}"));
+    header.extend(node_header(p, Launcher::EachNode));
+    w.extend(node_warning(p, Launcher::EachNode));
     files.insert(0, file(main, to_yaml(&Value::Map(m), &header)));
     files.extend(ds_file(p));
     Ok(Out {
@@ -675,18 +859,30 @@ pub(crate) fn llamafactory(p: &Plan<'_>, main: &str) -> Result<Out, ExportError>
     let mut files = Vec::new();
     let launch = match p.dist {
         Dist::Single => format!("llamafactory-cli train {main}"),
+        // LLaMA-Factory's launcher (src/llamafactory/launcher.py) runs torchrun with NNODES,
+        // NODE_RANK, NPROC_PER_NODE, MASTER_ADDR and MASTER_PORT from the environment.
+        Dist::Ddp { .. } | Dist::Zero { .. } if p.multi_node() => format!(
+            "FORCE_TORCHRUN=1 NNODES={} NODE_RANK=$NODE_RANK MASTER_ADDR=$MASTER_ADDR \
+             MASTER_PORT={MASTER_PORT} NPROC_PER_NODE={} llamafactory-cli train {main}",
+            p.nodes,
+            p.gpus_per_node()
+        ),
         Dist::Ddp { n } | Dist::Zero { n, .. } => {
             format!("FORCE_TORCHRUN=1 NPROC_PER_NODE={n} llamafactory-cli train {main}")
         }
         Dist::Fsdp { .. } => {
             files.push(accelerate_file(p, &mut w));
-            format!(
-                "accelerate launch --config_file {ACCELERATE_CONFIG_NAME} -m llamafactory.launcher {main}"
+            accelerate_launch(
+                p,
+                ACCELERATE_CONFIG_NAME,
+                &format!("-m llamafactory.launcher {main}"),
             )
         }
     };
     let mut header = p.header("LLaMA-Factory config");
     header.push(format!("Run: {launch}"));
+    header.extend(node_header(p, Launcher::EachNode));
+    w.extend(node_warning(p, Launcher::EachNode));
     files.insert(0, file(main, to_yaml(&Value::Map(m), &header)));
     files.extend(ds_file(p));
     Ok(Out {
@@ -734,6 +930,7 @@ pub(crate) fn hf_trainer(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
     ));
     let mut files = vec![file(main, to_json(&Value::Map(m)))];
     files.extend(script_companions(p, &mut w));
+    w.extend(node_warning(p, script_launcher(p)));
     Ok(Out {
         files,
         warnings: w,
@@ -884,9 +1081,9 @@ pub(crate) fn trl(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
         p.name
     ));
     s.push_str("# Edit the recipe and export again rather than editing this file.\n");
-    s.push_str(&format!(
-        "# Run: {launch}\n#\n# The same run with the `trl sft` command line:\n#   trl sft"
-    ));
+    s.push_str(&format!("# Run: {launch}\n"));
+    s.push_str(&script_node_header(p, &mut w));
+    s.push_str("#\n# The same run with the `trl sft` command line:\n#   trl sft");
     for arg in trl_cli(p, &dataset, &sft) {
         s.push_str(&format!(" \\\n#     {arg}"));
     }
@@ -1059,7 +1256,9 @@ pub(crate) fn unsloth(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
         p.name
     ));
     s.push_str("# Edit the recipe and export again rather than editing this file.\n");
-    s.push_str(&format!("# Run: {launch}\n\n"));
+    s.push_str(&format!("# Run: {launch}\n"));
+    s.push_str(&script_node_header(p, &mut w));
+    s.push('\n');
     s.push_str(
         "from unsloth import FastLanguageModel  # first: Unsloth patches transformers and TRL\n\n",
     );

@@ -13,6 +13,12 @@ use crate::ExportError;
 pub(crate) const DS_CONFIG_NAME: &str = "ds_config.json";
 /// File name of the accelerate config a launch command points at.
 pub(crate) const ACCELERATE_CONFIG_NAME: &str = "accelerate.yaml";
+/// File name of the DeepSpeed launcher's hostfile in multi-node launch commands.
+pub(crate) const HOSTFILE_NAME: &str = "hostfile";
+/// The rendezvous port multi-node launch commands name: torchrun's and accelerate's default
+/// (`--master_port` 29500 in torch.distributed.run; `main_process_port` falls back to 29500 in
+/// accelerate's `prepare_multi_gpu_env`).
+pub(crate) const MASTER_PORT: u64 = 29500;
 
 /// The default LoRA targets' names, used where a format needs names for `all-linear` and the
 /// model is not known.
@@ -82,6 +88,8 @@ pub(crate) struct Plan<'a> {
     pub(crate) t: &'a TrainingSection,
     pub(crate) loss: LossImpl,
     pub(crate) dist: Dist,
+    /// Nodes the GPUs span (`parallel.nodes`; 1 for one GPU). Divides [`Dist::gpus`].
+    pub(crate) nodes: u64,
     pub(crate) output_dir: String,
     pub(crate) warnings: Vec<String>,
 }
@@ -175,10 +183,11 @@ impl<'a> Plan<'a> {
                 }
             }
         };
-        if n > 8 {
+        let nodes = if n <= 1 { 1 } else { p.nodes.max(1) };
+        if n > 8 && nodes == 1 {
             warnings.push(format!(
-                "parallel.gpus = {n}: the launch command starts {n} processes on one node; for several \
-                 nodes add the launcher's node count and rank"
+                "parallel.gpus = {n} on one node: the launch command starts {n} processes on this \
+                 machine; for several nodes set parallel.nodes (multi-node launch commands follow)"
             ));
         }
 
@@ -250,9 +259,20 @@ impl<'a> Plan<'a> {
             t,
             loss: job.loss_impl(),
             dist,
+            nodes,
             output_dir,
             warnings,
         })
+    }
+
+    /// Whether the GPUs span several nodes.
+    pub(crate) const fn multi_node(&self) -> bool {
+        self.nodes > 1
+    }
+
+    /// GPUs (processes) on each node.
+    pub(crate) const fn gpus_per_node(&self) -> u64 {
+        self.dist.gpus() / self.nodes
     }
 
     pub(crate) fn is_peft(&self) -> bool {

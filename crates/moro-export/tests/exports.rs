@@ -40,6 +40,19 @@ const CASES: &[(&str, &str)] = &[
          loss: fused\n  dataset: ./data/train.jsonl\nparallel:\n  gpus: 4\n  strategy: fsdp_full_shard\n",
     ),
     (
+        "qwen2.5-7b-full-zero3-2x8gpu",
+        "name: qwen7b-full-2-nodes\nmodel:\n  base: Qwen/Qwen2.5-7B\n  method: full\ntraining:\n  micro_batch_size: 2\n  \
+         gradient_accumulation_steps: 4\n  max_seq_length: 4096\n  optimizer: adamw_torch\n  gradient_checkpointing: true\n  \
+         attention: flash\n  dataset: tatsu-lab/alpaca\n  output_dir: /ckpt/qwen7b\n\
+         parallel:\n  gpus: 16\n  nodes: 2\n  strategy: zero3\n",
+    ),
+    (
+        "llama-3.1-8b-full-hybrid-2x8gpu",
+        "name: llama8b-hybrid\nmodel:\n  base: meta-llama/Llama-3.1-8B\n  method: full\ntraining:\n  micro_batch_size: 1\n  \
+         gradient_accumulation_steps: 8\n  max_seq_length: 8192\n  gradient_checkpointing: true\n  dataset: tatsu-lab/alpaca\n\
+         parallel:\n  gpus: 16\n  nodes: 2\n  strategy: fsdp_hybrid_shard\n",
+    ),
+    (
         "smollm2-135m-full-ddp-2gpu",
         "model:\n  base: HuggingFaceTB/SmolLM2-135M\ntraining:\n  micro_batch_size: 16\n  optimizer: adamw_8bit\n  \
          precision: bf16\nparallel:\n  gpus: 2\n",
@@ -274,6 +287,10 @@ fn values_are_ones_the_trainers_accept() {
                         "fsdp_config.fsdp_state_dict_type",
                         &values("accelerate-fsdp-state-dict-type"),
                     );
+                    check(
+                        "deepspeed_config.deepspeed_multinode_launcher",
+                        &values("accelerate-deepspeed-multinode-launcher"),
+                    );
                     let mp = s(&v, "mixed_precision");
                     assert!(
                         mp.is_none() || matches!(mp, Some("no" | "fp16" | "bf16" | "fp8")),
@@ -411,6 +428,173 @@ fn multi_gpu_launch_commands_and_pointers() {
             );
         }
     }
+}
+
+/// The export of one of [`CASES`] in one format.
+fn case_export(case: &str, format: Format) -> Export {
+    let text = CASES
+        .iter()
+        .find(|(c, _)| *c == case)
+        .map(|(_, t)| *t)
+        .unwrap_or_else(|| panic!("no case {case}"));
+    let recipe = moro_recipe::parse(text).unwrap_or_else(|e| panic!("{case}: {e}"));
+    let m = model(&recipe.model.base);
+    export(format, &recipe, Some(&m), &Options::default())
+        .unwrap_or_else(|e| panic!("{case} {format}: {e}"))
+}
+
+fn file_of<'a>(e: &'a Export, name: &str) -> &'a str {
+    e.files
+        .iter()
+        .find(|f| f.name == name)
+        .map(|f| f.content.as_str())
+        .unwrap_or_else(|| panic!("{}: no {name}", e.format))
+}
+
+/// 16 GPUs on 2 nodes of 8: every launcher gets the node count, 8 processes per node and the
+/// node's rank; accelerate's config counts all 16 processes over 2 machines.
+#[test]
+fn multi_node_launch_commands() {
+    let zero3 = "qwen2.5-7b-full-zero3-2x8gpu";
+    let torchrun_each_node = "--nnodes 2 --nproc_per_node 8 --node_rank $NODE_RANK \
+                              --master_addr $MASTER_ADDR --master_port 29500";
+    let machine =
+        "--machine_rank $NODE_RANK --main_process_ip $MASTER_ADDR --main_process_port 29500";
+
+    let e = case_export(zero3, Format::Trl);
+    assert_eq!(
+        e.launch,
+        "deepspeed --hostfile hostfile --num_nodes 2 --num_gpus 8 train_trl.py"
+    );
+    let script = file_of(&e, "train_trl.py");
+    assert!(
+        script.contains("#   node-0 slots=8\n#   node-1 slots=8\n"),
+        "{script}"
+    );
+    let e = case_export(zero3, Format::Deepspeed);
+    assert_eq!(
+        e.launch,
+        "deepspeed --hostfile hostfile --num_nodes 2 --num_gpus 8 <train.py> --deepspeed ds_config.json"
+    );
+    assert!(
+        e.warnings.iter().any(|w| w.contains("slots=8")),
+        "{:?}",
+        e.warnings
+    );
+    let e = case_export(zero3, Format::HfTrainer);
+    assert!(
+        e.launch
+            .starts_with("deepspeed --hostfile hostfile --num_nodes 2 --num_gpus 8 ")
+    );
+
+    let e = case_export(zero3, Format::Accelerate);
+    assert_eq!(
+        e.launch,
+        format!("accelerate launch --config_file accelerate.yaml {machine} <train.py>")
+    );
+    let acc_text = file_of(&e, "accelerate.yaml");
+    assert!(acc_text.contains("each node sets its own"), "{acc_text}");
+    let acc = yaml_json(acc_text);
+    assert_eq!(acc["num_machines"], 2);
+    assert_eq!(acc["num_processes"], 16);
+    assert_eq!(acc["machine_rank"], 0);
+    assert_eq!(acc["main_process_port"], 29500);
+    assert!(acc["main_process_ip"].is_string());
+    assert_eq!(acc["distributed_type"], "DEEPSPEED");
+    assert_eq!(
+        acc["deepspeed_config"]["deepspeed_multinode_launcher"],
+        "standard"
+    );
+
+    let e = case_export(zero3, Format::Llamafactory);
+    assert_eq!(
+        e.launch,
+        "FORCE_TORCHRUN=1 NNODES=2 NODE_RANK=$NODE_RANK MASTER_ADDR=$MASTER_ADDR MASTER_PORT=29500 \
+         NPROC_PER_NODE=8 llamafactory-cli train llamafactory.yaml"
+    );
+    let e = case_export(zero3, Format::Axolotl);
+    assert_eq!(
+        e.launch,
+        format!(
+            "accelerate launch --num_processes 16 --num_machines 2 {machine} -m axolotl.cli.train axolotl.yaml"
+        )
+    );
+
+    let hybrid = "llama-3.1-8b-full-hybrid-2x8gpu";
+    for f in [
+        Format::Accelerate,
+        Format::Trl,
+        Format::HfTrainer,
+        Format::Llamafactory,
+    ] {
+        let e = case_export(hybrid, f);
+        assert!(
+            e.launch.starts_with(&format!(
+                "accelerate launch --config_file accelerate.yaml {machine} "
+            )),
+            "{f}: {}",
+            e.launch
+        );
+        let acc = yaml_json(file_of(&e, "accelerate.yaml"));
+        assert_eq!(acc["distributed_type"], "FSDP");
+        assert_eq!(acc["num_machines"], 2);
+        assert_eq!(acc["num_processes"], 16);
+        assert_eq!(acc["machine_rank"], 0);
+        assert_eq!(
+            acc["fsdp_config"]["fsdp_reshard_after_forward"],
+            "HYBRID_SHARD"
+        );
+        assert!(acc.get("deepspeed_config").is_none());
+    }
+    let e = case_export(hybrid, Format::Axolotl);
+    assert!(
+        e.launch.contains(&format!("--num_machines 2 {machine}")),
+        "{}",
+        e.launch
+    );
+
+    // DDP over 2 nodes: torchrun's multi-node form.
+    let ddp = "model:\n  base: HuggingFaceTB/SmolLM2-135M\nparallel:\n  gpus: 16\n  nodes: 2\n";
+    let r = moro_recipe::parse(ddp).unwrap_or_else(|e| panic!("{e}"));
+    let e = export(Format::Trl, &r, None, &Options::default()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        e.launch,
+        format!("torchrun {torchrun_each_node} train_trl.py")
+    );
+
+    // No "add the node count" warning once the nodes are given; one node of 16 keeps one.
+    for (case, _) in CASES.iter().filter(|(c, _)| c.contains("2x8gpu")) {
+        for f in Format::ALL {
+            if f == Format::Deepspeed && !case.contains("zero") {
+                continue;
+            }
+            let e = case_export(case, f);
+            assert!(
+                e.warnings.iter().all(|w| !w.contains("on one node")),
+                "{case} {f}: {:?}",
+                e.warnings
+            );
+            assert!(
+                e.warnings
+                    .iter()
+                    .any(|w| w.starts_with("parallel.nodes = 2")),
+                "{case} {f}: {:?}",
+                e.warnings
+            );
+        }
+    }
+    let one =
+        "model:\n  base: HuggingFaceTB/SmolLM2-135M\nparallel:\n  gpus: 16\n  strategy: zero3\n";
+    let r = moro_recipe::parse(one).unwrap_or_else(|e| panic!("{e}"));
+    let e = export(Format::Trl, &r, None, &Options::default()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(e.launch, "deepspeed --num_gpus 16 train_trl.py");
+    assert!(
+        e.warnings
+            .iter()
+            .any(|w| w.contains("parallel.gpus = 16 on one node")),
+        "{:?}",
+        e.warnings
+    );
 }
 
 #[test]

@@ -93,6 +93,7 @@ impl Recipe {
             tensor_parallel: p.tensor_parallel,
             pipeline_parallel: p.pipeline,
             offload: p.offload.into(),
+            nodes: p.nodes,
         });
         Self {
             name: Some(name.into()),
@@ -139,6 +140,7 @@ impl Recipe {
                 pipeline: p.pipeline_parallel,
                 sharding: p.strategy.into(),
                 offload: p.offload.into(),
+                nodes: p.nodes,
             },
         };
         Ok(Job {

@@ -409,6 +409,12 @@ pub struct ParallelSection {
     #[serde(default = "defaults::one")]
     #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 65536)))]
     pub gpus: u64,
+    /// Nodes (hosts) the GPUs span, `gpus / nodes` on each; divides `gpus`. The exports write
+    /// multi-node launch commands for more than one, and `fsdp_hybrid_shard` shards within a
+    /// node. Default: 1 (left out of a written recipe when 1).
+    #[serde(default = "defaults::one", skip_serializing_if = "defaults::is_one")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 65536)))]
+    pub nodes: u64,
     /// Sharding strategy over the data-parallel GPUs. Default: `none` (DDP).
     #[serde(default = "defaults::strategy")]
     pub strategy: Strategy,
@@ -433,6 +439,7 @@ impl Default for ParallelSection {
             tensor_parallel: 1,
             pipeline_parallel: 1,
             offload: defaults::offload(),
+            nodes: 1,
         }
     }
 }
@@ -596,6 +603,10 @@ mod defaults {
     }
     pub(super) const fn one() -> u64 {
         1
+    }
+    #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+    pub(super) const fn is_one(n: &u64) -> bool {
+        *n == 1
     }
 }
 

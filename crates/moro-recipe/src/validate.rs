@@ -183,6 +183,16 @@ impl Recipe {
                 MAX_GPUS,
                 "",
             )?;
+            range("parallel.nodes", p.nodes, MAX_GPUS, "")?;
+            if p.gpus % p.nodes != 0 {
+                return Err(RecipeError::value(
+                    "parallel.nodes",
+                    format!(
+                        "{} GPUs cannot be spread evenly over {} nodes; nodes must divide gpus",
+                        p.gpus, p.nodes
+                    ),
+                ));
+            }
             let model_parallel = p.tensor_parallel * p.pipeline_parallel;
             if p.gpus % model_parallel != 0 {
                 return Err(RecipeError::value(

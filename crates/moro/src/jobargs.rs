@@ -215,6 +215,10 @@ pub(crate) struct JobArgs {
     /// CPU offload: none, optimizer, optimizer_and_params.
     #[arg(long, value_parser = parse_offload, help_heading = "Parallel")]
     pub(crate) offload: Option<Offload>,
+    /// Nodes the GPUs span; divides the GPUs (fsdp_hybrid_shard shards within a node)
+    /// [default: 1].
+    #[arg(long, value_parser = parse_count, help_heading = "Parallel")]
+    pub(crate) nodes: Option<u64>,
 }
 
 impl JobArgs {
@@ -330,6 +334,9 @@ impl JobArgs {
         }
         if let Some(o) = self.offload {
             job.parallel.offload = o;
+        }
+        if let Some(n) = self.nodes {
+            job.parallel.nodes = n;
         }
         if job.precision == Precision::Fp32 {
             job.kv_dtype = KvDtype::F32;

@@ -200,6 +200,8 @@ pub fn shard_divisor(job: &Job) -> u64 {
     use crate::job::Sharding;
     match job.parallel.sharding {
         Sharding::None => 1,
+        // Sharded within one node, replicated across nodes.
+        Sharding::FsdpHybridShard => job.parallel.hybrid_shard_group(),
         _ => job.parallel.data_parallel.max(1),
     }
 }

@@ -231,8 +231,10 @@ impl Sharded {
                 }
             }
             Sharding::FsdpFullShard | Sharding::FsdpShardGradOp | Sharding::FsdpHybridShard => {
+                // HYBRID_SHARD fully shards within a node and replicates across nodes: the
+                // group is one node's data-parallel ranks (`Parallel::hybrid_shard_group`).
                 let group = if sharding == Sharding::FsdpHybridShard {
-                    n.min(8)
+                    p.hybrid_shard_group()
                 } else {
                     n
                 };

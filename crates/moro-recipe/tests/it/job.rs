@@ -57,6 +57,7 @@ fn every_field_maps() {
             pipeline: 1,
             sharding: Sharding::FsdpFullShard,
             offload: Offload::OptimizerAndParams,
+            nodes: 2,
         }
     );
     assert_eq!(
@@ -102,6 +103,7 @@ fn jobs() -> Vec<Job> {
             pipeline: 3,
             sharding: Sharding::Zero3,
             offload: Offload::OptimizerAndParams,
+            nodes: 3,
         },
         kv_dtype: KvDtype::F8,
         versions: Versions {
@@ -216,6 +218,15 @@ fn jobs() -> Vec<Job> {
         });
     }
     v.push(Job {
+        parallel: Parallel {
+            data_parallel: 16,
+            sharding: Sharding::FsdpHybridShard,
+            nodes: 2,
+            ..Parallel::single()
+        },
+        ..d.clone()
+    });
+    v.push(Job {
         lora: LoraConfig {
             targets: Targets::AllLinear,
             ..LoraConfig::default()
@@ -307,4 +318,51 @@ fn engine_errors_point_into_the_file() {
         (e.field.as_deref(), e.line),
         (Some("training.max_seq_length"), Some(4))
     );
+}
+
+#[test]
+fn parallel_nodes_reach_the_job() {
+    let job = ok("model:\n  base: m\nparallel:\n  gpus: 16\n  nodes: 2\n  strategy: zero3\n")
+        .to_job()
+        .unwrap();
+    assert_eq!(job.parallel.nodes, 2);
+    assert_eq!(job.parallel.gpus(), 16);
+    assert_eq!(job.parallel.gpus_per_node(), 8);
+    // Missing: one node.
+    let job = ok("model:\n  base: m\nparallel:\n  gpus: 8\n  strategy: zero3\n")
+        .to_job()
+        .unwrap();
+    assert_eq!(job.parallel.nodes, 1);
+    // A one-node job writes no `nodes:` (recipes written before it existed read the same);
+    // a multi-node one does.
+    let one = Recipe::from_job("t", "m", &job, TrainingExtras::default());
+    assert!(!to_yaml(&one, "").contains("nodes:"));
+    let mut two = job;
+    two.parallel.data_parallel = 16;
+    two.parallel.nodes = 2;
+    let y = to_yaml(
+        &Recipe::from_job("t", "m", &two, TrainingExtras::default()),
+        "",
+    );
+    assert!(y.contains("\nparallel:\n  gpus: 16\n  nodes: 2\n"), "{y}");
+}
+
+#[test]
+fn engine_nodes_errors_name_the_field() {
+    // A job built outside a recipe (CLI flags) is checked by the engine.
+    let model =
+        moro_core::catalog::load(moro_core::catalog::find("Qwen/Qwen2.5-0.5B").unwrap()).unwrap();
+    let mut job = Job::default();
+    job.parallel.data_parallel = 6;
+    job.parallel.nodes = 4;
+    let e: JobError = job.validate(&model).unwrap_err();
+    assert_eq!(e.field, "parallel.nodes");
+    assert_eq!(
+        moro_recipe::job_error(&e, None).field.as_deref(),
+        Some("parallel.nodes")
+    );
+    job.parallel.nodes = 0;
+    assert_eq!(job.validate(&model).unwrap_err().field, "parallel.nodes");
+    job.parallel.nodes = 3;
+    assert!(job.validate(&model).is_ok());
 }

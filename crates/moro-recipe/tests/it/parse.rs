@@ -39,7 +39,7 @@ fn every_section_reads() {
     let r = ok(FULL);
     assert_eq!(r.model.target_modules, Some(TargetModules::AllLinear));
     let p = r.parallel.as_ref().unwrap();
-    assert_eq!((p.gpus, p.tensor_parallel), (16, 2));
+    assert_eq!((p.gpus, p.tensor_parallel, p.nodes), (16, 2, 2));
     let h = r.hardware.as_ref().unwrap();
     assert_eq!(h.preset.as_deref(), Some("h100-sxm"));
     assert!(h.detected);
@@ -305,4 +305,38 @@ fn library_versions_are_strings_with_a_checked_form() {
             Some("training.versions.peft")
         )
     );
+}
+
+#[test]
+fn parallel_nodes_default_divide_and_are_checked() {
+    // Given.
+    let r = ok("model:\n  base: a\nparallel:\n  gpus: 16\n  nodes: 2\n  strategy: zero3\n");
+    assert_eq!(
+        r.parallel.as_ref().map(|p| (p.gpus, p.nodes)),
+        Some((16, 2))
+    );
+    // Missing: one node.
+    let r = ok("model:\n  base: a\nparallel:\n  gpus: 16\n  strategy: zero3\n");
+    assert_eq!(r.parallel.as_ref().map(|p| p.nodes), Some(1));
+    // Not dividing the GPUs: the field, its position, one line.
+    let e = err("model:\n  base: a\nparallel:\n  gpus: 12\n  nodes: 5\n");
+    assert_eq!(
+        (e.field.as_deref(), e.line, e.column),
+        (Some("parallel.nodes"), Some(5), Some(10))
+    );
+    assert!(
+        e.message.contains("12 GPUs") && e.message.contains("5 nodes"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("parallel.nodes"), "{e}");
+    // More nodes than GPUs, zero, and a wrong type.
+    let e = err("model:\n  base: a\nparallel:\n  gpus: 2\n  nodes: 4\n");
+    assert_eq!(e.field.as_deref(), Some("parallel.nodes"));
+    let e = err("model:\n  base: a\nparallel:\n  gpus: 2\n  nodes: 0\n");
+    assert_eq!(e.field.as_deref(), Some("parallel.nodes"));
+    let e = err("model:\n  base: a\nparallel:\n  gpus: 2\n  nodes: two\n");
+    assert_eq!(e.field.as_deref(), Some("parallel.nodes"));
+    // Unknown keys next to it stay errors.
+    let e = err("model:\n  base: a\nparallel:\n  gpus: 16\n  nodes: 2\n  hosts: 2\n");
+    assert_eq!(e.line, Some(6));
 }

@@ -330,7 +330,13 @@ pub(crate) fn layout_of(job: &Job) -> Layout {
     let p = &job.parallel;
     Layout {
         gpus: p.gpus(),
-        nodes: p.gpus().div_ceil(DEFAULT_GPUS_PER_NODE),
+        // The job's own node count; a job that does not give one (1) spans nodes of
+        // [`DEFAULT_GPUS_PER_NODE`].
+        nodes: if p.nodes > 1 {
+            p.nodes
+        } else {
+            p.gpus().div_ceil(DEFAULT_GPUS_PER_NODE)
+        },
         sharding: p.sharding,
         offload: p.offload,
     }
@@ -457,13 +463,19 @@ fn layout_lines(request: &Request, cand: &Candidate) -> String {
         return String::new();
     };
     let gpus = cand.job.parallel.gpus();
+    let nodes = cand.job.parallel.nodes;
     let mut s = format!(
-        "parallel: {} of the {} GPUs with {} (per-GPU figures above; the effective batch is \
+        "parallel: {} of the {} GPUs{} with {} (per-GPU figures above; the effective batch is \
          over all of them)\nstrategy rule: the least communication that fits, DDP < ZeRO-1 < \
          ZeRO-2/SHARD_GRAD_OP < ZeRO-3/FULL_SHARD in a node or HYBRID_SHARD < FULL_SHARD across \
          nodes < optimizer offload < parameter offload; then more GPUs\n",
         gpus,
         cluster.gpus(),
+        if nodes > 1 {
+            format!(" ({nodes} nodes of {})", cand.job.parallel.gpus_per_node())
+        } else {
+            String::new()
+        },
         layout_of(&cand.job).strategy_text()
     );
     s.push_str(&host_text(cand));

@@ -1,0 +1,73 @@
+# TRL SFTTrainer script, written by moro 0.1.0 from recipe `llama8b-hybrid`.
+# Edit the recipe and export again rather than editing this file.
+# Run: accelerate launch --config_file accelerate.yaml --machine_rank $NODE_RANK --main_process_ip $MASTER_ADDR --main_process_port 29500 train_trl.py
+# 2 nodes of 8 GPUs: run the command on every node, with NODE_RANK set to the node's rank (0 on the main node, 1 on the other) and MASTER_ADDR to the main node's address.
+#
+# The same run with the `trl sft` command line:
+#   trl sft \
+#     --model_name_or_path meta-llama/Llama-3.1-8B \
+#     --dataset_name tatsu-lab/alpaca \
+#     --dtype float32 \
+#     --attn_implementation sdpa \
+#     --max_length 8192 \
+#     --packing true \
+#     --loss_type nll \
+#     --output_dir outputs/Llama-3.1-8B-full \
+#     --per_device_train_batch_size 1 \
+#     --gradient_accumulation_steps 8 \
+#     --num_train_epochs 1.0 \
+#     --learning_rate 0.00001 \
+#     --lr_scheduler_type cosine \
+#     --optim adamw_torch_fused \
+#     --bf16 true \
+#     --fp16 false \
+#     --gradient_checkpointing true \
+#     --gradient_checkpointing_kwargs '{"use_reentrant":false}' \
+#     --logging_steps 10 \
+#     --save_strategy epoch \
+#     --report_to none
+
+import os
+
+import torch
+from datasets import load_dataset
+from transformers import AutoModelForCausalLM
+from trl import SFTConfig, SFTTrainer
+
+MODEL = "meta-llama/Llama-3.1-8B"
+
+model = AutoModelForCausalLM.from_pretrained(
+    MODEL,
+    dtype=torch.float32,
+    attn_implementation="sdpa",
+)
+
+training_args = SFTConfig(
+    max_length=8192,
+    packing=True,
+    loss_type="nll",
+    output_dir="outputs/Llama-3.1-8B-full",
+    per_device_train_batch_size=1,
+    gradient_accumulation_steps=8,
+    num_train_epochs=1.0,
+    learning_rate=0.00001,
+    lr_scheduler_type="cosine",
+    optim="adamw_torch_fused",
+    bf16=True,
+    fp16=False,
+    gradient_checkpointing=True,
+    gradient_checkpointing_kwargs={"use_reentrant": False},
+    logging_steps=10,
+    save_strategy="epoch",
+    report_to="none",
+)
+
+dataset = load_dataset("tatsu-lab/alpaca", split="train")
+
+trainer = SFTTrainer(
+    model=model,
+    args=training_args,
+    train_dataset=dataset,
+)
+trainer.train()
+trainer.save_model()

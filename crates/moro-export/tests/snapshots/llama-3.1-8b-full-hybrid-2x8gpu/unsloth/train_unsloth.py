@@ -1,0 +1,48 @@
+# Unsloth script, written by moro 0.1.0 from recipe `llama8b-hybrid`.
+# Edit the recipe and export again rather than editing this file.
+# Run: accelerate launch --config_file accelerate.yaml --machine_rank $NODE_RANK --main_process_ip $MASTER_ADDR --main_process_port 29500 train_unsloth.py
+# 2 nodes of 8 GPUs: run the command on every node, with NODE_RANK set to the node's rank (0 on the main node, 1 on the other) and MASTER_ADDR to the main node's address.
+
+from unsloth import FastLanguageModel  # first: Unsloth patches transformers and TRL
+
+import torch
+from datasets import load_dataset
+from trl import SFTConfig, SFTTrainer
+
+model, tokenizer = FastLanguageModel.from_pretrained(
+    model_name="meta-llama/Llama-3.1-8B",
+    max_seq_length=8192,
+    dtype=torch.float32,
+    load_in_4bit=False,
+    load_in_8bit=False,
+    full_finetuning=True,
+    use_gradient_checkpointing="unsloth",
+)
+
+training_args = SFTConfig(
+    max_length=8192,
+    packing=True,
+    output_dir="outputs/Llama-3.1-8B-full",
+    per_device_train_batch_size=1,
+    gradient_accumulation_steps=8,
+    num_train_epochs=1.0,
+    learning_rate=0.00001,
+    lr_scheduler_type="cosine",
+    optim="adamw_torch_fused",
+    bf16=True,
+    fp16=False,
+    logging_steps=10,
+    save_strategy="epoch",
+    report_to="none",
+)
+
+dataset = load_dataset("tatsu-lab/alpaca", split="train")
+
+trainer = SFTTrainer(
+    model=model,
+    processing_class=tokenizer,
+    args=training_args,
+    train_dataset=dataset,
+)
+trainer.train()
+trainer.save_model()

@@ -1,0 +1,78 @@
+# TRL SFTTrainer script, written by moro 0.1.0 from recipe `qwen7b-full-2-nodes`.
+# Edit the recipe and export again rather than editing this file.
+# Run: deepspeed --hostfile hostfile --num_nodes 2 --num_gpus 8 train_trl.py
+# 2 nodes of 8 GPUs: run the command on the main node only; the deepspeed launcher starts the others over passwordless ssh (pdsh).
+# `hostfile` lists the nodes, one `HOST slots=GPUS` line each, the main node first:
+#   node-0 slots=8
+#   node-1 slots=8
+#
+# The same run with the `trl sft` command line:
+#   trl sft \
+#     --model_name_or_path Qwen/Qwen2.5-7B \
+#     --dataset_name tatsu-lab/alpaca \
+#     --dtype float32 \
+#     --attn_implementation flash_attention_2 \
+#     --max_length 4096 \
+#     --packing true \
+#     --loss_type nll \
+#     --output_dir /ckpt/qwen7b \
+#     --per_device_train_batch_size 2 \
+#     --gradient_accumulation_steps 4 \
+#     --num_train_epochs 1.0 \
+#     --learning_rate 0.00001 \
+#     --lr_scheduler_type cosine \
+#     --optim adamw_torch \
+#     --bf16 true \
+#     --fp16 false \
+#     --gradient_checkpointing true \
+#     --gradient_checkpointing_kwargs '{"use_reentrant":false}' \
+#     --deepspeed ds_config.json \
+#     --logging_steps 10 \
+#     --save_strategy epoch \
+#     --report_to none
+
+import os
+
+import torch
+from datasets import load_dataset
+from transformers import AutoModelForCausalLM
+from trl import SFTConfig, SFTTrainer
+
+MODEL = "Qwen/Qwen2.5-7B"
+
+model = AutoModelForCausalLM.from_pretrained(
+    MODEL,
+    dtype=torch.float32,
+    attn_implementation="flash_attention_2",
+)
+
+training_args = SFTConfig(
+    max_length=4096,
+    packing=True,
+    loss_type="nll",
+    output_dir="/ckpt/qwen7b",
+    per_device_train_batch_size=2,
+    gradient_accumulation_steps=4,
+    num_train_epochs=1.0,
+    learning_rate=0.00001,
+    lr_scheduler_type="cosine",
+    optim="adamw_torch",
+    bf16=True,
+    fp16=False,
+    gradient_checkpointing=True,
+    gradient_checkpointing_kwargs={"use_reentrant": False},
+    deepspeed="ds_config.json",
+    logging_steps=10,
+    save_strategy="epoch",
+    report_to="none",
+)
+
+dataset = load_dataset("tatsu-lab/alpaca", split="train")
+
+trainer = SFTTrainer(
+    model=model,
+    args=training_args,
+    train_dataset=dataset,
+)
+trainer.train()
+trainer.save_model()

@@ -1,0 +1,52 @@
+# Unsloth script, written by moro 0.1.0 from recipe `qwen7b-full-2-nodes`.
+# Edit the recipe and export again rather than editing this file.
+# Run: deepspeed --hostfile hostfile --num_nodes 2 --num_gpus 8 train_unsloth.py
+# 2 nodes of 8 GPUs: run the command on the main node only; the deepspeed launcher starts the others over passwordless ssh (pdsh).
+# `hostfile` lists the nodes, one `HOST slots=GPUS` line each, the main node first:
+#   node-0 slots=8
+#   node-1 slots=8
+
+from unsloth import FastLanguageModel  # first: Unsloth patches transformers and TRL
+
+import torch
+from datasets import load_dataset
+from trl import SFTConfig, SFTTrainer
+
+model, tokenizer = FastLanguageModel.from_pretrained(
+    model_name="Qwen/Qwen2.5-7B",
+    max_seq_length=4096,
+    dtype=torch.float32,
+    load_in_4bit=False,
+    load_in_8bit=False,
+    full_finetuning=True,
+    use_gradient_checkpointing="unsloth",
+)
+
+training_args = SFTConfig(
+    max_length=4096,
+    packing=True,
+    output_dir="/ckpt/qwen7b",
+    per_device_train_batch_size=2,
+    gradient_accumulation_steps=4,
+    num_train_epochs=1.0,
+    learning_rate=0.00001,
+    lr_scheduler_type="cosine",
+    optim="adamw_torch",
+    bf16=True,
+    fp16=False,
+    deepspeed="ds_config.json",
+    logging_steps=10,
+    save_strategy="epoch",
+    report_to="none",
+)
+
+dataset = load_dataset("tatsu-lab/alpaca", split="train")
+
+trainer = SFTTrainer(
+    model=model,
+    processing_class=tokenizer,
+    args=training_args,
+    train_dataset=dataset,
+)
+trainer.train()
+trainer.save_model()
