@@ -81,10 +81,12 @@ impl Sharded {
         };
         let grads = trainable * tb / split;
         let step_transient = optimizer::step_transient(model, job, r) / split;
-        let head_grads = if full {
-            model.vocab_size * h * tb / tp
-        } else {
-            0
+        // lm_head's gradient (an encoder's: pooler and classifier) exists from the loss
+        // backward on.
+        let head_grads = match (&model.encoder, full) {
+            (_, false) => 0,
+            (Some(enc), true) => enc.head_params(h) * tb / tp,
+            (None, true) => model.vocab_size * h * tb / tp,
         };
         let layer_params = model
             .layers
@@ -186,10 +188,10 @@ impl Sharded {
                         s.gathered_params = 2 * layer_params * 2;
                     }
                 }
-                s.head_grads = if full {
-                    model.vocab_size * h * 2 / tp / n
-                } else {
-                    0
+                s.head_grads = match (&model.encoder, full) {
+                    (_, false) => 0,
+                    (Some(enc), true) => enc.head_params(h) * 2 / tp / n,
+                    (None, true) => model.vocab_size * h * 2 / tp / n,
                 };
                 s.step_transient = 0;
                 if offload_opt {

@@ -64,7 +64,8 @@ fn every_field_maps() {
         Versions {
             transformers: Some((4, 47)),
             bitsandbytes: Some((0, 43, 1)),
-            trl: Some((0, 25))
+            trl: Some((0, 25)),
+            torch: None,
         }
     );
     let extras = ok(FULL).extras();
@@ -108,6 +109,7 @@ fn jobs() -> Vec<Job> {
             transformers: Some((4, 46)),
             bitsandbytes: Some((0, 42, 0)),
             trl: Some((0, 9)),
+            torch: Some((1, 13)),
         },
     };
     v.push(all);
