@@ -574,6 +574,9 @@ pub struct Versions {
     pub bitsandbytes: Option<(u32, u32, u32)>,
     /// TRL `(major, minor)`.
     pub trl: Option<(u32, u32)>,
+    /// PyTorch `(major, minor)`.
+    #[serde(default)]
+    pub torch: Option<(u32, u32)>,
 }
 
 impl Versions {
@@ -594,6 +597,25 @@ impl Versions {
     #[must_use]
     pub fn trl_legacy_kbit(&self) -> bool {
         self.trl.is_some_and(|v| v < (0, 26))
+    }
+
+    /// Before PyTorch 2.0, `Module.zero_grad` and `Optimizer.zero_grad` defaulted to
+    /// `set_to_none=False` (torch 2.0 release notes: "`set_to_none=True` is now the
+    /// default"): the HF Trainer's `model.zero_grad()` after each optimizer step zeroes the
+    /// `.grad` tensors in place, so every gradient stays allocated through the next forward
+    /// and backward, whatever the gradient accumulation.
+    #[must_use]
+    pub fn zero_grad_keeps_grads(&self) -> bool {
+        self.torch.is_some_and(|v| v < (2, 0))
+    }
+
+    /// The HF Trainer gives `nn.Embedding` weights 32-bit states under bitsandbytes 8-bit
+    /// optimizers only since it creates those optimizers itself (`optim="adamw_bnb_8bit"`,
+    /// transformers PR #15622, first released in 4.19); before, a bnb optimizer was built by
+    /// the user and passed in `optimizers=(...)`, with no override.
+    #[must_use]
+    pub fn trainer_embedding_override(&self) -> bool {
+        self.transformers.is_none_or(|v| v >= (4, 19))
     }
 
     /// TRL 1.7 made `chunked_nll` the default SFT loss (commit b58947c).
@@ -855,6 +877,16 @@ impl Job {
             return err(
                 "quantization",
                 "QLoRA needs a quantized base (nf4, nf4-dq, fp4, fp4-dq, int8)".to_owned(),
+            );
+        }
+        if model.encoder.is_some() && self.method == Method::Inference {
+            return err(
+                "method",
+                format!(
+                    "`{}` is an encoder (no generation, no KV cache); moro models its \
+                     fine-tuning only",
+                    model.model_type
+                ),
             );
         }
         if self.method == Method::Full && self.quantization != Quantization::None {

@@ -206,7 +206,46 @@ pub struct MlaSpec {
     pub v_head_dim: u64,
 }
 
-/// The architecture of a decoder-only language model, as moro needs it.
+/// What an encoder-only model (BERT, RoBERTa) has besides its layers, for the sequence-
+/// classification head it is fine-tuned with (`BertForSequenceClassification`,
+/// `RobertaForSequenceClassification`): no lm_head and no `T·V` logits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EncoderSpec {
+    /// Rows of the token-type (segment) embedding, `type_vocab_size` (BERT 2, RoBERTa 1).
+    pub type_vocab_size: u64,
+    /// Classes of the classification head (`num_labels`, or the length of `id2label`;
+    /// `PretrainedConfig` defaults to 2).
+    pub num_labels: u64,
+    /// `hidden_dropout_prob > 0`: the embeddings, the attention output and the MLP output
+    /// each pass through `nn.Dropout`, which saves a 1-byte mask in training.
+    pub hidden_dropout: bool,
+    /// `attention_probs_dropout_prob > 0`: eager attention drops out the probabilities.
+    pub attention_dropout: bool,
+    /// BERT's pooler reads `hidden_states[:, 0]` (`BertPooler.forward`), a view of the last
+    /// layer's output: when `dense` saves that view (no autocast cast in between), the whole
+    /// `(b, s, h)` output stays alive until backward. RoBERTa's head drops out the first
+    /// token first (`RobertaClassificationHead.forward`), a new tensor, and has no pooler.
+    pub pooler_reads_view: bool,
+}
+
+impl EncoderSpec {
+    /// Parameters of the sequence-classification head: the pooler (BERT `pooler.dense`,
+    /// RoBERTa `classifier.dense`: `h·h + h`) and the classifier (`h·n + n`).
+    #[must_use]
+    pub const fn head_params(&self, hidden: u64) -> u64 {
+        hidden * hidden + hidden + hidden * self.num_labels + self.num_labels
+    }
+
+    /// Parameters outside the layers that are neither the word nor the position embedding:
+    /// the token-type embedding and the classification head.
+    #[must_use]
+    pub const fn extra_params(&self, hidden: u64) -> u64 {
+        self.type_vocab_size * hidden + self.head_params(hidden)
+    }
+}
+
+/// The architecture of a decoder-only language model (or, with [`ModelSpec::encoder`], an
+/// encoder-only one), as moro needs it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ModelSpec {
     /// HF `model_type` (`llama`, `qwen2`, ...; `gemma3` configs resolve to their text part).
@@ -252,6 +291,10 @@ pub struct ModelSpec {
     pub final_norm_params: u64,
     /// The dtype the checkpoint is stored in (`torch_dtype` / `dtype`), bf16 when absent.
     pub load_dtype: Dtype,
+    /// Encoder-only models (BERT, RoBERTa): the parts outside the layers, and the switch to
+    /// the encoder's per-layer activation model. `None` for decoders.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoder: Option<EncoderSpec>,
 }
 
 impl ModelSpec {
@@ -261,10 +304,11 @@ impl ModelSpec {
         self.vocab_size * self.hidden_size
     }
 
-    /// lm_head parameters counted separately (0 when tied).
+    /// lm_head parameters counted separately (0 when tied, and for encoders, which have a
+    /// classification head instead).
     #[must_use]
     pub const fn lm_head_params(&self) -> u64 {
-        if self.tie_word_embeddings {
+        if self.tie_word_embeddings || self.encoder.is_some() {
             0
         } else {
             self.vocab_size * self.hidden_size
@@ -277,6 +321,15 @@ impl ModelSpec {
         self.layers.iter().map(|g| g.count * g.layer_params()).sum()
     }
 
+    /// Parameters of an encoder's token-type embedding and classification head (0 for
+    /// decoders).
+    #[must_use]
+    pub fn encoder_extra_params(&self) -> u64 {
+        self.encoder
+            .as_ref()
+            .map_or(0, |e| e.extra_params(self.hidden_size))
+    }
+
     /// Exact total parameter count (tied lm_head counted once).
     #[must_use]
     pub fn total_params(&self) -> u64 {
@@ -285,6 +338,7 @@ impl ModelSpec {
             + self.position_embeddings * self.hidden_size
             + self.layer_params()
             + self.final_norm_params
+            + self.encoder_extra_params()
     }
 
     /// Parameters one token passes through (MoE: router + top-k + shared experts).
@@ -310,6 +364,7 @@ impl ModelSpec {
             + self.position_embeddings * self.hidden_size
             + layers
             + self.final_norm_params
+            + self.encoder_extra_params()
     }
 
     /// All Linear kinds of all layer groups with the number of layers holding them.

@@ -55,6 +55,10 @@ pub struct Row {
     /// Config fields the run changed (`model_overrides`: the calibration harness cuts models
     /// to fewer layers to fit the card).
     pub model_overrides: Option<serde_json::Map<String, Value>>,
+    /// The CUDA context the same machine measured on its own
+    /// (`secondary_measurements.cuda_context_only_MiB`), replacing the device default the way
+    /// `moro calibrate` does.
+    pub cuda_context_bytes: Option<u64>,
 }
 
 fn text(v: &Value, key: &str) -> String {
@@ -187,9 +191,11 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
     }
 
     let arch = text(v, "arch").to_ascii_lowercase();
-    if arch.contains("t5") || arch.contains("bert") || arch.contains("encoder") {
+    // Encoder-only models (BERT, RoBERTa) are modelled: whether the catalog has the model
+    // decides. Encoder-decoders (T5) are not.
+    if arch.contains("t5") || arch.contains("encoder-decoder") || arch.contains("seq2seq") {
         return Err(format!(
-            "encoder / encoder-decoder architecture `{arch}` is not modelled"
+            "encoder-decoder architecture `{arch}` is not modelled"
         ));
     }
 
@@ -441,6 +447,7 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
             // to fp32 (`framework_plugin_bnb.py` `_prepare_model_for_kbit_training`: "the
             // stock one in peft will introduce extraneous casting"), as TRL ≥ 0.26 does.
             trl: version_of(&fw, "trl").filter(|_| !quant_text.contains("accelerated-peft")),
+            torch: torch_version(&fw),
         },
         peft,
         kv_dtype: if precision == Precision::Fp32 || fp32_kv {
@@ -494,12 +501,49 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         compute_capability,
         confidence: text(v, "confidence"),
         model_overrides: v.get("model_overrides").and_then(Value::as_object).cloned(),
+        cuda_context_bytes: measured_context(v),
     })
+}
+
+/// The bare CUDA context a row measured on its own machine, in bytes.
+///
+/// `secondary_measurements.cuda_context_only_MiB` is nvidia-smi after the first CUDA tensor
+/// (the transformers docs' `torch.ones((1, 1)).to("cuda")` then `print_gpu_utilization()`),
+/// so it includes the 2 MiB small-pool segment that tensor reserved (`kSmallBuffer`,
+/// CUDACachingAllocator.cpp), which the reserved level already counts: it is taken off.
+/// Kernels loaded later (cuBLAS on its first GEMM) are not in it.
+fn measured_context(v: &Value) -> Option<u64> {
+    let mib = v
+        .get("secondary_measurements")?
+        .get("cuda_context_only_MiB")?
+        .as_f64()
+        .filter(|m| m.is_finite() && *m > 2.0)?;
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    Some(((mib - 2.0) * crate::units::MIB as f64) as u64)
+}
+
+/// PyTorch `(major, minor)` of a row: named in the framework text (`torch 2.4.1`,
+/// `pytorch 1.13`), else bounded by the transformers release: transformers ≤ 4.26 came out
+/// before PyTorch 2.0.0 (2023-03-15; transformers 4.27.0 the same day), so a run on it used
+/// a 1.x release. Only `< 2.0` is ever asked of the inferred value, so it is the last 1.x
+/// minor, 1.13.
+fn torch_version(fw: &str) -> Option<(u32, u32)> {
+    version_of(fw, "torch")
+        .or_else(|| version_of(fw, "pytorch"))
+        .or_else(|| {
+            version_of(fw, "transformers")
+                .filter(|v| *v < (4, 27))
+                .map(|_| (1, 13))
+        })
 }
 
 /// The `major.minor.patch` version of `package` in a framework-version string such as
 /// `"torch 2.4.1, transformers 4.48.1, trl 0.13.0"` (missing parts are 0; whole words only,
-/// so `trl` does not match `sfttrl`).
+/// so `trl` does not match `sfttrl`; an approximate `transformers ~4.16` reads as 4.16).
 fn version3_of(fw: &str, package: &str) -> Option<(u32, u32, u32)> {
     let needle = format!("{package} ");
     let mut from = 0;
@@ -509,7 +553,7 @@ fn version3_of(fw: &str, package: &str) -> Option<(u32, u32, u32)> {
         if start > 0 && fw.as_bytes()[start - 1].is_ascii_alphanumeric() {
             continue;
         }
-        let rest = &fw[from..];
+        let rest = fw[from..].strip_prefix('~').unwrap_or(&fw[from..]);
         if !rest.starts_with(|c: char| c.is_ascii_digit()) {
             continue;
         }
@@ -737,6 +781,17 @@ mod tests {
             version_of("torch 2.4.1, transformers 4.48.1", "transformers"),
             Some((4, 48))
         );
+        assert_eq!(
+            version_of("transformers ~4.16 (jan 2022), cuda 11.2", "transformers"),
+            Some((4, 16))
+        );
+        // transformers ≤ 4.26 predates torch 2.0; a named torch wins.
+        assert_eq!(
+            torch_version("transformers ~4.16 (jan 2022)"),
+            Some((1, 13))
+        );
+        assert_eq!(torch_version("transformers 4.46"), None);
+        assert_eq!(torch_version("torch 2.1, transformers 4.20"), Some((2, 1)));
     }
 }
 
@@ -966,7 +1021,7 @@ pub fn explain(jsonl: &str, models: &dyn ModelSource, id: &str) -> Result<Explai
     let mut job = row.job.clone();
     cap_to_learned_positions(&mut job, &model);
     job.lora.targets = crate::targets::resolve(&model, &job.lora.targets);
-    let profile = crate::estimate::DeviceProfile::for_compute_capability(row.compute_capability);
+    let profile = row_profile(&row);
     let estimate = crate::estimate::estimate(&model, &job, &profile).map_err(|e| e.to_string())?;
     Ok(Explained {
         row,
@@ -984,6 +1039,17 @@ fn cap_to_learned_positions(job: &mut Job, model: &crate::model::ModelSpec) {
     if model.position_embeddings > 0 && job.method != Method::Inference {
         job.seq_len = job.seq_len.min(model.position_embeddings);
     }
+}
+
+/// The device profile a row is predicted with: the defaults of its GPU's compute
+/// capability, with the CUDA context the row measured itself, when it did.
+fn row_profile(row: &Row) -> crate::estimate::DeviceProfile {
+    let mut profile =
+        crate::estimate::DeviceProfile::for_compute_capability(row.compute_capability);
+    if let Some(c) = row.cuda_context_bytes {
+        profile.cuda_context_bytes = c;
+    }
+    profile
 }
 
 fn predict_row(row: &Row, models: &dyn ModelSource) -> RowResult {
@@ -1020,7 +1086,7 @@ fn predict_row(row: &Row, models: &dyn ModelSource) -> RowResult {
     let mut job = row.job.clone();
     cap_to_learned_positions(&mut job, &spec);
     job.lora.targets = crate::targets::resolve(&spec, &job.lora.targets);
-    let profile = crate::estimate::DeviceProfile::for_compute_capability(row.compute_capability);
+    let profile = row_profile(row);
     let est = match crate::estimate::estimate(&spec, &job, &profile) {
         Ok(e) => e,
         Err(e) => {

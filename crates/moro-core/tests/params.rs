@@ -332,6 +332,14 @@ const EXTRA: &[Row] = &[
     row!("microsoft--phi-1_5", 1_418_270_720, 1_208_555_520, None),
     // gemma-2b: 2,506,172,416 [recalled; keras-hub gemma_2b_en]; tied.
     row!("google--gemma-2b", 2_506_172_416, 1_981_884_416, None),
+    // bert-large-uncased as BertForSequenceClassification (2 labels): BertModel
+    // 335,141,888 + classifier 1024·2 + 2 (see `bert_large_by_hand`).
+    row!(
+        "google-bert--bert-large-uncased",
+        335_143_938,
+        303_889_410,
+        None
+    ),
     // gemma-7b: 8,537,680,896 [recalled; keras-hub gemma_7b_en]; tied, 16 KV heads.
     row!("google--gemma-7b", 8_537_680_896, 7_751_248_896, None),
     // Qwen-7B: 7,721,324,544 [recalled, Qwen-7B model card]; 32 × 202,395,648 + 2 × 151936·4096
@@ -728,4 +736,48 @@ mod errors {
             }
         }
     }
+}
+
+/// bert-large-uncased by hand from `modeling_bert.py`: `BertModel` has 335,141,888
+/// parameters, `BertForSequenceClassification` adds `classifier` (1024 · 2 + 2).
+#[test]
+fn bert_large_by_hand() {
+    let (h, i, l, v, pos, types) = (1024u64, 4096u64, 24u64, 30522u64, 512u64, 2u64);
+    // word + position + token-type embeddings + embeddings.LayerNorm (weight, bias).
+    let embeddings = v * h + pos * h + types * h + 2 * h;
+    // query, key, value, attention.output.dense (biased H → H), intermediate.dense (H → I),
+    // output.dense (I → H), two LayerNorms.
+    let layer = 4 * (h * h + h) + (h * i + i) + (i * h + h) + 2 * 2 * h;
+    assert_eq!(layer, 12_596_224);
+    let pooler = h * h + h;
+    let bert_model = embeddings + l * layer + pooler;
+    assert_eq!(bert_model, 335_141_888);
+    let spec = parse_config(include_bytes!(
+        "../../../data/models/google-bert--bert-large-uncased.json"
+    ))
+    .expect("parses");
+    let enc = spec.encoder.as_ref().expect("an encoder");
+    assert_eq!(enc.num_labels, 2);
+    assert_eq!(spec.total_params(), bert_model + h * 2 + 2);
+    assert_eq!(spec.lm_head_params(), 0);
+    assert_eq!(spec.num_layers, 24);
+    assert_eq!(spec.layers[0].layer_params(), layer);
+}
+
+/// RoBERTa shares BERT's layout: roberta-base (vocab 50265, 514 positions, 1 token type)
+/// with its 2-label head (`dense` H → H and `out_proj` H → 2) has 124,055,040
+/// (`RobertaModel` without pooler; 124,645,632 with it) + 590,592 + 1,538 parameters.
+#[test]
+fn roberta_base_by_hand() {
+    let cfg = br#"{"model_type": "roberta", "vocab_size": 50265, "hidden_size": 768,
+        "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072,
+        "max_position_embeddings": 514, "type_vocab_size": 1}"#;
+    let spec = parse_config(cfg).expect("parses");
+    let (h, i) = (768u64, 3072u64);
+    let embeddings = 50265 * h + 514 * h + h + 2 * h;
+    let layer = 4 * (h * h + h) + (h * i + i) + (i * h + h) + 4 * h;
+    assert_eq!(embeddings + 12 * layer, 124_055_040);
+    assert_eq!(embeddings + 12 * layer + h * h + h, 124_645_632);
+    assert_eq!(spec.total_params(), 124_055_040 + (h * h + h) + (h * 2 + 2));
+    assert!(!spec.encoder.expect("an encoder").pooler_reads_view);
 }

@@ -314,6 +314,14 @@ pub struct LibraryVersions {
         schemars(regex(pattern = r"^[0-9]+\.[0-9]+(\.[0-9]+)?$"))
     )]
     pub trl: Option<String>,
+    /// PyTorch version (e.g. `"1.10"`; before 2.0 `zero_grad()` kept the gradients
+    /// allocated).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(regex(pattern = r"^[0-9]+\.[0-9]+(\.[0-9]+)?$"))
+    )]
+    pub torch: Option<String>,
 }
 
 impl LibraryVersions {
@@ -335,6 +343,7 @@ impl LibraryVersions {
                 .map(|s| parse_version("training.versions.bitsandbytes", s))
                 .transpose()?,
             trl: two("training.versions.trl", &self.trl)?,
+            torch: two("training.versions.torch", &self.torch)?,
         })
     }
 
@@ -345,6 +354,7 @@ impl LibraryVersions {
             transformers: v.transformers.map(|(a, b)| format!("{a}.{b}")),
             bitsandbytes: v.bitsandbytes.map(|(a, b, c)| format!("{a}.{b}.{c}")),
             trl: v.trl.map(|(a, b)| format!("{a}.{b}")),
+            torch: v.torch.map(|(a, b)| format!("{a}.{b}")),
         })
     }
 }

@@ -327,6 +327,7 @@ pub(crate) fn build(p: Plan) -> Result<ModelSpec, ArchError> {
         layers: groups,
         final_norm_params: p.final_norm,
         load_dtype: p.load_dtype,
+        encoder: None,
     };
     let total = checked_total(&spec)?;
     if total > MAX_TOTAL_PARAMS {

@@ -1,4 +1,5 @@
-//! HF `config.json` bytes → [`ModelSpec`], one adapter per `model_type`.
+//! HF `config.json` bytes → [`ModelSpec`], one adapter per `model_type` (decoders, and the
+//! BERT-style encoders `bert` / `roberta`).
 //!
 //! Each adapter mirrors the module tree transformers (or, for `qwen`, the checkpoint's
 //! own remote code) instantiates for that `model_type`: every `nn.Linear`/`Conv1D` with its
@@ -9,6 +10,7 @@
 //! recounted with checked arithmetic, so hostile or corrupt configs give an [`ArchError`]
 //! naming the field instead of a panic or an overflow.
 
+mod bert;
 mod bloom;
 mod cfg;
 mod common;
@@ -78,6 +80,8 @@ pub const SUPPORTED: &[&str] = &[
     "stablelm",
     "qwen",
     "bloom",
+    "bert",
+    "roberta",
 ];
 
 /// Parses a HF `config.json`.
@@ -109,6 +113,7 @@ pub fn parse_config(bytes: &[u8]) -> Result<ModelSpec, ArchError> {
         "stablelm" => stablelm::parse(&c),
         "qwen" => qwen1::parse(&c),
         "bloom" => bloom::parse(&c),
+        "bert" | "roberta" => bert::parse(&c, model_type),
         other => Err(ArchError::Unsupported {
             model_type: other.to_owned(),
             supported: SUPPORTED.join(", "),

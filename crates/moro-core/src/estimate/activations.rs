@@ -26,7 +26,7 @@
 //! `16h + 4ad + 4kd + 4a + 8I` per token per layer.
 
 use crate::job::{Attention, Job, Method, Padding, PeftKind, Stack};
-use crate::model::{LayerGroup, Linear, LinearRole, ModelSpec, NormKind};
+use crate::model::{EncoderSpec, LayerGroup, Linear, LinearRole, ModelSpec, NormKind};
 
 use super::Regime;
 use super::weights::{ADAPTER_PROMPT_LENGTH, ADAPTER_START_LAYER};
@@ -45,6 +45,15 @@ pub struct Activations {
     /// Autocast's cached bf16 copies of fp32 trainable weights, alive from forward into
     /// backward (`cached_cast`; memory-anatomy §6 "Autocast weight cache").
     pub autocast_weight_cache: u64,
+    /// The part of [`Self::autocast_weight_cache`] still alive while a layer runs its
+    /// backward. Without checkpointing every copy is saved by its `mm`, so all of it. Under
+    /// (reentrant) checkpointing the forward runs under `no_grad`: nothing saves the copies,
+    /// and the cache, filled anyway (`cached_cast` tests only `requires_grad` and
+    /// `is_leaf`), is cleared when the outermost autocast exits, after the loss and before
+    /// `backward()` (HF Trainer `training_step`: `with autocast(): loss = compute_loss(...)`,
+    /// then `scaler.scale(loss).backward()`). The recompute re-enters autocast per layer
+    /// (`CheckpointFunction.backward`), so only the recomputed layer's copies exist.
+    pub autocast_weight_cache_backward: u64,
     /// Transient buffers of one layer's backward: FlashAttention's `dq_accum` (fp32),
     /// `softmax_d`, dq/dk/dv and GQA-expanded dk/dv (`flash_api.cpp` `mha_bwd`), or the MLP's
     /// gradient intermediates, whichever is larger, plus the residual gradient.
@@ -145,9 +154,12 @@ impl Ctx<'_> {
         (g.other_params / per.max(1)).clamp(1, 4)
     }
 
-    /// Saved bytes per token of one layer of group `g`.
-    #[allow(clippy::too_many_lines)]
-    fn layer_bytes(&self, g: &LayerGroup) -> u64 {
+    /// Saved Linear inputs of one layer, per token: each input group once when a trainable
+    /// weight reads it (autocast's uncached casts and LoRA's dropout/cast copies per module),
+    /// plus LoRA's `lora_A` outputs and DoRA's saved results. `out_saved_elsewhere`: the
+    /// attention output projection reads a tensor the attention kernel already saves (SDPA,
+    /// FA2), so it is not counted again.
+    fn linear_inputs(&self, g: &LayerGroup, out_saved_elsewhere: bool) -> u64 {
         let m = self.m;
         let job = self.job;
         let r = self.r;
@@ -157,16 +169,7 @@ impl Ctx<'_> {
         let full = job.method == Method::Full;
         let peft = job.method.is_peft();
         let litgpt = job.stack == crate::job::Stack::Litgpt;
-
-        // Norms.
-        let n_norms = Self::norms_per_layer(g, m);
-        let per_norm = match m.norm {
-            NormKind::RmsNorm => 4 * h + if full { s * h } else { 0 },
-            NormKind::LayerNorm => s * h,
-        };
-        let mut bytes = n_norms * per_norm;
-
-        // Linear inputs, per group.
+        let mut bytes = 0u64;
         let o = self.linear_out_bytes(s);
         let attn_b = self.attn_bytes(o);
         let group_input_bytes = |grp: Group| match grp {
@@ -247,7 +250,7 @@ impl Ctx<'_> {
                 }
             }
             // The attention output is saved by SDPA already.
-            if shared && grp != Group::AttnOut {
+            if shared && (grp != Group::AttnOut || !out_saved_elsewhere) {
                 let width = match grp {
                     Group::MlpOut => {
                         g.linears
@@ -258,12 +261,113 @@ impl Ctx<'_> {
                             .unwrap_or(0)
                             / tp
                     }
+                    Group::AttnOut => m.q_width() / tp,
                     _ => h,
                 };
                 bytes += width * xb;
             }
             bytes += private;
         }
+
+        bytes
+    }
+
+    /// Saved bytes per token of one post-LN encoder layer (transformers `BertLayer`; RoBERTa's
+    /// layers are copies of it), op by op:
+    ///
+    /// - Linear inputs as for decoders ([`Self::linear_inputs`]); the attention output
+    ///   projection reads `context_layer.permute(0, 2, 1, 3).contiguous()` (eager) or the
+    ///   transposed-and-reshaped SDPA output, a copy no kernel saves, so it counts.
+    /// - `BertSelfOutput` / `BertOutput`: `LayerNorm(dropout(dense(x)) + input_tensor)`:
+    ///   `native_layer_norm` saves its input (the residual sum, promoted to the fp32 stream
+    ///   when the sublayer output is 16-bit) and fp32 `mean` and `rstd` (8 B per token), and
+    ///   each `nn.Dropout` a 1-byte mask (`_fused_dropout` / `native_dropout` backward takes
+    ///   the mask): `2·(s·h + 8) + 2h` with dropout.
+    /// - eager `BertSelfAttention`: `transpose_for_scores` views go through `torch.matmul`,
+    ///   which `reshape`s the permuted q, kᵀ and v into contiguous `bmm` operands (copies,
+    ///   `LinearAlgebra.cpp` `matmul`) that `bmm` saves: 3·o·h. `attention_scores +
+    ///   attention_mask` adds the extended mask, cast to the model's dtype
+    ///   (`get_extended_attention_mask`: `.to(dtype=self.dtype)`), so 16-bit scores of an
+    ///   fp32 model are promoted to fp32, and autocast runs `softmax` in fp32 anyway: the
+    ///   probabilities are `p` = 4 B under autocast, else the model's dtype. `softmax` saves
+    ///   its output (p·a·s); dropout on the probabilities saves a mask (a·s) and its output
+    ///   is what `matmul(probs, v)` saves (p·a·s, or autocast's fp16 copy, 2·a·s).
+    /// - SDPA (`BertSdpaSelfAttention`, transformers ≥ 4.41): q, k, v, out and the fp32
+    ///   log-sum-exp (4a), dropout inside the kernel (a seed only).
+    /// - `BertIntermediate`: `hidden_act` (GELU) saves its input, o·I; `BertOutput.dense`
+    ///   saves GELU's output (a Linear input, above).
+    ///
+    /// Full FT, fp32, eager, dropout on: `34h + 8I + 9·a·s + 16` per token; fp16 autocast:
+    /// `26h + 4I + 7·a·s + 16` (q, k, v cast their fp32 input separately, 3·2h).
+    fn encoder_layer_bytes(&self, g: &LayerGroup, enc: &EncoderSpec) -> u64 {
+        let m = self.m;
+        let r = self.r;
+        let tp = self.tp.max(1);
+        let h = m.hidden_size;
+        let s = r.stream_bytes;
+        let o = self.linear_out_bytes(s);
+        let attn_b = self.attn_bytes(o);
+        let a = m.num_heads / tp;
+        let ad = m.q_width() / tp;
+        let kd = m.kv_width() / tp;
+        let seq = self.job.seq_len;
+
+        // Post-LN norms and the hidden dropouts.
+        let mut bytes = 2 * (s.max(o) * h + 8);
+        if enc.hidden_dropout {
+            bytes += 2 * h;
+        }
+        bytes += self.linear_inputs(g, false);
+
+        // Attention core.
+        bytes += match self.job.attention {
+            Attention::Eager => {
+                let p = if r.autocast {
+                    4
+                } else {
+                    attn_b.max(r.unquantized_bytes)
+                };
+                // q, k, v contiguous copies and the saved softmax output.
+                let mut b = attn_b * (ad + 2 * kd) + p * a * seq;
+                if enc.attention_dropout {
+                    b += a * seq * (1 + if r.autocast { 2 } else { p });
+                } else if r.autocast && p == 4 {
+                    b += 2 * a * seq;
+                }
+                b
+            }
+            Attention::Sdpa | Attention::Flash => attn_b * (2 * ad + 2 * kd) + 4 * a,
+        };
+
+        // GELU saves its input.
+        bytes + o * (m.intermediate_size / tp)
+    }
+
+    /// Saved bytes per token of one layer of group `g`.
+    #[allow(clippy::too_many_lines)]
+    fn layer_bytes(&self, g: &LayerGroup) -> u64 {
+        let m = self.m;
+        let job = self.job;
+        let r = self.r;
+        let tp = self.tp.max(1);
+        let h = m.hidden_size;
+        let s = r.stream_bytes;
+        let full = job.method == Method::Full;
+        let peft = job.method.is_peft();
+        let litgpt = job.stack == crate::job::Stack::Litgpt;
+
+        // Norms.
+        let n_norms = Self::norms_per_layer(g, m);
+        let per_norm = match m.norm {
+            NormKind::RmsNorm => 4 * h + if full { s * h } else { 0 },
+            NormKind::LayerNorm => s * h,
+        };
+        let mut bytes = n_norms * per_norm;
+
+        // Linear inputs, per group.
+        let o = self.linear_out_bytes(s);
+        let attn_b = self.attn_bytes(o);
+        bytes += self.linear_inputs(g, true);
 
         // Attention core.
         let a = m.num_heads / tp;
@@ -564,6 +668,30 @@ impl Ctx<'_> {
     }
 }
 
+/// Saved bytes of an encoder outside its layers: `(per token, per micro-batch)`.
+///
+/// - `BertEmbeddings`: the sum of the word, token-type and position lookups goes through
+///   `LayerNorm` (saves its input in the stream dtype and fp32 mean/rstd: `s·h + 8`) and
+///   dropout (a 1-byte mask); its output is the first layer's input, counted there.
+/// - `BertPooler`: `dense(hidden_states[:, 0])`. Without autocast `addmm` saves that view,
+///   which keeps the last layer's whole `(b, s, h)` output alive (`s·h` per token); under
+///   autocast it saves its own fp16 copy of the `(b, h)` slice. RoBERTa's head drops out
+///   the slice first (a new tensor). Then tanh saves its output, dropout a mask, and the
+///   classifier its input: `(c + o + 1 + o)·h` per sequence, c the cast copy.
+fn encoder_head(model: &ModelSpec, job: &Job, r: &Regime, enc: &EncoderSpec) -> (u64, u64) {
+    let h = model.hidden_size;
+    let s = r.stream_bytes;
+    let o = if r.autocast { 2 } else { s };
+    let full = job.method == Method::Full;
+    let mut per_token = s * h + 8 + if enc.hidden_dropout { h } else { 0 };
+    if enc.pooler_reads_view && full && !r.autocast {
+        per_token += s * h;
+    }
+    let cast = if r.autocast { 2 } else { 0 };
+    let per_sequence = (cast + 2 * o + u64::from(enc.hidden_dropout)) * h;
+    (per_token, job.micro_batch_size * per_sequence)
+}
+
 impl Activations {
     /// Activations of `job` on `model` with tensor-parallel degree `tp`.
     #[must_use]
@@ -610,7 +738,10 @@ impl Activations {
             if held_by_loop {
                 retained += g.count * ctx.quantized_inputs(g);
             }
-            let layer = ctx.layer_bytes(g);
+            let layer = match &model.encoder {
+                Some(enc) => ctx.encoder_layer_bytes(g, enc),
+                None => ctx.layer_bytes(g),
+            };
             one = one.max(layer);
             bwd = bwd.max(ctx.layer_backward(g));
             all += g.count
@@ -633,6 +764,8 @@ impl Activations {
                 head += 4 * h;
             }
             head += ctx.linear_out_bytes(r.stream_bytes) * model.vocab_size / tp.max(1);
+        } else if let Some(enc) = &model.encoder {
+            (head, head_fixed) = encoder_head(model, job, r, enc);
         }
         if r.quantize_lm_head && r.quantized_saves_input {
             head += r.compute_bytes * h;
@@ -654,6 +787,12 @@ impl Activations {
                 } else {
                     0
                 };
+            let mm = match &model.encoder {
+                // Encoders: every Linear of the layers plus pooler and classifier; the word,
+                // position and token-type embeddings and the LayerNorms are no matmul.
+                Some(enc) => model.linear_params() + enc.head_params(h),
+                None => mm,
+            };
             2 * mm / tp
         } else if job.method.is_peft() && r.autocast && r.frozen_bytes == 4 && !r.bnb_lora_layer {
             // Frozen fp32 weights under autocast are cast to bf16 at every matmul without
@@ -679,18 +818,36 @@ impl Activations {
                     .map(|(n, l)| n * l.count * l.weight_numel())
                     .sum()
             };
-            2 * (layers + model.vocab_size * h) / tp + 2 * r.trainable_params / tp
+            let head_weight = if model.encoder.is_some() {
+                0
+            } else {
+                model.vocab_size * h
+            };
+            2 * (layers + head_weight) / tp + 2 * r.trainable_params / tp
         } else if job.method.is_peft() && r.autocast && r.adapter_bytes == 4 {
             2 * r.trainable_params / tp
         } else {
             0
         };
+        let autocast_weight_cache_backward =
+            if full && job.gradient_checkpointing && autocast_weight_cache > 0 {
+                let layer = model
+                    .layers
+                    .iter()
+                    .map(LayerGroup::layer_params)
+                    .max()
+                    .unwrap_or(0);
+                (2 * layer / tp).min(autocast_weight_cache)
+            } else {
+                autocast_weight_cache
+            };
         Self {
             all: all * t,
             one_layer: one * t,
             checkpoint_one: ckpt * t,
             head: head * t + head_fixed / tp,
             autocast_weight_cache,
+            autocast_weight_cache_backward,
             layer_backward_transient: bwd * t,
             previous_step_quantized_inputs: retained * t,
         }

@@ -26,9 +26,28 @@ pub struct Loss {
 }
 
 impl Loss {
+    /// An encoder's sequence-classification loss over `logits` = b · `num_labels` elements
+    /// (`BertForSequenceClassification`: `CrossEntropyLoss()(logits.view(-1, num_labels),
+    /// labels.view(-1))`, no vocabulary): the classifier's logits (2 B under autocast, else
+    /// the stream dtype), `log_softmax`'s saved fp32 output (autocast runs it in fp32), and
+    /// in backward the nll and log_softmax gradients. Bytes per sequence, not per token.
+    fn classification(logits: u64, r: &Regime) -> Self {
+        let o = if r.autocast { 2 } else { r.stream_bytes };
+        Self {
+            forward_peak: logits * (o + 4),
+            forward_transient: 0,
+            backward_peak: logits * 12,
+            backward_transient: 0,
+            after_backward: 0,
+        }
+    }
+
     /// Loss buffers of `job` on `model` (vocabulary split over `tp` GPUs).
     #[must_use]
     pub fn new(model: &ModelSpec, job: &Job, r: &Regime, tp: u64) -> Self {
+        if let Some(enc) = &model.encoder {
+            return Self::classification(job.micro_batch_size * enc.num_labels, r);
+        }
         let t = job.micro_batch_size * job.seq_len;
         let v = model.vocab_size / tp.max(1);
         let h = model.hidden_size;

@@ -286,8 +286,13 @@ fn training_phases(
     let states = par.states_on_gpu;
     // With gradient accumulation > 1, the gradients of earlier micro-batches stay alive
     // through the next forward and backward (the Trainer zeroes them only after the
-    // optimizer step; with GA = 1 `zero_grad(set_to_none=True)` frees them first).
-    let grads_in_fwd = if job.grad_accum > 1 { grads } else { 0 };
+    // optimizer step; with GA = 1 `zero_grad(set_to_none=True)` frees them first). Before
+    // torch 2.0, `zero_grad()` zeroed them in place instead: alive all the time.
+    let grads_in_fwd = if job.grad_accum > 1 || job.versions.zero_grad_keeps_grads() {
+        grads
+    } else {
+        0
+    };
 
     let acts = activations::Activations::new(model, job, regime, par.tp);
     let head = loss::Loss::new(model, job, regime, par.tp);
@@ -371,7 +376,7 @@ fn training_phases(
             (Component::Gradients, grads_in_fwd.max(par.head_grads)),
             (
                 Component::Activations,
-                layer_acts + acts.autocast_weight_cache,
+                layer_acts + acts.autocast_weight_cache_backward,
             ),
             (Component::LogitsLoss, head.after_backward),
             (

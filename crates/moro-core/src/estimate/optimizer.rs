@@ -92,7 +92,7 @@ pub fn trainable_tensors(model: &ModelSpec, job: &Job) -> Vec<Trainable> {
                 shape: (model.vocab_size, h),
                 embedding: true,
             });
-            if !model.tie_word_embeddings {
+            if !model.tie_word_embeddings && model.encoder.is_none() {
                 v.push(Trainable {
                     copies: 1,
                     numel: model.lm_head_params(),
@@ -107,6 +107,43 @@ pub fn trainable_tensors(model: &ModelSpec, job: &Job) -> Vec<Trainable> {
                     shape: (model.position_embeddings, h),
                     embedding: true,
                 });
+            }
+            if let Some(enc) = &model.encoder {
+                // `token_type_embeddings` (an `nn.Embedding`), the pooler's (RoBERTa: the
+                // head's) `dense` and the classifier, weights and biases.
+                let n = enc.num_labels;
+                v.extend([
+                    Trainable {
+                        copies: 1,
+                        numel: enc.type_vocab_size * h,
+                        shape: (enc.type_vocab_size, h),
+                        embedding: true,
+                    },
+                    Trainable {
+                        copies: 1,
+                        numel: h * h,
+                        shape: (h, h),
+                        embedding: false,
+                    },
+                    Trainable {
+                        copies: 1,
+                        numel: n * h,
+                        shape: (n, h),
+                        embedding: false,
+                    },
+                    Trainable {
+                        copies: 1,
+                        numel: h,
+                        shape: (h, 1),
+                        embedding: false,
+                    },
+                    Trainable {
+                        copies: 1,
+                        numel: n,
+                        shape: (n, 1),
+                        embedding: false,
+                    },
+                ]);
             }
             if model.final_norm_params > 0 {
                 v.push(Trainable {

@@ -84,10 +84,12 @@ impl Sharded {
         };
         let mut grads = trainable * tb / split;
         let mut step_transient = optimizer::step_transient(model, job, r) / split;
-        let mut head_grads = if full {
-            model.vocab_size * h * tb / tp
-        } else {
-            0
+        // lm_head's gradient (an encoder's: pooler and classifier) exists from the loss
+        // backward on.
+        let mut head_grads = match (&model.encoder, full) {
+            (_, false) => 0,
+            (Some(enc), true) => enc.head_params(h) * tb / tp,
+            (None, true) => model.vocab_size * h * tb / tp,
         };
         if job.optimizer_in_backward {
             // Each parameter is stepped and its gradient freed in its post-accumulate-grad
@@ -206,10 +208,10 @@ impl Sharded {
                         s.gathered_params = 2 * layer_params * 2;
                     }
                 }
-                s.head_grads = if full {
-                    model.vocab_size * h * 2 / tp / n
-                } else {
-                    0
+                s.head_grads = match (&model.encoder, full) {
+                    (_, false) => 0,
+                    (Some(enc), true) => enc.head_params(h) * 2 / tp / n,
+                    (None, true) => model.vocab_size * h * 2 / tp / n,
                 };
                 s.step_transient = 0;
                 if offload_opt {

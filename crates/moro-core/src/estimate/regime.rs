@@ -172,8 +172,9 @@ impl Regime {
             adapter_bytes,
             autocast,
             kbit_prepare,
-            frozen_fp32_head: kbit_prepare && !legacy_recast,
-            quantize_lm_head: quantized && stack == Stack::Litgpt,
+            // Encoders have no lm_head (a small classification head instead).
+            frozen_fp32_head: kbit_prepare && !legacy_recast && model.encoder.is_none(),
+            quantize_lm_head: quantized && stack == Stack::Litgpt && model.encoder.is_none(),
             loss: match job.loss {
                 // Older model code computes `CrossEntropyLoss` on a `.contiguous()` shifted copy
                 // of the logits in their own dtype, with no fp32 upcast: GPT-BigCode's
@@ -203,7 +204,8 @@ impl Regime {
                 && job.quantization.is_bnb4()
                 && method != Method::Full
                 && job.versions.bnb4_saves_input(),
-            embedding_states_32bit: matches!(stack, Stack::Hf | Stack::Trl),
+            embedding_states_32bit: matches!(stack, Stack::Hf | Stack::Trl)
+                && job.versions.trainer_embedding_override(),
             ddp_bucket_copy: matches!(stack, Stack::Hf | Stack::Trl),
         }
     }

@@ -65,7 +65,8 @@ fn every_field_maps() {
         Versions {
             transformers: Some((4, 47)),
             bitsandbytes: Some((0, 43, 1)),
-            trl: Some((0, 25))
+            trl: Some((0, 25)),
+            torch: None,
         }
     );
     let extras = ok(FULL).extras();
@@ -110,6 +111,7 @@ fn jobs() -> Vec<Job> {
             transformers: Some((4, 46)),
             bitsandbytes: Some((0, 42, 0)),
             trl: Some((0, 9)),
+            torch: Some((1, 13)),
         },
         optimizer_in_backward: false,
         peft: PeftKind::Lora,
