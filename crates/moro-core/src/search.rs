@@ -619,6 +619,15 @@ impl Space {
                     ),
                 );
             }
+            Some(s) if model.position_embeddings > 0 && s > model.position_embeddings => {
+                return invalid(
+                    "seq_len",
+                    format!(
+                        "{} has {} learned positions: at most {} tokens, got {s}",
+                        model.model_type, model.position_embeddings, model.position_embeddings
+                    ),
+                );
+            }
             Some(s) => vec![s],
             None => {
                 // Lengths above the model's context are not trained on; a model with a shorter

@@ -1078,7 +1078,12 @@ mod tests {
                 let target = target_of(hw);
                 let caps = caps_of(&target).unwrap();
                 let request = Request {
-                    seq_len: Some(1024),
+                    // Within the learned positions of every catalog model (BERT: 512).
+                    seq_len: Some(if spec.position_embeddings > 0 {
+                        spec.position_embeddings.min(1024)
+                    } else {
+                        1024
+                    }),
                     ..Request::default()
                 };
                 let Some(outcome) = run_search(&spec, &request, &caps) else {
