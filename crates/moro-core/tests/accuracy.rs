@@ -48,36 +48,33 @@ fn oracle_traces_are_reproduced() {
 }
 
 /// Regression guard on the published measurements: the figures reached so far must not get
-/// worse. (The issue's bar is `measured_rows_meet_the_bar` below.)
+/// worse (coverage 88.9 %, median 2.4 %, p90 10.4 %, under > 5 %: 23 %, no OOM row missed).
 #[test]
 fn measured_rows_do_not_regress() {
     let r = report("measured.jsonl");
     print_summary("measured", &r);
     let s = &r.summary;
-    assert!(s.coverage >= 0.80, "coverage {}", s.coverage);
+    assert!(s.coverage >= 0.88, "coverage {}", s.coverage);
     assert!(
-        s.overall.median_abs <= 0.04,
+        s.overall.median_abs <= 0.03,
         "median {}",
         s.overall.median_abs
     );
-    assert!(s.overall.p90_abs <= 0.17, "p90 {}", s.overall.p90_abs);
+    assert!(s.overall.p90_abs <= 0.12, "p90 {}", s.overall.p90_abs);
     assert!(
-        s.overall.under_5pct_share <= 0.30,
+        s.overall.under_5pct_share <= 0.25,
         "under {}",
         s.overall.under_5pct_share
     );
-    // Every OOM row moro covers must be predicted not to fit, except the ones listed with
-    // their reason in the closing note.
-    assert!(s.oom_missed <= 3, "oom missed {}", s.oom_missed);
+    // Every OOM row moro covers is predicted not to fit.
+    assert_eq!(s.oom_missed, 0, "oom missed {}", s.oom_missed);
 }
 
-/// The bar of issue 2 §7: ≥ 85 % of high/medium rows covered, median |error| ≤ 6 %,
-/// p90 ≤ 15 %, at most 10 % of rows under-predicted by more than 5 %.
+/// The bar of issue 2 §7, first part: ≥ 85 % of high/medium rows covered, median |error|
+/// ≤ 6 %, p90 ≤ 15 %.
 #[test]
-#[ignore = "not met yet: see the closing note of issue 2 for the figures and what is off"]
-fn measured_rows_meet_the_bar() {
+fn measured_rows_meet_coverage_median_and_p90() {
     let r = report("measured.jsonl");
-    print_summary("measured", &r);
     let s = &r.summary;
     assert!(s.coverage >= 0.85, "coverage {}", s.coverage);
     assert!(
@@ -86,6 +83,15 @@ fn measured_rows_meet_the_bar() {
         s.overall.median_abs
     );
     assert!(s.overall.p90_abs <= 0.15, "p90 {}", s.overall.p90_abs);
+}
+
+/// The bar of issue 2 §7, second part: at most 10 % of rows under-predicted by more than 5 %.
+#[test]
+#[ignore = "not met (23 %): see the closing note of issue 2 for the rows and what is off"]
+fn measured_rows_meet_the_under_prediction_bar() {
+    let r = report("measured.jsonl");
+    print_summary("measured", &r);
+    let s = &r.summary;
     assert!(
         s.overall.under_5pct_share <= 0.10,
         "under {}",
@@ -108,4 +114,46 @@ fn every_row_is_accounted_for() {
             assert!(row.predicted_bytes.is_some(), "{}", row.id);
         }
     }
+}
+
+/// Issue 6: the multi-GPU and sharded rows (more than one GPU, a ZeRO / FSDP strategy, or
+/// tensor-parallel inference). Guard on the figures reached (55 rows: median 4.8 %,
+/// p90 20.7 %, under > 5 %: 38 %); the engine's bar is not met on them, see the closing note.
+#[test]
+fn multi_gpu_rows_do_not_regress() {
+    let path = format!(
+        "{}/../../validation/measured.jsonl",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).unwrap();
+    let multi: std::collections::HashSet<String> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| {
+            let gpus = v["num_gpus"].as_u64().unwrap_or(1);
+            let sharded = v["sharding"].as_str().is_some_and(|s| !s.is_empty());
+            let tp = v["inference"]["tensor_parallel"].as_u64().unwrap_or(1);
+            gpus > 1 || sharded || tp > 1
+        })
+        .filter_map(|v| v["id"].as_str().map(str::to_owned))
+        .collect();
+    let r = validate(&text, &CatalogModels, false);
+    let errors: Vec<f64> = r
+        .rows
+        .iter()
+        .filter(|row| row.status == Status::Ok && multi.contains(&row.id))
+        .filter_map(|row| row.error)
+        .collect();
+    let s = moro_core::validation::stats(&errors);
+    eprintln!(
+        "multi-GPU: {} rows, median {:.1}%, p90 {:.1}%, under>5% {:.0}%",
+        s.n,
+        s.median_abs * 100.0,
+        s.p90_abs * 100.0,
+        s.under_5pct_share * 100.0
+    );
+    assert!(s.n >= 50, "rows {}", s.n);
+    assert!(s.median_abs <= 0.06, "median {}", s.median_abs);
+    assert!(s.p90_abs <= 0.22, "p90 {}", s.p90_abs);
+    assert!(s.under_5pct_share <= 0.40, "under {}", s.under_5pct_share);
 }
