@@ -2,24 +2,9 @@
 //! writes `parallel.nodes`, the recipe reads back to the same prediction, the exports launch
 //! 8 processes on each of 2 nodes, and `moro estimate --nodes` shards HYBRID_SHARD per node.
 
-use std::path::Path;
+mod common;
 
-use assert_cmd::Command;
-
-fn moro(dir: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_moro"));
-    c.current_dir(dir)
-        .env("HF_HUB_CACHE", "/nonexistent-moro-test-cache")
-        .env("HF_HUB_OFFLINE", "1")
-        .env("MORO_CONFIG_DIR", dir.join(".moro-config"))
-        .env("NO_COLOR", "1");
-    c
-}
-
-fn json_of(out: &[u8]) -> serde_json::Value {
-    serde_json::from_slice(out)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(out)))
-}
+use common::{json_of, moro};
 
 #[test]
 fn generate_on_two_nodes_writes_nodes_and_exports_multi_node_launches() {

@@ -3,24 +3,9 @@
 //! 0/1/2, line and column for a bad key, the JSON shapes, and the generate → estimate round
 //! trip.
 
-use std::path::Path;
+mod common;
 
-use assert_cmd::Command;
-
-fn moro(dir: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_moro"));
-    c.current_dir(dir)
-        .env("HF_HUB_CACHE", "/nonexistent-moro-test-cache")
-        .env("HF_HUB_OFFLINE", "1")
-        .env("MORO_CONFIG_DIR", dir.join(".moro-config"))
-        .env("NO_COLOR", "1");
-    c
-}
-
-fn json_of(out: &[u8]) -> serde_json::Value {
-    serde_json::from_slice(out)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(out)))
-}
+use common::{json_of, moro};
 
 #[test]
 fn generate_writes_a_recipe_that_estimate_and_check_agree_with() {
