@@ -530,8 +530,11 @@ fn host_text(c: &Candidate) -> String {
     if c.estimate.host_bytes == 0 {
         String::new()
     } else {
+        let ranks = c.job.parallel.gpus_per_node();
         format!(
-            "host RAM for the offloaded states: {} GiB\n",
+            "host RAM for the offloaded states: {} GiB per node ({} GiB for each of its {ranks} \
+             GPU processes)\n",
+            gib(c.estimate.host_bytes_per_node(ranks)),
             gib(c.estimate.host_bytes)
         )
     }
@@ -701,7 +704,10 @@ struct CandidateJson {
     peak_device_bytes: u64,
     margin_bytes: u64,
     headroom_bytes: i64,
+    /// Host RAM per GPU process for offloaded states.
     host_bytes: u64,
+    /// Host RAM per node (its GPU processes together).
+    host_bytes_per_node: u64,
 }
 
 impl CandidateJson {
@@ -715,6 +721,9 @@ impl CandidateJson {
             margin_bytes: c.margin_bytes,
             headroom_bytes: c.headroom_bytes,
             host_bytes: c.estimate.host_bytes,
+            host_bytes_per_node: c
+                .estimate
+                .host_bytes_per_node(c.job.parallel.gpus_per_node()),
         }
     }
 }
