@@ -279,6 +279,18 @@ impl Sharded {
                     // backward.
                     s.weights +=
                         base.saturating_sub(model.layer_params() * pb / tp) * (group - 1) / group;
+                } else if !full && sharding != Sharding::FsdpShardGradOp && !offload {
+                    // The root unit (embeddings, final norm, lm_head) is never resharded after
+                    // forward (torch 2.4 `_runtime_utils.py` `_post_forward_reshard`:
+                    // `free_unsharded_flat_param = not state._is_root and …`). Frozen under
+                    // PEFT, it has no AccumulateGrad hook, and its post-backward reshard-only
+                    // hook waits on forward inputs that require grad, which the root has none
+                    // of (token ids): only `_catch_all_reshard` in
+                    // `_post_backward_final_callback` frees it, at the end of backward. So the
+                    // other ranks' shares of it are alive from forward to backward's end.
+                    // Weights are as loaded: the root is never quantized.
+                    let root = non_layer * r.unquantized_bytes / tp;
+                    s.gathered_params += root * (group - 1) / group;
                 }
                 s.states_on_gpu = if offload { 0 } else { states / group };
                 // Unsharded gradients of one unit before reduce-scatter.
