@@ -48,7 +48,7 @@ fn oracle_traces_are_reproduced() {
 }
 
 /// Regression guard on the published measurements: the figures reached so far must not get
-/// worse (coverage 88.9 %, median 2.4 %, p90 10.4 %, under > 5 %: 22 %, no OOM row missed).
+/// worse (coverage 88.9 %, median 2.3 %, p90 10.1 %, under > 5 %: 21 %, no OOM row missed).
 #[test]
 fn measured_rows_do_not_regress() {
     let r = report("measured.jsonl");
@@ -87,7 +87,7 @@ fn measured_rows_meet_coverage_median_and_p90() {
 
 /// The bar of issue 2 §7, second part: at most 10 % of rows under-predicted by more than 5 %.
 #[test]
-#[ignore = "not met (22 %): see the closing note of issue 2 for the rows and what is off"]
+#[ignore = "not met (21 %): see the closing note of issue 2 for the rows and what is off"]
 fn measured_rows_meet_the_under_prediction_bar() {
     let r = report("measured.jsonl");
     print_summary("measured", &r);

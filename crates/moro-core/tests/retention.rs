@@ -97,3 +97,34 @@ fn hf_trainer_keeps_nothing_from_the_previous_step() {
         run(&m, &b).peak_allocated_bytes
     );
 }
+
+/// litgpt under bf16-mixed (fp32 weights, autocast) with a frozen lm_head: each 128-token
+/// chunk of `lm_head_chunk_size=128` casts the fp32 weight to bf16 anew (autocast caches only
+/// leaves that require grad) and its `mm` keeps that copy for backward. StableLM-3B's head is
+/// 50,688 × 4,096: 1,034 tokens make 9 chunks, 128 tokens one, so 8 more copies of
+/// 2 × 50,688 × 4,096 bytes.
+#[test]
+fn litgpt_chunked_head_keeps_one_weight_copy_per_chunk() {
+    use moro_core::estimate::Regime;
+    use moro_core::estimate::activations::Activations;
+    let m = catalog::load(catalog::find("stabilityai/stablelm-base-alpha-3b").expect("catalog"))
+        .unwrap();
+    assert_eq!((m.vocab_size, m.hidden_size), (50_688, 4096));
+    let cache = |seq_len: u64| {
+        let mut j = Job {
+            method: Method::Lora,
+            precision: Precision::Bf16Mixed,
+            stack: Stack::Litgpt,
+            seq_len,
+            lora: LoraConfig {
+                targets: Targets::Names(vec!["query".into(), "value".into()]),
+                ..LoraConfig::default()
+            },
+            ..Job::default()
+        };
+        j.lora.targets = moro_core::targets::resolve(&m, &j.lora.targets);
+        let r = Regime::resolve(&m, &j);
+        Activations::new(&m, &j, &r, 1).autocast_weight_cache
+    };
+    assert_eq!(cache(1034) - cache(128), 8 * 2 * 50_688 * 4096);
+}

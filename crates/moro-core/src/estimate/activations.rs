@@ -818,10 +818,18 @@ impl Activations {
                     .map(|(n, l)| n * l.count * l.weight_numel())
                     .sum()
             };
+            // litgpt runs lm_head once per 128-token chunk (`lm_head_chunk_size=128`): every
+            // chunk casts the frozen weight again and its `mm` saves that copy until the
+            // chunk's backward, so there are as many copies as chunks.
+            let head_copies = if job.stack == Stack::Litgpt {
+                job.seq_len.div_ceil(super::loss::LITGPT_CHUNK).max(1)
+            } else {
+                1
+            };
             let head_weight = if model.encoder.is_some() {
                 0
             } else {
-                model.vocab_size * h
+                model.vocab_size * h * head_copies
             };
             2 * (layers + head_weight) / tp + 2 * r.trainable_params / tp
         } else if job.method.is_peft() && r.autocast && r.adapter_bytes == 4 {
