@@ -114,6 +114,11 @@ proptest! {
         // fine-tuning holds nothing LoRA does not, while LoRA adds its adapters and their
         // `lora_A` outputs (when every Linear is adapted it saves the same inputs).
         prop_assume!(!matches!(j.optimizer, Optimizer::Adafactor | Optimizer::Sgd));
+        // A fourth: litgpt under bf16-mixed runs lm_head in 128-token chunks, and a frozen
+        // fp32 head is cast to bf16 anew for every chunk (autocast caches only weights that
+        // require grad), each copy saved for backward; full fine-tuning's trainable head is
+        // cast once. Measured: lit-gpt's LoRA docs rows (`tests/retention.rs`).
+        prop_assume!(!(j.stack == Stack::Litgpt && j.precision == Precision::Bf16Mixed));
         let m = model(i);
         let mut lora = j.clone();
         lora.method = Method::Lora;

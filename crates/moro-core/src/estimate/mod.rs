@@ -302,6 +302,8 @@ fn training_phases(
     let cublas = 2 * device.cublas_workspace_bytes;
     let dequant = weights::dequant_transient(model, job, regime);
     let comm = par.comm_buffers;
+    // DeepSpeed ZeRO-1/2's gradient buckets exist from `backward()` to its end only.
+    let comm_bwd = comm + par.backward_buffers;
     let unit = par.gathered_params;
 
     let base = |extra: Vec<(Component, u64)>| {
@@ -357,7 +359,7 @@ fn training_phases(
                 cublas
                     + head.backward_transient
                     + if regime.quantize_lm_head { dequant } else { 0 }
-                    + comm
+                    + comm_bwd
                     + unit,
             ),
         ]),
@@ -381,7 +383,7 @@ fn training_phases(
             (Component::LogitsLoss, head.after_backward),
             (
                 Component::Transients,
-                cublas + acts.layer_backward_transient + dequant + comm + unit,
+                cublas + acts.layer_backward_transient + dequant + comm_bwd + unit,
             ),
         ]),
     });
@@ -406,7 +408,7 @@ fn training_phases(
             (Component::Activations, first_layer + acts.checkpoint_one),
             (
                 Component::Transients,
-                cublas + acts.layer_backward_transient.max(tied_add) + dequant + comm + unit,
+                cublas + acts.layer_backward_transient.max(tied_add) + dequant + comm_bwd + unit,
             ),
         ]),
     });

@@ -29,6 +29,10 @@ pub struct Sharded {
     pub step_comm: u64,
     /// Reduce buckets (DeepSpeed) / DDP buckets alive in forward and backward.
     pub comm_buffers: u64,
+    /// Buffers that exist only during backward: DeepSpeed ZeRO-1/2's contiguous-gradient
+    /// `ipg_buffer`s, allocated at the start of every `backward()` and released after it
+    /// (`stage_1_and_2.py` `backward` / `_release_ipg_buffers`).
+    pub backward_buffers: u64,
     /// Parameters gathered from other shards (ZeRO-3 / FSDP units, current + prefetched).
     pub gathered_params: u64,
     /// Host memory for offloaded states / params, per GPU process (rank).
@@ -137,6 +141,7 @@ impl Sharded {
             step_transient,
             step_comm: 0,
             comm_buffers: 0,
+            backward_buffers: 0,
             gathered_params: 0,
             host_bytes: 0,
             paged_states,
@@ -188,15 +193,17 @@ impl Sharded {
                         s.weights = p16;
                         s.grads = g16;
                         s.states_on_gpu = if offload_opt { 0 } else { states_fp32 / n };
-                        s.comm_buffers = bucket;
+                        s.backward_buffers = bucket;
                         s.step_comm = bucket;
                     }
                     Sharding::Zero2 => {
                         s.weights = p16;
                         s.grads = g16 / n;
                         s.states_on_gpu = if offload_opt { 0 } else { states_fp32 / n };
-                        // contiguous_gradients buffer + overlap_comm's second buffer.
-                        s.comm_buffers = 2 * bucket + g16 / n;
+                        // contiguous_gradients' `ipg_buffer` + overlap_comm's second one,
+                        // during backward; the reduced gradient partition persists.
+                        s.backward_buffers = 2 * bucket;
+                        s.comm_buffers = g16 / n;
                         s.step_comm = bucket;
                     }
                     _ => {
