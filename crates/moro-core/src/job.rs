@@ -455,6 +455,12 @@ pub struct Parallel {
     /// ([`Parallel::hybrid_shard_group`]).
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub nodes: u64,
+    /// DeepSpeed's `zero_optimization.reduce_bucket_size` in elements; `None` is `"auto"`,
+    /// which the HF integration fills with `hidden_size * hidden_size`
+    /// (`integrations/deepspeed.py` `trainer_config_process`). ZeRO-1/2 allocate two such
+    /// buffers for every backward (`stage_1_and_2.py` `backward`, with `overlap_comm`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reduce_bucket: Option<u64>,
 }
 
 const fn one() -> u64 {
@@ -477,6 +483,7 @@ impl Parallel {
             sharding: Sharding::None,
             offload: Offload::None,
             nodes: 1,
+            reduce_bucket: None,
         }
     }
 
@@ -789,6 +796,14 @@ impl Job {
             if v == 0 || v > 1 << 16 {
                 return err(name, format!("must be between 1 and 65536, got {v}"));
             }
+        }
+        if let Some(b) = p.reduce_bucket
+            && (b == 0 || b > 1 << 34)
+        {
+            return err(
+                "parallel.reduce_bucket",
+                format!("must be between 1 and {} elements, got {b}", 1u64 << 34),
+            );
         }
         if !p.gpus().is_multiple_of(p.nodes) {
             return err(

@@ -820,6 +820,7 @@ impl Space {
                 sharding: c.layout.sharding,
                 offload: c.layout.offload,
                 nodes: c.layout.nodes.max(1),
+                reduce_bucket: self.parallel.reduce_bucket,
             },
             ..Job::default()
         };

@@ -392,6 +392,12 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
     } else if sharding_text.contains("zero-2") || sharding_text.contains("zero2") {
         parallel.sharding = Sharding::Zero2;
         parallel.data_parallel = gpus;
+        if fw.contains("qwen finetune.py") {
+            // Qwen's `finetune/ds_config_zero2.json` (QwenLM/Qwen, used by every ZeRO-2
+            // script of its finetune/ directory) sets `"reduce_bucket_size": 2e8` instead of
+            // "auto".
+            parallel.reduce_bucket = Some(200_000_000);
+        }
     } else if sharding_text.contains("zero-1") {
         parallel.sharding = Sharding::Zero1;
         parallel.data_parallel = gpus;

@@ -34,3 +34,43 @@ fn zero3_full_offload_matches_deepspeeds_estimator_per_rank() {
     let e = estimate(&m, &opt, &DeviceProfile::default()).unwrap();
     assert_eq!(e.host_bytes, total * 16 * 3 / 2 / 8);
 }
+
+/// DeepSpeed ZeRO-1/2 allocate two `reduce_bucket_size` buffers (16-bit) at the start of every
+/// backward and release them after it (`stage_1_and_2.py`). Qwen-1.8B (hidden 2,048): the
+/// HF "auto" bucket is 2,048² elements; Qwen's own config says 2e8. The backward phases
+/// differ by 2 × (2e8 − 2,048²) × 2 bytes; the forward does not see them.
+#[test]
+fn zero2_gradient_buckets_live_in_backward() {
+    use moro_core::estimate::{Component, Phase};
+    let m = catalog::load(catalog::find("Qwen/Qwen-1_8B").expect("catalog")).unwrap();
+    assert_eq!(m.hidden_size, 2048);
+    let phase_bytes = |bucket: Option<u64>, phase: Phase| {
+        let mut job = Job {
+            method: Method::Lora,
+            parallel: Parallel {
+                sharding: Sharding::Zero2,
+                reduce_bucket: bucket,
+                ..Parallel::single()
+            },
+            ..Job::default()
+        };
+        job.lora.targets = moro_core::targets::resolve(&m, &job.lora.targets);
+        let e = estimate(&m, &job, &DeviceProfile::default()).unwrap();
+        let p = e.phases.iter().find(|p| p.phase == phase).unwrap();
+        p.components
+            .iter()
+            .filter(|c| c.0 == Component::Transients)
+            .map(|c| c.1)
+            .sum::<u64>()
+    };
+    let auto = 2048 * 2048;
+    assert_eq!(
+        phase_bytes(Some(200_000_000), Phase::LossBackward)
+            - phase_bytes(None, Phase::LossBackward),
+        2 * (200_000_000 - auto) * 2
+    );
+    assert_eq!(
+        phase_bytes(Some(200_000_000), Phase::ForwardEnd),
+        phase_bytes(None, Phase::ForwardEnd)
+    );
+}

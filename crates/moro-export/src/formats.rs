@@ -179,7 +179,12 @@ const fn script_launcher(p: &Plan<'_>) -> Launcher {
 
 /// DeepSpeed config for the HF integration: sizes and precision flags the Trainer fills from
 /// its own arguments are `"auto"`, so the two never disagree.
-fn deepspeed_value(stage: u8, offload_optimizer: bool, offload_params: bool) -> Value {
+fn deepspeed_value(
+    stage: u8,
+    offload_optimizer: bool,
+    offload_params: bool,
+    reduce_bucket: Option<u64>,
+) -> Value {
     let mut z = Map::new();
     z.set("stage", u64::from(stage));
     if offload_optimizer {
@@ -196,7 +201,10 @@ fn deepspeed_value(stage: u8, offload_optimizer: bool, offload_params: bool) -> 
     }
     z.set("overlap_comm", true);
     z.set("contiguous_gradients", true);
-    z.set("reduce_bucket_size", "auto");
+    match reduce_bucket {
+        Some(b) => z.set("reduce_bucket_size", b),
+        None => z.set("reduce_bucket_size", "auto"),
+    }
     if stage == 3 {
         z.set("stage3_prefetch_bucket_size", "auto");
         z.set("stage3_param_persistence_threshold", "auto");
@@ -340,7 +348,12 @@ fn ds_file(p: &Plan<'_>) -> Option<ExportFile> {
             ..
         } => Some(file(
             DS_CONFIG_NAME,
-            to_json(&deepspeed_value(stage, offload_optimizer, offload_params)),
+            to_json(&deepspeed_value(
+                stage,
+                offload_optimizer,
+                offload_params,
+                p.reduce_bucket,
+            )),
         )),
         _ => None,
     }
@@ -404,7 +417,12 @@ pub(crate) fn deepspeed(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
              use --to accelerate for DDP or FSDP",
         ));
     };
-    let content = to_json(&deepspeed_value(stage, offload_optimizer, offload_params));
+    let content = to_json(&deepspeed_value(
+        stage,
+        offload_optimizer,
+        offload_params,
+        p.reduce_bucket,
+    ));
     Ok(Out {
         files: vec![file(main, content)],
         warnings: node_warning(p, Launcher::DeepSpeedHostfile)

@@ -88,6 +88,8 @@ pub(crate) struct Plan<'a> {
     pub(crate) t: &'a TrainingSection,
     pub(crate) loss: LossImpl,
     pub(crate) dist: Dist,
+    /// `parallel.reduce_bucket_size` (DeepSpeed); `None`: "auto".
+    pub(crate) reduce_bucket: Option<u64>,
     /// Nodes the GPUs span (`parallel.nodes`; 1 for one GPU). Divides [`Dist::gpus`].
     pub(crate) nodes: u64,
     pub(crate) output_dir: String,
@@ -191,6 +193,12 @@ impl<'a> Plan<'a> {
             ));
         }
 
+        if p.reduce_bucket_size.is_some() && !matches!(dist, Dist::Zero { .. }) {
+            warnings.push(format!(
+                "parallel.reduce_bucket_size is a DeepSpeed setting; strategy {} does not use it",
+                p.strategy
+            ));
+        }
         if t.optimizer_in_backward {
             warnings.push(
                 "training.optimizer_in_backward: this trainer has no optimizer step in backward \
@@ -259,6 +267,7 @@ impl<'a> Plan<'a> {
             t,
             loss: job.loss_impl(),
             dist,
+            reduce_bucket: p.reduce_bucket_size,
             nodes,
             output_dir,
             warnings,

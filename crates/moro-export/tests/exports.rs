@@ -805,3 +805,26 @@ fn snapshots() {
         failures.join("\n")
     );
 }
+
+/// A recipe's DeepSpeed bucket reaches ds_config.json; without one it stays "auto"; a
+/// non-DeepSpeed strategy warns that it does not use it.
+#[test]
+fn reduce_bucket_size_is_exported() {
+    let with = "model:\n  base: Qwen/Qwen2.5-0.5B\n  method: full\nparallel:\n  gpus: 2\n  strategy: zero2\n  reduce_bucket_size: 200000000\n";
+    let recipe = moro_recipe::parse(with).unwrap();
+    let m = model(&recipe.model.base);
+    let e = export(Format::Deepspeed, &recipe, Some(&m), &Options::default()).unwrap();
+    let ds: serde_json::Value = serde_json::from_str(file_of(&e, "ds_config.json")).unwrap();
+    assert_eq!(ds["zero_optimization"]["reduce_bucket_size"], 200_000_000);
+    let auto = moro_recipe::parse(&with.replace("  reduce_bucket_size: 200000000\n", "")).unwrap();
+    let e = export(Format::Deepspeed, &auto, Some(&m), &Options::default()).unwrap();
+    let ds: serde_json::Value = serde_json::from_str(file_of(&e, "ds_config.json")).unwrap();
+    assert_eq!(ds["zero_optimization"]["reduce_bucket_size"], "auto");
+    let ddp = moro_recipe::parse(&with.replace("zero2", "none")).unwrap();
+    let e = export(Format::Trl, &ddp, Some(&m), &Options::default()).unwrap();
+    assert!(
+        e.warnings.iter().any(|w| w.contains("reduce_bucket_size")),
+        "{:?}",
+        e.warnings
+    );
+}

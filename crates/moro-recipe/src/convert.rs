@@ -94,6 +94,7 @@ impl Recipe {
             pipeline_parallel: p.pipeline,
             offload: p.offload.into(),
             nodes: p.nodes,
+            reduce_bucket_size: p.reduce_bucket,
         });
         Self {
             name: Some(name.into()),
@@ -141,6 +142,7 @@ impl Recipe {
                 sharding: p.strategy.into(),
                 offload: p.offload.into(),
                 nodes: p.nodes,
+                reduce_bucket: p.reduce_bucket_size,
             },
         };
         Ok(Job {
@@ -203,6 +205,7 @@ pub fn job_field_path(field: &str) -> String {
         "lora_rank" | "lora_alpha" | "lora_dropout" | "target_modules" | "quantization"
         | "method" | "dora" | "base" => format!("model.{field}"),
         "parallel.data_parallel" => "parallel.gpus".to_owned(),
+        "parallel.reduce_bucket" => "parallel.reduce_bucket_size".to_owned(),
         "parallel.pipeline" => "parallel.pipeline_parallel".to_owned(),
         other => other.to_owned(),
     }

@@ -439,6 +439,12 @@ pub struct ParallelSection {
     /// CPU offload. Default: `none`.
     #[serde(default = "defaults::offload")]
     pub offload: Offload,
+    /// DeepSpeed `zero_optimization.reduce_bucket_size` in elements (ZeRO strategies); absent:
+    /// `"auto"` (hidden_size², as the HF integration fills it). ZeRO-1/2 hold two such
+    /// 16-bit buffers during every backward.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
+    pub reduce_bucket_size: Option<u64>,
 }
 
 impl Default for ParallelSection {
@@ -450,6 +456,7 @@ impl Default for ParallelSection {
             pipeline_parallel: 1,
             offload: defaults::offload(),
             nodes: 1,
+            reduce_bucket_size: None,
         }
     }
 }

@@ -184,6 +184,9 @@ impl Recipe {
                 "",
             )?;
             range("parallel.nodes", p.nodes, MAX_GPUS, "")?;
+            if let Some(b) = p.reduce_bucket_size {
+                range("parallel.reduce_bucket_size", b, 1 << 34, " elements")?;
+            }
             if p.gpus % p.nodes != 0 {
                 return Err(RecipeError::value(
                     "parallel.nodes",

@@ -156,7 +156,7 @@ impl Sharded {
         }
         // DeepSpeed's "auto" reduce bucket as the HF integration fills it: h·h elements
         // (`integrations/deepspeed.py`), 16-bit.
-        let bucket = h * h * 2;
+        let bucket = p.reduce_bucket.unwrap_or(h * h) * 2;
         match sharding {
             Sharding::None => {
                 // DDP keeps gradient buckets; with `gradient_as_bucket_view=False` (default)

@@ -58,6 +58,7 @@ fn every_field_maps() {
             sharding: Sharding::FsdpFullShard,
             offload: Offload::OptimizerAndParams,
             nodes: 2,
+            reduce_bucket: None,
         }
     );
     assert_eq!(
@@ -105,6 +106,7 @@ fn jobs() -> Vec<Job> {
             sharding: Sharding::Zero3,
             offload: Offload::OptimizerAndParams,
             nodes: 3,
+            reduce_bucket: Some(500_000_000),
         },
         kv_dtype: KvDtype::F8,
         versions: Versions {

@@ -340,3 +340,25 @@ fn parallel_nodes_default_divide_and_are_checked() {
     let e = err("model:\n  base: a\nparallel:\n  gpus: 16\n  nodes: 2\n  hosts: 2\n");
     assert_eq!(e.line, Some(6));
 }
+
+#[test]
+fn parallel_reduce_bucket_size_reaches_the_job_and_is_checked() {
+    let r = ok(
+        "model:\n  base: a\nparallel:\n  gpus: 2\n  strategy: zero2\n  reduce_bucket_size: 200000000\n",
+    );
+    let job = r.to_job().unwrap();
+    assert_eq!(job.parallel.reduce_bucket, Some(200_000_000));
+    // Absent: "auto".
+    let r = ok("model:\n  base: a\nparallel:\n  gpus: 2\n  strategy: zero2\n");
+    assert_eq!(r.to_job().unwrap().parallel.reduce_bucket, None);
+    // Zero: the field and its line.
+    let e = err(
+        "model:\n  base: a\nparallel:\n  gpus: 2\n  strategy: zero2\n  reduce_bucket_size: 0\n",
+    );
+    assert_eq!(
+        e.field.as_deref(),
+        Some("parallel.reduce_bucket_size"),
+        "{e}"
+    );
+    assert_eq!(e.line, Some(6));
+}
