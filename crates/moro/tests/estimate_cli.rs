@@ -213,3 +213,36 @@ fn validate_json_shape() {
 fn validate_missing_file_is_exit_2() {
     bad(&["validate", "/nonexistent/rows.jsonl"], "rows.jsonl");
 }
+
+/// `--explain ID` shows the job a row was read as, and predicts exactly what the full report
+/// does for that row; an unknown id is a one-line error, exit 2.
+#[test]
+fn validate_explain_matches_the_report() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../validation/measured.jsonl"
+    );
+    let id = "litgpt-config-hub-027";
+    let x = json(&["validate", path, "--explain", id, "--json"]);
+    assert_eq!(x["row"]["job"]["stack"], "litgpt");
+    assert_eq!(
+        x["row"]["job"]["versions"]["bitsandbytes"],
+        serde_json::json!([0, 42, 0])
+    );
+    let report = json(&["validate", path, "--json"]);
+    let row = report["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == id)
+        .expect("row");
+    assert_eq!(x["predicted_bytes"], row["predicted_bytes"]);
+    assert_eq!(x["error"], row["error"]);
+    let text = run(&["validate", path, "--explain", id]);
+    assert_eq!(text.code, 0, "{}", text.stderr);
+    assert!(text.stdout.contains("measured") && text.stdout.contains("activations"));
+    bad(
+        &["validate", path, "--explain", "no-such-row"],
+        "no-such-row",
+    );
+}
