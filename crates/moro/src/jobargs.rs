@@ -219,6 +219,10 @@ pub(crate) struct JobArgs {
     /// [default: 1].
     #[arg(long, value_parser = parse_count, help_heading = "Parallel")]
     pub(crate) nodes: Option<u64>,
+    /// DeepSpeed `reduce_bucket_size` in elements, for a config of your own (ZeRO-1/2 hold
+    /// two such buffers during backward) [default: "auto", hidden_size²].
+    #[arg(long, value_parser = parse_count, help_heading = "Parallel")]
+    pub(crate) reduce_bucket_size: Option<u64>,
 }
 
 impl JobArgs {
@@ -337,6 +341,9 @@ impl JobArgs {
         }
         if let Some(n) = self.nodes {
             job.parallel.nodes = n;
+        }
+        if let Some(b) = self.reduce_bucket_size {
+            job.parallel.reduce_bucket = Some(b);
         }
         if job.precision == Precision::Fp32 {
             job.kv_dtype = KvDtype::F32;

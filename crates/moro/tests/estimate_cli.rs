@@ -246,3 +246,38 @@ fn validate_explain_matches_the_report() {
         "no-such-row",
     );
 }
+
+/// `--reduce-bucket-size` is DeepSpeed's bucket: ZeRO-2 holds two 16-bit buffers of it during
+/// backward, so 2e8 instead of "auto" (Qwen-1.8B: 2,048²) adds 2 × (2e8 − 2,048²) × 2 bytes.
+#[test]
+fn reduce_bucket_size_flag_sizes_deepspeed_buckets() {
+    let peak = |extra: &[&str]| {
+        let mut args = vec![
+            "estimate",
+            "--model",
+            "Qwen/Qwen-1_8B",
+            "--method",
+            "lora",
+            "--gpus",
+            "1",
+            "--strategy",
+            "zero2",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        json(&args)["peak_allocated_bytes"].as_u64().unwrap()
+    };
+    let auto = peak(&[]);
+    let qwen = peak(&["--reduce-bucket-size", "200000000"]);
+    assert_eq!(qwen - auto, 2 * (200_000_000 - 2048 * 2048) * 2);
+    bad(
+        &[
+            "estimate",
+            "--model",
+            "Qwen/Qwen-1_8B",
+            "--reduce-bucket-size",
+            "0",
+        ],
+        "--reduce-bucket-size",
+    );
+}
