@@ -1,4 +1,4 @@
-//! `moro run` end to end, with a trainer stand-in (tests/fixtures/fake_trainer.py, python3).
+//! `moro run` end to end, with a trainer stand-in (crates/moro/tests/fixtures/fake_trainer.py, python3).
 //!
 //! The recipe stand-in is the job as JSON; the estimator mirrors the stand-in's memory model.
 
@@ -59,8 +59,9 @@ fn job(mb: u64) -> Job {
     }
 }
 
+/// The trainer stand-in the `moro` CLI tests use too (it reads the job as JSON here).
 fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake_trainer.py")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../moro/tests/fixtures/fake_trainer.py")
 }
 
 struct Case {
