@@ -8,7 +8,7 @@ mod support;
 use std::path::Path;
 use std::process::Command;
 
-use moro_core::formats::gguf::{GgmlType, GgufWriter};
+use moro_core::formats::gguf::tiny_llama;
 use moro_core::formats::safetensors::{self, encode_header};
 use support::{Route, Server, hub_headers};
 
@@ -517,41 +517,6 @@ fn missing_repos_and_timeouts_are_one_line_errors() {
     assert!(o.stderr.contains("--offline"), "{}", o.stderr);
 }
 
-/// The 2-layer llama GGUF of `moro_core::formats::gguf`'s tests, computed by hand there.
-fn tiny_gguf() -> Vec<u8> {
-    let tokens: Vec<String> = (0..100).map(|i| format!("t{i}")).collect();
-    let tokens: Vec<&str> = tokens.iter().map(String::as_str).collect();
-    let mut w = GgufWriter::new()
-        .string("general.architecture", "llama")
-        .u32("general.alignment", 32)
-        .u32("llama.block_count", 2)
-        .u32("llama.context_length", 1024)
-        .u32("llama.embedding_length", 64)
-        .u32("llama.feed_forward_length", 128)
-        .u32("llama.attention.head_count", 4)
-        .u32("llama.attention.head_count_kv", 2)
-        .u32("llama.rope.dimension_count", 16)
-        .f32("llama.rope.freq_base", 10000.0)
-        .string_array("tokenizer.ggml.tokens", &tokens)
-        .tensor("token_embd.weight", GgmlType::Q8_0, &[64, 100]);
-    for il in 0..2 {
-        let n = |s: &str| format!("blk.{il}.{s}");
-        w = w
-            .tensor(&n("attn_norm.weight"), GgmlType::F32, &[64])
-            .tensor(&n("attn_q.weight"), GgmlType::Q4_0, &[64, 64])
-            .tensor(&n("attn_k.weight"), GgmlType::Q4_0, &[64, 32])
-            .tensor(&n("attn_v.weight"), GgmlType::Q8_0, &[64, 32])
-            .tensor(&n("attn_output.weight"), GgmlType::Q4_0, &[64, 64])
-            .tensor(&n("ffn_norm.weight"), GgmlType::F32, &[64])
-            .tensor(&n("ffn_gate.weight"), GgmlType::Q4_0, &[64, 128])
-            .tensor(&n("ffn_up.weight"), GgmlType::Q4_0, &[64, 128])
-            .tensor(&n("ffn_down.weight"), GgmlType::Q8_0, &[128, 64]);
-    }
-    w.tensor("output_norm.weight", GgmlType::F32, &[64])
-        .tensor("output.weight", GgmlType::F16, &[64, 100])
-        .build(true)
-}
-
 // By hand (see moro-core's `estimate_matches_hand_computation`): token_embd 6800 B; a layer
 // 26368 B; output_norm + output 256 + 12800 B. ctx 1000 → 1024 cells (flash attention pads
 // to 256), K and V f16 rows of 16·2 elements: 128 B per cell per layer. Compute buffer:
@@ -566,7 +531,7 @@ const COMPUTE: u64 = 786_432 + 393_216;
 fn gguf_estimate_matches_the_hand_computation() {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("tiny-Q4_0.gguf");
-    std::fs::write(&file, tiny_gguf()).expect("write");
+    std::fs::write(&file, tiny_llama(false)).expect("write");
     let f = file.to_str().expect("utf8");
     let run = |args: &[&str]| moro("http://127.0.0.1:9", dir.path(), &[], args);
 
@@ -647,7 +612,7 @@ fn gguf_estimate_matches_the_hand_computation() {
 #[test]
 fn gguf_header_from_the_hub() {
     let server = Server::start();
-    server.file("org/tiny-GGUF", "tiny-Q4_0.gguf", tiny_gguf());
+    server.file("org/tiny-GGUF", "tiny-Q4_0.gguf", tiny_llama(false));
     let home = tempfile::tempdir().expect("tempdir");
     let v = moro(
         &server.url(),

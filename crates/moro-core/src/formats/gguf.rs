@@ -1203,48 +1203,51 @@ impl GgufWriter {
     }
 }
 
+/// A 2-layer llama-style GGUF (hidden 64, 4 heads, 2 KV heads, vocabulary 100, Q4_0/Q8_0/F32
+/// tensors), small enough to compute by hand: the fixture of this module's tests and of the
+/// CLI's. `tied`: no `output.weight` (the head reuses `token_embd`).
+#[must_use]
+pub fn tiny_llama(tied: bool) -> Vec<u8> {
+    let tokens: Vec<String> = (0..100).map(|i| format!("t{i}")).collect();
+    let tokens: Vec<&str> = tokens.iter().map(String::as_str).collect();
+    let mut w = GgufWriter::new()
+        .string("general.architecture", "llama")
+        .u32("general.alignment", 32)
+        .u32("llama.block_count", 2)
+        .u32("llama.context_length", 1024)
+        .u32("llama.embedding_length", 64)
+        .u32("llama.feed_forward_length", 128)
+        .u32("llama.attention.head_count", 4)
+        .u32("llama.attention.head_count_kv", 2)
+        .u32("llama.rope.dimension_count", 16)
+        .f32("llama.rope.freq_base", 10000.0)
+        .string_array("tokenizer.ggml.tokens", &tokens)
+        .tensor("token_embd.weight", GgmlType::Q8_0, &[64, 100]);
+    for il in 0..2 {
+        let n = |s: &str| format!("blk.{il}.{s}");
+        w = w
+            .tensor(&n("attn_norm.weight"), GgmlType::F32, &[64])
+            .tensor(&n("attn_q.weight"), GgmlType::Q4_0, &[64, 64])
+            .tensor(&n("attn_k.weight"), GgmlType::Q4_0, &[64, 32])
+            .tensor(&n("attn_v.weight"), GgmlType::Q8_0, &[64, 32])
+            .tensor(&n("attn_output.weight"), GgmlType::Q4_0, &[64, 64])
+            .tensor(&n("ffn_norm.weight"), GgmlType::F32, &[64])
+            .tensor(&n("ffn_gate.weight"), GgmlType::Q4_0, &[64, 128])
+            .tensor(&n("ffn_up.weight"), GgmlType::Q4_0, &[64, 128])
+            .tensor(&n("ffn_down.weight"), GgmlType::Q8_0, &[128, 64]);
+    }
+    w = w.tensor("output_norm.weight", GgmlType::F32, &[64]);
+    if !tied {
+        w = w.tensor("output.weight", GgmlType::F16, &[64, 100]);
+    }
+    w.build(true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// A 2-layer llama-style model, small enough to compute by hand.
-    fn tiny(tied: bool) -> Vec<u8> {
-        let tokens: Vec<String> = (0..100).map(|i| format!("t{i}")).collect();
-        let tokens: Vec<&str> = tokens.iter().map(String::as_str).collect();
-        let mut w = GgufWriter::new()
-            .string("general.architecture", "llama")
-            .u32("general.alignment", 32)
-            .u32("llama.block_count", 2)
-            .u32("llama.context_length", 1024)
-            .u32("llama.embedding_length", 64)
-            .u32("llama.feed_forward_length", 128)
-            .u32("llama.attention.head_count", 4)
-            .u32("llama.attention.head_count_kv", 2)
-            .u32("llama.rope.dimension_count", 16)
-            .f32("llama.rope.freq_base", 10000.0)
-            .string_array("tokenizer.ggml.tokens", &tokens)
-            .tensor("token_embd.weight", GgmlType::Q8_0, &[64, 100]);
-        for il in 0..2 {
-            let n = |s: &str| format!("blk.{il}.{s}");
-            w = w
-                .tensor(&n("attn_norm.weight"), GgmlType::F32, &[64])
-                .tensor(&n("attn_q.weight"), GgmlType::Q4_0, &[64, 64])
-                .tensor(&n("attn_k.weight"), GgmlType::Q4_0, &[64, 32])
-                .tensor(&n("attn_v.weight"), GgmlType::Q8_0, &[64, 32])
-                .tensor(&n("attn_output.weight"), GgmlType::Q4_0, &[64, 64])
-                .tensor(&n("ffn_norm.weight"), GgmlType::F32, &[64])
-                .tensor(&n("ffn_gate.weight"), GgmlType::Q4_0, &[64, 128])
-                .tensor(&n("ffn_up.weight"), GgmlType::Q4_0, &[64, 128])
-                .tensor(&n("ffn_down.weight"), GgmlType::Q8_0, &[128, 64]);
-        }
-        w = w.tensor("output_norm.weight", GgmlType::F32, &[64]);
-        if !tied {
-            w = w.tensor("output.weight", GgmlType::F16, &[64, 100]);
-        }
-        w.build(true)
-    }
-
-    // Hand computation for `tiny`:
+    // Hand computation for `tiny_llama`:
     // token_embd q8_0 [64,100]: 64/32·34 = 68 B/row · 100 = 6800
     // per layer: norms 2·256 = 512; q 64/32·18 = 36 B/row · 64 = 2304; k 36·32 = 1152;
     //   v 68·32 = 2176; o 2304; gate 36·128 = 4608; up 4608; down 128/32·34 = 136 · 64 = 8704
@@ -1256,7 +1259,7 @@ mod tests {
 
     #[test]
     fn reads_the_header() {
-        let bytes = tiny(false);
+        let bytes = tiny_llama(false);
         let h = parse_header(&bytes).unwrap();
         assert_eq!(h.version, 3);
         assert_eq!(h.tensors.len(), 1 + 2 * 9 + 2);
@@ -1286,7 +1289,7 @@ mod tests {
 
     #[test]
     fn estimate_matches_hand_computation() {
-        let h = parse_header(&tiny(false)).unwrap();
+        let h = parse_header(&tiny_llama(false)).unwrap();
         // ctx 1000 → padded to 1024 (flash attention: 256). n_embd_k_gqa = 16·2 = 32.
         // f16: K row 64 B + V row 64 B = 128 B per cell per layer.
         let p = GgufInferenceParams {
@@ -1362,7 +1365,7 @@ mod tests {
 
     #[test]
     fn tied_output_is_loaded_twice() {
-        let h = parse_header(&tiny(true)).unwrap();
+        let h = parse_header(&tiny_llama(true)).unwrap();
         let e = gguf_inference_estimate(&h, &GgufInferenceParams::default()).unwrap();
         assert_eq!(e.gpu_weights_bytes, 2 * LAYER + 256 + EMBD);
         assert_eq!(e.host_weights_bytes, EMBD);
@@ -1520,7 +1523,7 @@ mod tests {
             .build(false);
         assert!(parse_header(&huge).is_err());
         // Every strict prefix of a valid file is a clean Truncated error.
-        let full = tiny(false);
+        let full = tiny_llama(false);
         let h = parse_header(&full).unwrap();
         let header_len = usize::try_from(h.data_offset).unwrap();
         for cut in (0..header_len.min(3000)).step_by(7) {
