@@ -1159,19 +1159,31 @@ pub(crate) fn trl(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
     if p.is_peft() {
         trainer_kw.push(("peft_config", code("peft_config")));
     }
+    Ok(sft_script_out(p, main, s, &trainer_kw, w, launch))
+}
+
+/// Ends a TRL / Unsloth script with the `SFTTrainer` call, training and saving, and returns
+/// it with the launcher companions (DeepSpeed or accelerate config).
+fn sft_script_out(
+    p: &Plan<'_>,
+    main: &str,
+    mut s: String,
+    trainer_kw: &[(&str, Py)],
+    mut w: Vec<String>,
+    launch: String,
+) -> Out {
     s.push_str(&format!(
         "trainer = {}\n",
-        call("SFTTrainer", &[], &trainer_kw, 0)
+        call("SFTTrainer", &[], trainer_kw, 0)
     ));
     s.push_str("trainer.train()\ntrainer.save_model()\n");
-
     let mut files = vec![file(main, s)];
     files.extend(script_companions(p, &mut w));
-    Ok(Out {
+    Out {
         files,
         warnings: w,
         launch,
-    })
+    }
 }
 
 fn bnb_kwargs(p: &Plan<'_>) -> Option<Vec<(&'static str, Py)>> {
@@ -1339,19 +1351,7 @@ pub(crate) fn unsloth(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
         ("args", code("training_args")),
         ("train_dataset", code("dataset")),
     ];
-    s.push_str(&format!(
-        "trainer = {}\n",
-        call("SFTTrainer", &[], &trainer_kw, 0)
-    ));
-    s.push_str("trainer.train()\ntrainer.save_model()\n");
-
-    let mut files = vec![file(main, s)];
-    files.extend(script_companions(p, &mut w));
-    Ok(Out {
-        files,
-        warnings: w,
-        launch,
-    })
+    Ok(sft_script_out(p, main, s, &trainer_kw, w, launch))
 }
 
 const fn loss_name(l: LossImpl) -> &'static str {
