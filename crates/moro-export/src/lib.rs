@@ -29,6 +29,7 @@ use moro_core::model::ModelSpec;
 use moro_recipe::{Recipe, RecipeError};
 use serde::Serialize;
 
+pub use plan::default_output_dir;
 pub use value::{Map, Value};
 
 /// An export format.

@@ -239,24 +239,10 @@ impl<'a> Plan<'a> {
             .name
             .clone()
             .unwrap_or_else(|| recipe.model.base.clone());
-        let output_dir = t.output_dir.clone().unwrap_or_else(|| {
-            let slug: String = recipe
-                .model
-                .base
-                .rsplit('/')
-                .next()
-                .unwrap_or("model")
-                .chars()
-                .map(|c| {
-                    if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
-                        c
-                    } else {
-                        '-'
-                    }
-                })
-                .collect();
-            format!("outputs/{slug}-{}", method.as_str())
-        });
+        let output_dir = t
+            .output_dir
+            .clone()
+            .unwrap_or_else(|| default_output_dir(recipe));
         Ok(Self {
             model,
             name,
@@ -441,4 +427,29 @@ impl<'a> Plan<'a> {
             _ => return None,
         })
     }
+}
+
+/// The output directory an export writes when the recipe names none:
+/// `outputs/<model name>-<method>`, the name reduced to characters safe in a path.
+#[must_use]
+pub fn default_output_dir(recipe: &Recipe) -> String {
+    let slug: String = recipe
+        .model
+        .base
+        .rsplit('/')
+        .next()
+        .unwrap_or("model")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    format!(
+        "outputs/{slug}-{}",
+        recipe.model.effective_method().as_str()
+    )
 }

@@ -106,7 +106,7 @@ pub(crate) fn run(args: &RunArgs) -> Result<ExitCode> {
         .map(|d| d.to_string_lossy().into_owned())
         .or_else(|| prepared.recipe.training.output_dir.clone())
         .filter(|d| !d.is_empty())
-        .or_else(|| format.map(|_| export_output_dir(&prepared.recipe, &prepared.job)));
+        .or_else(|| format.map(|_| moro_export::default_output_dir(&prepared.recipe)));
     let max_heals = args
         .max_heals
         .unwrap_or(if prepared.recipe.training.auto_heal {
@@ -226,27 +226,6 @@ fn render_export(
             .map_err(|e| format!("cannot write `{}`: {e}", path.display()))?;
     }
     Ok(main.content.into_bytes())
-}
-
-/// The output directory moro-export writes into a config when the recipe names none
-/// (`outputs/<model name>-<method>`).
-fn export_output_dir(recipe: &Recipe, job: &Job) -> String {
-    let slug: String = recipe
-        .model
-        .base
-        .rsplit('/')
-        .next()
-        .unwrap_or("model")
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    format!("outputs/{slug}-{}", job.method.as_str())
 }
 
 /// Reads the recipe, resolves the model and the budget, and checks the job against the model.
