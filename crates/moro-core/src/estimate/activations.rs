@@ -118,6 +118,16 @@ fn parallel_residual(m: &ModelSpec) -> bool {
     )
 }
 
+/// The widest input among a layer's (non-expert) Linears of group `grp`: the width of the
+/// tensor the group reads; `None` when the layer has no such Linear.
+fn group_width(g: &LayerGroup, h: u64, grp: Group) -> Option<u64> {
+    g.linears
+        .iter()
+        .filter(|l| l.role != LinearRole::Expert && group_of(l, h) == grp)
+        .map(|l| l.in_features)
+        .max()
+}
+
 /// Shape inputs of the per-layer formula.
 struct Ctx<'a> {
     m: &'a ModelSpec,
@@ -531,14 +541,7 @@ impl Ctx<'_> {
             }
         };
         let n_norms = Self::norms_per_layer(g, m);
-        let width = |grp: Group| {
-            g.linears
-                .iter()
-                .filter(|l| l.role != LinearRole::Expert && group_of(l, h) == grp)
-                .map(|l| l.in_features)
-                .max()
-                .unwrap_or(0)
-        };
+        let width = |grp: Group| group_width(g, h, grp).unwrap_or(0);
         let mut saved = 0u64;
         // bnb-held inputs, and the part of them already saved by another op.
         let mut held = 0u64;
@@ -624,13 +627,9 @@ impl Ctx<'_> {
         let shared_norm = Self::norms_per_layer(g, self.m) == 1;
         let mut bytes = 0;
         for grp in [Group::AttnIn, Group::AttnOut, Group::MlpIn, Group::MlpOut] {
-            let width = g
-                .linears
-                .iter()
-                .filter(|l| l.role != LinearRole::Expert && group_of(l, h) == grp)
-                .map(|l| l.in_features)
-                .max();
-            let Some(width) = width else { continue };
+            let Some(width) = group_width(g, h, grp) else {
+                continue;
+            };
             bytes += match grp {
                 Group::AttnIn => width * s,
                 Group::MlpIn if shared_norm => 0,
