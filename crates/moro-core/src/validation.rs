@@ -29,6 +29,18 @@ pub enum Metric {
     Device,
 }
 
+impl Metric {
+    /// The estimate's figure at this level.
+    #[must_use]
+    pub const fn of(self, est: &crate::estimate::Estimate) -> u64 {
+        match self {
+            Self::Allocated => est.peak_allocated_bytes,
+            Self::Reserved => est.peak_reserved_bytes,
+            Self::Device => est.peak_device_bytes,
+        }
+    }
+}
+
 /// A row moro can predict.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Row {
@@ -1023,18 +1035,28 @@ pub fn explain(jsonl: &str, models: &dyn ModelSource, id: &str) -> Result<Explai
         .find(|v| text(v, "id") == id)
         .ok_or_else(|| format!("no row with id `{id}`"))?;
     let row = interpret(&v)?;
-    let model = models.model_with(&row.model_id, row.model_overrides.as_ref())?;
-    let mut job = row.job.clone();
-    cap_to_learned_positions(&mut job, &model);
-    job.lora.targets = crate::targets::resolve(&model, &job.lora.targets);
-    let profile = row_profile(&row);
-    let estimate = crate::estimate::estimate(&model, &job, &profile).map_err(|e| e.to_string())?;
+    let (model, job, estimate) = estimate_row(&row, models)?;
     Ok(Explained {
         row,
         model,
         job,
         estimate,
     })
+}
+
+/// The model a row ran, the job it is estimated as (sequence capped to learned positions,
+/// LoRA targets resolved) and the estimate, with the row's device profile.
+fn estimate_row(
+    row: &Row,
+    models: &dyn ModelSource,
+) -> Result<(crate::model::ModelSpec, Job, crate::estimate::Estimate), String> {
+    let model = models.model_with(&row.model_id, row.model_overrides.as_ref())?;
+    let mut job = row.job.clone();
+    cap_to_learned_positions(&mut job, &model);
+    job.lora.targets = crate::targets::resolve(&model, &job.lora.targets);
+    let estimate =
+        crate::estimate::estimate(&model, &job, &row_profile(row)).map_err(|e| e.to_string())?;
+    Ok((model, job, estimate))
 }
 
 /// A run that completed on a model with learned absolute positions cannot have used longer
@@ -1082,21 +1104,10 @@ fn predict_row(row: &Row, models: &dyn ModelSource) -> RowResult {
         phase: None,
         reason: None,
     };
-    let spec = match models.model_with(&row.model_id, row.model_overrides.as_ref()) {
-        Ok(s) => s,
+    let (spec, job, est) = match estimate_row(row, models) {
+        Ok(x) => x,
         Err(e) => {
             out.reason = Some(e);
-            return out;
-        }
-    };
-    let mut job = row.job.clone();
-    cap_to_learned_positions(&mut job, &spec);
-    job.lora.targets = crate::targets::resolve(&spec, &job.lora.targets);
-    let profile = row_profile(row);
-    let est = match crate::estimate::estimate(&spec, &job, &profile) {
-        Ok(e) => e,
-        Err(e) => {
-            out.reason = Some(e.to_string());
             return out;
         }
     };
@@ -1111,11 +1122,7 @@ fn predict_row(row: &Row, models: &dyn ModelSource) -> RowResult {
         };
         return out;
     }
-    let predicted = match row.metric {
-        Metric::Allocated => est.peak_allocated_bytes,
-        Metric::Reserved => est.peak_reserved_bytes,
-        Metric::Device => est.peak_device_bytes,
-    };
+    let predicted = row.metric.of(&est);
     #[allow(clippy::cast_precision_loss)]
     let err = |p: u64| (p as f64 - row.measured_bytes as f64) / row.measured_bytes.max(1) as f64;
     out.predicted_bytes = Some(predicted);

@@ -129,11 +129,7 @@ pub(crate) fn run(args: &ValidateArgs) -> Result<ExitCode> {
 fn explain(text: &str, id: &str, as_json: bool) -> Result<ExitCode> {
     let x = validation::explain(text, &CatalogModels, id)
         .map_err(|e| user(format!("row `{id}`: {e}")))?;
-    let predicted = match x.row.metric {
-        validation::Metric::Allocated => x.estimate.peak_allocated_bytes,
-        validation::Metric::Reserved => x.estimate.peak_reserved_bytes,
-        validation::Metric::Device => x.estimate.peak_device_bytes,
-    };
+    let predicted = x.row.metric.of(&x.estimate);
     #[allow(clippy::cast_precision_loss)]
     let error = (!x.row.oom).then(|| {
         (predicted as f64 - x.row.measured_bytes as f64) / x.row.measured_bytes.max(1) as f64
