@@ -583,9 +583,6 @@ pub struct Space {
     pub parallel: Parallel,
     /// Objective.
     pub objective: Objective,
-    /// GPUs sharing one host (the cluster's GPUs per node; without a cluster, the fixed
-    /// layout's GPUs): a node's host RAM holds that many ranks' offloaded states.
-    pub gpus_per_node: u64,
     /// LoRA targets of the attention set, resolved onto this model.
     #[serde(skip)]
     attention_targets: Targets,
@@ -699,11 +696,6 @@ impl Space {
                 request.parallel.clone()
             },
             objective: request.objective,
-            gpus_per_node: request
-                .cluster
-                .as_ref()
-                .map_or_else(|| request.parallel.gpus_per_node(), |c| c.gpus_per_node)
-                .max(1),
             attention_targets: crate::targets::resolve(model, &Targets::Names(names)),
         })
     }
@@ -1001,6 +993,13 @@ pub struct Candidate {
 }
 
 impl Candidate {
+    /// Host RAM one node needs for the offloaded states of the ranks it runs.
+    #[must_use]
+    pub const fn host_bytes_per_node(&self) -> u64 {
+        self.estimate
+            .host_bytes_per_node(self.job.parallel.gpus_per_node())
+    }
+
     /// Whether the peak plus margin stays within the usable memory (and the offloaded
     /// states within the host RAM, when it is known).
     #[must_use]
@@ -1075,10 +1074,10 @@ pub fn evaluate(
     let headroom = i128::from(caps.usable_bytes) - i128::from(need);
     let headroom =
         i64::try_from(headroom).unwrap_or(if headroom < 0 { i64::MIN } else { i64::MAX });
-    let ranks = job.parallel.gpus().min(space.gpus_per_node);
+    // The job carries its layout's node count: a node's host RAM holds its ranks' states.
     let host_fits = caps
         .host_bytes
-        .is_none_or(|h| est.host_bytes_per_node(ranks) <= h);
+        .is_none_or(|h| est.host_bytes_per_node(job.parallel.gpus_per_node()) <= h);
     Ok(Candidate {
         config,
         job,

@@ -246,7 +246,7 @@ fn fit_preset(
         strategy: layout_of(&c.job).strategy_text(),
         configuration: describe(&c.job),
         peak_device_bytes: c.estimate.peak_device_bytes,
-        host_bytes: node_host_bytes(&c.estimate, gpus),
+        host_bytes: c.host_bytes_per_node(),
     });
     #[allow(clippy::cast_precision_loss)]
     Some(FitRow {
@@ -266,16 +266,10 @@ fn fit_preset(
         gradient_checkpointing: b.job.gradient_checkpointing,
         peak_device_bytes: b.estimate.peak_device_bytes,
         headroom_bytes: b.headroom_bytes,
-        host_bytes: node_host_bytes(&b.estimate, n),
+        host_bytes: b.host_bytes_per_node(),
         job: b.job,
         with_offload,
     })
-}
-
-/// Host RAM one node needs: the per-rank offload figure times the ranks a node runs
-/// (`gpus` spread over nodes of [`crate::commands::recipe::DEFAULT_GPUS_PER_NODE`]).
-fn node_host_bytes(est: &moro_core::estimate::Estimate, gpus: u64) -> u64 {
-    est.host_bytes_per_node(gpus.min(crate::commands::recipe::DEFAULT_GPUS_PER_NODE))
 }
 
 /// For every catalog preset, the fewest GPUs that fit, and the presets on which not even 64

@@ -530,12 +530,12 @@ fn host_text(c: &Candidate) -> String {
     if c.estimate.host_bytes == 0 {
         String::new()
     } else {
-        let ranks = c.job.parallel.gpus_per_node();
         format!(
-            "host RAM for the offloaded states: {} GiB per node ({} GiB for each of its {ranks} \
+            "host RAM for the offloaded states: {} GiB per node ({} GiB for each of its {} \
              GPU processes)\n",
-            gib(c.estimate.host_bytes_per_node(ranks)),
-            gib(c.estimate.host_bytes)
+            gib(c.host_bytes_per_node()),
+            gib(c.estimate.host_bytes),
+            c.job.parallel.gpus_per_node()
         )
     }
 }
@@ -721,9 +721,7 @@ impl CandidateJson {
             margin_bytes: c.margin_bytes,
             headroom_bytes: c.headroom_bytes,
             host_bytes: c.estimate.host_bytes,
-            host_bytes_per_node: c
-                .estimate
-                .host_bytes_per_node(c.job.parallel.gpus_per_node()),
+            host_bytes_per_node: c.host_bytes_per_node(),
         }
     }
 }
