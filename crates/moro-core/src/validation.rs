@@ -125,9 +125,15 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
     if model_id.is_empty() {
         return Err("no model_hf_id".into());
     }
-    let quant_text = v
+    let quant_all = v
         .get("quantization")
         .map(|q| q.to_string().to_ascii_lowercase())
+        .unwrap_or_default();
+    // The scheme is the object's `type` where it has one: its other fields name dtypes
+    // (`"storage": "uint8"`) that must not be read as the scheme.
+    let quant_text = v
+        .get("quantization")
+        .map(|q| q.get("type").unwrap_or(q).to_string().to_ascii_lowercase())
         .unwrap_or_default();
     let quant_text = if quant_text == "null" {
         String::new()
@@ -271,7 +277,7 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         } else {
             Precision::Bf16Mixed
         }
-    } else if prec_text.is_empty() && quant_text.contains("fp32") {
+    } else if prec_text.is_empty() && quant_all.contains("fp32") {
         // No torch_dtype with a bitsandbytes config: transformers loads the unquantized
         // modules in the default dtype, fp32, and bnb computes in fp32.
         Precision::Fp32
@@ -464,7 +470,7 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
             // quantized model with its own, which only freezes the base and never upcasts
             // to fp32 (`framework_plugin_bnb.py` `_prepare_model_for_kbit_training`: "the
             // stock one in peft will introduce extraneous casting"), as TRL ≥ 0.26 does.
-            trl: version_of(&fw, "trl").filter(|_| !quant_text.contains("accelerated-peft")),
+            trl: version_of(&fw, "trl").filter(|_| !quant_all.contains("accelerated-peft")),
             torch: torch_version(&fw),
         },
         peft,
@@ -771,6 +777,29 @@ mod tests {
         assert_eq!(cut.num_layers, 2);
         // 30 fewer layers of 218,112,000 parameters each (Llama-3.1-8B's decoder layer).
         assert_eq!(full.total_params() - cut.total_params(), 30 * 218_112_000);
+    }
+
+    /// The harness writes `"storage": "uint8"` beside `"type": "nf4"`: the scheme is read
+    /// from `type` (it was read as LLM.int8 from the whole object, +25 % on every H200 QLoRA
+    /// row), while a compute dtype elsewhere in the object still counts.
+    #[test]
+    fn quantization_scheme_comes_from_its_type() {
+        let row = |q: &str| {
+            let text = format!(
+                r#"{{"id":"x","method":"qlora","model_hf_id":"meta-llama/Llama-3.1-8B",
+                "quantization":{q},"seq_len":512,"micro_batch_size":1,"num_gpus":1,
+                "gpu":"H100 80GB","metric":"torch.cuda.max_memory_allocated",
+                "per_gpu_gib":10.0,"outcome":"ok","confidence":"high"}}"#
+            );
+            interpret(&serde_json::from_str(&text).unwrap()).unwrap()
+        };
+        let r = row(r#"{"type":"nf4","double_quant":true,"storage":"uint8"}"#);
+        assert_eq!(r.job.quantization, Quantization::Nf4Dq);
+        let r = row(r#"{"type":"bnb LLM.int8","compute_dtype":"fp16"}"#);
+        assert_eq!(r.job.quantization, Quantization::Int8);
+        let r = row(r#"{"type":"bnb 4-bit (fp4)","compute_dtype":"fp32 default"}"#);
+        assert_eq!(r.job.quantization, Quantization::Fp4);
+        assert_eq!(r.job.precision, Precision::Fp32);
     }
 
     #[test]
