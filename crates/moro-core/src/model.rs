@@ -295,6 +295,10 @@ pub struct ModelSpec {
     /// the encoder's per-layer activation model. `None` for decoders.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encoder: Option<EncoderSpec>,
+    /// `final_logit_softcapping` (Gemma 2): the logits pass through `tanh(x / cap) · cap`,
+    /// whose saved output is one more logits-sized tensor ([`crate::estimate`]'s loss).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub logit_softcapping: bool,
 }
 
 impl ModelSpec {

@@ -328,6 +328,7 @@ pub(crate) fn build(p: Plan) -> Result<ModelSpec, ArchError> {
         final_norm_params: p.final_norm,
         load_dtype: p.load_dtype,
         encoder: None,
+        logit_softcapping: false,
     };
     let total = checked_total(&spec)?;
     if total > MAX_TOTAL_PARAMS {

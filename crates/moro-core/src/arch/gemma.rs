@@ -136,7 +136,12 @@ fn text_model(
         2 * hidden
     };
 
-    common::build(Plan {
+    // Gemma2Config defaults `final_logit_softcapping` to 30.0, Gemma3TextConfig to None; a
+    // JSON null switches it off (`Gemma2ForCausalLM.forward`: `if
+    // self.config.final_logit_softcapping is not None`).
+    let softcap_default = v2 && !c.has_key("final_logit_softcapping");
+    let logit_softcapping = softcap_default || c.has("final_logit_softcapping");
+    let mut spec = common::build(Plan {
         model_type: model_type.to_owned(),
         hidden,
         intermediate,
@@ -158,5 +163,7 @@ fn text_model(
         mla: None,
         final_norm: hidden,
         load_dtype: dtype,
-    })
+    })?;
+    spec.logit_softcapping = logit_softcapping;
+    Ok(spec)
 }

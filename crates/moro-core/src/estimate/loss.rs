@@ -23,6 +23,10 @@ pub struct Loss {
     pub backward_transient: u64,
     /// Still held while the last decoder layer runs its backward.
     pub after_backward: u64,
+    /// The largest single buffer the loss allocates and frees every step (the fp32 logits,
+    /// or one chunk's): the caching allocator's reserve keeps a block of this size
+    /// ([`super::allocated_and_reserve`]).
+    pub largest_block: u64,
 }
 
 impl Loss {
@@ -39,6 +43,7 @@ impl Loss {
             backward_peak: logits * 12,
             backward_transient: 0,
             after_backward: 0,
+            largest_block: logits * 4,
         }
     }
 
@@ -53,6 +58,15 @@ impl Loss {
         let h = model.hidden_size;
         let tv = t * v;
         let s = r.stream_bytes;
+        // Gemma 2's `final_logit_softcapping` (`Gemma2ForCausalLM.forward`: `logits / cap`,
+        // `torch.tanh`, `* cap`): tanh saves its output for backward, one more tensor in the
+        // logits' dtype (bf16 under autocast) alive from the forward to the loss backward.
+        // The oracle shows it live at the peak (`tanh.default bfloat16 (1, 2048, 256000)`).
+        let softcap = if model.logit_softcapping {
+            tv * if r.autocast { 2 } else { r.compute_bytes }
+        } else {
+            0
+        };
         match r.loss {
             // transformers `ForCausalLMLoss`: `logits.float()` then `F.cross_entropy`
             // (log_softmax saves its fp32 output). Forward: bf16 logits (2) + fp32 copy (4)
@@ -70,6 +84,7 @@ impl Loss {
                 backward_peak: 16 * tv,
                 backward_transient: 0,
                 after_backward: 4 * tv,
+                largest_block: 4 * tv,
             },
             // No upcast and no autocast: logits (2) + shifted copy (2) + log-probs (2) in
             // forward; log-probs + nll grad + log_softmax grad (2 + 2 + 2) in backward. Under
@@ -77,11 +92,12 @@ impl Loss {
             LossImpl::StandardNoUpcast if !r.autocast => {
                 let e = r.compute_bytes;
                 Self {
-                    forward_peak: 3 * e * tv,
+                    forward_peak: 3 * e * tv + softcap,
                     forward_transient: 0,
-                    backward_peak: 3 * e * tv,
+                    backward_peak: 3 * e * tv + softcap,
                     backward_transient: 0,
                     after_backward: e * tv,
+                    largest_block: e * tv,
                 }
             }
             LossImpl::Standard | LossImpl::StandardLegacy | LossImpl::StandardNoUpcast => {
@@ -95,11 +111,12 @@ impl Loss {
                     fwd += 4;
                 }
                 Self {
-                    forward_peak: fwd * tv,
+                    forward_peak: fwd * tv + softcap,
                     forward_transient: 0,
-                    backward_peak: 12 * tv,
+                    backward_peak: 12 * tv + softcap,
                     backward_transient: 0,
                     after_backward: 2 * tv,
+                    largest_block: 4 * tv,
                 }
             }
             // TRL ≥ 1.7 `chunked_nll`: no logits tensor; the shifted and gathered hidden
@@ -107,7 +124,8 @@ impl Loss {
             // checkpoint with `h.float() @ w.float().t()`: ~4 fp32 chunk×V buffers plus an
             // fp32 copy of lm_head (and its bf16 autocast re-cast). [DERIVED, §3.4]
             LossImpl::ChunkedNll => {
-                let chunk = TRL_CHUNK.min(t) * v * 4 * 4;
+                let block = TRL_CHUNK.min(t) * v * 4;
+                let chunk = block * 4;
                 let w = v * h * if r.autocast { 6 } else { 4 };
                 Self {
                     forward_peak: 2 * t * h * s,
@@ -115,6 +133,7 @@ impl Loss {
                     backward_peak: 2 * t * h * s,
                     backward_transient: chunk + w + t * h * s,
                     after_backward: t * h * s,
+                    largest_block: block.max(v * h * 4),
                 }
             }
             // litgpt: the chunked lm_head returns a list of bf16 logit chunks kept alive by
@@ -132,6 +151,7 @@ impl Loss {
                     backward_peak: 4 * tv,
                     backward_transient: 10 * chunk,
                     after_backward: 2 * tv,
+                    largest_block: 4 * chunk,
                 }
             }
             // litgpt: `lm_head_chunk_size=128` returns a list of bf16 chunks, which Fabric's
@@ -149,6 +169,7 @@ impl Loss {
                     backward_peak: 8 * tv,
                     backward_transient: 10 * chunk,
                     after_backward: 4 * tv,
+                    largest_block: 4 * chunk,
                 }
             }
             // Liger fused linear cross-entropy: gradients computed in forward; grad_input
@@ -169,6 +190,7 @@ impl Loss {
                     backward_peak: t * h * 2 + grad_w,
                     backward_transient: 0,
                     after_backward: t * h * 2,
+                    largest_block: chunk / 2,
                 }
             }
         }

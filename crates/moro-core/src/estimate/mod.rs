@@ -46,12 +46,16 @@ pub struct DeviceProfile {
     /// `CUDAHooks::init`) to 0.92 GiB (every kernel loaded) on an A100. A training step loads
     /// most kernel families (cuBLAS GEMMs of many shapes, attention, norms, optimizer,
     /// NCCL), so moro takes the loaded figure: a device-level prediction should not come in
-    /// under what nvidia-smi shows. [UNVERIFIED on Hopper; `moro calibrate` measures it]
+    /// under what nvidia-smi shows. Measured on an H200 (torch 2.11, CUDA 13,
+    /// `validation/h200/machine.json`): 610 MiB bare, 758 MiB after training steps
+    /// (`moro calibrate` stores the machine's own figure).
     pub cuda_context_bytes: u64,
     /// Fraction of the churning (non-resident) allocations that the caching allocator keeps
     /// reserved on top of them at the peak (fragmentation: freed blocks of the wrong size).
-    /// memory-anatomy §7: "several percent up to ~15%" without expandable segments.
-    /// [UNVERIFIED; `moro calibrate` measures it]
+    /// memory-anatomy §7: "several percent up to ~15%" without expandable segments. On an
+    /// H200 the runs whose reserve this ratio sets (no checkpointing: long churn) measured
+    /// 0.04–0.09, median 0.051; the others are set by the largest freed block
+    /// ([`allocated_and_reserve`]). `moro calibrate` measures it per machine.
     pub reserve_ratio: f64,
     /// NCCL / torch.distributed buffers per GPU when more than one GPU takes part
     /// (ml-engineering: "~1-2GiB … the more GPUs the higher"). [UNVERIFIED]
@@ -218,6 +222,11 @@ pub struct Estimate {
     pub trainable_params: u64,
     /// How the stack was resolved (dtypes, loss, adapter dtype), for display.
     pub regime: Regime,
+    /// The largest single buffer a step allocates and frees again (the loss's fp32 logits,
+    /// the largest gradient that `zero_grad(set_to_none=True)` frees): the allocator's
+    /// reserve keeps a block of this size ([`allocated_and_reserve`]).
+    #[serde(default)]
+    pub largest_freed_block: u64,
 }
 
 impl Estimate {
@@ -432,9 +441,21 @@ fn training_phases(
 /// Resident allocations (weights, adapters, states, gradients, KV cache) are made once and sit
 /// in their own segments, rounded to 2 MiB (`kRoundLarge`, CUDACachingAllocator.cpp); the
 /// churning rest (activations, loss buffers, transients) fragments the cache by
-/// `reserve_ratio` of its size.
+/// `reserve_ratio` of its size, and never by less than `largest_freed_block`: PyTorch's
+/// caching allocator serves a request from the smallest cached block that fits
+/// (`get_free_block`: `pool.blocks.lower_bound`) and splits it (`should_split`: a large-pool
+/// remainder over 1 MiB), and never merges blocks of different `cudaMalloc` segments. The
+/// freed block of the step's largest buffer is the one the next step's smaller requests
+/// split once nothing smaller fits, so that buffer's next request finds no whole block and
+/// `cudaMalloc`s a new segment of its size. Measured on an H200 (`validation/h200/`):
+/// reserved − allocated was 1.1–1.5 × the fp32 logits block in every checkpointed LoRA and
+/// QLoRA run (0.25 to 3.9 GiB blocks), where `reserve_ratio` alone gave a quarter of it.
 #[must_use]
-pub fn allocated_and_reserve(peak: &PhaseBytes, device: &DeviceProfile) -> (u64, u64) {
+pub fn allocated_and_reserve(
+    peak: &PhaseBytes,
+    device: &DeviceProfile,
+    largest_freed_block: u64,
+) -> (u64, u64) {
     let offset = device.offset_bytes;
     let raw = peak.total();
     let allocated = if offset >= 0 {
@@ -463,7 +484,7 @@ pub fn allocated_and_reserve(peak: &PhaseBytes, device: &DeviceProfile) -> (u64,
         clippy::cast_sign_loss,
         clippy::cast_precision_loss
     )]
-    let frag = (churn as f64 * device.reserve_ratio.max(0.0)) as u64;
+    let frag = ((churn as f64 * device.reserve_ratio.max(0.0)) as u64).max(largest_freed_block);
     let reserve = round_up(allocated.saturating_add(frag), 2 * MIB) - allocated;
     (allocated, reserve)
 }
@@ -485,7 +506,12 @@ fn finish(
             phase: Phase::Load,
             components: vec![],
         });
-    let (allocated, reserve) = allocated_and_reserve(&peak, device);
+    let largest_freed_block = if job.method == Method::Inference {
+        0
+    } else {
+        largest_freed_block(model, job, regime, par)
+    };
+    let (allocated, reserve) = allocated_and_reserve(&peak, device, largest_freed_block);
     let reserved = allocated + reserve;
     let mut outside = par.paged_states;
     // torch.distributed's NCCL communicators and buffers: with several GPUs, and with
@@ -517,5 +543,29 @@ fn finish(
         total_params: model.total_params(),
         trainable_params: regime.trainable_params,
         regime: regime.clone(),
+        largest_freed_block,
     }
+}
+
+/// The largest buffer a training step allocates and frees: the loss's (see
+/// [`loss::Loss::largest_block`]) or, in a full fine-tune without sharded gradients, the
+/// largest parameter's gradient (the embedding or lm_head, `V·h`), which
+/// `zero_grad(set_to_none=True)` frees after every optimizer step.
+fn largest_freed_block(
+    model: &ModelSpec,
+    job: &Job,
+    regime: &Regime,
+    par: &parallel::Sharded,
+) -> u64 {
+    let head = loss::Loss::new(model, job, regime, par.tp).largest_block;
+    let grad = if job.method == Method::Full
+        && job.parallel.sharding == crate::job::Sharding::None
+        && !job.optimizer_in_backward
+    {
+        let widest = model.vocab_size.max(model.intermediate_size);
+        widest * model.hidden_size / par.tp.max(1) * regime.param_bytes
+    } else {
+        0
+    };
+    head.max(grad)
 }

@@ -627,7 +627,9 @@ const OFFSET_NOISE: i64 = 64 * MIB as i64;
 ///   the bare context measured once;
 /// - `reserve_ratio`: median over the jobs of (reserved − allocated) / churn, where churn is
 ///   the measured allocated bytes minus moro's resident part (weights, adapters, optimizer
-///   states, gradients, KV cache): the estimator's own definition;
+///   states, gradients, KV cache): the estimator's own definition. Only jobs where the
+///   ratio, not the largest freed block, sets the reserve count (long churn, such as runs
+///   without checkpointing);
 /// - `offset_bytes`: median of measured − predicted allocated bytes, only when at least three
 ///   jobs agree (80 % on one side, spread under half the median) and it is above 64 MiB;
 /// - `cublas_workspace_bytes`: measured once when plausible (1–256 MiB).
@@ -742,7 +744,15 @@ pub(crate) fn fit(rows_text: &str, machine: Option<&Value>) -> Result<Profile, S
             .map(|(_, b)| *b)
             .sum();
         let churn = alloc.saturating_sub(resident);
-        if churn >= 256 * MIB && reserved >= alloc {
+        // Only jobs whose reserve the ratio sets: where the largest freed block is the floor
+        // (`allocated_and_reserve`), the gap measures that block, not the ratio.
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss
+        )]
+        let ratio_binds = (churn as f64 * base.reserve_ratio) as u64 >= est.largest_freed_block;
+        if churn >= 256 * MIB && reserved >= alloc && ratio_binds {
             #[allow(clippy::cast_precision_loss)]
             ratios.push((reserved - alloc) as f64 / churn as f64);
         }
