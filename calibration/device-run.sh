@@ -2,7 +2,8 @@
 # One call on a GPU machine lent by the device tool (see calibration/README.md, "On a lent GPU
 # machine"): install the carried wheels, run the harness within a budget, leave the rows in $OUT.
 #
-#   GRID=quick|full  BUDGET=seconds (default 420)  OUTPUT=validation/measured-own.jsonl
+#   GRID=quick|full  BUDGET=seconds (default 420)  JOB_TIMEOUT=seconds (default 120)
+#   OUTPUT=validation/measured-own.jsonl
 #
 # The rows file lives in the working tree, so copying it back from $OUT before the next call
 # makes that call resume where this one stopped.
@@ -21,7 +22,8 @@ for m in .calib/moro target/release/moro; do
 done
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv 2>&1 | tee "$OUT/nvidia-smi.txt"
 OUTPUT=${OUTPUT:-validation/measured-own.jsonl}
-args=(--output "$OUTPUT" --grid "${GRID:-full}" --budget-seconds "${BUDGET:-420}")
+args=(--output "$OUTPUT" --grid "${GRID:-full}" --budget-seconds "${BUDGET:-420}"
+      --job-timeout "${JOB_TIMEOUT:-120}")
 if [ -n "$MORO" ]; then args+=(--moro "$MORO"); else args+=(--no-moro); fi
 python3 calibration/harness.py "${args[@]}" 2>&1 | tee "$OUT/harness.log"
 rc=${PIPESTATUS[0]}

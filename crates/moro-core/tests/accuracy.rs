@@ -48,7 +48,7 @@ fn oracle_traces_are_reproduced() {
 }
 
 /// Regression guard on the published measurements: the figures reached so far must not get
-/// worse (coverage 88.9 %, median 2.8 %, p90 10.0 %, under > 5 %: 19 %, no OOM row missed).
+/// worse (coverage 88.9 %, median 2.8 %, p90 10.1 %, under > 5 %: 16.4 %, no OOM row missed).
 #[test]
 fn measured_rows_do_not_regress() {
     let r = report("measured.jsonl");
@@ -62,7 +62,7 @@ fn measured_rows_do_not_regress() {
     );
     assert!(s.overall.p90_abs <= 0.12, "p90 {}", s.overall.p90_abs);
     assert!(
-        s.overall.under_5pct_share <= 0.20,
+        s.overall.under_5pct_share <= 0.17,
         "under {}",
         s.overall.under_5pct_share
     );
@@ -87,7 +87,7 @@ fn measured_rows_meet_coverage_median_and_p90() {
 
 /// The bar of issue 2 §7, second part: at most 10 % of rows under-predicted by more than 5 %.
 #[test]
-#[ignore = "not met (19 %): see the closing note of issue 2 for the rows and what is off"]
+#[ignore = "not met (16 %): see the closing note of issue 2 for the rows and what is off"]
 fn measured_rows_meet_the_under_prediction_bar() {
     let r = report("measured.jsonl");
     print_summary("measured", &r);
@@ -117,8 +117,8 @@ fn every_row_is_accounted_for() {
 }
 
 /// Issue 6: the multi-GPU and sharded rows (more than one GPU, a ZeRO / FSDP strategy, or
-/// tensor-parallel inference). Guard on the figures reached (55 rows: median 4.8 %,
-/// p90 19.6 %, under > 5 %: 29 %); the engine's bar is not met on them, see the closing note.
+/// tensor-parallel inference). Guard on the figures reached (55 rows: median 5.3 %,
+/// p90 19.6 %, under > 5 %: 25 %); the engine's bar is not met on them, see the closing note.
 #[test]
 fn multi_gpu_rows_do_not_regress() {
     let path = format!(
@@ -155,5 +155,59 @@ fn multi_gpu_rows_do_not_regress() {
     assert!(s.n >= 50, "rows {}", s.n);
     assert!(s.median_abs <= 0.06, "median {}", s.median_abs);
     assert!(s.p90_abs <= 0.21, "p90 {}", s.p90_abs);
-    assert!(s.under_5pct_share <= 0.31, "under {}", s.under_5pct_share);
+    assert!(s.under_5pct_share <= 0.26, "under {}", s.under_5pct_share);
+}
+
+/// Real GPU measurements moro never saw while it was built: `calibration/harness.py` on an
+/// NVIDIA H200 (torch 2.11, transformers 5.17, PEFT 0.21, bitsandbytes 0.50.2), 37 jobs at
+/// three levels each (`validation/h200/`). At the allocated level the LoRA, QLoRA and
+/// inference jobs are within a few percent; at the reserved and device levels moro may not
+/// come in more than 6.5 % under. Two kinds of job are outside these bounds and are
+/// reported, not hidden: the full fine-tunes of the small large-vocabulary models
+/// (Llama-3.2-1B, Qwen2.5-1.5B: 1.3 to 2.2 GiB more allocated on the GPU than both moro and
+/// the fake-tensor oracle see) and Gemma-2 (1.1 GiB more than the oracle).
+#[test]
+fn h200_measurements_are_reproduced() {
+    let path = format!(
+        "{}/../../validation/h200/measured.jsonl",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).unwrap();
+    let rows: std::collections::HashMap<String, serde_json::Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| Some((v["id"].as_str()?.to_owned(), v)))
+        .collect();
+    let r = validate(&text, &CatalogModels, false);
+    print_summary("h200", &r);
+    let s = &r.summary;
+    assert_eq!(s.covered, s.rows, "every H200 row is predicted");
+    assert!(s.rows >= 100, "rows {}", s.rows);
+    assert!(
+        s.overall.median_abs <= 0.015,
+        "median {}",
+        s.overall.median_abs
+    );
+    assert!(s.overall.p90_abs <= 0.10, "p90 {}", s.overall.p90_abs);
+    assert!(
+        s.overall.under_5pct_share <= 0.13,
+        "under {}",
+        s.overall.under_5pct_share
+    );
+    let mut checked = 0;
+    for row in &r.rows {
+        let v = &rows[&row.id];
+        let method = v["method"].as_str().unwrap_or_default();
+        let gemma2 = v["arch"].as_str() == Some("gemma2");
+        if method == "full" || gemma2 {
+            continue;
+        }
+        let e = row.error.unwrap();
+        match v["level"].as_str() {
+            Some("allocated") => assert!((-0.02..=0.04).contains(&e), "{} {e}", row.id),
+            _ => assert!(e >= -0.065, "{} {e}", row.id),
+        }
+        checked += 1;
+    }
+    assert!(checked >= 80, "checked {checked}");
 }

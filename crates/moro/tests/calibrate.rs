@@ -534,3 +534,28 @@ echo '{{"ran": 6}}'"#,
         o.stderr
     );
 }
+
+/// The profile fitted from the real H200 rows (`validation/h200/`): the reserve ratio comes
+/// only from the runs it governs, the non-checkpointed ones, where reserved − allocated was
+/// 4–9 % of the churn; the checkpointed runs' gaps are the largest freed block's and would
+/// have given a ratio six times too large. The context is the median device − reserved.
+#[test]
+fn h200_rows_fit_a_profile() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("cfg");
+    let rows =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../validation/h200/measured.jsonl");
+    let o = run_in(
+        &cfg,
+        &["calibrate", "--from-rows", rows.to_str().unwrap(), "--json"],
+        &[],
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let p = &json_of(&o)["profile"];
+    let ratio = p["device"]["reserve_ratio"].as_f64().unwrap();
+    assert!((0.04..=0.09).contains(&ratio), "ratio {ratio}");
+    assert!(p["fit"]["reserve_ratio_samples"].as_u64().unwrap() >= 4);
+    let ctx = p["device"]["cuda_context_bytes"].as_u64().unwrap();
+    assert!((700 * MIB..=820 * MIB).contains(&ctx), "context {ctx}");
+    assert_eq!(p["fit"]["jobs_ok"], 37);
+}
