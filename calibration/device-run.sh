@@ -3,7 +3,7 @@
 # machine"): install the carried wheels, run the harness within a budget, leave the rows in $OUT.
 #
 #   GRID=quick|full  BUDGET=seconds (default 420)  JOB_TIMEOUT=seconds (default 120)
-#   OUTPUT=validation/measured-own.jsonl
+#   OUTPUT=validation/measured-own.jsonl  ONLY=regex  SNAPSHOT=1 (what was live at each peak)
 #
 # The rows file lives in the working tree, so copying it back from $OUT before the next call
 # makes that call resume where this one stopped.
@@ -25,6 +25,8 @@ OUTPUT=${OUTPUT:-validation/measured-own.jsonl}
 args=(--output "$OUTPUT" --grid "${GRID:-full}" --budget-seconds "${BUDGET:-420}"
       --job-timeout "${JOB_TIMEOUT:-120}")
 if [ -n "$MORO" ]; then args+=(--moro "$MORO"); else args+=(--no-moro); fi
+if [ -n "${ONLY:-}" ]; then args+=(--only "$ONLY"); fi
+if [ -n "${SNAPSHOT:-}" ]; then args+=(--snapshot); fi
 python3 calibration/harness.py "${args[@]}" 2>&1 | tee "$OUT/harness.log"
 rc=${PIPESTATUS[0]}
 cp "$OUTPUT" "$OUTPUT.machine.json" "$OUT/" 2>/dev/null

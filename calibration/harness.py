@@ -207,10 +207,12 @@ def grid(name: str = "full") -> List[Job]:
 
 def select(jobs: List[Job], only: Optional[str], max_jobs: Optional[int],
            layers: Optional[int]) -> List[Job]:
-    """Filters the grid (`--only REGEX` on the key), pins `--layers`, caps `--max-jobs`."""
+    """Filters the grid (`--only REGEX` on the key, the description or the short id the plan
+    and the log print), pins `--layers`, caps `--max-jobs`."""
     if only:
         rx = re.compile(only)
-        jobs = [j for j in jobs if rx.search(j.key()) or rx.search(j.why)]
+        jobs = [j for j in jobs
+                if rx.search(j.key()) or rx.search(j.why) or rx.search(j.short_id())]
     if layers is not None:
         jobs = [dataclasses.replace(j, layers=layers) for j in jobs]
     if max_jobs is not None:
@@ -384,6 +386,8 @@ def build_rows(job: Job, result: Dict[str, Any], machine: Dict[str, Any],
         "alloc_retries": result.get("alloc_retries"),
         "checks": result.get("checks"),
     }
+    if result.get("peak_trace"):
+        calib["peak_trace"] = result["peak_trace"]
     notes = ["moro calibration harness v%d, random weights from config.json, random tokens."
              % HARNESS_VERSION]
     if layers_used is not None and layers_full is not None and layers_used != layers_full:
@@ -896,7 +900,7 @@ def run_grid(args: argparse.Namespace, jobs: List[Job],
                 counts["skipped"] += 1
                 continue
             opts = {"configs": args.configs, "margin_bytes": margin, "steps": args.steps,
-                    "uuid": machine.get("uuid")}
+                    "uuid": machine.get("uuid"), "snapshot": bool(getattr(args, "snapshot", False))}
             auto = job.layers == "auto"
             attempts = 0
             while True:
@@ -1044,6 +1048,65 @@ class Sampler(threading.Thread):
             if used is not None and (self.peak is None or used > self.peak):
                 self.peak = used
             self.stop.wait(self.period)
+
+
+def _site(frames: List[Dict[str, Any]]) -> str:
+    """Where an allocation was made: the innermost Python frame outside torch itself
+    (transformers, PEFT, bitsandbytes, this harness), else the innermost frame."""
+    def fmt(f: Dict[str, Any]) -> str:
+        return "%s:%s:%s" % (os.path.basename(str(f.get("filename", "?"))), f.get("line", "?"),
+                             f.get("name", "?"))
+    for f in frames:
+        name = str(f.get("filename", ""))
+        if name.endswith(".py") and "/torch/" not in name and not name.endswith("harness.py"):
+            return fmt(f)
+    return fmt(frames[0]) if frames else "?"
+
+
+def peak_trace(events: List[Dict[str, Any]], start_allocated: int, start_reserved: int,
+               top: int = 15) -> Dict[str, Any]:
+    """What was live at the allocated peak of a CUDA allocator trace
+    (`torch.cuda.memory._snapshot()["device_traces"][i]`), and how much was cached but free
+    at the reserved peak. `start_*`: the counters when recording began (what was allocated
+    before is in the peak but not in the live list: `untracked_bytes`)."""
+    cur, peak, peak_at = start_allocated, start_allocated, -1
+    seg, seg_peak, alloc_at_seg_peak = start_reserved, start_reserved, start_allocated
+    for i, ev in enumerate(events):
+        a, size = ev.get("action"), int(ev.get("size") or 0)
+        if a == "alloc":
+            cur += size
+            if cur > peak:
+                peak, peak_at = cur, i
+        elif a == "free_completed":
+            cur -= size
+        elif a in ("segment_alloc", "segment_map"):
+            seg += size
+            if seg > seg_peak:
+                seg_peak, alloc_at_seg_peak = seg, cur
+        elif a in ("segment_free", "segment_unmap"):
+            seg -= size
+    live: Dict[Any, Tuple[int, str]] = {}
+    for ev in events[:peak_at + 1]:
+        a = ev.get("action")
+        if a == "alloc":
+            live[ev.get("addr")] = (int(ev.get("size") or 0), _site(ev.get("frames") or []))
+        elif a == "free_completed":
+            live.pop(ev.get("addr"), None)
+    groups: Dict[Tuple[str, int], int] = {}
+    for size, site in live.values():
+        groups[(site, size)] = groups.get((site, size), 0) + 1
+    ranked = sorted(groups.items(), key=lambda kv: -kv[0][1] * kv[1])[:top]
+    traced = sum(size for size, _ in live.values())
+    return {
+        "allocated_peak_bytes": peak,
+        "peak_event": peak_at,
+        "untracked_bytes": peak - traced,
+        "live_top": [{"site": site, "bytes_each": size, "count": n, "bytes": size * n}
+                     for (site, size), n in ranked],
+        "reserved_peak_bytes": seg_peak,
+        "allocated_at_reserved_peak_bytes": alloc_at_seg_peak,
+        "events": len(events),
+    }
 
 
 def build_model(job: Job, config: Dict[str, Any], device: str = "cuda"):
@@ -1220,6 +1283,9 @@ def worker_job(spec: Dict[str, Any], device: str = "cuda") -> Dict[str, Any]:
         if cuda:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
+            if spec.get("snapshot"):
+                start_counters = (torch.cuda.memory_allocated(), torch.cuda.memory_reserved())
+                torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
         if sampler:
             sampler.start()
         vocab = int(getattr(model.config, "vocab_size", None) or cfg.get("vocab_size") or 32000)
@@ -1264,6 +1330,14 @@ def worker_job(spec: Dict[str, Any], device: str = "cuda") -> Dict[str, Any]:
             if sampler.is_alive():
                 sampler.join(timeout=2)
     out["wall_s"] = round(time.monotonic() - t0, 2)
+    if cuda and spec.get("snapshot"):
+        try:
+            snap = torch.cuda.memory._snapshot()
+            torch.cuda.memory._record_memory_history(enabled=None)
+            dev = torch.cuda.current_device()
+            out["peak_trace"] = peak_trace(snap["device_traces"][dev], *start_counters)
+        except Exception as e:  # noqa: BLE001 - the measurement stands without the trace
+            out["peak_trace"] = {"error": "%s: %s" % (type(e).__name__, e)}
     if cuda:
         stats = torch.cuda.memory_stats()
         out["allocated_bytes"] = int(torch.cuda.max_memory_allocated())
@@ -1351,6 +1425,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--moro", default=None,
                    help="moro binary for the free-memory check (default: `moro` on PATH)")
     p.add_argument("--no-moro", action="store_true", help="skip the predicted-need check")
+    p.add_argument("--snapshot", action="store_true",
+                   help="record the allocator's trace and store what was live at the peak "
+                        "(calibration.peak_trace; slower)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--worker-probe", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)

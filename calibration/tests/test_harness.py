@@ -136,6 +136,9 @@ class GridTest(unittest.TestCase):
         pinned = h.select(g, None, 2, 4)
         self.assertEqual([j.layers for j in pinned], [4, 4])
         self.assertIn("|L4", pinned[0].key())
+        # By the short ids the plan prints.
+        ids = [g[0].short_id(), g[5].short_id()]
+        self.assertEqual(h.select(g, "|".join(ids), None, None), [g[0], g[5]])
 
     def test_plan_without_torch(self):
         out = io.StringIO()
@@ -428,6 +431,51 @@ def fake_torch(cuda_build="12.4", available=True):
     torch.fractions = []
     torch.ones = lambda *a, **k: None
     return torch
+
+
+class PeakTraceTest(unittest.TestCase):
+    """`peak_trace` on a hand-made allocator trace."""
+
+    def test_live_set_at_the_peak(self):
+        hf = {"filename": "/x/transformers/models/llama/modeling_llama.py", "line": 10,
+              "name": "forward"}
+        loss = {"filename": "/x/transformers/loss/loss_utils.py", "line": 30, "name": "loss"}
+        inner = {"filename": "/x/torch/nn/functional.py", "line": 1, "name": "linear"}
+        ev = [
+            {"action": "segment_alloc", "addr": 0, "size": 40 * MIB},
+            {"action": "alloc", "addr": 1, "size": 8 * MIB, "frames": [inner, hf]},
+            {"action": "alloc", "addr": 2, "size": 8 * MIB, "frames": [inner, hf]},
+            {"action": "alloc", "addr": 3, "size": 20 * MIB, "frames": [loss]},
+            {"action": "free_requested", "addr": 1, "size": 8 * MIB},
+            {"action": "free_completed", "addr": 1, "size": 8 * MIB},
+            {"action": "segment_alloc", "addr": 9, "size": 30 * MIB},
+            {"action": "alloc", "addr": 4, "size": 30 * MIB, "frames": []},
+            {"action": "free_completed", "addr": 4, "size": 30 * MIB},
+            {"action": "free_completed", "addr": 3, "size": 20 * MIB},
+        ]
+        # 100 MiB allocated and 120 MiB reserved before recording began.
+        t = h.peak_trace(ev, 100 * MIB, 120 * MIB)
+        # Peak after addr 4: 100 + 8 + 20 + 30 = 158 MiB (addr 1 was freed).
+        self.assertEqual(t["allocated_peak_bytes"], 158 * MIB)
+        self.assertEqual(t["peak_event"], 7)
+        self.assertEqual(t["untracked_bytes"], 100 * MIB)
+        self.assertEqual(t["live_top"][0], {"site": "?", "bytes_each": 30 * MIB, "count": 1,
+                                            "bytes": 30 * MIB})
+        self.assertEqual(t["live_top"][1]["site"], "loss_utils.py:30:loss")
+        self.assertEqual(t["live_top"][2], {"site": "modeling_llama.py:10:forward",
+                                            "bytes_each": 8 * MIB, "count": 1,
+                                            "bytes": 8 * MIB})
+        self.assertEqual(t["reserved_peak_bytes"], 190 * MIB)
+        self.assertEqual(t["allocated_at_reserved_peak_bytes"], 128 * MIB)
+
+    def test_trace_goes_into_the_row(self):
+        job = h.grid("full")[0]
+        r = {"outcome": "ok", "allocated_bytes": GIB, "reserved_bytes": GIB, "layers": 32,
+             "layers_full": 32, "steps": 3, "peak_trace": {"allocated_peak_bytes": GIB}}
+        rows = h.build_rows(job, r, MACHINE)
+        self.assertEqual(rows[0]["calibration"]["peak_trace"], {"allocated_peak_bytes": GIB})
+        del r["peak_trace"]
+        self.assertNotIn("peak_trace", h.build_rows(job, r, MACHINE)[0]["calibration"])
 
 
 class WorkerWithFakeTorchTest(unittest.TestCase):
