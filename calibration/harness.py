@@ -446,8 +446,16 @@ def build_rows(job: Job, result: Dict[str, Any], machine: Dict[str, Any],
         "job_key": job.key(),
         "calibration": calib,
     }
+    overrides: Dict[str, Any] = {}
     if layers_used is not None and layers_full is not None and layers_used != layers_full:
-        base["model_overrides"] = {result.get("layer_key", "num_hidden_layers"): layers_used}
+        overrides[result.get("layer_key", "num_hidden_layers")] = layers_used
+    # The model as measured: a tie the config asks for but the built model lacks (or the
+    # reverse) is part of what ran.
+    tied = (result.get("checks") or {}).get("tied_embeddings")
+    if tied is not None and result.get("config_tied") is not None and tied != result["config_tied"]:
+        overrides["tie_word_embeddings"] = tied
+    if overrides:
+        base["model_overrides"] = overrides
     rows = []
     if result.get("outcome") == "OOM":
         row = dict(base)
@@ -1129,6 +1137,12 @@ def build_model(job: Job, config: Dict[str, Any], device: str = "cuda"):
     with init_empty_weights(include_buffers=False):
         model = transformers.AutoModelForCausalLM.from_config(
             cfg, attn_implementation=job.attn, **dtype_kw)
+    # from_pretrained ties lm_head to the embedding after loading; from_config under
+    # init_empty_weights leaves them two parameters (transformers 5), so tie them here.
+    if getattr(model.config, "tie_word_embeddings", False):
+        model.tie_weights()
+        if model.get_output_embeddings().weight is not model.get_input_embeddings().weight:
+            model.get_output_embeddings().weight = model.get_input_embeddings().weight
     gen = torch.Generator(device=device)
     gen.manual_seed(0)
     if job.quant != "none":
@@ -1280,6 +1294,7 @@ def worker_job(spec: Dict[str, Any], device: str = "cuda") -> Dict[str, Any]:
             model, opt = prepare_training(job, model)
             out["trainable_params"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
         out["checks"] = model_checks(model)
+        out["config_tied"] = bool(getattr(model.config, "tie_word_embeddings", False))
         if cuda:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
@@ -1370,7 +1385,12 @@ def model_checks(model) -> Dict[str, Any]:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     lora_4bit = sum(1 for m in model.modules() if type(m).__module__.endswith("lora.bnb")
                     and type(m).__name__ == "Linear4bit")
+    emb, out = model.get_input_embeddings(), model.get_output_embeddings()
+    tied = None
+    if emb is not None and out is not None:
+        tied = getattr(emb, "weight", None) is getattr(out, "weight", None)
     return {
+        "tied_embeddings": tied,
         "param_dtypes": dtypes,
         "attn_implementation": getattr(cfg, "_attn_implementation", None),
         "gradient_checkpointing": bool(getattr(base, "is_gradient_checkpointing", False)),

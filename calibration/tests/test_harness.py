@@ -468,6 +468,16 @@ class PeakTraceTest(unittest.TestCase):
         self.assertEqual(t["reserved_peak_bytes"], 190 * MIB)
         self.assertEqual(t["allocated_at_reserved_peak_bytes"], 128 * MIB)
 
+    def test_untied_model_is_recorded(self):
+        job = h.grid("full")[0]
+        r = {"outcome": "ok", "allocated_bytes": GIB, "reserved_bytes": GIB, "layers": 32,
+             "layers_full": 32, "steps": 3, "config_tied": True,
+             "checks": {"tied_embeddings": False}}
+        self.assertEqual(h.build_rows(job, r, MACHINE)[0]["model_overrides"],
+                         {"tie_word_embeddings": False})
+        r["checks"]["tied_embeddings"] = True
+        self.assertNotIn("model_overrides", h.build_rows(job, r, MACHINE)[0])
+
     def test_trace_goes_into_the_row(self):
         job = h.grid("full")[0]
         r = {"outcome": "ok", "allocated_bytes": GIB, "reserved_bytes": GIB, "layers": 32,

@@ -160,12 +160,12 @@ fn multi_gpu_rows_do_not_regress() {
 
 /// Real GPU measurements moro never saw while it was built: `calibration/harness.py` on an
 /// NVIDIA H200 (torch 2.11, transformers 5.17, PEFT 0.21, bitsandbytes 0.50.2), 37 jobs at
-/// three levels each (`validation/h200/`). At the allocated level the LoRA, QLoRA and
-/// inference jobs are within a few percent; at the reserved and device levels moro may not
-/// come in more than 6.5 % under. Two kinds of job are outside these bounds and are
-/// reported, not hidden: the full fine-tunes of the small large-vocabulary models
-/// (Llama-3.2-1B, Qwen2.5-1.5B: 1.3 to 2.2 GiB more allocated on the GPU than both moro and
-/// the fake-tensor oracle see) and Gemma-2 (1.1 GiB more than the oracle).
+/// three levels each (`validation/h200/`). Every job's allocated peak is within a few percent
+/// (8-bit AdamW's full fine-tune is the widest, +7.7 %, over); LoRA, QLoRA and inference jobs
+/// do not come in more than 6.5 % under at any level. Outside that bound, reported rather than
+/// hidden: the reserve of full fine-tunes of small models, without checkpointing, or with fp32
+/// master weights (up to 15 % under at the reserved level), whose fragmentation a
+/// `--snapshot` run of the harness is to explain.
 #[test]
 fn h200_measurements_are_reproduced() {
     let path = format!(
@@ -184,30 +184,29 @@ fn h200_measurements_are_reproduced() {
     assert_eq!(s.covered, s.rows, "every H200 row is predicted");
     assert!(s.rows >= 100, "rows {}", s.rows);
     assert!(
-        s.overall.median_abs <= 0.015,
+        s.overall.median_abs <= 0.01,
         "median {}",
         s.overall.median_abs
     );
-    assert!(s.overall.p90_abs <= 0.10, "p90 {}", s.overall.p90_abs);
+    assert!(s.overall.p90_abs <= 0.07, "p90 {}", s.overall.p90_abs);
     assert!(
-        s.overall.under_5pct_share <= 0.13,
+        s.overall.under_5pct_share <= 0.09,
         "under {}",
         s.overall.under_5pct_share
     );
-    let mut checked = 0;
+    let (mut allocated, mut not_full) = (0, 0);
     for row in &r.rows {
         let v = &rows[&row.id];
-        let method = v["method"].as_str().unwrap_or_default();
-        let gemma2 = v["arch"].as_str() == Some("gemma2");
-        if method == "full" || gemma2 {
-            continue;
-        }
         let e = row.error.unwrap();
-        match v["level"].as_str() {
-            Some("allocated") => assert!((-0.02..=0.04).contains(&e), "{} {e}", row.id),
-            _ => assert!(e >= -0.065, "{} {e}", row.id),
+        if v["level"].as_str() == Some("allocated") {
+            assert!((-0.01..=0.08).contains(&e), "{} {e}", row.id);
+            allocated += 1;
         }
-        checked += 1;
+        if v["method"].as_str() != Some("full") {
+            assert!(e >= -0.065, "{} {e}", row.id);
+            not_full += 1;
+        }
     }
-    assert!(checked >= 80, "checked {checked}");
+    assert_eq!(allocated, 37);
+    assert!(not_full >= 80, "checked {not_full}");
 }
