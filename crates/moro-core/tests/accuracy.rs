@@ -10,6 +10,18 @@ fn report(file: &str) -> Report {
     validate(&text, &CatalogModels, false)
 }
 
+/// The text of a file under `validation/` and its rows by id.
+fn rows_by_id(file: &str) -> (String, std::collections::HashMap<String, serde_json::Value>) {
+    let path = format!("{}/../../validation/{file}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let rows = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| Some((v["id"].as_str()?.to_owned(), v)))
+        .collect();
+    (text, rows)
+}
+
 fn print_summary(name: &str, r: &Report) {
     let s = &r.summary;
     eprintln!(
@@ -121,21 +133,16 @@ fn every_row_is_accounted_for() {
 /// p90 19.6 %, under > 5 %: 25 %); the engine's bar is not met on them, see the closing note.
 #[test]
 fn multi_gpu_rows_do_not_regress() {
-    let path = format!(
-        "{}/../../validation/measured.jsonl",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let text = std::fs::read_to_string(&path).unwrap();
-    let multi: std::collections::HashSet<String> = text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| {
+    let (text, rows) = rows_by_id("measured.jsonl");
+    let multi: std::collections::HashSet<&String> = rows
+        .iter()
+        .filter(|(_, v)| {
             let gpus = v["num_gpus"].as_u64().unwrap_or(1);
             let sharded = v["sharding"].as_str().is_some_and(|s| !s.is_empty());
             let tp = v["inference"]["tensor_parallel"].as_u64().unwrap_or(1);
             gpus > 1 || sharded || tp > 1
         })
-        .filter_map(|v| v["id"].as_str().map(str::to_owned))
+        .map(|(id, _)| id)
         .collect();
     let r = validate(&text, &CatalogModels, false);
     let errors: Vec<f64> = r
@@ -168,16 +175,7 @@ fn multi_gpu_rows_do_not_regress() {
 /// `--snapshot` run of the harness is to explain.
 #[test]
 fn h200_measurements_are_reproduced() {
-    let path = format!(
-        "{}/../../validation/h200/measured.jsonl",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let text = std::fs::read_to_string(&path).unwrap();
-    let rows: std::collections::HashMap<String, serde_json::Value> = text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|v| Some((v["id"].as_str()?.to_owned(), v)))
-        .collect();
+    let (text, rows) = rows_by_id("h200/measured.jsonl");
     let r = validate(&text, &CatalogModels, false);
     print_summary("h200", &r);
     let s = &r.summary;

@@ -3,7 +3,7 @@
 
 use moro_core::catalog;
 use moro_core::estimate::{DeviceProfile, Estimate, Phase, estimate};
-use moro_core::job::{Job, LoraConfig, Method, Optimizer, Precision, Targets};
+use moro_core::job::{Job, LoraConfig, Method, Optimizer, Precision};
 use moro_core::model::ModelSpec;
 
 const GIB: u64 = 1 << 30;
@@ -17,22 +17,9 @@ fn model(id: &str) -> ModelSpec {
 fn lora_job(m: &ModelSpec, seq: u64) -> Job {
     let mut j = Job {
         method: Method::Lora,
+        // The default LoRA: r16, alpha 32, the seven projections; the H200 job ran no dropout.
         lora: LoraConfig {
-            rank: 16,
-            alpha: 32.0,
-            targets: Targets::Names(
-                [
-                    "q_proj",
-                    "k_proj",
-                    "v_proj",
-                    "o_proj",
-                    "gate_proj",
-                    "up_proj",
-                    "down_proj",
-                ]
-                .map(str::to_owned)
-                .to_vec(),
-            ),
+            dropout: 0.0,
             ..LoraConfig::default()
         },
         micro_batch_size: 1,

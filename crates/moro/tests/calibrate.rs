@@ -235,14 +235,7 @@ fn consistent_offset_is_fitted() {
         dir.path().join("rows.jsonl.machine.json"),
     )
     .unwrap();
-    let cfg = dir.path().join("cfg");
-    let o = run_in(
-        &cfg,
-        &["calibrate", "--from-rows", rows.to_str().unwrap(), "--json"],
-        &[],
-    );
-    assert_eq!(o.code, 0, "{}", o.stderr);
-    let p = &json_of(&o)["profile"];
+    let p = &fit_profile(&dir.path().join("cfg"), &rows);
     assert_eq!(p["device"]["offset_bytes"], 512 * MIB, "{p}");
     assert_eq!(p["fit"]["offset_samples"], 5);
     assert_eq!(p["fit"]["offset_mad_bytes"], 0);
@@ -542,20 +535,23 @@ echo '{{"ran": 6}}'"#,
 #[test]
 fn h200_rows_fit_a_profile() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("cfg");
-    let rows =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../validation/h200/measured.jsonl");
-    let o = run_in(
-        &cfg,
-        &["calibrate", "--from-rows", rows.to_str().unwrap(), "--json"],
-        &[],
-    );
-    assert_eq!(o.code, 0, "{}", o.stderr);
-    let p = &json_of(&o)["profile"];
+    let rows = root().join("validation/h200/measured.jsonl");
+    let p = &fit_profile(&dir.path().join("cfg"), &rows);
     let ratio = p["device"]["reserve_ratio"].as_f64().unwrap();
     assert!((0.04..=0.09).contains(&ratio), "ratio {ratio}");
     assert!(p["fit"]["reserve_ratio_samples"].as_u64().unwrap() >= 4);
     let ctx = p["device"]["cuda_context_bytes"].as_u64().unwrap();
     assert!((700 * MIB..=820 * MIB).contains(&ctx), "context {ctx}");
     assert_eq!(p["fit"]["jobs_ok"], 37);
+}
+
+/// `moro calibrate --from-rows ROWS --json` with its config in `cfg`: the fitted profile.
+fn fit_profile(cfg: &std::path::Path, rows: &std::path::Path) -> Value {
+    let o = run_in(
+        cfg,
+        &["calibrate", "--from-rows", rows.to_str().unwrap(), "--json"],
+        &[],
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    json_of(&o)["profile"].clone()
 }
