@@ -1253,7 +1253,18 @@ def prepare_training(job: Job, model):
         model = get_peft_model(model, lcfg)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
-    return model, make_optimizer(job, params)
+    opt = make_optimizer(job, params)
+    if job.optimizer in ("adamw_8bit", "paged_adamw_8bit"):
+        # Trainer.create_optimizer: with a bitsandbytes optimizer of optim_bits 8, every
+        # nn.Embedding weight keeps 32-bit states (GlobalOptimManager override).
+        import bitsandbytes as bnb
+        import torch
+
+        manager = bnb.optim.GlobalOptimManager.get_instance()
+        for module in model.modules():
+            if isinstance(module, torch.nn.Embedding):
+                manager.register_module_override(module, "weight", {"optim_bits": 32})
+    return model, opt
 
 
 def worker_job(spec: Dict[str, Any], device: str = "cuda") -> Dict[str, Any]:
