@@ -40,7 +40,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-HARNESS_VERSION = 1
+HARNESS_VERSION = 2
 GIB = 1 << 30
 MIB = 1 << 20
 SOURCE_KEY = "moro-calibration"

@@ -40,7 +40,7 @@ MACHINE = {
                  "trl": "0.17.0", "pynvml": "12.0.0", "cuda": "12.4"},
     "device_source": "nvml",
     "measured_at": "2026-01-02T03:04:05Z",
-    "harness_version": 1,
+    "harness_version": 2,
 }
 
 
