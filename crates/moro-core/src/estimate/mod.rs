@@ -450,7 +450,9 @@ fn training_phases(
 /// `cudaMalloc`s a new segment of its size. Measured on an H200 (`validation/h200/`, 22
 /// checkpointed LoRA and QLoRA runs, fp32 logits blocks of 0.24 to 3.9 GiB): reserved −
 /// allocated was 0.6 to 3.8 × the block, median 1.27 (the blocks over 0.9 GiB: 0.6 to 1.5),
-/// where `reserve_ratio` alone gave about a quarter of it.
+/// where `reserve_ratio` alone gave about a quarter of it. Full fine-tunes fragment more
+/// (up to 8.4 GiB on the H200) in ways no ratio captures; replaying the step's allocation
+/// sequence through a model of the allocator (`calibration/allocsim.py`) reproduces them.
 #[must_use]
 pub fn allocated_and_reserve(
     peak: &PhaseBytes,
