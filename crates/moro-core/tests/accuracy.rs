@@ -22,6 +22,13 @@ fn rows_by_id(file: &str) -> (String, std::collections::HashMap<String, serde_js
     (text, rows)
 }
 
+/// `s` within the bounds: median and p90 of |error|, share under-predicted by more than 5 %.
+fn assert_within(s: &moro_core::validation::Stats, median: f64, p90: f64, under: f64) {
+    assert!(s.median_abs <= median, "median {}", s.median_abs);
+    assert!(s.p90_abs <= p90, "p90 {}", s.p90_abs);
+    assert!(s.under_5pct_share <= under, "under {}", s.under_5pct_share);
+}
+
 fn print_summary(name: &str, r: &Report) {
     let s = &r.summary;
     eprintln!(
@@ -46,17 +53,7 @@ fn oracle_traces_are_reproduced() {
     print_summary("oracle", &r);
     let s = &r.summary;
     assert!(s.covered >= 120, "covered {}", s.covered);
-    assert!(
-        s.overall.median_abs <= 0.01,
-        "median {}",
-        s.overall.median_abs
-    );
-    assert!(s.overall.p90_abs <= 0.03, "p90 {}", s.overall.p90_abs);
-    assert!(
-        s.overall.under_5pct_share <= 0.0,
-        "under {}",
-        s.overall.under_5pct_share
-    );
+    assert_within(&s.overall, 0.01, 0.03, 0.0);
 }
 
 /// Regression guard on the published measurements: the figures reached so far must not get
@@ -67,17 +64,7 @@ fn measured_rows_do_not_regress() {
     print_summary("measured", &r);
     let s = &r.summary;
     assert!(s.coverage >= 0.88, "coverage {}", s.coverage);
-    assert!(
-        s.overall.median_abs <= 0.03,
-        "median {}",
-        s.overall.median_abs
-    );
-    assert!(s.overall.p90_abs <= 0.12, "p90 {}", s.overall.p90_abs);
-    assert!(
-        s.overall.under_5pct_share <= 0.16,
-        "under {}",
-        s.overall.under_5pct_share
-    );
+    assert_within(&s.overall, 0.03, 0.12, 0.16);
     // Every OOM row moro covers is predicted not to fit.
     assert_eq!(s.oom_missed, 0, "oom missed {}", s.oom_missed);
 }
@@ -160,9 +147,7 @@ fn multi_gpu_rows_do_not_regress() {
         s.under_5pct_share * 100.0
     );
     assert!(s.n >= 50, "rows {}", s.n);
-    assert!(s.median_abs <= 0.06, "median {}", s.median_abs);
-    assert!(s.p90_abs <= 0.21, "p90 {}", s.p90_abs);
-    assert!(s.under_5pct_share <= 0.26, "under {}", s.under_5pct_share);
+    assert_within(&s, 0.06, 0.21, 0.26);
 }
 
 /// Real GPU measurements moro never saw while it was built: `calibration/harness.py` on an
@@ -181,17 +166,7 @@ fn h200_measurements_are_reproduced() {
     let s = &r.summary;
     assert_eq!(s.covered, s.rows, "every H200 row is predicted");
     assert!(s.rows >= 100, "rows {}", s.rows);
-    assert!(
-        s.overall.median_abs <= 0.01,
-        "median {}",
-        s.overall.median_abs
-    );
-    assert!(s.overall.p90_abs <= 0.07, "p90 {}", s.overall.p90_abs);
-    assert!(
-        s.overall.under_5pct_share <= 0.09,
-        "under {}",
-        s.overall.under_5pct_share
-    );
+    assert_within(&s.overall, 0.01, 0.07, 0.09);
     let (mut allocated, mut not_full) = (0, 0);
     for row in &r.rows {
         let v = &rows[&row.id];
