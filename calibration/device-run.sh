@@ -30,6 +30,7 @@ if [ -n "${SNAPSHOT:-}" ]; then args+=(--snapshot); fi
 python3 calibration/harness.py "${args[@]}" 2>&1 | tee "$OUT/harness.log"
 rc=${PIPESTATUS[0]}
 cp "$OUTPUT" "$OUTPUT.machine.json" "$OUT/" 2>/dev/null
+if [ -d "$OUTPUT.traces" ]; then tar czf "$OUT/traces.tgz" -C "$OUTPUT.traces" .; fi
 if [ -n "$MORO" ] && [ -f "$OUTPUT" ]; then
     "$MORO" validate "$OUTPUT" > "$OUT/validate.txt" 2>&1
     tail -n 25 "$OUT/validate.txt"

@@ -908,7 +908,9 @@ def run_grid(args: argparse.Namespace, jobs: List[Job],
                 counts["skipped"] += 1
                 continue
             opts = {"configs": args.configs, "margin_bytes": margin, "steps": args.steps,
-                    "uuid": machine.get("uuid"), "snapshot": bool(getattr(args, "snapshot", False))}
+                    "uuid": machine.get("uuid"), "snapshot": bool(getattr(args, "snapshot", False)),
+                    "trace_dir": args.output + ".traces" if getattr(args, "snapshot", False)
+                    else None}
             auto = job.layers == "auto"
             attempts = 0
             while True:
@@ -1069,6 +1071,32 @@ def _site(frames: List[Dict[str, Any]]) -> str:
         if name.endswith(".py") and "/torch/" not in name and not name.endswith("harness.py"):
             return fmt(f)
     return fmt(frames[0]) if frames else "?"
+
+
+def allocation_events(trace: List[Dict[str, Any]]) -> List[List[Any]]:
+    """A CUDA allocator trace as `allocsim.py` events: `["a", addr, size]`, `["f", addr]`."""
+    out: List[List[Any]] = []
+    for ev in trace:
+        a = ev.get("action")
+        if a == "alloc":
+            out.append(["a", ev.get("addr"), int(ev.get("size") or 0)])
+        elif a == "free_completed":
+            out.append(["f", ev.get("addr")])
+    return out
+
+
+def replayed_peaks(trace: List[Dict[str, Any]], start_allocated: int,
+                   start_reserved: int) -> Optional[Dict[str, int]]:
+    """The real trace replayed through `allocsim.py` from an empty cache, on top of what was
+    there when recording began: a check of the allocator model against the allocator.
+    None where allocsim is not beside this file (the copy `moro calibrate` embeds)."""
+    try:
+        import allocsim  # type: ignore
+    except ImportError:
+        return None
+    a = allocsim.replay(allocation_events(trace))
+    return {"replayed_allocated_peak_bytes": start_allocated + a.peak_allocated,
+            "replayed_reserved_peak_bytes": start_reserved + a.peak_reserved}
 
 
 def peak_trace(events: List[Dict[str, Any]], start_allocated: int, start_reserved: int,
@@ -1361,7 +1389,13 @@ def worker_job(spec: Dict[str, Any], device: str = "cuda") -> Dict[str, Any]:
             snap = torch.cuda.memory._snapshot()
             torch.cuda.memory._record_memory_history(enabled=None)
             dev = torch.cuda.current_device()
-            out["peak_trace"] = peak_trace(snap["device_traces"][dev], *start_counters)
+            trace = snap["device_traces"][dev]
+            out["peak_trace"] = peak_trace(trace, *start_counters)
+            out["peak_trace"].update(replayed_peaks(trace, *start_counters) or {})
+            if spec.get("trace_dir"):
+                os.makedirs(spec["trace_dir"], exist_ok=True)
+                path = os.path.join(spec["trace_dir"], "%s.json" % job.short_id())
+                write_atomic(path, json.dumps(allocation_events(trace)))
         except Exception as e:  # noqa: BLE001 - the measurement stands without the trace
             out["peak_trace"] = {"error": "%s: %s" % (type(e).__name__, e)}
     if cuda:
@@ -1457,8 +1491,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="moro binary for the free-memory check (default: `moro` on PATH)")
     p.add_argument("--no-moro", action="store_true", help="skip the predicted-need check")
     p.add_argument("--snapshot", action="store_true",
-                   help="record the allocator's trace and store what was live at the peak "
-                        "(calibration.peak_trace; slower)")
+                   help="record the allocator's trace: what was live at the peak, the trace "
+                        "replayed through allocsim.py (calibration.peak_trace), and the "
+                        "allocations themselves (OUTPUT.traces/ID.json); slower")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--worker-probe", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)

@@ -478,6 +478,26 @@ class PeakTraceTest(unittest.TestCase):
         r["checks"]["tied_embeddings"] = True
         self.assertNotIn("model_overrides", h.build_rows(job, r, MACHINE)[0])
 
+    def test_a_real_trace_replays_through_allocsim(self):
+        trace = [
+            {"action": "segment_alloc", "addr": 0, "size": 100 * MIB},
+            {"action": "alloc", "addr": 0, "size": 100 * MIB},
+            {"action": "free_requested", "addr": 0, "size": 100 * MIB},
+            {"action": "free_completed", "addr": 0, "size": 100 * MIB},
+            {"action": "alloc", "addr": 0, "size": 30 * MIB},
+            {"action": "segment_alloc", "addr": 1 << 40, "size": 100 * MIB},
+            {"action": "alloc", "addr": 1 << 40, "size": 100 * MIB},
+        ]
+        self.assertEqual(h.allocation_events(trace),
+                         [["a", 0, 100 * MIB], ["f", 0], ["a", 0, 30 * MIB],
+                          ["a", 1 << 40, 100 * MIB]])
+        # The model splits the cached 100 MiB block for 30 MiB and needs a second segment,
+        # as the trace's own segment_alloc says; on top of 1 GiB already there.
+        self.assertEqual(h.replayed_peaks(trace, GIB, GIB),
+                         {"replayed_allocated_peak_bytes": GIB + 130 * MIB,
+                          "replayed_reserved_peak_bytes": GIB + 200 * MIB})
+        self.assertEqual(h.peak_trace(trace, GIB, GIB)["reserved_peak_bytes"], GIB + 200 * MIB)
+
     def test_trace_goes_into_the_row(self):
         job = h.grid("full")[0]
         r = {"outcome": "ok", "allocated_bytes": GIB, "reserved_bytes": GIB, "layers": 32,
