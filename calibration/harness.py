@@ -1295,6 +1295,29 @@ def prepare_training(job: Job, model):
     return model, opt
 
 
+def start_recording(torch) -> Tuple[int, int]:
+    """Starts the allocator's trace; returns the allocated and reserved bytes before it."""
+    start = (int(torch.cuda.memory_allocated()), int(torch.cuda.memory_reserved()))
+    torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
+    return start
+
+
+def finish_recording(torch, start: Tuple[int, int], job: Job,
+                     trace_dir: Optional[str]) -> Dict[str, Any]:
+    """Stops the trace and analyses it (`peak_trace`, `replayed_peaks`); with `trace_dir`,
+    writes the allocations to `trace_dir/ID.json`."""
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    trace = snap["device_traces"][torch.cuda.current_device()]
+    result = peak_trace(trace, *start)
+    result.update(replayed_peaks(trace, *start) or {})
+    if trace_dir:
+        os.makedirs(trace_dir, exist_ok=True)
+        write_atomic(os.path.join(trace_dir, "%s.json" % job.short_id()),
+                     json.dumps(allocation_events(trace)))
+    return result
+
+
 def worker_job(spec: Dict[str, Any], device: str = "cuda") -> Dict[str, Any]:
     """Runs one job and measures it. Never raises for an out-of-memory error."""
     import torch
@@ -1338,8 +1361,7 @@ def worker_job(spec: Dict[str, Any], device: str = "cuda") -> Dict[str, Any]:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
             if spec.get("snapshot"):
-                start_counters = (torch.cuda.memory_allocated(), torch.cuda.memory_reserved())
-                torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
+                start_counters = start_recording(torch)
         if sampler:
             sampler.start()
         vocab = int(getattr(model.config, "vocab_size", None) or cfg.get("vocab_size") or 32000)
@@ -1386,16 +1408,7 @@ def worker_job(spec: Dict[str, Any], device: str = "cuda") -> Dict[str, Any]:
     out["wall_s"] = round(time.monotonic() - t0, 2)
     if cuda and spec.get("snapshot"):
         try:
-            snap = torch.cuda.memory._snapshot()
-            torch.cuda.memory._record_memory_history(enabled=None)
-            dev = torch.cuda.current_device()
-            trace = snap["device_traces"][dev]
-            out["peak_trace"] = peak_trace(trace, *start_counters)
-            out["peak_trace"].update(replayed_peaks(trace, *start_counters) or {})
-            if spec.get("trace_dir"):
-                os.makedirs(spec["trace_dir"], exist_ok=True)
-                path = os.path.join(spec["trace_dir"], "%s.json" % job.short_id())
-                write_atomic(path, json.dumps(allocation_events(trace)))
+            out["peak_trace"] = finish_recording(torch, start_counters, job, spec.get("trace_dir"))
         except Exception as e:  # noqa: BLE001 - the measurement stands without the trace
             out["peak_trace"] = {"error": "%s: %s" % (type(e).__name__, e)}
     if cuda:

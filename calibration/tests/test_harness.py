@@ -498,6 +498,30 @@ class PeakTraceTest(unittest.TestCase):
                           "replayed_reserved_peak_bytes": GIB + 200 * MIB})
         self.assertEqual(h.peak_trace(trace, GIB, GIB)["reserved_peak_bytes"], GIB + 200 * MIB)
 
+    def test_recording_calls_the_allocator_and_writes_the_trace(self):
+        calls = []
+        trace = [{"action": "segment_alloc", "addr": 0, "size": 20 * MIB},
+                 {"action": "alloc", "addr": 0, "size": 4 * MIB, "frames": []},
+                 {"action": "free_completed", "addr": 0, "size": 4 * MIB}]
+        memory = types.SimpleNamespace(
+            _record_memory_history=lambda *a, **k: calls.append(k),
+            _snapshot=lambda: {"device_traces": [[], trace]})
+        torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
+            memory=memory, memory_allocated=lambda: GIB, memory_reserved=lambda: 2 * GIB,
+            current_device=lambda: 1))
+        start = h.start_recording(torch)
+        self.assertEqual(start, (GIB, 2 * GIB))
+        self.assertEqual(calls, [{"max_entries": 2_000_000, "stacks": "python"}])
+        job = h.grid("full")[0]
+        with tempfile.TemporaryDirectory() as d:
+            t = h.finish_recording(torch, start, job, os.path.join(d, "traces"))
+            self.assertEqual(calls[-1], {"enabled": None})
+            self.assertEqual(t["allocated_peak_bytes"], GIB + 4 * MIB)
+            self.assertEqual(t["reserved_peak_bytes"], 2 * GIB + 20 * MIB)
+            self.assertEqual(t["replayed_reserved_peak_bytes"], 2 * GIB + 20 * MIB)
+            with open(os.path.join(d, "traces", job.short_id() + ".json")) as f:
+                self.assertEqual(json.load(f), [["a", 0, 4 * MIB], ["f", 0]])
+
     def test_trace_goes_into_the_row(self):
         job = h.grid("full")[0]
         r = {"outcome": "ok", "allocated_bytes": GIB, "reserved_bytes": GIB, "layers": 32,
