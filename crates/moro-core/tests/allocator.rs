@@ -88,6 +88,15 @@ fn full_fine_tune_block_is_the_embedding_gradient() {
     let e = run(&m, &j);
     // The loss block at 64 tokens (64 · 128256 · 4 = 31 MiB) is smaller than the gradient.
     assert_eq!(e.largest_freed_block, 128_256 * 4096 * 2);
+    // Before torch 2.0 `zero_grad()` zeroed gradients in place: only the loss block is freed.
+    let old = Job {
+        versions: moro_core::job::Versions {
+            torch: Some((1, 13)),
+            ..moro_core::job::Versions::default()
+        },
+        ..j
+    };
+    assert_eq!(run(&m, &old).largest_freed_block, 64 * 128_256 * 4);
 }
 
 /// Gemma 2's `final_logit_softcapping` saves tanh's bf16 output (under autocast) from the

@@ -553,7 +553,8 @@ fn finish(
 /// The largest buffer a training step allocates and frees: the loss's (see
 /// [`loss::Loss::largest_block`]) or, in a full fine-tune without sharded gradients, the
 /// largest parameter's gradient (the embedding or lm_head, `V·h`), which
-/// `zero_grad(set_to_none=True)` frees after every optimizer step.
+/// `zero_grad(set_to_none=True)` frees after every optimizer step (before torch 2.0 it
+/// zeroed them in place: never freed, no block).
 fn largest_freed_block(
     model: &ModelSpec,
     job: &Job,
@@ -564,6 +565,7 @@ fn largest_freed_block(
     let grad = if job.method == Method::Full
         && job.parallel.sharding == crate::job::Sharding::None
         && !job.optimizer_in_backward
+        && !job.versions.zero_grad_keeps_grads()
     {
         let widest = model.vocab_size.max(model.intermediate_size);
         widest * model.hidden_size / par.tp.max(1) * regime.param_bytes
