@@ -113,20 +113,20 @@ class Allocator:
         prev, nxt = b.prev, b.next
         if prev is not None and prev.free:
             self._uncache(prev)
-            del self._blocks[b.addr]
-            prev.size += b.size
-            prev.next = b.next
-            if b.next is not None:
-                b.next.prev = prev
-            b = prev
+            b = self._join(prev, b)
         if nxt is not None and nxt.free:
             self._uncache(nxt)
-            del self._blocks[nxt.addr]
-            b.size += nxt.size
-            b.next = nxt.next
-            if nxt.next is not None:
-                nxt.next.prev = b
+            b = self._join(b, nxt)
         self._cache(b)
+
+    def _join(self, left: _Block, right: _Block) -> _Block:
+        """Merges `right` into `left`, its neighbour in the same segment."""
+        del self._blocks[right.addr]
+        left.size += right.size
+        left.next = right.next
+        if right.next is not None:
+            right.next.prev = left
+        return left
 
     def empty_cache(self) -> None:
         for b in [b for b in self._blocks.values()
