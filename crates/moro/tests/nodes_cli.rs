@@ -4,32 +4,14 @@
 
 mod common;
 
-use common::{json_of, moro};
+use common::{export_json, generate_70b_full, json_of, moro};
 
 #[test]
 fn generate_on_two_nodes_writes_nodes_and_exports_multi_node_launches() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let out = moro(d)
-        .args([
-            "recipe",
-            "generate",
-            "--model",
-            "meta-llama/Llama-3.1-70B-Instruct",
-            "--hardware",
-            "2x8xh100-sxm",
-            "--method",
-            "full",
-            "--seq-len",
-            "4096",
-            "--output",
-            "moro.yaml",
-        ])
-        .assert()
-        .code(0)
-        .get_output()
-        .clone();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let out = generate_70b_full(d, "2x8xh100-sxm", &["--output", "moro.yaml"]);
+    let stdout = String::from_utf8_lossy(&out);
     assert!(stdout.contains("16 GPUs"), "{stdout}");
     let text = std::fs::read_to_string(d.join("moro.yaml")).unwrap();
     assert!(
@@ -60,18 +42,7 @@ fn generate_on_two_nodes_writes_nodes_and_exports_multi_node_launches() {
     assert_eq!(v["job"]["parallel"]["nodes"], 2);
 
     // Exports: 2 nodes of 8 processes.
-    let export = |to: &str| {
-        json_of(
-            &moro(d)
-                .args(["recipe", "export", "moro.yaml", "--to", to, "-o"])
-                .arg(format!("{to}/"))
-                .arg("--json")
-                .assert()
-                .code(0)
-                .get_output()
-                .stdout,
-        )
-    };
+    let export = |to: &str| export_json(d, to, &format!("{to}/"));
     let strategy = text
         .lines()
         .find_map(|l| l.trim().strip_prefix("strategy: "))

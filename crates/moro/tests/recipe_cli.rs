@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{json_of, moro};
+use common::{export_json, generate_70b_full, json_of, moro};
 
 #[test]
 fn generate_writes_a_recipe_that_estimate_and_check_agree_with() {
@@ -489,26 +489,8 @@ fn fit_json_answers_70b_full_fine_tuning() {
 fn generate_on_eight_h100_writes_parallel_and_exports_deepspeed() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let o = moro(d)
-        .args([
-            "recipe",
-            "generate",
-            "--model",
-            "meta-llama/Llama-3.1-70B-Instruct",
-            "--hardware",
-            "8xh100-sxm",
-            "--method",
-            "full",
-            "--seq-len",
-            "4096",
-            "--output",
-            "moro.yaml",
-        ])
-        .assert()
-        .code(0)
-        .get_output()
-        .clone();
-    let out = String::from_utf8_lossy(&o.stdout);
+    let o = generate_70b_full(d, "8xh100-sxm", &["--output", "moro.yaml"]);
+    let out = String::from_utf8_lossy(&o);
     assert!(out.contains("8 GPUs"), "{out}");
     let text = std::fs::read_to_string(d.join("moro.yaml")).unwrap();
     assert!(text.contains("\nparallel:\n  gpus: 8\n"), "{text}");
@@ -528,22 +510,7 @@ fn generate_on_eight_h100_writes_parallel_and_exports_deepspeed() {
         .assert()
         .code(0);
     // DeepSpeed export: the JSON config and a launch over eight GPUs.
-    let o = moro(d)
-        .args([
-            "recipe",
-            "export",
-            "moro.yaml",
-            "--to",
-            "deepspeed",
-            "-o",
-            "ds/",
-            "--json",
-        ])
-        .assert()
-        .code(0)
-        .get_output()
-        .clone();
-    let v = json_of(&o.stdout);
+    let v = export_json(d, "deepspeed", "ds/");
     let launch = v["launch"].as_str().unwrap();
     let files: Vec<&str> = v["files"]
         .as_array()
@@ -563,22 +530,7 @@ fn generate_on_eight_h100_writes_parallel_and_exports_deepspeed() {
         );
     }
     // accelerate export: the config and `accelerate launch`.
-    let o = moro(d)
-        .args([
-            "recipe",
-            "export",
-            "moro.yaml",
-            "--to",
-            "accelerate",
-            "-o",
-            "acc/",
-            "--json",
-        ])
-        .assert()
-        .code(0)
-        .get_output()
-        .clone();
-    let v = json_of(&o.stdout);
+    let v = export_json(d, "accelerate", "acc/");
     assert!(
         v["launch"]
             .as_str()
@@ -589,25 +541,7 @@ fn generate_on_eight_h100_writes_parallel_and_exports_deepspeed() {
     let acc = std::fs::read_to_string(d.join("acc/accelerate.yaml")).unwrap();
     assert!(acc.contains("num_processes: 8"), "{acc}");
     // JSON: the best names its GPUs, strategy and host RAM.
-    let o = moro(d)
-        .args([
-            "recipe",
-            "generate",
-            "--model",
-            "meta-llama/Llama-3.1-70B-Instruct",
-            "--hardware",
-            "2x8xh100-sxm",
-            "--method",
-            "full",
-            "--seq-len",
-            "4096",
-            "--json",
-        ])
-        .assert()
-        .code(0)
-        .get_output()
-        .clone();
-    let v = json_of(&o.stdout);
+    let v = json_of(&generate_70b_full(d, "2x8xh100-sxm", &["--json"]));
     assert_eq!(v["best"]["gpus"], 16);
     assert!(v["best"]["host_bytes"].is_u64());
     assert_eq!(v["recipe"]["parallel"]["gpus"], 16);

@@ -21,3 +21,48 @@ pub fn json_of(out: &[u8]) -> serde_json::Value {
     serde_json::from_slice(out)
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(out)))
 }
+
+/// `moro recipe generate` in `dir` for the 70B full fine-tune at 4096 tokens on `hardware`,
+/// with `out` (`["--output", "moro.yaml"]` or `["--json"]`): exits 0; stdout.
+pub fn generate_70b_full(dir: &Path, hardware: &str, out: &[&str]) -> Vec<u8> {
+    moro(dir)
+        .args([
+            "recipe",
+            "generate",
+            "--model",
+            "meta-llama/Llama-3.1-70B-Instruct",
+            "--hardware",
+            hardware,
+            "--method",
+            "full",
+            "--seq-len",
+            "4096",
+        ])
+        .args(out)
+        .assert()
+        .code(0)
+        .get_output()
+        .stdout
+        .clone()
+}
+
+/// `moro recipe export moro.yaml --to TO -o OUT_DIR --json` in `dir`: exits 0; the JSON.
+pub fn export_json(dir: &Path, to: &str, out_dir: &str) -> serde_json::Value {
+    json_of(
+        &moro(dir)
+            .args([
+                "recipe",
+                "export",
+                "moro.yaml",
+                "--to",
+                to,
+                "-o",
+                out_dir,
+                "--json",
+            ])
+            .assert()
+            .code(0)
+            .get_output()
+            .stdout,
+    )
+}
