@@ -139,10 +139,7 @@ pub(crate) fn parse(c: &Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchErro
         layer_other: 4 * hidden,
         dense_mlp: mlp,
         moe: None,
-        kinds: common::all_full(c, layers)?
-            .into_iter()
-            .map(|a| (a, false))
-            .collect(),
+        kinds: common::dense(common::all_full(c, layers)?),
         mla: None,
         // embeddings.LayerNorm (weight and bias): the only norm outside the layers.
         final_norm: 2 * hidden,

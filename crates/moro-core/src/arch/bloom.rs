@@ -60,10 +60,7 @@ pub(crate) fn parse(c: &Cfg<'_>) -> Result<ModelSpec, ArchError> {
         layer_other: 4 * hidden,
         dense_mlp: mlp,
         moe: None,
-        kinds: common::all_full(c, layers)?
-            .into_iter()
-            .map(|a| (a, false))
-            .collect(),
+        kinds: common::dense(common::all_full(c, layers)?),
         mla: None,
         // word_embeddings_layernorm + ln_f.
         final_norm: 4 * hidden,

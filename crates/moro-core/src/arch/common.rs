@@ -187,6 +187,11 @@ pub(crate) fn layer_types(
         .map(Some)
 }
 
+/// Layers of these attention kinds, none of them MoE (`Plan::kinds`).
+pub(crate) fn dense(kinds: Vec<AttentionKind>) -> Vec<(AttentionKind, bool)> {
+    kinds.into_iter().map(|a| (a, false)).collect()
+}
+
 /// Every layer attends fully, unless `layer_types` says otherwise.
 pub(crate) fn all_full(c: &Cfg<'_>, layers: u64) -> Result<Vec<AttentionKind>, ArchError> {
     uniform(c, layers, None)

@@ -159,7 +159,7 @@ fn text_model(
         layer_other,
         dense_mlp: common::gated_mlp(hidden, intermediate, false, LinearRole::Mlp),
         moe: None,
-        kinds: attention.into_iter().map(|a| (a, false)).collect(),
+        kinds: common::dense(attention),
         mla: None,
         final_norm: hidden,
         load_dtype: dtype,

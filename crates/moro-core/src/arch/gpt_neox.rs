@@ -57,10 +57,7 @@ pub(crate) fn parse(c: &Cfg<'_>) -> Result<ModelSpec, ArchError> {
         layer_other: 4 * hidden,
         dense_mlp: mlp,
         moe: None,
-        kinds: common::all_full(c, layers)?
-            .into_iter()
-            .map(|a| (a, false))
-            .collect(),
+        kinds: common::dense(common::all_full(c, layers)?),
         mla: None,
         final_norm: 2 * hidden,
         load_dtype: c.dtype_or(Dtype::Bf16)?,

@@ -43,10 +43,7 @@ pub(crate) fn parse(c: &Cfg<'_>) -> Result<ModelSpec, ArchError> {
         layer_other: 2 * hidden + heads.q() + heads.kv_width(),
         dense_mlp: common::gated_mlp(hidden, intermediate, false, LinearRole::Mlp),
         moe: None,
-        kinds: common::all_full(c, layers)?
-            .into_iter()
-            .map(|a| (a, false))
-            .collect(),
+        kinds: common::dense(common::all_full(c, layers)?),
         mla: None,
         final_norm: hidden,
         load_dtype: c.dtype_or(Dtype::Bf16)?,

@@ -59,10 +59,7 @@ pub(crate) fn parse(c: &Cfg<'_>) -> Result<ModelSpec, ArchError> {
         layer_other: 2 * hidden + qk_norm,
         dense_mlp: mlp,
         moe: None,
-        kinds: common::all_full(c, layers)?
-            .into_iter()
-            .map(|a| (a, false))
-            .collect(),
+        kinds: common::dense(common::all_full(c, layers)?),
         mla: None,
         // final_layernorm (weight + bias) and the lm_head bias.
         final_norm: 2 * hidden + vocab,

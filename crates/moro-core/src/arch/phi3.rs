@@ -60,7 +60,7 @@ pub(crate) fn parse(c: &Cfg<'_>) -> Result<ModelSpec, ArchError> {
         layer_other: 2 * hidden,
         dense_mlp: mlp,
         moe: None,
-        kinds: attention.into_iter().map(|a| (a, false)).collect(),
+        kinds: common::dense(attention),
         mla: None,
         final_norm: hidden,
         load_dtype: c.dtype_or(Dtype::Bf16)?,

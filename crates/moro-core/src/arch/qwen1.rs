@@ -65,10 +65,7 @@ pub(crate) fn parse(c: &Cfg<'_>) -> Result<ModelSpec, ArchError> {
         layer_other: 2 * hidden,
         dense_mlp: mlp,
         moe: None,
-        kinds: common::all_full(c, layers)?
-            .into_iter()
-            .map(|a| (a, false))
-            .collect(),
+        kinds: common::dense(common::all_full(c, layers)?),
         mla: None,
         final_norm: hidden,
         load_dtype: qwen_dtype(c)?,
