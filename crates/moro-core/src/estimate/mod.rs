@@ -273,22 +273,31 @@ pub fn estimate(
     };
     let regime = Regime::resolve(model, job);
     let par = parallel::Sharded::new(model, job, &regime);
-    let phases = if job.method == Method::Inference {
-        inference::phases(model, job, &regime, device, &par)
+    let (phases, largest_freed_block) = if job.method == Method::Inference {
+        (inference::phases(model, job, &regime, device, &par), 0)
     } else {
         training_phases(model, job, &regime, device, &par)
     };
-    Ok(finish(model, job, &regime, device, &par, phases))
+    Ok(finish(
+        model,
+        job,
+        &regime,
+        device,
+        &par,
+        phases,
+        largest_freed_block,
+    ))
 }
 
-/// Builds the phase list of a training step.
+/// Builds the phase list of a training step, and the largest buffer the step frees
+/// ([`largest_freed_block`]).
 fn training_phases(
     model: &ModelSpec,
     job: &Job,
     regime: &Regime,
     device: &DeviceProfile,
     par: &parallel::Sharded,
-) -> Vec<PhaseBytes> {
+) -> (Vec<PhaseBytes>, u64) {
     let w = par.weights;
     let adapters = par.adapters;
     let grads = par.grads;
@@ -432,7 +441,10 @@ fn training_phases(
             ),
         ]),
     });
-    phases
+    (
+        phases,
+        largest_freed_block(model, job, regime, &head, par.tp),
+    )
 }
 
 /// The allocated level of a peak phase (with the device's learned offset) and the caching
@@ -500,6 +512,7 @@ fn finish(
     device: &DeviceProfile,
     par: &parallel::Sharded,
     phases: Vec<PhaseBytes>,
+    largest_freed_block: u64,
 ) -> Estimate {
     let peak = phases
         .iter()
@@ -509,11 +522,6 @@ fn finish(
             phase: Phase::Load,
             components: vec![],
         });
-    let largest_freed_block = if job.method == Method::Inference {
-        0
-    } else {
-        largest_freed_block(model, job, regime, par)
-    };
     let (allocated, reserve) = allocated_and_reserve(&peak, device, largest_freed_block);
     let reserved = allocated + reserve;
     let mut outside = par.paged_states;
@@ -559,18 +567,18 @@ fn largest_freed_block(
     model: &ModelSpec,
     job: &Job,
     regime: &Regime,
-    par: &parallel::Sharded,
+    head: &loss::Loss,
+    tp: u64,
 ) -> u64 {
-    let head = loss::Loss::new(model, job, regime, par.tp).largest_block;
     let grad = if job.method == Method::Full
         && job.parallel.sharding == crate::job::Sharding::None
         && !job.optimizer_in_backward
         && !job.versions.zero_grad_keeps_grads()
     {
         let widest = model.vocab_size.max(model.intermediate_size);
-        widest * model.hidden_size / par.tp.max(1) * regime.param_bytes
+        widest * model.hidden_size / tp.max(1) * regime::grad_bytes(job, regime)
     } else {
         0
     };
-    head.max(grad)
+    head.largest_block.max(grad)
 }
