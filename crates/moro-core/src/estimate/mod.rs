@@ -121,6 +121,21 @@ pub enum Component {
 }
 
 impl Component {
+    /// Made once and kept for the whole run (weights, adapters, optimizer states, gradients,
+    /// KV cache), as opposed to the churn a step allocates and frees: what
+    /// [`allocated_and_reserve`] leaves out of the fragmenting bytes.
+    #[must_use]
+    pub const fn is_resident(self) -> bool {
+        matches!(
+            self,
+            Self::Weights
+                | Self::Adapters
+                | Self::OptimizerStates
+                | Self::Gradients
+                | Self::KvCache
+        )
+    }
+
     /// Display name.
     #[must_use]
     pub const fn as_str(self) -> &'static str {
@@ -481,16 +496,7 @@ pub fn allocated_and_reserve(
     let resident: u64 = peak
         .components
         .iter()
-        .filter(|c| {
-            matches!(
-                c.0,
-                Component::Weights
-                    | Component::Adapters
-                    | Component::OptimizerStates
-                    | Component::Gradients
-                    | Component::KvCache
-            )
-        })
+        .filter(|c| c.0.is_resident())
         .map(|c| c.1)
         .sum();
     let churn = allocated.saturating_sub(resident);

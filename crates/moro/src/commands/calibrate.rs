@@ -13,7 +13,7 @@ use std::process::{Command, ExitCode, Stdio};
 
 use anyhow::Result;
 use clap::Args;
-use moro_core::estimate::{Component, DeviceProfile, estimate};
+use moro_core::estimate::{DeviceProfile, estimate};
 use moro_core::model::ModelSpec;
 use moro_core::units::MIB;
 use moro_core::validation::{gpu_facts, interpret};
@@ -731,16 +731,7 @@ pub(crate) fn fit(rows_text: &str, machine: Option<&Value>) -> Result<Profile, S
         let resident: u64 = est
             .components
             .iter()
-            .filter(|(k, _)| {
-                matches!(
-                    k,
-                    Component::Weights
-                        | Component::Adapters
-                        | Component::OptimizerStates
-                        | Component::Gradients
-                        | Component::KvCache
-                )
-            })
+            .filter(|(k, _)| k.is_resident())
             .map(|(_, b)| *b)
             .sum();
         let churn = alloc.saturating_sub(resident);
