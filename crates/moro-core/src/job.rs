@@ -344,7 +344,10 @@ pub enum Attention {
     Flash,
     /// `torch.nn.functional.scaled_dot_product_attention` (flash / mem-efficient backends).
     Sdpa,
-    /// Eager attention: materializes the a·s² probabilities.
+    /// Eager attention: materializes the a·s² probabilities. With the litgpt stack, which
+    /// has no eager path, this is SDPA's math kernel (what lit-gpt ran for multi-query
+    /// models before it expanded their k/v heads, or with the flash and memory-efficient
+    /// backends disabled).
     Eager,
 }
 

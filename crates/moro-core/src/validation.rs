@@ -71,6 +71,13 @@ pub struct Row {
     /// (`secondary_measurements.cuda_context_only_MiB`), replacing the device default the way
     /// `moro calibrate` does.
     pub cuda_context_bytes: Option<u64>,
+    /// The run used lit-gpt code from before it expanded a multi-query model's single key
+    /// and value head to all query heads for training (commit 50b1974b, 2023-10-24:
+    /// "training: flash attention requires it"). Until then `CausalSelfAttention` passed
+    /// one k/v head with `n_head` query heads to `F.scaled_dot_product_attention`, whose
+    /// flash and memory-efficient kernels require equal head counts
+    /// (`check_batch_size_and_num_heads`, `sdp_utils.cpp`), so SDPA ran its math kernel.
+    pub litgpt_unexpanded_mqa: bool,
 }
 
 fn text(v: &Value, key: &str) -> String {
@@ -508,6 +515,13 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         _ if oom => 0,
         _ => return Err("no measured value".into()),
     };
+    // Checkouts of the pre-release `lit-gpt` measured up to October 2023 (the expansion
+    // landed on 2023-10-24; the October resource tables ran 8641822, which predates it).
+    let litgpt_unexpanded_mqa = stack == Stack::Litgpt
+        && fw.contains("lit-gpt")
+        && text(v, "measured_when")
+            .get(..7)
+            .is_some_and(|d| d <= "2023-10");
     let gpu = text(v, "gpu");
     let (gpu_memory_bytes, compute_capability) = gpu_facts(&gpu);
     if oom && gpu_memory_bytes.is_none() {
@@ -526,6 +540,7 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         confidence: text(v, "confidence"),
         model_overrides: v.get("model_overrides").and_then(Value::as_object).cloned(),
         cuda_context_bytes: measured_context(v),
+        litgpt_unexpanded_mqa,
     })
 }
 
@@ -1082,6 +1097,17 @@ fn estimate_row(
     let model = models.model_with(&row.model_id, row.model_overrides.as_ref())?;
     let mut job = row.job.clone();
     cap_to_learned_positions(&mut job, &model);
+    // Training only: generation with a KV cache never expanded MQA's k and v, before or
+    // after that commit, and the inference model already runs the math kernel for it.
+    if row.litgpt_unexpanded_mqa
+        && job.method != Method::Inference
+        && model.num_kv_heads == 1
+        && model.num_heads > 1
+        && job.attention == Attention::Sdpa
+    {
+        // SDPA's math kernel: the probabilities are materialized, as in eager attention.
+        job.attention = Attention::Eager;
+    }
     job.lora.targets = crate::targets::resolve(&model, &job.lora.targets);
     let estimate =
         crate::estimate::estimate(&model, &job, &row_profile(row)).map_err(|e| e.to_string())?;

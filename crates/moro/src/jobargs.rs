@@ -189,7 +189,8 @@ pub(crate) struct JobArgs {
     /// `optimizer_in_bwd`); needs --grad-accum 1.
     #[arg(long, num_args = 0..=1, default_missing_value = "true", help_heading = "Training")]
     pub(crate) optimizer_in_backward: Option<bool>,
-    /// Attention: flash, sdpa or eager [default: sdpa].
+    /// Attention: flash, sdpa or eager [default: sdpa]; with --stack litgpt, eager is SDPA's
+    /// math kernel.
     #[arg(long, value_parser = parse_attention, help_heading = "Training")]
     pub(crate) attention: Option<Attention>,
     /// Precision: bf16, bf16-mixed, fp16-mixed, fp32 [default: bf16-mixed for LoRA/QLoRA,

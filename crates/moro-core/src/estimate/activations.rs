@@ -387,7 +387,7 @@ impl Ctx<'_> {
         let padded = job.padding.has_mask() && !litgpt;
         let seq = job.seq_len;
         bytes += match job.attention {
-            Attention::Flash | Attention::Sdpa if litgpt => {
+            _ if litgpt => {
                 let mut b = self.litgpt_attention_core(attn_b);
                 // LoRA on a subset of q/k/v: `zero_pad`'s `index_copy` saves its (copied)
                 // source, the enabled slices' widths.
@@ -455,6 +455,13 @@ impl Ctx<'_> {
     /// and MQA keep a view of qkv that SDPA saves, keeping the whole fused output alive.
     /// Saved: (MHA/MQA) qkv + rotated q, k + out; (GQA) q, k, v at full heads + out; plus the
     /// fp32 log-sum-exp per head.
+    ///
+    /// litgpt has no eager attention: `Attention::Eager` is SDPA's math kernel
+    /// (`_scaled_dot_product_attention_math`, `attention.cpp`). It scales q by √scale (a new
+    /// tensor), and `matmul` expands and `reshape`s the k and v operands to all heads
+    /// (copies, `LinearAlgebra.cpp` `matmul`) that its `bmm`s save with the bf16 softmax
+    /// output, `a·s` per token; nothing keeps the fused qkv output alive. Saved: 3·ad + a·s
+    /// elements per token.
     fn litgpt_attention_core(&self, attn_b: u64) -> u64 {
         let m = self.m;
         let tp = self.tp.max(1);
@@ -462,6 +469,9 @@ impl Ctx<'_> {
         let ad = m.q_width() / tp;
         let kd = m.kv_width() / tp;
         let kv_heads = m.num_kv_heads;
+        if self.job.attention == Attention::Eager {
+            return attn_b * (3 * ad + a * self.job.seq_len);
+        }
         (if kv_heads == m.num_heads || kv_heads == 1 {
             attn_b * (ad + 2 * kd) + attn_b * 3 * ad
         } else {
@@ -650,6 +660,12 @@ impl Ctx<'_> {
         let o = self.linear_out_bytes(self.r.stream_bytes);
         let attn = match self.job.attention {
             Attention::Flash | Attention::Sdpa => 12 * ad + 4 * kd,
+            // SDPA's math kernel (litgpt): the gradients of the bf16 probabilities and of
+            // the scores, and of the expanded q, k, v.
+            Attention::Eager if self.job.stack == crate::job::Stack::Litgpt => {
+                let b = self.attn_bytes(o);
+                b * (3 * ad + 2 * (m.num_heads / tp) * self.job.seq_len)
+            }
             Attention::Eager => 3 * 2 * ad + 8 * (m.num_heads / tp) * self.job.seq_len,
         };
         // Routed experts run (and back-propagate) one after another on their own tokens
