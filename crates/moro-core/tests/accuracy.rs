@@ -64,7 +64,7 @@ fn measured_rows_do_not_regress() {
     print_summary("measured", &r);
     let s = &r.summary;
     assert!(s.coverage >= 0.88, "coverage {}", s.coverage);
-    assert_within(&s.overall, 0.03, 0.12, 0.17);
+    assert_within(&s.overall, 0.03, 0.12, 0.16);
     // Every OOM row moro covers is predicted not to fit.
     assert_eq!(s.oom_missed, 0, "oom missed {}", s.oom_missed);
 }
