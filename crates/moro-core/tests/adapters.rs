@@ -96,14 +96,10 @@ fn adapter_v2_saves_more_than_v1() {
     let act = |peft| {
         estimate(&m, &adapter_job(peft), &d)
             .expect("estimate")
-            .phases
-            .iter()
-            .find(|p| p.phase == moro_core::estimate::Phase::ForwardEnd)
-            .expect("forward end")
-            .components
-            .iter()
-            .find(|c| c.0 == moro_core::estimate::Component::Activations)
-            .map_or(0, |c| c.1)
+            .phase_component(
+                moro_core::estimate::Phase::ForwardEnd,
+                moro_core::estimate::Component::Activations,
+            )
     };
     let v1 = act(PeftKind::LlamaAdapter);
     let v2 = act(PeftKind::AdapterV2);

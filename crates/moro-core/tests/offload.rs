@@ -55,13 +55,9 @@ fn zero2_gradient_buckets_live_in_backward() {
             ..Job::default()
         };
         job.lora.targets = moro_core::targets::resolve(&m, &job.lora.targets);
-        let e = estimate(&m, &job, &DeviceProfile::default()).unwrap();
-        let p = e.phases.iter().find(|p| p.phase == phase).unwrap();
-        p.components
-            .iter()
-            .filter(|c| c.0 == Component::Transients)
-            .map(|c| c.1)
-            .sum::<u64>()
+        estimate(&m, &job, &DeviceProfile::default())
+            .unwrap()
+            .phase_component(phase, Component::Transients)
     };
     let auto = 2048 * 2048;
     assert_eq!(

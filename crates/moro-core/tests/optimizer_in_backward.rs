@@ -25,17 +25,9 @@ fn job(in_backward: bool) -> Job {
 fn gradients_are_one_parameter_at_a_time() {
     let m = catalog::load(catalog::find("meta-llama/Llama-2-7b-hf").expect("catalog")).unwrap();
     let grads_at_end = |j: &Job| {
-        let e = estimate(&m, j, &DeviceProfile::default()).unwrap();
-        let p = e
-            .phases
-            .iter()
-            .find(|p| p.phase == Phase::BackwardEnd)
-            .unwrap();
-        p.components
-            .iter()
-            .filter(|c| c.0 == Component::Gradients)
-            .map(|c| c.1)
-            .sum::<u64>()
+        estimate(&m, j, &DeviceProfile::default())
+            .unwrap()
+            .phase_component(Phase::BackwardEnd, Component::Gradients)
     };
     assert_eq!(grads_at_end(&job(true)), 32_000 * 4096 * 2);
     assert_eq!(grads_at_end(&job(false)), 2 * 6_738_415_616);

@@ -246,17 +246,10 @@ fn llama_layer_activations_by_hand() {
         ..Job::default()
     };
     let acts = |s: u64| {
-        let e = est(&m, &j(s));
-        let fwd = e
-            .phases
-            .iter()
-            .find(|p| p.phase == moro_core::estimate::Phase::ForwardEnd)
-            .expect("phase");
-        fwd.components
-            .iter()
-            .filter(|c| c.0 == moro_core::estimate::Component::Activations)
-            .map(|c| c.1)
-            .sum::<u64>()
+        est(&m, &j(s)).phase_component(
+            moro_core::estimate::Phase::ForwardEnd,
+            moro_core::estimate::Component::Activations,
+        )
     };
     let delta = acts(2048) - acts(1024);
     // the head (final norm: 4h + 2h + 2h per token) grows too

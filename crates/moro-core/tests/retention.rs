@@ -46,16 +46,7 @@ fn run(m: &ModelSpec, j: &Job) -> Estimate {
 }
 
 fn forward_end_activations(e: &Estimate) -> u64 {
-    let p = e
-        .phases
-        .iter()
-        .find(|p| p.phase == Phase::ForwardEnd)
-        .expect("forward phase");
-    p.components
-        .iter()
-        .filter(|c| c.0 == Component::Activations)
-        .map(|c| c.1)
-        .sum()
+    e.phase_component(Phase::ForwardEnd, Component::Activations)
 }
 
 /// bitsandbytes < 0.43.2 keeps each 4-bit matmul's input in `ctx.tensors`; litgpt's `loss`

@@ -36,15 +36,7 @@ fn forward_end_activations(m: &ModelSpec, j: &Job) -> u64 {
     let mut j = j.clone();
     j.lora.targets = moro_core::targets::resolve(m, &j.lora.targets);
     let e: Estimate = estimate(m, &j, &DeviceProfile::default()).expect("valid job");
-    e.phases
-        .iter()
-        .find(|p| p.phase == Phase::ForwardEnd)
-        .expect("forward phase")
-        .components
-        .iter()
-        .filter(|c| c.0 == Component::Activations)
-        .map(|c| c.1)
-        .sum()
+    e.phase_component(Phase::ForwardEnd, Component::Activations)
 }
 
 /// Falcon-7B: h = 4544, 71 query heads of 64, one k/v head, 32 layers, bf16.

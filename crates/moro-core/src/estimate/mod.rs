@@ -261,6 +261,19 @@ impl Estimate {
             .map(|x| x.1)
             .sum()
     }
+
+    /// Bytes of a component in one phase of the step (0 when the phase or the component is
+    /// absent).
+    #[must_use]
+    pub fn phase_component(&self, phase: Phase, c: Component) -> u64 {
+        self.phases
+            .iter()
+            .filter(|p| p.phase == phase)
+            .flat_map(|p| p.components.iter())
+            .filter(|x| x.0 == c)
+            .map(|x| x.1)
+            .sum()
+    }
 }
 
 /// Estimates the peak memory of `job` on `model` per GPU.
