@@ -351,6 +351,7 @@ fn training_phases(
     // DeepSpeed ZeRO-1/2's gradient buckets exist from `backward()` to its end only.
     let comm_bwd = comm + par.backward_buffers;
     let unit = par.gathered_params;
+    let unit_at_loss = par.gathered_at_loss;
 
     let base = |extra: Vec<(Component, u64)>| {
         let mut c = vec![
@@ -385,7 +386,7 @@ fn training_phases(
             (Component::LogitsLoss, head.forward_peak),
             (
                 Component::Transients,
-                cublas + dequant.max(head.forward_transient) + comm + unit,
+                cublas + dequant.max(head.forward_transient) + comm + unit_at_loss,
             ),
         ]),
     });
@@ -406,7 +407,7 @@ fn training_phases(
                     + head.backward_transient
                     + if regime.quantize_lm_head { dequant } else { 0 }
                     + comm_bwd
-                    + unit,
+                    + unit_at_loss,
             ),
         ]),
     });

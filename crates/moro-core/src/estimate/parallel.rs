@@ -35,6 +35,10 @@ pub struct Sharded {
     pub backward_buffers: u64,
     /// Parameters gathered from other shards (ZeRO-3 / FSDP units, current + prefetched).
     pub gathered_params: u64,
+    /// Parameters gathered at the end of forward and in the loss's backward: ZeRO-3 keeps
+    /// lm_head's from its forward to its backward ([`zero3_live_params`]); otherwise
+    /// `gathered_params`.
+    pub gathered_at_loss: u64,
     /// Host memory for offloaded states / params, per GPU process (rank).
     pub host_bytes: u64,
     /// Optimizer-state bytes in CUDA managed memory (bitsandbytes paged optimizers) on this
@@ -143,6 +147,7 @@ impl Sharded {
             comm_buffers: 0,
             backward_buffers: 0,
             gathered_params: 0,
+            gathered_at_loss: 0,
             host_bytes: 0,
             paged_states,
             tp,
@@ -211,8 +216,9 @@ impl Sharded {
                         s.grads = g16 / n;
                         s.states_on_gpu = if offload_opt { 0 } else { states_fp32 / n };
                         s.comm_buffers = bucket;
-                        // Gathered layer (current + prefetch) in 16-bit.
-                        s.gathered_params = 2 * layer_params * 2;
+                        let live = zero3_live_params(model, job, r);
+                        s.gathered_params = live.in_layers;
+                        s.gathered_at_loss = live.at_loss;
                     }
                 }
                 s.head_grads = match (&model.encoder, full) {
@@ -299,8 +305,8 @@ impl Sharded {
                     let root = non_layer * r.unquantized_bytes / tp;
                     s.gathered_params += root * (group - 1) / group;
                 }
+                s.gathered_at_loss = s.gathered_params;
                 s.states_on_gpu = if offload { 0 } else { states / group };
-                // Unsharded gradients of one unit before reduce-scatter.
                 // Unsharded gradients of one unit before its reduce-scatter: the whole flat
                 // parameter for full fine-tuning; the adapters' share for PEFT.
                 s.comm_buffers = if full {
@@ -316,5 +322,102 @@ impl Sharded {
             }
         }
         s
+    }
+}
+
+/// DeepSpeed's defaults as the HF integration fills a ZeRO-3 config: the reuse distance
+/// (`stage3_max_reuse_distance`, 1e9 elements in DeepSpeed's defaults and HF's templates)
+/// and the prefetch bucket (`stage3_prefetch_bucket_size` "auto": `0.9 · h²` elements,
+/// transformers `integrations/deepspeed.py`).
+const ZERO3_MAX_REUSE_DISTANCE: u64 = 1_000_000_000;
+
+/// Gathered 16-bit parameters of a ZeRO-3 step, per GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Zero3Live {
+    /// While the layers run forward and backward.
+    pub in_layers: u64,
+    /// At the end of forward and in the loss's backward.
+    pub at_loss: u64,
+}
+
+/// Parameters ZeRO-3 holds gathered (DeepSpeed `partitioned_param_coordinator.py`):
+///
+/// - each module fetches only its own parameters (`iter_params(module)`, not recursive) at
+///   its pre-forward / pre-backward hook, and the coordinator prefetches the next modules' in
+///   the recorded trace up to the prefetch bucket; a mixture-of-experts block is fetched
+///   whole (HF marks it a `z3_leaf_module`);
+/// - after a module runs, `__params_to_release` keeps its parameters when they recur within
+///   the reuse distance of the trace (elements of the modules in between). lm_head's
+///   backward follows its forward directly, so lm_head stays gathered through the loss. A
+///   module of the `j`-th layer from the end recurs (in its backward, or under
+///   checkpointing in its recompute) after the rest of its layer, lm_head twice and the
+///   `j − 1` later layers two times (forward, backward) or three (plus the recompute).
+///
+/// Each gathered parameter is a full copy next to the GPU's partition.
+#[must_use]
+pub fn zero3_live_params(model: &ModelSpec, job: &Job, r: &Regime) -> Zero3Live {
+    let tp = job.parallel.tensor_parallel.max(1);
+    let h = model.hidden_size;
+    let prefetch = h * h * 9 / 10;
+    let head = model.vocab_size * h / tp;
+    // Bytes per gathered element: 16-bit (the partitions' fp32 masters are not gathered),
+    // fp32 for an fp32 model, or the stored bytes of a quantized layer.
+    let full = job.method == Method::Full;
+    let dense = if full { r.param_bytes } else { r.frozen_bytes }.min(4);
+    let layer_params = model.layer_params().max(1);
+    let layer_bytes = base_weight_bytes(model, job, r)
+        .saturating_sub(model.total_params().saturating_sub(layer_params) * r.unquantized_bytes);
+    let per_elem = |numel: u64| {
+        if job.quantization == crate::job::Quantization::None {
+            numel * dense
+        } else {
+            (u128::from(numel) * u128::from(layer_bytes) / u128::from(layer_params))
+                .try_into()
+                .unwrap_or(u64::MAX)
+        }
+    };
+    // Modules of one layer, in forward order: the experts of a MoE block are one.
+    let modules = |g: &crate::model::LayerGroup| -> Vec<u64> {
+        let mut out = Vec::new();
+        let mut experts = 0;
+        for l in &g.linears {
+            if l.role == crate::model::LinearRole::Expert {
+                experts += l.params();
+            } else {
+                out.push(l.params() / tp);
+            }
+        }
+        if experts > 0 {
+            out.push(experts / tp);
+        }
+        out
+    };
+    let largest = model.layers.iter().flat_map(modules).max().unwrap_or(0);
+    // Layers from the end, each with its modules.
+    let mut from_end: Vec<Vec<u64>> = Vec::new();
+    for g in model.layers.iter().rev() {
+        for _ in 0..g.count {
+            from_end.push(modules(g));
+        }
+    }
+    let passes = if job.gradient_checkpointing { 3 } else { 2 };
+    let mut kept = 0u64;
+    let mut later = 0u64;
+    for layer in &from_end {
+        let sum: u64 = layer.iter().sum();
+        let base = 2 * head + passes * later;
+        if base >= ZERO3_MAX_REUSE_DISTANCE {
+            break;
+        }
+        kept += layer
+            .iter()
+            .filter(|&&n| base + (sum - n) < ZERO3_MAX_REUSE_DISTANCE)
+            .sum::<u64>();
+        later += sum;
+    }
+    let head_bytes = head * r.unquantized_bytes.min(4);
+    Zero3Live {
+        in_layers: per_elem(largest + prefetch + kept),
+        at_loss: head_bytes + per_elem(prefetch + kept),
     }
 }
