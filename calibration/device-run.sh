@@ -4,6 +4,7 @@
 #
 #   GRID=quick|full  BUDGET=seconds (default 420)  JOB_TIMEOUT=seconds (default 120)
 #   OUTPUT=validation/measured-own.jsonl  ONLY=regex  SNAPSHOT=1 (what was live at each peak)
+#   KEEP_LOAD_CACHE=1 (measure the step on top of what loading left in the cache)
 #
 # The rows file lives in the working tree, so copying it back from $OUT before the next call
 # makes that call resume where this one stopped.
@@ -27,6 +28,7 @@ args=(--output "$OUTPUT" --grid "${GRID:-full}" --budget-seconds "${BUDGET:-420}
 if [ -n "$MORO" ]; then args+=(--moro "$MORO"); else args+=(--no-moro); fi
 if [ -n "${ONLY:-}" ]; then args+=(--only "$ONLY"); fi
 if [ -n "${SNAPSHOT:-}" ]; then args+=(--snapshot); fi
+if [ -n "${KEEP_LOAD_CACHE:-}" ]; then args+=(--keep-load-cache); fi
 python3 calibration/harness.py "${args[@]}" 2>&1 | tee "$OUT/harness.log"
 rc=${PIPESTATUS[0]}
 cp "$OUTPUT" "$OUTPUT.machine.json" "$OUT/" 2>/dev/null

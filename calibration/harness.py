@@ -40,7 +40,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-HARNESS_VERSION = 2
+HARNESS_VERSION = 3
 GIB = 1 << 30
 MIB = 1 << 20
 SOURCE_KEY = "moro-calibration"
@@ -373,6 +373,10 @@ def build_rows(job: Job, result: Dict[str, Any], machine: Dict[str, Any],
         "context_bare_bytes": machine.get("context_bytes"),
         "cublas_workspace_bytes": machine.get("cublas_workspace_bytes"),
         "load_allocated_bytes": result.get("load_allocated_bytes"),
+        "load_live_bytes": result.get("load_live_bytes"),
+        "load_reserved_bytes": result.get("load_reserved_bytes"),
+        "load_peak_reserved_bytes": result.get("load_peak_reserved_bytes"),
+        "load_cache": "kept" if result.get("load_cache_kept") else "emptied",
         "device_source": result.get("device_source"),
         "memory_limit_bytes": result.get("memory_limit_bytes"),
         "gpu_total_bytes": machine.get("total_bytes"),
@@ -456,11 +460,13 @@ def build_rows(job: Job, result: Dict[str, Any], machine: Dict[str, Any],
         overrides["tie_word_embeddings"] = tied
     if overrides:
         base["model_overrides"] = overrides
+    # Rows measured on top of the load's cache are other measurements of the same job.
+    kept = "-kept" if result.get("load_cache_kept") else ""
     rows = []
     if result.get("outcome") == "OOM":
         row = dict(base)
         row.update({
-            "id": "moro-cal-%s-oom" % job.short_id(),
+            "id": "moro-cal-%s%s-oom" % (job.short_id(), kept),
             "level": "allocated",
             "measured_value": None, "measured_unit": "bytes", "measured_gib": None,
             "measured_scope": "per_gpu", "metric": METRICS["allocated"],
@@ -481,7 +487,7 @@ def build_rows(job: Job, result: Dict[str, Any], machine: Dict[str, Any],
         row = dict(base)
         others = {"%s_bytes" % k: v for k, v in levels.items() if k != level and v is not None}
         row.update({
-            "id": "moro-cal-%s-%s" % (job.short_id(), level),
+            "id": "moro-cal-%s%s-%s" % (job.short_id(), kept, level),
             "level": level,
             "measured_value": float(value), "measured_unit": "bytes",
             "measured_gib": gib(value), "measured_scope": "per_gpu",
@@ -909,6 +915,7 @@ def run_grid(args: argparse.Namespace, jobs: List[Job],
                 continue
             opts = {"configs": args.configs, "margin_bytes": margin, "steps": args.steps,
                     "uuid": machine.get("uuid"), "snapshot": bool(getattr(args, "snapshot", False)),
+                    "keep_load_cache": bool(getattr(args, "keep_load_cache", False)),
                     "trace_dir": args.output + ".traces" if getattr(args, "snapshot", False)
                     else None}
             auto = job.layers == "auto"
@@ -1358,7 +1365,14 @@ def worker_job(spec: Dict[str, Any], device: str = "cuda") -> Dict[str, Any]:
         out["checks"] = model_checks(model)
         out["config_tied"] = bool(getattr(model.config, "tie_word_embeddings", False))
         if cuda:
-            torch.cuda.empty_cache()
+            # What loading left in the cache: real runs keep it (nothing calls empty_cache),
+            # so `keep_load_cache` measures the step on top of it.
+            out["load_cache_kept"] = bool(spec.get("keep_load_cache"))
+            out["load_live_bytes"] = int(torch.cuda.memory_allocated())
+            out["load_reserved_bytes"] = int(torch.cuda.memory_reserved())
+            out["load_peak_reserved_bytes"] = int(torch.cuda.max_memory_reserved())
+            if not spec.get("keep_load_cache"):
+                torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
             if spec.get("snapshot"):
                 start_counters = start_recording(torch)
@@ -1507,6 +1521,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="record the allocator's trace: what was live at the peak, the trace "
                         "replayed through allocsim.py (calibration.peak_trace), and the "
                         "allocations themselves (OUTPUT.traces/ID.json); slower")
+    p.add_argument("--keep-load-cache", action="store_true",
+                   help="do not empty PyTorch's cache after loading the model (as real runs "
+                        "do not): the rows then measure the step on top of the load's "
+                        "fragmentation (row ids end in -kept)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--worker-probe", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)

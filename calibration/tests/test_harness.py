@@ -198,6 +198,20 @@ class RowTest(unittest.TestCase):
         self.assertEqual(rows[0]["quantization"]["double_quant"], True)
         self.assertEqual(rows[0]["lora"]["r"], 16)
 
+    def test_kept_load_cache_rows_are_their_own(self):
+        job = h.grid("full")[0]
+        res = fake_result(job)
+        res.update(load_cache_kept=True, load_live_bytes=5 * GIB, load_reserved_bytes=7 * GIB,
+                   load_peak_reserved_bytes=7 * GIB)
+        kept = h.build_rows(job, res, MACHINE, "2026-01")
+        plain = h.build_rows(job, fake_result(job), MACHINE, "2026-01")
+        self.assertEqual([r["id"] for r in kept],
+                         [r["id"].replace(job.short_id(), job.short_id() + "-kept")
+                          for r in plain])
+        self.assertEqual(kept[1]["calibration"]["load_cache"], "kept")
+        self.assertEqual(kept[1]["calibration"]["load_reserved_bytes"], 7 * GIB)
+        self.assertEqual(plain[1]["calibration"]["load_cache"], "emptied")
+
     def test_oom_and_overrides(self):
         job = h.grid("full")[2]
         rows = h.build_rows(job, fake_result(job, layers=40, outcome="OOM"), MACHINE)

@@ -501,6 +501,20 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         Metric::Allocated
     };
     let oom = text(v, "outcome").eq_ignore_ascii_case("oom");
+    // The calibration harness empties PyTorch's cache after loading unless told to keep it;
+    // what loading leaves in the cache (its fragmentation) is not modelled.
+    if metric != Metric::Allocated
+        && v.get("calibration")
+            .and_then(|c| c.get("load_cache"))
+            .and_then(Value::as_str)
+            == Some("kept")
+    {
+        return Err(
+            "measured on top of the model load's cache (harness --keep-load-cache): the load's \
+             fragmentation is not modelled"
+                .into(),
+        );
+    }
     let measured_gib = v
         .get("per_gpu_gib")
         .and_then(Value::as_f64)
@@ -815,6 +829,27 @@ mod tests {
         let r = row(r#"{"type":"bnb 4-bit (fp4)","compute_dtype":"fp32 default"}"#);
         assert_eq!(r.job.quantization, Quantization::Fp4);
         assert_eq!(r.job.precision, Precision::Fp32);
+    }
+
+    /// Rows measured on top of the load's cache are skipped at the reserved and device
+    /// levels, with the reason; their allocated level is compared.
+    #[test]
+    fn kept_load_cache_rows_are_skipped_above_the_allocated_level() {
+        let row = |metric: &str, cache: &str| {
+            let text = format!(
+                r#"{{"id":"x","method":"lora","model_hf_id":"meta-llama/Llama-3.1-8B",
+                "seq_len":512,"micro_batch_size":1,"num_gpus":1,"gpu":"H200",
+                "metric":"{metric}","calibration":{{"load_cache":"{cache}"}},
+                "per_gpu_gib":20.0,"outcome":"ok","confidence":"high"}}"#
+            );
+            interpret(&serde_json::from_str(&text).unwrap())
+        };
+        let reserved = "torch.cuda.max_memory_reserved()";
+        let err = row(reserved, "kept").unwrap_err();
+        assert!(err.contains("load"), "{err}");
+        assert!(row("nvidia-smi", "kept").is_err());
+        assert!(row(reserved, "emptied").is_ok());
+        assert!(row("torch.cuda.max_memory_allocated()", "kept").is_ok());
     }
 
     #[test]
