@@ -33,6 +33,29 @@ fn one(bencher: divan::Bencher, id: &str) {
     bencher.bench(|| estimate(divan::black_box(&m), divan::black_box(&job), &profile));
 }
 
+/// One estimate that replays a model load through the allocator model: torchtune 0.1's
+/// QLoRA build of a 7B and a 70B model with torchao 0.1 (32 and 80 layers of quantize /
+/// clone / load; the cost grows with the layers).
+#[divan::bench(args = ["meta-llama/Llama-2-7b-hf", "meta-llama/Llama-2-70b-hf"], sample_count = 10)]
+fn torchtune_nf4_load(bencher: divan::Bencher, id: &str) {
+    let m = model(id);
+    let mut job = Job {
+        method: Method::Qlora,
+        quantization: Quantization::Nf4Dq,
+        seq_len: 512,
+        gradient_checkpointing: true,
+        stack: moro_core::job::Stack::Torchtune,
+        versions: moro_core::job::Versions {
+            torchao: Some((0, 1)),
+            ..moro_core::job::Versions::default()
+        },
+        ..Job::default()
+    };
+    job.lora.targets = moro_core::job::Targets::AllLinear;
+    let profile = DeviceProfile::default();
+    bencher.bench(|| estimate(divan::black_box(&m), divan::black_box(&job), &profile));
+}
+
 /// 100,000 estimates: 4 methods × 5 batches × 5 lengths × 4 optimizers × 2 checkpointing ×
 /// 5 ranks × 25 repeats on a 7B model; the cost should grow linearly with the count.
 #[divan::bench(args = [1_000, 10_000, 100_000], sample_count = 3)]

@@ -587,6 +587,9 @@ pub struct Versions {
     /// PyTorch `(major, minor)`.
     #[serde(default)]
     pub torch: Option<(u32, u32)>,
+    /// torchao `(major, minor)` (torchtune's NF4 weights).
+    #[serde(default)]
+    pub torchao: Option<(u32, u32)>,
 }
 
 impl Versions {
@@ -617,6 +620,15 @@ impl Versions {
     #[must_use]
     pub fn zero_grad_keeps_grads(&self) -> bool {
         self.torch.is_some_and(|v| v < (2, 0))
+    }
+
+    /// torchao before 0.2 found each weight's nearest NF4 code over all `n × 16`
+    /// candidates at once (`NF4Tensor.quantize_tensor_nearest`: `(value - nf4).abs()`); 0.2
+    /// quantizes in chunks of 1024² elements ("perform in chunks", #196, 2024-05-01).
+    /// torchtune 0.1.x pins torchao 0.1.
+    #[must_use]
+    pub fn torchao_unchunked_nf4(&self) -> bool {
+        self.torchao.is_some_and(|v| v < (0, 2))
     }
 
     /// The HF Trainer gives `nn.Embedding` weights 32-bit states under bitsandbytes 8-bit

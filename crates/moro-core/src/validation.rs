@@ -479,6 +479,11 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
             // stock one in peft will introduce extraneous casting"), as TRL ≥ 0.26 does.
             trl: version_of(&fw, "trl").filter(|_| !quant_all.contains("accelerated-peft")),
             torch: torch_version(&fw),
+            // torchtune 0.1.0 and 0.1.1 pin `torchao==0.1` (pyproject.toml); 0.2.0 pins 0.3.1.
+            torchao: version_of(&fw, "torchao").or_else(|| {
+                (stack == Stack::Torchtune && version_of(&fw, "torchtune") == Some((0, 1)))
+                    .then_some((0, 1))
+            }),
         },
         peft,
         kv_dtype: if precision == Precision::Fp32 || fp32_kv {

@@ -64,7 +64,7 @@ fn measured_rows_do_not_regress() {
     print_summary("measured", &r);
     let s = &r.summary;
     assert!(s.coverage >= 0.88, "coverage {}", s.coverage);
-    assert_within(&s.overall, 0.03, 0.12, 0.16);
+    assert_within(&s.overall, 0.03, 0.12, 0.15);
     // Every OOM row moro covers is predicted not to fit.
     assert_eq!(s.oom_missed, 0, "oom missed {}", s.oom_missed);
 }
@@ -86,7 +86,7 @@ fn measured_rows_meet_coverage_median_and_p90() {
 
 /// The bar of issue 2 §7, second part: at most 10 % of rows under-predicted by more than 5 %.
 #[test]
-#[ignore = "not met (16 %): see the closing note of issue 2 for the rows and what is off"]
+#[ignore = "not met (15 %): see the closing note of issue 2 for the rows and what is off"]
 fn measured_rows_meet_the_under_prediction_bar() {
     let r = report("measured.jsonl");
     print_summary("measured", &r);

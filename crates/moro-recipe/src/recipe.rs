@@ -322,6 +322,14 @@ pub struct LibraryVersions {
         schemars(regex(pattern = r"^[0-9]+\.[0-9]+(\.[0-9]+)?$"))
     )]
     pub torch: Option<String>,
+    /// torchao version (e.g. `"0.1"`; before 0.2 torchtune's NF4 quantization of each weight
+    /// at load used 64 bytes of temporaries per element).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(regex(pattern = r"^[0-9]+\.[0-9]+(\.[0-9]+)?$"))
+    )]
+    pub torchao: Option<String>,
 }
 
 impl LibraryVersions {
@@ -344,6 +352,7 @@ impl LibraryVersions {
                 .transpose()?,
             trl: two("training.versions.trl", &self.trl)?,
             torch: two("training.versions.torch", &self.torch)?,
+            torchao: two("training.versions.torchao", &self.torchao)?,
         })
     }
 
@@ -355,6 +364,7 @@ impl LibraryVersions {
             bitsandbytes: v.bitsandbytes.map(|(a, b, c)| format!("{a}.{b}.{c}")),
             trl: v.trl.map(|(a, b)| format!("{a}.{b}")),
             torch: v.torch.map(|(a, b)| format!("{a}.{b}")),
+            torchao: v.torchao.map(|(a, b)| format!("{a}.{b}")),
         })
     }
 }

@@ -555,3 +555,67 @@ fn fit_profile(cfg: &std::path::Path, rows: &std::path::Path) -> Value {
     assert_eq!(o.code, 0, "{}", o.stderr);
     json_of(&o)["profile"].clone()
 }
+
+/// The allocator model in the core (`moro_core::caching_allocator`) and
+/// `calibration/allocsim.py`, the one the H200 replays were checked with, agree to the byte on
+/// a long pseudo-random sequence of small, medium and large allocations, frees and a reset.
+#[test]
+fn rust_and_python_allocator_models_agree() {
+    use moro_core::caching_allocator::CachingAllocator;
+    let Some(py) = python3() else {
+        eprintln!("skipped: no python3 on PATH");
+        return;
+    };
+    let mut state: u64 = 0x5eed;
+    let mut next = move || {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        state >> 33
+    };
+    let mut a = CachingAllocator::new();
+    let mut live = Vec::new();
+    let mut events = Vec::new();
+    for k in 0..4000u64 {
+        if k == 2000 {
+            a.empty_cache();
+            a.reset_peaks();
+            events.push(serde_json::json!(["reset"]));
+        }
+        if live.is_empty() || next() % 5 < 3 {
+            let bytes = match next() % 3 {
+                0 => next() % MIB,
+                1 => MIB + next() % (9 * MIB),
+                _ => 10 * MIB + next() % (190 * MIB),
+            };
+            live.push((k, a.malloc(bytes)));
+            events.push(serde_json::json!(["a", k, bytes]));
+        } else {
+            let i = usize::try_from(next()).unwrap() % live.len();
+            let (key, h) = live.swap_remove(i);
+            a.free(h);
+            events.push(serde_json::json!(["f", key]));
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("events.json");
+    std::fs::write(&file, serde_json::to_string(&events).unwrap()).unwrap();
+    let o = Command::new(&py)
+        .current_dir(root())
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .arg("calibration/allocsim.py")
+        .arg(&file)
+        .output()
+        .expect("python3 runs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let py: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        py["peak_allocated_bytes"].as_u64(),
+        Some(a.peak_allocated())
+    );
+    assert_eq!(py["peak_reserved_bytes"].as_u64(), Some(a.peak_reserved()));
+    assert!(
+        a.peak_reserved() > a.peak_allocated(),
+        "the sequence fragments the cache"
+    );
+}

@@ -99,6 +99,44 @@ fn full_fine_tune_warns_about_fragmentation() {
     assert!(!lora.stdout.contains(note), "{}", lora.stdout);
 }
 
+/// torchtune 0.1's QLoRA build with torchao 0.1 leaves 9.14 GB in the cache (the
+/// tutorial's 9.13 GB): the reserved level says so, in the text and in `--json`.
+#[test]
+fn torchtune_nf4_load_sets_the_reserved_floor() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = |torchao: &str| {
+        let path = dir.path().join(format!("tt{torchao}.yaml"));
+        std::fs::write(
+            &path,
+            format!(
+                "name: tt\nversion: \"0.1.0\"\nmodel:\n  base: meta-llama/Llama-2-7b-hf\n  \
+                 quantization: nf4-dq\n  lora_rank: 8\n  target_modules: all-linear\n\
+                 training:\n  micro_batch_size: 2\n  max_seq_length: 512\n  gradient_checkpointing: true\n  \
+                 stack: torchtune\n  \
+                 precision: bf16\n  versions:\n    torchao: \"{torchao}\"\n"
+            ),
+        )
+        .unwrap();
+        path.to_string_lossy().into_owned()
+    };
+    let old = recipe("0.1");
+    let new = recipe("0.3");
+    let note = "what loading the model left in PyTorch's cache";
+    let o = run(&["estimate", &old]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(o.stdout.contains(note), "{}", o.stdout);
+    let j = json(&["estimate", &old, "--json"]);
+    let floor = j["load_reserved_bytes"].as_u64().unwrap();
+    assert!((9_080_000_000..9_180_000_000).contains(&floor), "{floor}");
+    assert_eq!(j["peak_reserved_bytes"].as_u64(), Some(floor));
+    let o = run(&["estimate", &new]);
+    assert!(!o.stdout.contains(note), "{}", o.stdout);
+    assert_eq!(
+        json(&["estimate", &new, "--json"])["load_reserved_bytes"],
+        0
+    );
+}
+
 fn bad(args: &[&str], needle: &str) {
     let o = run(args);
     assert_eq!(

@@ -18,6 +18,7 @@
 
 pub mod activations;
 pub mod inference;
+pub mod load;
 pub mod loss;
 pub mod optimizer;
 pub mod parallel;
@@ -242,6 +243,11 @@ pub struct Estimate {
     /// reserve keeps a block of this size ([`allocated_and_reserve`]).
     #[serde(default)]
     pub largest_freed_block: u64,
+    /// Reserved bytes the model's load leaves in PyTorch's cache, a floor under the
+    /// reserved level ([`load::load_reserved_bytes`]; 0 where the load is not modelled to
+    /// fragment it).
+    #[serde(default)]
+    pub load_reserved_bytes: u64,
 }
 
 impl Estimate {
@@ -494,11 +500,14 @@ fn training_phases(
 /// where `reserve_ratio` alone gave about a quarter of it. Full fine-tunes fragment more
 /// (up to 8.4 GiB on the H200) in ways no ratio captures; replaying the step's allocation
 /// sequence through a model of the allocator (`calibration/allocsim.py`) reproduces them.
+/// The reserved level is never under `load_reserved`, what the model's load left in the
+/// cache.
 #[must_use]
 pub fn allocated_and_reserve(
     peak: &PhaseBytes,
     device: &DeviceProfile,
     largest_freed_block: u64,
+    load_reserved: u64,
 ) -> (u64, u64) {
     let offset = device.offset_bytes;
     let raw = peak.total();
@@ -520,7 +529,8 @@ pub fn allocated_and_reserve(
         clippy::cast_precision_loss
     )]
     let frag = ((churn as f64 * device.reserve_ratio.max(0.0)) as u64).max(largest_freed_block);
-    let reserve = round_up(allocated.saturating_add(frag), 2 * MIB) - allocated;
+    // The cache never shrinks below what the load left in it ([`load`]).
+    let reserve = round_up(allocated.saturating_add(frag), 2 * MIB).max(load_reserved) - allocated;
     (allocated, reserve)
 }
 
@@ -542,7 +552,9 @@ fn finish(
             phase: Phase::Load,
             components: vec![],
         });
-    let (allocated, reserve) = allocated_and_reserve(&peak, device, largest_freed_block);
+    let load_reserved = load::load_reserved_bytes(model, job);
+    let (allocated, reserve) =
+        allocated_and_reserve(&peak, device, largest_freed_block, load_reserved);
     let reserved = allocated + reserve;
     let mut outside = par.paged_states;
     // torch.distributed's NCCL communicators and buffers: with several GPUs, and with
@@ -575,6 +587,7 @@ fn finish(
         trainable_params: regime.trainable_params,
         regime: regime.clone(),
         largest_freed_block,
+        load_reserved_bytes: load_reserved,
     }
 }
 

@@ -116,7 +116,12 @@ pub fn with_stored_weights(
 
 /// The three levels of `peak`, as `estimate::finish` computes them.
 fn relevel(mut est: Estimate, peak: &PhaseBytes, device: &DeviceProfile) -> Estimate {
-    let (allocated, reserve) = super::allocated_and_reserve(peak, device, est.largest_freed_block);
+    let (allocated, reserve) = super::allocated_and_reserve(
+        peak,
+        device,
+        est.largest_freed_block,
+        est.load_reserved_bytes,
+    );
     let reserved = allocated + reserve;
     let outside = est.component(Component::OutsideAllocator);
     let context = est.component(Component::CudaContext);

@@ -68,6 +68,7 @@ fn every_field_maps() {
             bitsandbytes: Some((0, 43, 1)),
             trl: Some((0, 25)),
             torch: None,
+            torchao: None,
         }
     );
     let extras = ok(FULL).extras();
@@ -114,6 +115,7 @@ fn jobs() -> Vec<Job> {
             bitsandbytes: Some((0, 42, 0)),
             trl: Some((0, 9)),
             torch: Some((1, 13)),
+            torchao: Some((0, 1)),
         },
         optimizer_in_backward: false,
         peft: PeftKind::Lora,

@@ -51,6 +51,8 @@ pub(crate) struct EstimateJson<'a> {
     pub(crate) total_params: u64,
     pub(crate) trainable_params: u64,
     pub(crate) host_bytes: u64,
+    /// What loading the model leaves in PyTorch's cache: a floor under the reserved level.
+    pub(crate) load_reserved_bytes: u64,
     pub(crate) memory_bytes: Option<u64>,
     pub(crate) fits: Option<bool>,
     pub(crate) headroom_bytes: Option<i64>,
@@ -177,6 +179,7 @@ pub(crate) fn to_json<'a>(
         total_params: est.total_params,
         trainable_params: est.trainable_params,
         host_bytes: est.host_bytes,
+        load_reserved_bytes: est.load_reserved_bytes,
         memory_bytes: memory,
         fits: memory.map(|m| est.peak_device_bytes <= m),
         headroom_bytes: memory.map(|m| headroom(est, m)),
@@ -302,6 +305,13 @@ pub(crate) fn render(
             "\nnote: full fine-tunes fragment PyTorch's cache more than this reserve shows \
              (up to 15 % more reserved on an H200); keep headroom, or `moro calibrate`\n",
         );
+    }
+    if est.load_reserved_bytes > 0 && est.load_reserved_bytes >= est.peak_reserved_bytes {
+        out.push_str(&format!(
+            "\nnote: the reserved level is what loading the model left in PyTorch's cache \
+             ({}: torchtune's NF4 build with torchao < 0.2); the step allocates less\n",
+            size(est.load_reserved_bytes)
+        ));
     }
     if est.component(Component::OutsideAllocator) > 0 {
         out.push_str(

@@ -1,0 +1,293 @@
+//! A model of PyTorch's CUDA caching allocator: replaying a sequence of allocations and frees
+//! gives the peaks of allocated and reserved memory (`torch.cuda.max_memory_allocated` /
+//! `max_memory_reserved`).
+//!
+//! The rules (c10/cuda/CUDACachingAllocator.cpp, defaults: one stream, no
+//! `max_split_size_mb`, no expandable segments, no `roundup_power2_divisions`):
+//!
+//! - a request is rounded up to a multiple of 512 bytes (`round_size`, `kMinBlockSize`);
+//! - requests up to 1 MiB (`kSmallSize`) use the small pool, the rest the large pool;
+//! - a request is served by the smallest cached free block of its pool that is large enough,
+//!   the lowest address first among equal sizes (`get_free_block`: `lower_bound` on
+//!   (size, address));
+//! - the block is split when the rest is at least 512 bytes (small pool) or more than 1 MiB
+//!   (large pool) (`should_split`);
+//! - with no such block a segment is `cudaMalloc`ed: 2 MiB for small requests
+//!   (`kSmallBuffer`), 20 MiB for requests under 10 MiB (`kLargeBuffer`, `kMinLargeAlloc`),
+//!   else the request rounded up to 2 MiB (`kRoundLarge`) (`get_allocation_size`);
+//! - a freed block merges with free neighbours of its own segment, never across segments;
+//! - `empty_cache` returns the segments that are wholly free.
+//!
+//! `calibration/allocsim.py` is the same model in Python; replaying the allocations of real
+//! training steps through it reproduced an H200's reserved peaks (`calibration/README.md`).
+
+use std::collections::BTreeSet;
+
+const MIN_BLOCK: u64 = 512;
+const SMALL_SIZE: u64 = 1 << 20;
+const SMALL_BUFFER: u64 = 2 << 20;
+const LARGE_BUFFER: u64 = 20 << 20;
+const MIN_LARGE_ALLOC: u64 = 10 << 20;
+const ROUND_LARGE: u64 = 2 << 20;
+
+/// `round_size`: the bytes a request of `n` occupies.
+#[must_use]
+pub const fn round_size(n: u64) -> u64 {
+    if n < MIN_BLOCK {
+        MIN_BLOCK
+    } else {
+        n.div_ceil(MIN_BLOCK) * MIN_BLOCK
+    }
+}
+
+/// `get_allocation_size`: the segment `cudaMalloc`ed for a rounded request of `size`.
+#[must_use]
+pub const fn segment_size(size: u64) -> u64 {
+    if size <= SMALL_SIZE {
+        SMALL_BUFFER
+    } else if size < MIN_LARGE_ALLOC {
+        LARGE_BUFFER
+    } else {
+        size.div_ceil(ROUND_LARGE) * ROUND_LARGE
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Block {
+    addr: u64,
+    size: u64,
+    small: bool,
+    free: bool,
+    prev: Option<usize>,
+    next: Option<usize>,
+}
+
+/// A handle to an allocated block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Handle(usize);
+
+/// The allocator's bookkeeping, without memory.
+#[derive(Debug, Clone, Default)]
+pub struct CachingAllocator {
+    blocks: Vec<Block>,
+    /// Cached free blocks of the small / large pool by (size, address, block index).
+    free: [BTreeSet<(u64, u64, usize)>; 2],
+    next_addr: u64,
+    allocated: u64,
+    reserved: u64,
+    peak_allocated: u64,
+    peak_reserved: u64,
+}
+
+impl CachingAllocator {
+    /// An empty cache.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Bytes in allocated blocks now.
+    #[must_use]
+    pub const fn allocated(&self) -> u64 {
+        self.allocated
+    }
+
+    /// Bytes in `cudaMalloc`ed segments now.
+    #[must_use]
+    pub const fn reserved(&self) -> u64 {
+        self.reserved
+    }
+
+    /// The allocated peak since the start or the last [`Self::reset_peaks`].
+    #[must_use]
+    pub const fn peak_allocated(&self) -> u64 {
+        self.peak_allocated
+    }
+
+    /// The reserved peak since the start or the last [`Self::reset_peaks`].
+    #[must_use]
+    pub const fn peak_reserved(&self) -> u64 {
+        self.peak_reserved
+    }
+
+    fn cache(&mut self, i: usize) {
+        let b = &self.blocks[i];
+        self.free[usize::from(!b.small)].insert((b.size, b.addr, i));
+    }
+
+    fn uncache(&mut self, i: usize) {
+        let b = &self.blocks[i];
+        self.free[usize::from(!b.small)].remove(&(b.size, b.addr, i));
+    }
+
+    /// Allocates `nbytes`.
+    pub fn malloc(&mut self, nbytes: u64) -> Handle {
+        let size = round_size(nbytes);
+        let small = size <= SMALL_SIZE;
+        let pool = usize::from(!small);
+        let found = self.free[pool]
+            .range((size, 0, 0)..)
+            .next()
+            .map(|&(_, _, i)| i);
+        let i = if let Some(i) = found {
+            self.uncache(i);
+            i
+        } else {
+            let seg = segment_size(size);
+            self.blocks.push(Block {
+                addr: self.next_addr,
+                size: seg,
+                small,
+                free: true,
+                prev: None,
+                next: None,
+            });
+            // Segments are never adjacent: blocks of two segments never merge.
+            self.next_addr += seg + ROUND_LARGE;
+            self.reserved += seg;
+            self.peak_reserved = self.peak_reserved.max(self.reserved);
+            self.blocks.len() - 1
+        };
+        let rest = self.blocks[i].size - size;
+        if (small && rest >= MIN_BLOCK) || (!small && rest > SMALL_SIZE) {
+            let r = self.blocks.len();
+            let b = &self.blocks[i];
+            self.blocks.push(Block {
+                addr: b.addr + size,
+                size: rest,
+                small,
+                free: true,
+                prev: Some(i),
+                next: b.next,
+            });
+            if let Some(n) = self.blocks[i].next {
+                self.blocks[n].prev = Some(r);
+            }
+            self.blocks[i].next = Some(r);
+            self.blocks[i].size = size;
+            self.cache(r);
+        }
+        self.blocks[i].free = false;
+        self.allocated += self.blocks[i].size;
+        self.peak_allocated = self.peak_allocated.max(self.allocated);
+        Handle(i)
+    }
+
+    /// Frees a block allocated by [`Self::malloc`] (once).
+    pub fn free(&mut self, h: Handle) {
+        let mut i = h.0;
+        debug_assert!(!self.blocks[i].free, "double free");
+        self.allocated -= self.blocks[i].size;
+        self.blocks[i].free = true;
+        if let Some(p) = self.blocks[i].prev.filter(|&p| self.blocks[p].free) {
+            self.uncache(p);
+            self.join(p, i);
+            i = p;
+        }
+        if let Some(n) = self.blocks[i].next.filter(|&n| self.blocks[n].free) {
+            self.uncache(n);
+            self.join(i, n);
+        }
+        self.cache(i);
+    }
+
+    /// Merges block `right` into `left`, its neighbour in the same segment.
+    fn join(&mut self, left: usize, right: usize) {
+        let (size, next) = (self.blocks[right].size, self.blocks[right].next);
+        self.blocks[left].size += size;
+        self.blocks[left].next = next;
+        if let Some(n) = next {
+            self.blocks[n].prev = Some(left);
+        }
+        self.blocks[right].size = 0;
+    }
+
+    /// `torch.cuda.empty_cache()`: returns the wholly free segments.
+    pub fn empty_cache(&mut self) {
+        let whole: Vec<(u64, u64, usize)> = self
+            .free
+            .iter()
+            .flat_map(|pool| pool.iter().copied())
+            .filter(|&(_, _, i)| self.blocks[i].prev.is_none() && self.blocks[i].next.is_none())
+            .collect();
+        for (size, _, i) in whole {
+            self.uncache(i);
+            self.reserved -= size;
+        }
+    }
+
+    /// `torch.cuda.reset_peak_memory_stats()`: the peaks become the current values.
+    pub const fn reset_peaks(&mut self) {
+        self.peak_allocated = self.allocated;
+        self.peak_reserved = self.reserved;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn sizes_round_as_pytorch_does() {
+        assert_eq!(round_size(1), 512);
+        assert_eq!(round_size(513), 1024);
+        assert_eq!(segment_size(round_size(1000)), 2 * MIB);
+        assert_eq!(segment_size(3 * MIB), 20 * MIB);
+        assert_eq!(segment_size(10 * MIB + 1), 12 * MIB);
+    }
+
+    /// A freed block is reused by a smaller request, split; the remainder serves the next.
+    #[test]
+    fn best_fit_with_splitting() {
+        let mut a = CachingAllocator::new();
+        let x = a.malloc(100 * MIB);
+        a.free(x);
+        let y = a.malloc(60 * MIB);
+        let z = a.malloc(40 * MIB);
+        assert_eq!(a.reserved(), 100 * MIB);
+        assert_eq!(a.allocated(), 100 * MIB);
+        // Nothing fits a third request: a new segment.
+        let w = a.malloc(30 * MIB);
+        assert_eq!(a.reserved(), 130 * MIB);
+        for h in [y, z, w] {
+            a.free(h);
+        }
+        assert_eq!(a.allocated(), 0);
+        assert_eq!(a.peak_reserved(), 130 * MIB);
+    }
+
+    /// Fragmentation: a block pinned in the middle of a freed segment keeps the next large
+    /// request from fitting, though the free bytes would.
+    #[test]
+    fn a_pinned_block_fragments_the_segment() {
+        let mut a = CachingAllocator::new();
+        let big = a.malloc(64 * MIB);
+        a.free(big);
+        let left = a.malloc(30 * MIB);
+        let pin = a.malloc(4 * MIB);
+        a.free(left);
+        // 30 + 30 MiB are free in the segment, but not contiguous.
+        let again = a.malloc(40 * MIB);
+        assert_eq!(a.reserved(), 64 * MIB + 40 * MIB);
+        a.free(pin);
+        a.free(again);
+        // Now the first segment is whole again and empty_cache returns both.
+        a.empty_cache();
+        assert_eq!(a.reserved(), 0);
+    }
+
+    /// Small and large requests never share a segment.
+    #[test]
+    fn pools_are_separate() {
+        let mut a = CachingAllocator::new();
+        let s = a.malloc(4096);
+        let l = a.malloc(2 * MIB);
+        assert_eq!(a.reserved(), 2 * MIB + 20 * MIB);
+        a.free(s);
+        a.free(l);
+        a.reset_peaks();
+        assert_eq!(a.peak_reserved(), 22 * MIB);
+    }
+}
