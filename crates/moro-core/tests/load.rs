@@ -2,7 +2,7 @@
 
 use moro_core::catalog;
 use moro_core::estimate::load::load_reserved_bytes;
-use moro_core::job::{Job, LoraConfig, Method, Quantization, Stack, Targets, Versions};
+use moro_core::job::{Job, LoraConfig, Method, Quantization, Stack, Versions};
 
 /// torchtune 0.1.0's `llama2/7B_qlora_single_device`: LoRA rank 8 on q, k, v, output and
 /// the MLP, with torchao 0.1 (torchtune 0.1.x's pin).
@@ -11,22 +11,10 @@ fn torchtune_qlora(torchao: Option<(u32, u32)>) -> (moro_core::model::ModelSpec,
     let mut job = Job {
         method: Method::Qlora,
         quantization: Quantization::Nf4Dq,
+        // The default targets are those seven (q, k, v, o, gate, up, down).
         lora: LoraConfig {
             rank: 8,
             alpha: 16.0,
-            targets: Targets::Names(
-                [
-                    "q_proj",
-                    "k_proj",
-                    "v_proj",
-                    "o_proj",
-                    "gate_proj",
-                    "up_proj",
-                    "down_proj",
-                ]
-                .map(str::to_owned)
-                .to_vec(),
-            ),
             ..LoraConfig::default()
         },
         stack: Stack::Torchtune,
