@@ -170,16 +170,19 @@ fn torchtune_nf4_build(model: &ModelSpec, job: &Job) -> CachingAllocator {
     };
     let mut attention = Vec::new();
     let mut mlp = Vec::new();
+    // Every copy of a Linear is its own weight (experts: one per expert).
     for l in &group.linears {
-        let lin = TtLinear {
-            inp: l.in_features,
-            out: l.out_features,
-            nf4: job.lora.targets.matches(&l.name),
-        };
-        if l.role == LinearRole::Attention {
-            attention.push(lin);
-        } else {
-            mlp.push((rank(&l.name), lin));
+        for _ in 0..l.count.max(1) {
+            let lin = TtLinear {
+                inp: l.in_features,
+                out: l.out_features,
+                nf4: job.lora.targets.matches(&l.name),
+            };
+            if l.role == LinearRole::Attention {
+                attention.push(lin);
+            } else {
+                mlp.push((rank(&l.name), lin));
+            }
         }
     }
     mlp.sort_by_key(|m| m.0);
