@@ -544,18 +544,6 @@ fn finish(
     phases: Vec<PhaseBytes>,
     largest_freed_block: u64,
 ) -> Estimate {
-    let peak = phases
-        .iter()
-        .max_by_key(|p| p.total())
-        .cloned()
-        .unwrap_or(PhaseBytes {
-            phase: Phase::Load,
-            components: vec![],
-        });
-    let load_reserved = load::load_reserved_bytes(model, job);
-    let (allocated, reserve) =
-        allocated_and_reserve(&peak, device, largest_freed_block, load_reserved);
-    let reserved = allocated + reserve;
     let mut outside = par.paged_states;
     // torch.distributed's NCCL communicators and buffers: with several GPUs, and with
     // DeepSpeed or FSDP even on one (they initialise the process group and run their
@@ -567,28 +555,57 @@ fn finish(
     } else if distributed {
         outside += device.nccl_bytes / 2;
     }
-    let device_total = reserved + outside + device.cuda_context_bytes;
-    let mut components = peak.components.clone();
-    components.retain(|c| c.1 > 0);
-    components.push((Component::AllocatorReserve, reserve));
-    if outside > 0 {
-        components.push((Component::OutsideAllocator, outside));
-    }
-    components.push((Component::CudaContext, device.cuda_context_bytes));
-    Estimate {
-        peak_allocated_bytes: allocated,
-        peak_reserved_bytes: reserved,
-        peak_device_bytes: device_total,
-        peak_phase: peak.phase,
-        components,
+    let mut est = Estimate {
+        peak_allocated_bytes: 0,
+        peak_reserved_bytes: 0,
+        peak_device_bytes: 0,
+        peak_phase: Phase::Load,
+        components: vec![],
         phases,
         host_bytes: par.host_bytes,
         total_params: model.total_params(),
         trainable_params: regime.trainable_params,
         regime: regime.clone(),
         largest_freed_block,
-        load_reserved_bytes: load_reserved,
+        load_reserved_bytes: load::load_reserved_bytes(model, job),
+    };
+    set_levels(&mut est, device, outside, device.cuda_context_bytes);
+    est
+}
+
+/// Sets the estimate's peak phase (the largest of its phases), its three levels and the
+/// components at the peak, with `outside` bytes outside PyTorch's allocator and the CUDA
+/// context: what `estimate` and a re-leveling after changing phase bytes
+/// ([`stored::with_stored_weights`]) share.
+pub(crate) fn set_levels(est: &mut Estimate, device: &DeviceProfile, outside: u64, context: u64) {
+    let peak = est
+        .phases
+        .iter()
+        .max_by_key(|p| p.total())
+        .cloned()
+        .unwrap_or(PhaseBytes {
+            phase: Phase::Load,
+            components: vec![],
+        });
+    let (allocated, reserve) = allocated_and_reserve(
+        &peak,
+        device,
+        est.largest_freed_block,
+        est.load_reserved_bytes,
+    );
+    let reserved = allocated + reserve;
+    let mut components = peak.components;
+    components.retain(|c| c.1 > 0);
+    components.push((Component::AllocatorReserve, reserve));
+    if outside > 0 {
+        components.push((Component::OutsideAllocator, outside));
     }
+    components.push((Component::CudaContext, context));
+    est.peak_allocated_bytes = allocated;
+    est.peak_reserved_bytes = reserved;
+    est.peak_device_bytes = reserved.saturating_add(outside).saturating_add(context);
+    est.peak_phase = peak.phase;
+    est.components = components;
 }
 
 /// The largest buffer a training step allocates and frees: the loss's (see

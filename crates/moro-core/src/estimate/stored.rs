@@ -13,7 +13,7 @@ use crate::job::{Job, Method, Quantization, Stack};
 use crate::model::ModelSpec;
 
 use super::weights::base_weight_bytes;
-use super::{Component, DeviceProfile, Estimate, PhaseBytes, Regime};
+use super::{Component, DeviceProfile, Estimate, Regime};
 
 /// Bytes per element of a safetensors dtype name (`Dtype`'s `Debug`), for the float dtypes a
 /// checkpoint may be converted from on load.
@@ -108,35 +108,12 @@ pub fn with_stored_weights(
             }
         }
     }
-    let Some(peak) = est.phases.iter().max_by_key(|p| p.total()).cloned() else {
+    if est.phases.is_empty() {
         return est;
-    };
-    relevel(est, &peak, device)
-}
-
-/// The three levels of `peak`, as `estimate::finish` computes them.
-fn relevel(mut est: Estimate, peak: &PhaseBytes, device: &DeviceProfile) -> Estimate {
-    let (allocated, reserve) = super::allocated_and_reserve(
-        peak,
-        device,
-        est.largest_freed_block,
-        est.load_reserved_bytes,
-    );
-    let reserved = allocated + reserve;
+    }
     let outside = est.component(Component::OutsideAllocator);
     let context = est.component(Component::CudaContext);
-    let mut components = peak.components.clone();
-    components.retain(|c| c.1 > 0);
-    components.push((Component::AllocatorReserve, reserve));
-    if outside > 0 {
-        components.push((Component::OutsideAllocator, outside));
-    }
-    components.push((Component::CudaContext, context));
-    est.peak_allocated_bytes = allocated;
-    est.peak_reserved_bytes = reserved;
-    est.peak_device_bytes = reserved.saturating_add(outside).saturating_add(context);
-    est.peak_phase = peak.phase;
-    est.components = components;
+    super::set_levels(&mut est, device, outside, context);
     est
 }
 
