@@ -17,18 +17,24 @@ fn model(id: &str) -> ModelSpec {
     }
 }
 
-/// One QLoRA estimate of a dense 7B model, and of a 128-expert MoE (the largest layer lists).
-#[divan::bench(args = ["Qwen/Qwen2.5-7B", "Qwen/Qwen3-235B-A22B", "deepseek-ai/DeepSeek-V3"])]
-fn one(bencher: divan::Bencher, id: &str) {
-    let m = model(id);
+/// QLoRA on every Linear, NF4 with double quantization, checkpointing.
+fn qlora(seq_len: u64) -> Job {
     let mut job = Job {
         method: Method::Qlora,
         quantization: Quantization::Nf4Dq,
-        seq_len: 2048,
+        seq_len,
         gradient_checkpointing: true,
         ..Job::default()
     };
     job.lora.targets = moro_core::job::Targets::AllLinear;
+    job
+}
+
+/// One QLoRA estimate of a dense 7B model, and of a 128-expert MoE (the largest layer lists).
+#[divan::bench(args = ["Qwen/Qwen2.5-7B", "Qwen/Qwen3-235B-A22B", "deepseek-ai/DeepSeek-V3"])]
+fn one(bencher: divan::Bencher, id: &str) {
+    let m = model(id);
+    let job = qlora(2048);
     let profile = DeviceProfile::default();
     bencher.bench(|| estimate(divan::black_box(&m), divan::black_box(&job), &profile));
 }
@@ -39,19 +45,14 @@ fn one(bencher: divan::Bencher, id: &str) {
 #[divan::bench(args = ["meta-llama/Llama-2-7b-hf", "meta-llama/Llama-2-70b-hf"], sample_count = 10)]
 fn torchtune_nf4_load(bencher: divan::Bencher, id: &str) {
     let m = model(id);
-    let mut job = Job {
-        method: Method::Qlora,
-        quantization: Quantization::Nf4Dq,
-        seq_len: 512,
-        gradient_checkpointing: true,
+    let job = Job {
         stack: moro_core::job::Stack::Torchtune,
         versions: moro_core::job::Versions {
             torchao: Some((0, 1)),
             ..moro_core::job::Versions::default()
         },
-        ..Job::default()
+        ..qlora(512)
     };
-    job.lora.targets = moro_core::job::Targets::AllLinear;
     let profile = DeviceProfile::default();
     bencher.bench(|| estimate(divan::black_box(&m), divan::black_box(&job), &profile));
 }

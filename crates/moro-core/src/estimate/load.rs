@@ -28,7 +28,8 @@ pub fn load_reserved_bytes(model: &ModelSpec, job: &Job) -> u64 {
     }
 }
 
-/// A block in flight, freed when its step of the code drops it.
+/// The allocator driven by the generated code: each helper allocates and frees what the
+/// library statement it mirrors does.
 struct Sim(CachingAllocator);
 
 impl Sim {
