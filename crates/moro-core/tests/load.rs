@@ -1,8 +1,13 @@
 //! What loading leaves in PyTorch's cache, against published figures.
 
 use moro_core::catalog;
-use moro_core::estimate::load::load_reserved_bytes;
+use moro_core::estimate::Regime;
+use moro_core::estimate::load;
 use moro_core::job::{Job, LoraConfig, Method, Quantization, Stack, Versions};
+
+fn load_reserved_bytes(m: &moro_core::model::ModelSpec, job: &Job) -> u64 {
+    load::load_reserved_bytes(m, job, &Regime::resolve(m, job))
+}
 
 /// torchtune 0.1.0's `llama2/7B_qlora_single_device`: LoRA rank 8 on q, k, v, output and
 /// the MLP, with torchao 0.1 (torchtune 0.1.x's pin).

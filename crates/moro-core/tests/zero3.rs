@@ -2,7 +2,10 @@
 
 use moro_core::catalog;
 use moro_core::estimate::Regime;
-use moro_core::estimate::parallel::{Zero3Live, zero3_live_params};
+use moro_core::estimate::load::load_reserved_bytes;
+use moro_core::estimate::parallel::{
+    Zero3Live, zero3_live_params, zero3_partitions, zero3_step_transient, zero3_sub_groups,
+};
 use moro_core::job::{Job, Method, Parallel, Precision, Sharding};
 
 fn live(id: &str, gradient_checkpointing: bool) -> Zero3Live {
@@ -60,4 +63,114 @@ fn small_models_keep_their_last_layers_gathered() {
         head * 2 + (prefetch + 16 * layer + 3 * 4_358_144) * 2
     );
     assert_eq!(no_ckpt.at_loss, head * 2 + (prefetch + 24 * layer) * 2);
+}
+
+/// Qwen-1.8B (Qwen-1: h = 2,048, vocab 151,936 untied, 24 layers of `c_attn` 2,048 → 6,144
+/// with bias, `c_proj` 2,048², and `w1`, `w2`, `c_proj` 2,048 × 5,504): 311,164,928 for the
+/// embedding and for lm_head, 50,599,936 a layer. Full fine-tuning on one GPU, as Qwen's
+/// README profiled it with `finetune/ds_config_zero3.json`.
+fn qwen_1_8b_one_gpu() -> (moro_core::model::ModelSpec, Job) {
+    let m = catalog::load(catalog::find("Qwen/Qwen-1_8B").expect("catalog")).unwrap();
+    let job = Job {
+        method: Method::Full,
+        precision: Precision::Bf16,
+        gradient_checkpointing: true,
+        parallel: Parallel {
+            sharding: Sharding::Zero3,
+            ..Parallel::single()
+        },
+        ..Job::default()
+    };
+    (m, job)
+}
+
+const QWEN_EMBED: u64 = 151_936 * 2_048;
+const QWEN_LAYER: u64 = 2_048 * 6_144 + 6_144 + 2_048 * 2_048 + 3 * 2_048 * 5_504;
+/// The first sub-group: the embedding, 13 layers, and the 14th up to `w2`.
+const QWEN_G1: u64 = QWEN_EMBED + 13 * QWEN_LAYER + QWEN_LAYER - 2_048 * 5_504;
+
+/// `_create_fp16_sub_groups` closes a sub-group at the parameter that brings it to 1e9
+/// elements: the embedding and 13 layers make 968,964,096; the 14th layer's `c_attn`
+/// (12,589,056), `c_proj` (4,194,304), `w1` (11,272,192) and `w2` (11,272,192) cross it at
+/// 1,008,291,840. The rest (that layer's `c_proj`, 10 layers and lm_head) is the second.
+#[test]
+fn sub_groups_close_when_they_reach_1e9_elements() {
+    let (m, job) = qwen_1_8b_one_gpu();
+    let groups = zero3_sub_groups(&zero3_partitions(&m, &job));
+    assert_eq!(
+        groups,
+        vec![QWEN_G1, 2_048 * 5_504 + 10 * QWEN_LAYER + QWEN_EMBED]
+    );
+    assert_eq!(groups[0], 1_008_291_840);
+    // Under 1e9 elements it is one group (8 ranks: 229,591,040 each).
+    let mut eight = job.clone();
+    eight.parallel.data_parallel = 8;
+    let parts = zero3_partitions(&m, &eight);
+    assert_eq!(zero3_sub_groups(&parts).len(), 1);
+    assert_eq!(
+        zero3_sub_groups(&parts)[0],
+        (2 * QWEN_EMBED + 24 * QWEN_LAYER) / 8
+    );
+}
+
+/// The step's largest temporary is the first sub-group's 16-bit flatten and fp32 copy:
+/// 6 × 1,008,291,840 bytes, more than `isinf`'s bool of 1,836,728,320 elements and the
+/// embedding gradient's `double()` (8 × 311,164,928).
+#[test]
+fn the_step_temporary_is_the_largest_sub_group_in_16_and_32_bits() {
+    let (m, job) = qwen_1_8b_one_gpu();
+    assert_eq!(zero3_step_transient(&m, &job), 6 * QWEN_G1);
+    // And it is what the estimate adds at the optimizer step, over 16 bytes a parameter
+    // (16-bit weights and gradient buffer, fp32 master, Adam's two moments), with no fp32
+    // gradients held between steps.
+    let est =
+        moro_core::estimate::estimate(&m, &job, &moro_core::estimate::DeviceProfile::default())
+            .unwrap();
+    let step = est
+        .phases
+        .iter()
+        .find(|p| p.phase == moro_core::estimate::Phase::OptimizerStep)
+        .unwrap();
+    let persistent = 16 * QWEN_EMBED * 2 + 16 * 24 * QWEN_LAYER;
+    let total = step.total();
+    assert!(
+        total >= persistent + 6 * QWEN_G1 && total < persistent + 6 * QWEN_G1 + (64 << 20),
+        "{total}"
+    );
+}
+
+/// What DeepSpeed's setup and step leave in the cache, block by block (G1, G2 the sub-groups,
+/// t all trainable elements, w the embedding): the flat 16-bit partitions (2t); per
+/// sub-group the `.clone()` (2·G1, freed, then reused by G2's) and the fp32 master (4·G);
+/// the zeroed `gradient_buffer` (4·G1) that `grad_partitions_flat_buffer` (2t) later splits;
+/// Adam's two moments (8·G); the step's `double()` of the embedding gradient (8w), which
+/// the first flatten then reuses, and the first fp32 gradient copy (4·G1), which the second
+/// reuses; and `isinf`'s bools (t) on their own stream. The norms' 100,352 elements are
+/// not in the sub-groups; Adam's moments of them are spread over the two.
+#[test]
+fn zero3_setup_and_step_reserve_by_hand() {
+    let (m, job) = qwen_1_8b_one_gpu();
+    let r = Regime::resolve(&m, &job);
+    let g1 = QWEN_G1;
+    let g2 = 2 * QWEN_EMBED + 24 * QWEN_LAYER - g1;
+    let t = g1 + g2;
+    let seg = |b: u64| b.div_ceil(2 << 20) * (2 << 20);
+    let hand = seg(2 * t)
+        + seg(2 * g1)
+        + seg(4 * g1)
+        + seg(4 * g2)
+        + seg(4 * g1)
+        + 2 * seg(4 * g1)
+        + 2 * seg(4 * g2)
+        + seg(8 * QWEN_EMBED)
+        + seg(4 * g1)
+        + seg(t);
+    let floor = load_reserved_bytes(&m, &job, &r);
+    let diff = floor.abs_diff(hand);
+    // Adam's moments of the norms (8 × 100,352 bytes) spread over the sub-groups' states.
+    assert!(diff <= 8 << 20, "floor {floor}, hand {hand}");
+    // Qwen's README: 43.5 GB (nvidia-smi, "likely") for 256 to 2,048 tokens, flat.
+    #[allow(clippy::cast_precision_loss)]
+    let gb = floor as f64 / 1e9;
+    assert!((39.0..41.0).contains(&gb), "{gb:.2} GB");
 }

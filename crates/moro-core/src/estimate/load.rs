@@ -1,31 +1,119 @@
-//! What loading a model leaves in PyTorch's cache. The caching allocator keeps every segment
+//! What setting a job up leaves in PyTorch's cache. The caching allocator keeps every segment
 //! it `cudaMalloc`ed until `empty_cache()`, which training recipes do not call, so a load
-//! that fragments the cache sets a floor under the step's reserved level: the step's peak
-//! reserved is at least the reserved after the load.
+//! or an engine setup that fragments the cache sets a floor under the step's reserved level:
+//! the step's peak reserved is at least the reserved after it.
 //!
-//! Modelled: torchtune 0.1.x's QLoRA model build with torchao before 0.2, whose NF4
-//! quantizer needs 64 bytes of temporaries per weight element. Replayed through
-//! [`CachingAllocator`], Llama-2-7B's build and load end at 9.14 GB reserved, and torchtune's
-//! QLoRA tutorial logged 9.13 GB "peak memory reserved, model init"; a trace of the same
-//! code on the meta device, replayed through the same model, also gives 9.14 GB
-//! (`calibration/README.md`).
+//! Modelled:
+//!
+//! - torchtune 0.1.x's QLoRA model build with torchao before 0.2, whose NF4 quantizer needs
+//!   64 bytes of temporaries per weight element. Replayed through [`CachingAllocator`],
+//!   Llama-2-7B's build and load end at 9.14 GB reserved, and torchtune's QLoRA tutorial
+//!   logged 9.13 GB "peak memory reserved, model init"; a trace of the same code on the meta
+//!   device, replayed through the same model, also gives 9.14 GB (`calibration/README.md`).
+//! - DeepSpeed ZeRO-3's engine setup and its optimizer step ([`zero3_setup_and_step`]),
+//!   whose fp32 partitions, optimizer states and step temporaries are each one flat tensor
+//!   per sub-group of up to 1e9 elements: blocks of gigabytes that the layers' smaller
+//!   requests split and the next large request cannot reuse.
 
 use crate::caching_allocator::{CachingAllocator, Handle};
-use crate::job::{Job, Method, Stack};
+use crate::job::{Job, Method, Offload, Sharding, Stack};
 use crate::model::{LinearRole, ModelSpec};
 
-/// The reserved bytes the model's load leaves in PyTorch's cache (0 where the load is not
+use super::Regime;
+use super::parallel;
+use super::weights::base_weight_bytes;
+
+/// The reserved bytes the job's setup leaves in PyTorch's cache (0 where the setup is not
 /// modelled to fragment it).
 #[must_use]
-pub fn load_reserved_bytes(model: &ModelSpec, job: &Job) -> u64 {
+pub fn load_reserved_bytes(model: &ModelSpec, job: &Job, r: &Regime) -> u64 {
     if job.stack == Stack::Torchtune
         && job.method == Method::Qlora
         && job.versions.torchao_unchunked_nf4()
     {
         torchtune_nf4_build(model, job).reserved()
+    } else if job.parallel.sharding == Sharding::Zero3
+        && job.parallel.offload == Offload::None
+        && job.method != Method::Inference
+    {
+        zero3_setup_and_step(model, job, r)
     } else {
         0
     }
+}
+
+/// DeepSpeed ZeRO-3 without offload, per rank, statement by statement from v0.11.1's
+/// `stage3.py` (the large allocations; the layers' activations are left out, and they fit in
+/// what the step frees):
+///
+/// 1. the frozen parameters' partitions (PEFT), allocated by `zero.Init`;
+/// 2. `defragment`: `empty_cache()`, then one flat 16-bit buffer of the trainable partitions;
+/// 3. `_create_fp32_partitions`, per sub-group: `.clone().float()`, the 16-bit clone freed;
+/// 4. `initialize_optimizer_states`: a zeroed fp32 `gradient_buffer` of the largest
+///    sub-group, one optimizer step per sub-group that creates its states (Adam:
+///    `exp_avg`, `exp_avg_sq`), then the buffer freed;
+/// 5. the IPG bucket (`reduce_bucket_size` 16-bit elements) and the 16-bit
+///    `grad_partitions_flat_buffer` of every trainable partition;
+/// 6. two optimizer steps: the per-gradient `double()` of `get_grad_norm_direct` (each freed
+///    at once: only a gradient larger than every earlier one needs a new block), then per
+///    sub-group the 16-bit `flatten` and its fp32 copy, the flatten freed, the copy freed in
+///    `_release_sub_group`. `has_overflow`'s `isinf` / `isnan` bools run on
+///    `reduce_and_partition_stream` (a stream of its own under `overlap_comm`, which stage 3
+///    turns on by default), and the caching allocator keeps a stream's blocks for that
+///    stream: their segment is a pool of its own.
+fn zero3_setup_and_step(model: &ModelSpec, job: &Job, r: &Regime) -> u64 {
+    let p = &job.parallel;
+    let split = p.tensor_parallel.max(1) * p.pipeline.max(1);
+    let n = p.data_parallel.max(1) * split;
+    let parts = parallel::zero3_partitions(model, job);
+    let groups = parallel::zero3_sub_groups(&parts);
+    let t: u64 = parts.iter().sum();
+    let largest = groups.iter().copied().max().unwrap_or(0);
+    let states = parallel::deepspeed_state_bytes(model, job, r) / n;
+    let mut s = Sim(CachingAllocator::new());
+    if job.method != Method::Full {
+        s.a(base_weight_bytes(model, job, r) / n);
+    }
+    s.0.empty_cache();
+    s.a(2 * t);
+    for &g in &groups {
+        let clone = s.a(2 * g);
+        s.a(4 * g);
+        s.f(clone);
+    }
+    let gradient_buffer = s.a(4 * largest);
+    for &g in &groups {
+        let per = u64::try_from(u128::from(states) * u128::from(g) / u128::from(t.max(1)))
+            .unwrap_or(u64::MAX);
+        s.a(per / 2);
+        s.a(per - per / 2);
+    }
+    s.f(gradient_buffer);
+    s.a(p
+        .reduce_bucket
+        .unwrap_or(model.hidden_size * model.hidden_size)
+        * 2);
+    s.a(2 * t);
+    for _ in 0..2 {
+        let mut widest = 0;
+        for &x in &parts {
+            if x > widest {
+                widest = x;
+                let d = s.a(8 * x);
+                s.f(d);
+            }
+        }
+        for &g in &groups {
+            let flat = s.a(2 * g);
+            let fp32 = s.a(4 * g);
+            s.f(flat);
+            s.f(fp32);
+        }
+    }
+    let mut side = CachingAllocator::new();
+    let bools = side.malloc(t.max(1));
+    side.free(bools);
+    s.0.reserved() + side.reserved()
 }
 
 /// The allocator driven by the generated code: each helper allocates and frees what the

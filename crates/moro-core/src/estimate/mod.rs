@@ -243,9 +243,9 @@ pub struct Estimate {
     /// reserve keeps a block of this size ([`allocated_and_reserve`]).
     #[serde(default)]
     pub largest_freed_block: u64,
-    /// Reserved bytes the model's load leaves in PyTorch's cache, a floor under the
-    /// reserved level ([`load::load_reserved_bytes`]; 0 where the load is not modelled to
-    /// fragment it).
+    /// Reserved bytes the job's setup (the model's load, DeepSpeed ZeRO-3's engine and
+    /// optimizer step) leaves in PyTorch's cache, a floor under the reserved level
+    /// ([`load::load_reserved_bytes`]; 0 where the setup is not modelled to fragment it).
     #[serde(default)]
     pub load_reserved_bytes: u64,
 }
@@ -567,7 +567,7 @@ fn finish(
         trainable_params: regime.trainable_params,
         regime: regime.clone(),
         largest_freed_block,
-        load_reserved_bytes: load::load_reserved_bytes(model, job),
+        load_reserved_bytes: load::load_reserved_bytes(model, job, regime),
     };
     set_levels(&mut est, device, outside, device.cuda_context_bytes);
     est

@@ -177,13 +177,7 @@ impl Sharded {
                 // int(18 * total_params / total_gpus)`; ZeRO-3:
                 // `largest_layer_memory + 18·P/N`.
                 let states_fp32 = if full {
-                    // states are computed at param_bytes; DeepSpeed's are fp32 over fp32 master.
-                    let fp32_states = if r.param_bytes == 2 {
-                        states_all * 2
-                    } else {
-                        states_all
-                    };
-                    fp32_states + trainable * (4 + 4)
+                    deepspeed_state_bytes(model, job, r) + trainable * (4 + 4)
                 } else {
                     states + trainable * 4
                 } / split;
@@ -214,11 +208,25 @@ impl Sharded {
                     _ => {
                         s.weights = if offload_params { 0 } else { p16 / n };
                         s.grads = g16 / n;
-                        s.states_on_gpu = if offload_opt { 0 } else { states_fp32 / n };
+                        // Stage 3 keeps no fp32 gradients between steps: its optimizer
+                        // step makes them one sub-group at a time ([`zero3_step_transient`]).
+                        // (`states_fp32` counts them for full fine-tuning only.)
+                        let fp32_grads = if full { trainable * 4 / split } else { 0 };
+                        s.states_on_gpu = if offload_opt {
+                            0
+                        } else {
+                            states_fp32.saturating_sub(fp32_grads) / n
+                        };
                         s.comm_buffers = bucket;
-                        let live = zero3_live_params(model, job, r);
-                        s.gathered_params = live.in_layers;
-                        s.gathered_at_loss = live.at_loss;
+                        // One rank gathers nothing: with a single partition
+                        // `all_gather_coalesced` returns `_no_gather_coalesced`, which points
+                        // each parameter at its partition (`partition_parameters.py`) — a
+                        // copy only when the partition was offloaded to the host.
+                        if n > 1 || offload_params {
+                            let live = zero3_live_params(model, job, r);
+                            s.gathered_params = live.in_layers;
+                            s.gathered_at_loss = live.at_loss;
+                        }
                     }
                 }
                 s.head_grads = match (&model.encoder, full) {
@@ -226,7 +234,11 @@ impl Sharded {
                     (Some(enc), true) => enc.head_params(h) * 2 / tp / n,
                     (None, true) => model.vocab_size * h * 2 / tp / n,
                 };
-                s.step_transient = 0;
+                s.step_transient = if sharding == Sharding::Zero3 && !offload_opt {
+                    zero3_step_transient(model, job)
+                } else {
+                    0
+                };
                 if offload_opt {
                     // Per rank, DeepSpeed's `estimate_zero{2,3}_model_states_mem_needs`
                     // divided by the ranks sharing the host: the partition's fp32 master
@@ -323,6 +335,100 @@ impl Sharded {
         }
         s
     }
+}
+
+/// Optimizer-state bytes DeepSpeed keeps for the whole job: over its fp32 master weights
+/// for full fine-tuning (the states moro computes at the parameters' bytes, doubled for a
+/// 16-bit model), as computed for PEFT (the adapters' states).
+#[must_use]
+pub fn deepspeed_state_bytes(model: &ModelSpec, job: &Job, r: &Regime) -> u64 {
+    let (states, _) = optimizer::states(model, job, r);
+    if job.method == Method::Full && r.param_bytes == 2 {
+        states * 2
+    } else {
+        states
+    }
+}
+
+/// DeepSpeed's `sub_group_size` default, 1e9 elements (`zero/config.py`
+/// `sub_group_size: int = Field(1e9)`; HF's ZeRO-3 templates and Qwen's
+/// `ds_config_zero3.json` set the same).
+pub const ZERO3_SUB_GROUP_SIZE: u64 = 1_000_000_000;
+
+/// Elements of each trainable parameter's partition on one rank, in `named_parameters` order
+/// (embedding, each layer's Linears, lm_head): the order ZeRO-3 fills its sub-groups in.
+/// Norms and biases are left out (a few thousand elements against a 1e9 sub-group).
+#[must_use]
+pub fn zero3_partitions(model: &ModelSpec, job: &Job) -> Vec<u64> {
+    let p = &job.parallel;
+    let div = p.data_parallel.max(1) * p.tensor_parallel.max(1) * p.pipeline.max(1);
+    let mut out = Vec::new();
+    if job.method == Method::Full {
+        let h = model.hidden_size;
+        out.push(model.vocab_size * h);
+        for g in &model.layers {
+            for _ in 0..g.count {
+                for l in &g.linears {
+                    let copies = l.count.max(1);
+                    out.extend(std::iter::repeat_n(l.params() / copies, copies as usize));
+                }
+            }
+        }
+        if !model.tie_word_embeddings {
+            out.push(model.vocab_size * h);
+        }
+    } else {
+        for t in optimizer::trainable_tensors(model, job) {
+            out.extend(std::iter::repeat_n(t.numel, t.copies as usize));
+        }
+    }
+    for x in &mut out {
+        *x = x.div_ceil(div);
+    }
+    out
+}
+
+/// ZeRO-3's sub-groups (DeepSpeed `stage3.py` `_create_fp16_sub_groups`): the whole group
+/// when it is at most `sub_group_size`, else parameters taken in order until a sub-group
+/// reaches it.
+#[must_use]
+pub fn zero3_sub_groups(partitions: &[u64]) -> Vec<u64> {
+    let total: u64 = partitions.iter().sum();
+    if total <= ZERO3_SUB_GROUP_SIZE {
+        return vec![total];
+    }
+    let mut out = Vec::new();
+    let mut acc = 0;
+    for &x in partitions {
+        acc += x;
+        if acc >= ZERO3_SUB_GROUP_SIZE {
+            out.push(acc);
+            acc = 0;
+        }
+    }
+    if acc > 0 {
+        out.push(acc);
+    }
+    out
+}
+
+/// The largest temporary of ZeRO-3's optimizer step without optimizer offload, per rank
+/// (DeepSpeed v0.11.1 `stage3.py` `step`, each freed before the next):
+///
+/// - `has_overflow`: `torch.isinf(self.grad_partitions_flat_buffer).any()`, then `isnan`: a
+///   bool of every gradient element of the rank;
+/// - `get_grad_norm_direct`: `g.double().norm(2)` per gradient partition: 8 bytes per
+///   element of the largest one;
+/// - `_prepare_fp32_grad_for_sub_group`: `self.flatten(self.averaged_gradients[i])` (16-bit)
+///   and its `.to(float32)`, the sub-group's fp32 gradients, alive until
+///   `_release_sub_group`: 6 bytes per element of the largest sub-group.
+#[must_use]
+pub fn zero3_step_transient(model: &ModelSpec, job: &Job) -> u64 {
+    let parts = zero3_partitions(model, job);
+    let all: u64 = parts.iter().sum();
+    let widest = parts.iter().copied().max().unwrap_or(0);
+    let group = zero3_sub_groups(&parts).into_iter().max().unwrap_or(0);
+    all.max(8 * widest).max(6 * group)
 }
 
 /// DeepSpeed's defaults as the HF integration fills a ZeRO-3 config: the reuse distance

@@ -51,7 +51,8 @@ pub(crate) struct EstimateJson<'a> {
     pub(crate) total_params: u64,
     pub(crate) trainable_params: u64,
     pub(crate) host_bytes: u64,
-    /// What loading the model leaves in PyTorch's cache: a floor under the reserved level.
+    /// What the job's setup (model load, DeepSpeed ZeRO-3 engine and step) leaves in
+    /// PyTorch's cache: a floor under the reserved level.
     pub(crate) load_reserved_bytes: u64,
     pub(crate) memory_bytes: Option<u64>,
     pub(crate) fits: Option<bool>,
@@ -307,9 +308,15 @@ pub(crate) fn render(
         );
     }
     if est.load_reserved_bytes > 0 && est.load_reserved_bytes >= est.peak_reserved_bytes {
+        let what = if job.parallel.sharding == Sharding::Zero3 {
+            "DeepSpeed ZeRO-3's engine setup and optimizer step left in PyTorch's cache \
+             (its flat fp32 partitions, optimizer states and step buffers)"
+        } else {
+            "loading the model left in PyTorch's cache (torchtune's NF4 build with \
+             torchao < 0.2)"
+        };
         out.push_str(&format!(
-            "\nnote: the reserved level is what loading the model left in PyTorch's cache \
-             ({}: torchtune's NF4 build with torchao < 0.2); the step allocates less\n",
+            "\nnote: the reserved level ({}) is what {what}; the step's tensors need less\n",
             size(est.load_reserved_bytes)
         ));
     }
