@@ -57,6 +57,28 @@ fn torchtune_nf4_load(bencher: divan::Bencher, id: &str) {
     bencher.bench(|| estimate(divan::black_box(&m), divan::black_box(&job), &profile));
 }
 
+/// One estimate that replays DeepSpeed ZeRO-3's setup and two steps through the allocator
+/// model: full fine-tuning on 16 GPUs of a 70B dense model and of a 671B MoE (its
+/// partitions in up to thousands of tensors; the cost grows with their count and the
+/// churn's blocks, at most 2,048).
+#[divan::bench(args = ["meta-llama/Llama-3.1-70B", "deepseek-ai/DeepSeek-V3"], sample_count = 10)]
+fn zero3_setup_and_step(bencher: divan::Bencher, id: &str) {
+    let m = model(id);
+    let job = Job {
+        method: Method::Full,
+        seq_len: 4096,
+        gradient_checkpointing: true,
+        parallel: moro_core::job::Parallel {
+            data_parallel: 16,
+            sharding: moro_core::job::Sharding::Zero3,
+            ..moro_core::job::Parallel::single()
+        },
+        ..Job::default()
+    };
+    let profile = DeviceProfile::default();
+    bencher.bench(|| estimate(divan::black_box(&m), divan::black_box(&job), &profile));
+}
+
 /// 100,000 estimates: 4 methods × 5 batches × 5 lengths × 4 optimizers × 2 checkpointing ×
 /// 5 ranks × 25 repeats on a 7B model; the cost should grow linearly with the count.
 #[divan::bench(args = [1_000, 10_000, 100_000], sample_count = 3)]

@@ -6,7 +6,7 @@ use moro_core::estimate::load;
 use moro_core::job::{Job, LoraConfig, Method, Quantization, Stack, Versions};
 
 fn load_reserved_bytes(m: &moro_core::model::ModelSpec, job: &Job) -> u64 {
-    load::load_reserved_bytes(m, job, &Regime::resolve(m, job))
+    load::load_reserved_bytes(m, job, &Regime::resolve(m, job), &[])
 }
 
 /// torchtune 0.1.0's `llama2/7B_qlora_single_device`: LoRA rank 8 on q, k, v, output and

@@ -165,7 +165,7 @@ fn zero3_setup_and_step_reserve_by_hand() {
         + seg(8 * QWEN_EMBED)
         + seg(4 * g1)
         + seg(t);
-    let floor = load_reserved_bytes(&m, &job, &r);
+    let floor = load_reserved_bytes(&m, &job, &r, &[]);
     let diff = floor.abs_diff(hand);
     // Adam's moments of the norms (8 × 100,352 bytes) spread over the sub-groups' states.
     assert!(diff <= 8 << 20, "floor {floor}, hand {hand}");
@@ -173,4 +173,40 @@ fn zero3_setup_and_step_reserve_by_hand() {
     #[allow(clippy::cast_precision_loss)]
     let gb = floor as f64 / 1e9;
     assert!((39.0..41.0).contains(&gb), "{gb:.2} GB");
+}
+
+/// At 8,192 tokens the loss's bf16 logits blocks (8,191 × 151,936 × 2 bytes, three alive at
+/// its backward) fit in none of the setup's free blocks: three new segments, allocated
+/// before the first optimizer step. The step's `double()` of the embedding gradient and
+/// the first flatten then fit in two of them, and only its fp32 gradient copy needs a
+/// segment of its own.
+#[test]
+fn large_logits_churn_comes_before_the_step_that_reuses_it() {
+    let (m, job) = qwen_1_8b_one_gpu();
+    let r = Regime::resolve(&m, &job);
+    let g1 = QWEN_G1;
+    let g2 = 2 * QWEN_EMBED + 24 * QWEN_LAYER - g1;
+    let t = g1 + g2;
+    let logits = 8_191 * 151_936 * 2;
+    let seg = |b: u64| b.div_ceil(2 << 20) * (2 << 20);
+    let hand = seg(2 * t)
+        + seg(2 * g1)
+        + seg(4 * g1)
+        + seg(4 * g2)
+        + seg(4 * g1)
+        + 2 * seg(4 * g1)
+        + 2 * seg(4 * g2)
+        + 3 * seg(logits)
+        + seg(4 * g1)
+        + seg(t);
+    let floor = load_reserved_bytes(&m, &job, &r, &[logits; 3]);
+    assert!(
+        floor.abs_diff(hand) <= 8 << 20,
+        "floor {floor}, hand {hand}"
+    );
+    // Churn that fits in the setup's free blocks leaves the floor where it was.
+    assert_eq!(
+        load_reserved_bytes(&m, &job, &r, &[64 << 20; 8]),
+        load_reserved_bytes(&m, &job, &r, &[])
+    );
 }

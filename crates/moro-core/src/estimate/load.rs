@@ -24,22 +24,29 @@ use super::parallel;
 use super::weights::base_weight_bytes;
 
 /// The reserved bytes the job's setup leaves in PyTorch's cache (0 where the setup is not
-/// modelled to fragment it).
+/// modelled to fragment it). `churn`: the blocks a forward and backward allocate and free
+/// (at their peak), replayed where a setup is followed by steps.
 #[must_use]
-pub fn load_reserved_bytes(model: &ModelSpec, job: &Job, r: &Regime) -> u64 {
+pub fn load_reserved_bytes(model: &ModelSpec, job: &Job, r: &Regime, churn: &[u64]) -> u64 {
     if job.stack == Stack::Torchtune
         && job.method == Method::Qlora
         && job.versions.torchao_unchunked_nf4()
     {
         torchtune_nf4_build(model, job).reserved()
-    } else if job.parallel.sharding == Sharding::Zero3
-        && job.parallel.offload == Offload::None
-        && job.method != Method::Inference
-    {
-        zero3_setup_and_step(model, job, r)
+    } else if replays_steps(job) {
+        zero3_setup_and_step(model, job, r, churn)
     } else {
         0
     }
+}
+
+/// Whether the job's setup is replayed with its training steps, so that
+/// [`load_reserved_bytes`] needs their churn: DeepSpeed ZeRO-3 without offload.
+#[must_use]
+pub fn replays_steps(job: &Job) -> bool {
+    job.parallel.sharding == Sharding::Zero3
+        && job.parallel.offload == Offload::None
+        && job.method != Method::Inference
 }
 
 /// DeepSpeed ZeRO-3 without offload, per rank, statement by statement from v0.11.1's
@@ -54,14 +61,15 @@ pub fn load_reserved_bytes(model: &ModelSpec, job: &Job, r: &Regime) -> u64 {
 ///    `exp_avg`, `exp_avg_sq`), then the buffer freed;
 /// 5. the IPG bucket (`reduce_bucket_size` 16-bit elements) and the 16-bit
 ///    `grad_partitions_flat_buffer` of every trainable partition;
-/// 6. two optimizer steps: the per-gradient `double()` of `get_grad_norm_direct` (each freed
+/// 6. two training steps, each the forward and backward's `churn` (allocated, then freed)
+///    and the optimizer step: the per-gradient `double()` of `get_grad_norm_direct` (each freed
 ///    at once: only a gradient larger than every earlier one needs a new block), then per
 ///    sub-group the 16-bit `flatten` and its fp32 copy, the flatten freed, the copy freed in
 ///    `_release_sub_group`. `has_overflow`'s `isinf` / `isnan` bools run on
 ///    `reduce_and_partition_stream` (a stream of its own under `overlap_comm`, which stage 3
 ///    turns on by default), and the caching allocator keeps a stream's blocks for that
 ///    stream: their segment is a pool of its own.
-fn zero3_setup_and_step(model: &ModelSpec, job: &Job, r: &Regime) -> u64 {
+fn zero3_setup_and_step(model: &ModelSpec, job: &Job, r: &Regime, churn: &[u64]) -> u64 {
     let p = &job.parallel;
     let split = p.tensor_parallel.max(1) * p.pipeline.max(1);
     let n = p.data_parallel.max(1) * split;
@@ -95,6 +103,8 @@ fn zero3_setup_and_step(model: &ModelSpec, job: &Job, r: &Regime) -> u64 {
         * 2);
     s.a(2 * t);
     for _ in 0..2 {
+        let held: Vec<Handle> = churn.iter().map(|&b| s.a(b)).collect();
+        s.free_all(held);
         let mut widest = 0;
         for &x in &parts {
             if x > widest {

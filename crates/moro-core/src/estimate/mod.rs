@@ -534,6 +534,40 @@ pub fn allocated_and_reserve(
     (allocated, reserve)
 }
 
+/// The forward and backward's churn at their peak, as blocks the allocator sees: the
+/// largest freed buffer (the loss's logits, [`largest_freed_block`]) as many times as the
+/// churn holds it, the rest as hidden states (`b · s · h`, 16-bit), the size of the
+/// layers' saved inputs and most activations. Churn is what is not resident
+/// ([`Component::is_resident`]) in the largest phase before the optimizer step.
+fn churn_blocks(phases: &[PhaseBytes], largest: u64, unit: u64) -> Vec<u64> {
+    let churn = phases
+        .iter()
+        .filter(|p| p.phase != Phase::OptimizerStep)
+        .map(|p| {
+            p.components
+                .iter()
+                .filter(|c| !c.0.is_resident())
+                .map(|c| c.1)
+                .sum::<u64>()
+        })
+        .max()
+        .unwrap_or(0);
+    // At most 1,024 blocks of each kind: a replay's cost stays bounded, and smaller blocks
+    // fit in the same holes.
+    let unit = unit.max(churn.div_ceil(1024)).max(1);
+    let mut out = Vec::new();
+    let mut rest = churn;
+    if largest > unit {
+        out.extend(std::iter::repeat_n(largest, (churn / largest) as usize));
+        rest = churn % largest;
+    }
+    while rest > 0 {
+        out.push(rest.min(unit));
+        rest -= rest.min(unit);
+    }
+    out
+}
+
 /// Picks the peak phase and adds the reserved and device levels.
 fn finish(
     model: &ModelSpec,
@@ -544,6 +578,13 @@ fn finish(
     phases: Vec<PhaseBytes>,
     largest_freed_block: u64,
 ) -> Estimate {
+    let churn = if load::replays_steps(job) {
+        let hidden_state = job.micro_batch_size * job.seq_len * model.hidden_size * 2
+            / job.parallel.tensor_parallel.max(1);
+        churn_blocks(&phases, largest_freed_block, hidden_state)
+    } else {
+        Vec::new()
+    };
     let mut outside = par.paged_states;
     // torch.distributed's NCCL communicators and buffers: with several GPUs, and with
     // DeepSpeed or FSDP even on one (they initialise the process group and run their
@@ -567,7 +608,7 @@ fn finish(
         trainable_params: regime.trainable_params,
         regime: regime.clone(),
         largest_freed_block,
-        load_reserved_bytes: load::load_reserved_bytes(model, job, regime),
+        load_reserved_bytes: load::load_reserved_bytes(model, job, regime, &churn),
     };
     set_levels(&mut est, device, outside, device.cuda_context_bytes);
     est
