@@ -461,7 +461,14 @@ fn training_phases(
             (Component::Activations, first_layer + acts.checkpoint_one),
             (
                 Component::Transients,
-                cublas + acts.layer_backward_transient.max(tied_add) + dequant + comm_bwd + unit,
+                cublas
+                    + acts
+                        .layer_backward_transient
+                        .max(tied_add)
+                        .max(par.root_grad_assembly)
+                    + dequant
+                    + comm_bwd
+                    + unit,
             ),
         ]),
     });

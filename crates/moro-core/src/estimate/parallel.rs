@@ -21,6 +21,9 @@ pub struct Sharded {
     pub grads: u64,
     /// Gradients already produced when the last layer's backward runs (full FT: lm_head).
     pub head_grads: u64,
+    /// FSDP, full fine-tuning: the root unit's gradient as autograd assembles it at the end
+    /// of backward ([`fsdp_root_grad`]); 0 otherwise.
+    pub root_grad_assembly: u64,
     /// Optimizer states (and fp32 master weights) on this GPU.
     pub states_on_gpu: u64,
     /// Temporaries of the optimizer step.
@@ -141,6 +144,7 @@ impl Sharded {
             adapters,
             grads,
             head_grads,
+            root_grad_assembly: 0,
             states_on_gpu: states,
             step_transient,
             step_comm: 0,
@@ -326,7 +330,14 @@ impl Sharded {
                 } else {
                     unit_trainable
                 };
-                s.head_grads = head_grads / group;
+                if full {
+                    // lm_head's gradient waits, unsharded, for the rest of the root unit's.
+                    let (piece, assembly) = fsdp_root_grad(model, tb, tp);
+                    s.head_grads = piece;
+                    s.root_grad_assembly = assembly;
+                } else {
+                    s.head_grads = head_grads / group;
+                }
                 s.step_transient = step_transient / group;
                 if offload {
                     s.host_bytes = (base + adapters + states + grads) / group;
@@ -335,6 +346,32 @@ impl Sharded {
         }
         s
     }
+}
+
+/// FSDP's root unit (embeddings, final norm, lm_head) under full fine-tuning: (lm_head's
+/// gradient, alive from the loss's backward to the end; the assembly's peak at the end).
+///
+/// FSDP (v1) runs a unit's modules on views of its flat parameter
+/// (`FlatParamHandle._use_unsharded_views`: `torch.split` of the unsharded flat parameter,
+/// then `.view`s), so autograd reaches the flat parameter through one
+/// `SplitWithSizesBackward`, which runs when every view's gradient has arrived and
+/// concatenates them into a new flat gradient. For the root those are lm_head's, computed
+/// in the loss's backward, and the embedding's, computed last: lm_head's waits in
+/// autograd's input buffer through the whole backward, unsharded, and at the end the
+/// pieces (one root's worth) and their concatenation (another) coexist, before the
+/// post-backward hook reduce-scatters it. A tied embedding is one view whose two gradients
+/// autograd sums first. Bytes over `tp` tensor-parallel ranks, at `gb` bytes per gradient
+/// element.
+#[must_use]
+pub fn fsdp_root_grad(model: &ModelSpec, gb: u64, tp: u64) -> (u64, u64) {
+    let tp = tp.max(1);
+    let root = model.total_params().saturating_sub(model.layer_params());
+    let head = if model.encoder.is_some() {
+        0
+    } else {
+        model.vocab_size * model.hidden_size
+    };
+    (head * gb / tp, 2 * root * gb / tp)
 }
 
 /// Optimizer-state bytes DeepSpeed keeps for the whole job: over its fp32 master weights
