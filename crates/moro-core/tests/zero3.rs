@@ -5,6 +5,7 @@ use moro_core::estimate::Regime;
 use moro_core::estimate::load::load_reserved_bytes;
 use moro_core::estimate::parallel::{
     Zero3Live, zero3_live_params, zero3_partitions, zero3_step_transient, zero3_sub_groups,
+    zero12_step_transient,
 };
 use moro_core::job::{Job, Method, Parallel, Precision, Sharding};
 
@@ -208,5 +209,38 @@ fn large_logits_churn_comes_before_the_step_that_reuses_it() {
     assert_eq!(
         load_reserved_bytes(&m, &job, &r, &[64 << 20; 8]),
         load_reserved_bytes(&m, &job, &r, &[])
+    );
+}
+
+/// ZeRO-1/2 make the fp32 gradients at the step too, per parameter group: Qwen2.5-7B full
+/// on 8 GPUs. Its embedding and lm_head (152,064 × 3,584 = 544,997,376 each) and 28 layers
+/// of q (3,584² + 3,584 bias), k and v (3,584 × 512 + 512 each), o (3,584²) and three MLP
+/// matrices (3,584 × 18,944): 7,615,412,224 elements, 951,926,528 a rank. The flatten and its
+/// fp32 copy (6 bytes each) outweigh the embedding piece's `double()` (8 × 544,997,376).
+#[test]
+fn zero1_step_makes_the_fp32_gradients_of_the_partition() {
+    let m = catalog::load(catalog::find("Qwen/Qwen2.5-7B").expect("catalog")).unwrap();
+    let job = Job {
+        method: Method::Full,
+        precision: Precision::Bf16,
+        parallel: Parallel {
+            data_parallel: 8,
+            sharding: Sharding::Zero1,
+            ..Parallel::single()
+        },
+        ..Job::default()
+    };
+    let layer =
+        (3_584 * 3_584 + 3_584) + 2 * (3_584 * 512 + 512) + 3_584 * 3_584 + 3 * 3_584 * 18_944;
+    let partition = (2 * 152_064 * 3_584 + 28 * layer) / 8;
+    assert_eq!(partition, 951_926_528);
+    assert_eq!(zero12_step_transient(&m, &job), 6 * partition);
+    // With 64 ranks the partition (118,990,816) is smaller than the embedding: a piece is
+    // at most the partition, so 8 bytes of it win.
+    let mut wide = job.clone();
+    wide.parallel.data_parallel = 64;
+    assert_eq!(
+        zero12_step_transient(&m, &wide),
+        8 * (2 * 152_064 * 3_584 + 28 * layer) / 64
     );
 }

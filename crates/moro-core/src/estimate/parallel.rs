@@ -190,19 +190,29 @@ impl Sharded {
                 let offload_opt = !matches!(p.offload, Offload::None);
                 let offload_params =
                     matches!(p.offload, Offload::OptimizerAndParams) && sharding == Sharding::Zero3;
+                // No stage keeps fp32 gradients between steps: the optimizer step makes them
+                // (per parameter group, or per ZeRO-3 sub-group) and frees them
+                // ([`zero12_step_transient`], [`zero3_step_transient`]). `states_fp32`
+                // counts them for full fine-tuning only.
+                let fp32_grads = if full { trainable * 4 / split } else { 0 };
+                let states_on_gpu = if offload_opt {
+                    0
+                } else {
+                    states_fp32.saturating_sub(fp32_grads) / n
+                };
                 s.adapters = if full { 0 } else { adapters };
                 match sharding {
                     Sharding::Zero1 => {
                         s.weights = p16;
                         s.grads = g16;
-                        s.states_on_gpu = if offload_opt { 0 } else { states_fp32 / n };
+                        s.states_on_gpu = states_on_gpu;
                         s.backward_buffers = bucket;
                         s.step_comm = bucket;
                     }
                     Sharding::Zero2 => {
                         s.weights = p16;
                         s.grads = g16 / n;
-                        s.states_on_gpu = if offload_opt { 0 } else { states_fp32 / n };
+                        s.states_on_gpu = states_on_gpu;
                         // contiguous_gradients' `ipg_buffer` + overlap_comm's second one,
                         // during backward; the reduced gradient partition persists.
                         s.backward_buffers = 2 * bucket;
@@ -212,15 +222,7 @@ impl Sharded {
                     _ => {
                         s.weights = if offload_params { 0 } else { p16 / n };
                         s.grads = g16 / n;
-                        // Stage 3 keeps no fp32 gradients between steps: its optimizer
-                        // step makes them one sub-group at a time ([`zero3_step_transient`]).
-                        // (`states_fp32` counts them for full fine-tuning only.)
-                        let fp32_grads = if full { trainable * 4 / split } else { 0 };
-                        s.states_on_gpu = if offload_opt {
-                            0
-                        } else {
-                            states_fp32.saturating_sub(fp32_grads) / n
-                        };
+                        s.states_on_gpu = states_on_gpu;
                         s.comm_buffers = bucket;
                         // One rank gathers nothing: with a single partition
                         // `all_gather_coalesced` returns `_no_gather_coalesced`, which points
@@ -238,10 +240,10 @@ impl Sharded {
                     (Some(enc), true) => enc.head_params(h) * 2 / tp / n,
                     (None, true) => model.vocab_size * h * 2 / tp / n,
                 };
-                s.step_transient = if sharding == Sharding::Zero3 && !offload_opt {
-                    zero3_step_transient(model, job)
-                } else {
-                    0
+                s.step_transient = match (sharding, offload_opt) {
+                    (_, true) => 0,
+                    (Sharding::Zero3, false) => zero3_step_transient(model, job),
+                    (_, false) => zero12_step_transient(model, job),
                 };
                 if offload_opt {
                     // Per rank, DeepSpeed's `estimate_zero{2,3}_model_states_mem_needs`
@@ -466,6 +468,29 @@ pub fn zero3_step_transient(model: &ModelSpec, job: &Job) -> u64 {
     let widest = parts.iter().copied().max().unwrap_or(0);
     let group = zero3_sub_groups(&parts).into_iter().max().unwrap_or(0);
     all.max(8 * widest).max(6 * group)
+}
+
+/// The largest temporary of ZeRO-1/2's optimizer step without offload, per rank (DeepSpeed
+/// v0.11.1 `stage_1_and_2.py` `step`, each freed before the next):
+///
+/// - `has_overflow_partitioned_grads_serial`: `x.float().sum()` per gradient piece of the
+///   partition (4 bytes per element of the largest);
+/// - `get_grad_norm_direct`: `g.data.double().norm(2)` per piece (8 bytes per element);
+/// - per parameter group, `self.flatten(self.averaged_gradients[i]).to(float32)`: the 16-bit
+///   flatten and the partition's fp32 gradients (6 bytes per element of the rank's
+///   partition), the fp32 ones alive through `_optimizer_step` until
+///   `single_partition_of_fp32_groups[i].grad = None`.
+///
+/// A piece is a parameter's overlap with the rank's contiguous partition: at most the
+/// widest parameter, and at most the partition.
+#[must_use]
+pub fn zero12_step_transient(model: &ModelSpec, job: &Job) -> u64 {
+    let p = &job.parallel;
+    let n = p.data_parallel.max(1) * p.tensor_parallel.max(1) * p.pipeline.max(1);
+    let parts = zero3_partitions(model, job);
+    let partition: u64 = parts.iter().sum();
+    let widest = parts.iter().copied().max().unwrap_or(0) * n;
+    (6 * partition).max(8 * widest.min(partition))
 }
 
 /// DeepSpeed's defaults as the HF integration fills a ZeRO-3 config: the reuse distance
