@@ -325,10 +325,22 @@ impl Sharded {
                 }
                 s.gathered_at_loss = s.gathered_params;
                 s.states_on_gpu = if offload { 0 } else { states / group };
-                // Unsharded gradients of one unit before its reduce-scatter: the whole flat
-                // parameter for full fine-tuning; the adapters' share for PEFT.
-                s.comm_buffers = if full {
+                // A unit's gradient as autograd assembles it, in backward only: its modules
+                // run on views of the flat parameter (`_use_unsharded_views`: `torch.split`,
+                // then `.view`s), so the flat parameter's gradient comes out of one
+                // `SplitWithSizesBackward`, which waits for every view's gradient and
+                // concatenates them: at the end of a unit's backward its pieces and their
+                // concatenation coexist, before the post-backward hook reduce-scatters (or,
+                // under `no_sync`, accumulates) it. The whole unit for full fine-tuning,
+                // 16-bit under FSDP's mixed precision; for PEFT under Lightning
+                // (`use_orig_params=True`, frozen and LoRA weights in one flat parameter that
+                // requires grad as a whole, pytorch/pytorch#104690) the whole unit too, in
+                // the param dtype; else the adapters' share.
+                s.comm_buffers = 0;
+                s.backward_buffers = 2 * if full {
                     layer_params * 2
+                } else if job.stack == crate::job::Stack::Litgpt {
+                    layer_params * r.frozen_bytes
                 } else {
                     unit_trainable
                 };
