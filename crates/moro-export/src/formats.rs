@@ -206,6 +206,9 @@ fn deepspeed_value(
         None => z.set("reduce_bucket_size", "auto"),
     }
     if stage == 3 {
+        // DeepSpeed's default, written out: moro's estimate of the step's fp32 gradients and
+        // of the cache they leave is per sub-group of this many elements.
+        z.set("sub_group_size", 1_000_000_000_u64);
         z.set("stage3_prefetch_bucket_size", "auto");
         z.set("stage3_param_persistence_threshold", "auto");
         z.set("stage3_max_live_parameters", 1_000_000_000_u64);
