@@ -140,6 +140,29 @@ fn the_step_temporary_is_the_largest_sub_group_in_16_and_32_bits() {
     );
 }
 
+/// A `cudaMalloc`ed segment for a large request: rounded up to 2 MiB.
+fn seg(bytes: u64) -> u64 {
+    bytes.div_ceil(2 << 20) * (2 << 20)
+}
+
+/// Qwen-1.8B's ZeRO-3 segments other than the norm's `double()` block (see below): the flat
+/// 16-bit partitions, the first clone, the fp32 masters, the gradient buffer, Adam's moments,
+/// the step's first fp32 gradient copy and `isinf`'s bools.
+fn qwen_setup_segments() -> u64 {
+    let g1 = QWEN_G1;
+    let g2 = 2 * QWEN_EMBED + 24 * QWEN_LAYER - g1;
+    let t = g1 + g2;
+    seg(2 * t)
+        + seg(2 * g1)
+        + seg(4 * g1)
+        + seg(4 * g2)
+        + seg(4 * g1)
+        + 2 * seg(4 * g1)
+        + 2 * seg(4 * g2)
+        + seg(4 * g1)
+        + seg(t)
+}
+
 /// What DeepSpeed's setup and step leave in the cache, block by block (G1, G2 the sub-groups,
 /// t all trainable elements, w the embedding): the flat 16-bit partitions (2t); per
 /// sub-group the `.clone()` (2·G1, freed, then reused by G2's) and the fp32 master (4·G);
@@ -152,20 +175,7 @@ fn the_step_temporary_is_the_largest_sub_group_in_16_and_32_bits() {
 fn zero3_setup_and_step_reserve_by_hand() {
     let (m, job) = qwen_1_8b_one_gpu();
     let r = Regime::resolve(&m, &job);
-    let g1 = QWEN_G1;
-    let g2 = 2 * QWEN_EMBED + 24 * QWEN_LAYER - g1;
-    let t = g1 + g2;
-    let seg = |b: u64| b.div_ceil(2 << 20) * (2 << 20);
-    let hand = seg(2 * t)
-        + seg(2 * g1)
-        + seg(4 * g1)
-        + seg(4 * g2)
-        + seg(4 * g1)
-        + 2 * seg(4 * g1)
-        + 2 * seg(4 * g2)
-        + seg(8 * QWEN_EMBED)
-        + seg(4 * g1)
-        + seg(t);
+    let hand = qwen_setup_segments() + seg(8 * QWEN_EMBED);
     let floor = load_reserved_bytes(&m, &job, &r, &[]);
     let diff = floor.abs_diff(hand);
     // Adam's moments of the norms (8 × 100,352 bytes) spread over the sub-groups' states.
@@ -185,21 +195,8 @@ fn zero3_setup_and_step_reserve_by_hand() {
 fn large_logits_churn_comes_before_the_step_that_reuses_it() {
     let (m, job) = qwen_1_8b_one_gpu();
     let r = Regime::resolve(&m, &job);
-    let g1 = QWEN_G1;
-    let g2 = 2 * QWEN_EMBED + 24 * QWEN_LAYER - g1;
-    let t = g1 + g2;
     let logits = 8_191 * 151_936 * 2;
-    let seg = |b: u64| b.div_ceil(2 << 20) * (2 << 20);
-    let hand = seg(2 * t)
-        + seg(2 * g1)
-        + seg(4 * g1)
-        + seg(4 * g2)
-        + seg(4 * g1)
-        + 2 * seg(4 * g1)
-        + 2 * seg(4 * g2)
-        + 3 * seg(logits)
-        + seg(4 * g1)
-        + seg(t);
+    let hand = qwen_setup_segments() + 3 * seg(logits);
     let floor = load_reserved_bytes(&m, &job, &r, &[logits; 3]);
     assert!(
         floor.abs_diff(hand) <= 8 << 20,
