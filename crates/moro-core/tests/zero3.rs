@@ -241,3 +241,34 @@ fn zero1_step_makes_the_fp32_gradients_of_the_partition() {
         8 * (2 * 152_064 * 3_584 + 28 * layer) / 64
     );
 }
+
+/// DeepSpeed's engine casts the whole module, LoRA weights included, to its 16-bit dtype;
+/// the fp32 copies are the partitions' master weights. Qwen2.5-7B, LoRA r = 16 on q
+/// (3,584 → 3,584) and v (3,584 → 512): 16 × (7,168 + 4,096) = 180,224 a layer,
+/// 5,046,272 in 28 layers, 2 bytes each; ZeRO-3 partitions them over its ranks too.
+#[test]
+fn deepspeed_holds_the_adapters_in_16_bits() {
+    let m = catalog::load(catalog::find("Qwen/Qwen2.5-7B").expect("catalog")).unwrap();
+    let adapters = |sharding: Sharding, n: u64| {
+        let mut job = Job {
+            method: Method::Lora,
+            parallel: Parallel {
+                data_parallel: n,
+                sharding,
+                ..Parallel::single()
+            },
+            ..Job::default()
+        };
+        job.lora.rank = 16;
+        job.lora.targets = moro_core::job::Targets::Names(vec!["q_proj".into(), "v_proj".into()]);
+        job.lora.targets = moro_core::targets::resolve(&m, &job.lora.targets);
+        let r = Regime::resolve(&m, &job);
+        moro_core::estimate::parallel::Sharded::new(&m, &job, &r).adapters
+    };
+    let lora = 28 * 16 * (2 * 3_584 + 3_584 + 512);
+    assert_eq!(lora, 5_046_272);
+    assert_eq!(adapters(Sharding::Zero2, 1), lora * 2);
+    assert_eq!(adapters(Sharding::Zero3, 8), lora * 2 / 8);
+    // Without DeepSpeed PEFT keeps them in fp32 (the HF default).
+    assert_eq!(adapters(Sharding::None, 1), lora * 4);
+}

@@ -200,7 +200,21 @@ impl Sharded {
                 } else {
                     states_fp32.saturating_sub(fp32_grads) / n
                 };
-                s.adapters = if full { 0 } else { adapters };
+                // DeepSpeed's engine casts the whole module to its 16-bit dtype
+                // (`_configure_distributed_model`: `self.module.half()` / `.bfloat16()`), the
+                // adapters included; their fp32 copies are the partitions' master weights.
+                // ZeRO-3 partitions them like every other parameter.
+                s.adapters = if full {
+                    0
+                } else if job.precision == crate::job::Precision::Fp32 {
+                    adapters
+                } else {
+                    (added_params(model, job) * 2 + adapter_kv_cache_bytes(model, job.peft, 2))
+                        / split
+                };
+                if sharding == Sharding::Zero3 {
+                    s.adapters /= n;
+                }
                 match sharding {
                     Sharding::Zero1 => {
                         s.weights = p16;
