@@ -79,6 +79,23 @@ fn zero3_setup_and_step(bencher: divan::Bencher, id: &str) {
     bencher.bench(|| estimate(divan::black_box(&m), divan::black_box(&job), &profile));
 }
 
+/// One full fine-tune estimate, which replays two training steps' allocations through the
+/// allocator model (every parameter, gradient and state; each layer's saved tensors): a
+/// 0.5B, an 8B and a 70B dense model with checkpointing; the cost grows with the layers
+/// (milliseconds, where every other estimate takes microseconds).
+#[divan::bench(args = ["Qwen/Qwen2.5-0.5B", "meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-70B"], sample_count = 10)]
+fn full_fine_tune_replay(bencher: divan::Bencher, id: &str) {
+    let m = model(id);
+    let job = Job {
+        method: Method::Full,
+        seq_len: 2048,
+        gradient_checkpointing: true,
+        ..Job::default()
+    };
+    let profile = DeviceProfile::default();
+    bencher.bench(|| estimate(divan::black_box(&m), divan::black_box(&job), &profile));
+}
+
 /// 100,000 estimates: 4 methods × 5 batches × 5 lengths × 4 optimizers × 2 checkpointing ×
 /// 5 ranks × 25 repeats on a 7B model; the cost should grow linearly with the count.
 #[divan::bench(args = [1_000, 10_000, 100_000], sample_count = 3)]

@@ -154,10 +154,9 @@ fn multi_gpu_rows_do_not_regress() {
 /// NVIDIA H200 (torch 2.11, transformers 5.17, PEFT 0.21, bitsandbytes 0.50.2), 37 jobs at
 /// three levels each (`validation/h200/`). Every job's allocated peak is within a few percent
 /// (8-bit AdamW's full fine-tune is the widest, +7.7 %, over); LoRA, QLoRA and inference jobs
-/// do not come in more than 6.5 % under at any level. Outside that bound, reported rather than
-/// hidden: the reserve of full fine-tunes of small models, without checkpointing, or with fp32
-/// master weights (up to 15 % under at the reserved level), whose fragmentation a
-/// `--snapshot` run of the harness is to explain.
+/// do not come in more than 6.5 % under at any level. Full fine-tunes' reserve comes from the
+/// replayed steps (`estimate::replay`): no job is more than 3.2 % under at any level (the ratio
+/// model before it was up to 15.5 % under).
 #[test]
 fn h200_measurements_are_reproduced() {
     let (text, rows) = rows_by_id("h200/measured.jsonl");
@@ -166,7 +165,7 @@ fn h200_measurements_are_reproduced() {
     let s = &r.summary;
     assert_eq!(s.covered, s.rows, "every H200 row is predicted");
     assert!(s.rows >= 100, "rows {}", s.rows);
-    assert_within(&s.overall, 0.01, 0.07, 0.09);
+    assert_within(&s.overall, 0.01, 0.04, 0.02);
     let (mut allocated, mut not_full) = (0, 0);
     for row in &r.rows {
         let v = &rows[&row.id];
@@ -178,6 +177,8 @@ fn h200_measurements_are_reproduced() {
         if v["method"].as_str() != Some("full") {
             assert!(e >= -0.065, "{} {e}", row.id);
             not_full += 1;
+        } else {
+            assert!(e >= -0.035, "{} {e}", row.id);
         }
     }
     assert_eq!(allocated, 37);

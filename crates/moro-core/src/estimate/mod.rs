@@ -23,6 +23,7 @@ pub mod loss;
 pub mod optimizer;
 pub mod parallel;
 pub mod regime;
+pub mod replay;
 pub mod stored;
 pub mod weights;
 
@@ -248,6 +249,11 @@ pub struct Estimate {
     /// ([`load::load_reserved_bytes`]; 0 where the setup is not modelled to fragment it).
     #[serde(default)]
     pub load_reserved_bytes: u64,
+    /// The fragmentation (reserved − allocated peak) of the training steps' allocation
+    /// sequence replayed through the caching allocator, a floor under the reserve
+    /// ([`replay::step_fragmentation`]; 0 where the sequence is not generated).
+    #[serde(default)]
+    pub replayed_fragmentation_bytes: u64,
 }
 
 impl Estimate {
@@ -508,13 +514,15 @@ fn training_phases(
 /// (up to 8.4 GiB on the H200) in ways no ratio captures; replaying the step's allocation
 /// sequence through a model of the allocator (`calibration/allocsim.py`) reproduces them.
 /// The reserved level is never under `load_reserved`, what the model's load left in the
-/// cache.
+/// cache, and the reserve never under `replayed`, the fragmentation of the step's
+/// allocation sequence where [`replay`] generates it.
 #[must_use]
 pub fn allocated_and_reserve(
     peak: &PhaseBytes,
     device: &DeviceProfile,
     largest_freed_block: u64,
     load_reserved: u64,
+    replayed: u64,
 ) -> (u64, u64) {
     let offset = device.offset_bytes;
     let raw = peak.total();
@@ -535,7 +543,9 @@ pub fn allocated_and_reserve(
         clippy::cast_sign_loss,
         clippy::cast_precision_loss
     )]
-    let frag = ((churn as f64 * device.reserve_ratio.max(0.0)) as u64).max(largest_freed_block);
+    let frag = ((churn as f64 * device.reserve_ratio.max(0.0)) as u64)
+        .max(largest_freed_block)
+        .max(replayed);
     // The cache never shrinks below what the load left in it ([`load`]).
     let reserve = round_up(allocated.saturating_add(frag), 2 * MIB).max(load_reserved) - allocated;
     (allocated, reserve)
@@ -616,6 +626,7 @@ fn finish(
         regime: regime.clone(),
         largest_freed_block,
         load_reserved_bytes: load::load_reserved_bytes(model, job, regime, &churn),
+        replayed_fragmentation_bytes: replay::step_fragmentation(model, job, regime),
     };
     set_levels(&mut est, device, outside, device.cuda_context_bytes);
     est
@@ -640,6 +651,7 @@ pub(crate) fn set_levels(est: &mut Estimate, device: &DeviceProfile, outside: u6
         device,
         est.largest_freed_block,
         est.load_reserved_bytes,
+        est.replayed_fragmentation_bytes,
     );
     let reserved = allocated + reserve;
     let mut components = peak.components;

@@ -54,6 +54,8 @@ pub(crate) struct EstimateJson<'a> {
     /// What the job's setup (model load, DeepSpeed ZeRO-3 engine and step) leaves in
     /// PyTorch's cache: a floor under the reserved level.
     pub(crate) load_reserved_bytes: u64,
+    /// The fragmentation of the replayed training steps: a floor under the reserve.
+    pub(crate) replayed_fragmentation_bytes: u64,
     pub(crate) memory_bytes: Option<u64>,
     pub(crate) fits: Option<bool>,
     pub(crate) headroom_bytes: Option<i64>,
@@ -181,6 +183,7 @@ pub(crate) fn to_json<'a>(
         trainable_params: est.trainable_params,
         host_bytes: est.host_bytes,
         load_reserved_bytes: est.load_reserved_bytes,
+        replayed_fragmentation_bytes: est.replayed_fragmentation_bytes,
         memory_bytes: memory,
         fits: memory.map(|m| est.peak_device_bytes <= m),
         headroom_bytes: memory.map(|m| headroom(est, m)),
@@ -299,9 +302,16 @@ pub(crate) fn render(
             ));
         }
     }
-    if job.method == Method::Full && job.parallel.sharding == Sharding::None {
-        // validation/h200: the reserved peak of full fine-tunes of small models, or without
-        // checkpointing, came in 4–15 % above moro's (the allocated peak did not).
+    if est.replayed_fragmentation_bytes > 0 {
+        out.push_str(&format!(
+            "\nnote: the reserve is at least {}, the fragmentation of three training steps \
+             replayed through PyTorch's caching allocator (the optimizer's states take the \
+             blocks the first backward freed)\n",
+            size(est.replayed_fragmentation_bytes)
+        ));
+    } else if job.method == Method::Full && job.parallel.sharding == Sharding::None {
+        // validation/h200: before the replay, the reserved peak of full fine-tunes came in
+        // 4–15 % above the ratio model's (the allocated peak did not).
         out.push_str(
             "\nnote: full fine-tunes fragment PyTorch's cache more than this reserve shows \
              (up to 15 % more reserved on an H200); keep headroom, or `moro calibrate`\n",

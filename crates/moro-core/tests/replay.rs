@@ -1,0 +1,84 @@
+//! The replayed fragmentation of full fine-tunes against the H200's measured
+//! `max_memory_reserved − max_memory_allocated` (`validation/h200/`, which moro's model
+//! never saw while the replay was written).
+
+use moro_core::validation::{CatalogModels, explain};
+
+/// The nine full fine-tunes of the H200 set: (job id, measured reserved − allocated in GiB,
+/// from the `-reserved` and `-allocated` rows).
+const JOBS: [(&str, f64); 9] = [
+    ("e00578d00b", 61.539_062 - 59.910_156),
+    ("457918c83f", 128.113_281 - 119.750_000),
+    ("371d4fad14", 75.990_234 - 74.845_703),
+    ("ee25a960b0", 65.830_078 - 59.900_391),
+    ("62779155a1", 46.232_422 - 45.191_406),
+    ("896224463b", 123.250_000 - 119.890_625),
+    ("d01d2061c2", 14.183_594 - 11.530_273),
+    ("86c70f4974", 25.552_734 - 22.570_312),
+    ("8f7aee3b3a", 20.986_328 - 16.626_953),
+];
+
+fn h200() -> String {
+    let path = format!(
+        "{}/../../validation/h200/measured.jsonl",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn measured_gib(text: &str, id: &str) -> f64 {
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["id"] == id)
+        .and_then(|v| v["measured_gib"].as_f64())
+        .unwrap_or_else(|| panic!("{id}"))
+}
+
+/// The fragmentation the replay generates is the measured one within a quarter (plus
+/// 0.25 GiB) for eight of the nine jobs, where the ratio model before it said 1.0 to 2.0 GiB
+/// for all of them (measured: 1.0 to 8.4). The ninth, 8-bit AdamW, is over (1.96 against
+/// 1.04 GiB): bitsandbytes' states are modelled as one byte an element, in two tensors.
+#[test]
+fn replayed_fragmentation_is_the_h200s() {
+    let text = h200();
+    let mut within = 0;
+    for (job, _) in JOBS {
+        let frag = {
+            let e = explain(&text, &CatalogModels, &format!("moro-cal-{job}-reserved"))
+                .unwrap_or_else(|e| panic!("{job}: {e}"))
+                .estimate;
+            #[allow(clippy::cast_precision_loss)]
+            let gib = e.replayed_fragmentation_bytes as f64 / f64::from(1u32 << 30);
+            gib
+        };
+        let measured = measured_gib(&text, &format!("moro-cal-{job}-reserved"))
+            - measured_gib(&text, &format!("moro-cal-{job}-allocated"));
+        let expected = JOBS.iter().find(|j| j.0 == job).map(|j| j.1).unwrap_or(0.0);
+        assert!((measured - expected).abs() < 0.01, "{job}: {measured}");
+        eprintln!("{job}: replayed {frag:.2} GiB, measured {measured:.2} GiB");
+        if (frag - measured).abs() <= 0.25 * measured + 0.25 {
+            within += 1;
+        } else {
+            assert!(frag > measured, "{job}: {frag:.2} under {measured:.2}");
+        }
+    }
+    assert!(within >= 8, "{within} of 9");
+}
+
+/// Only full fine-tunes on one GPU are replayed: a LoRA job's states are too small to
+/// fragment the cache this way, and its reserve stays the ratio model's.
+#[test]
+fn lora_and_sharded_jobs_are_not_replayed() {
+    let text = h200();
+    let lora = explain(&text, &CatalogModels, "moro-cal-7cbf4904a2-reserved").unwrap();
+    assert_eq!(lora.estimate.replayed_fragmentation_bytes, 0);
+    let full = explain(&text, &CatalogModels, "moro-cal-e00578d00b-reserved").unwrap();
+    let mut job = full.job.clone();
+    job.parallel.data_parallel = 8;
+    job.parallel.sharding = moro_core::job::Sharding::FsdpFullShard;
+    let r = moro_core::estimate::Regime::resolve(&full.model, &job);
+    assert_eq!(
+        moro_core::estimate::replay::step_fragmentation(&full.model, &job, &r),
+        0
+    );
+}
