@@ -44,7 +44,7 @@
 
 use serde::Serialize;
 
-use crate::estimate::{DeviceProfile, Estimate, estimate};
+use crate::estimate::{DeviceProfile, Estimate, estimate, estimate_without_replay};
 use crate::job::{
     Attention, Job, JobError, MAX_BATCH, Method, Offload, Optimizer, Padding, Parallel, Precision,
     Quantization, Sharding, Stack, Targets,
@@ -1067,8 +1067,27 @@ pub fn evaluate(
     caps: &Caps,
     config: Config,
 ) -> Result<Candidate, JobError> {
+    evaluate_with(model, space, caps, config, true)
+}
+
+/// [`evaluate`]; without `always_replay`, a configuration that does not fit on
+/// [`estimate_without_replay`] keeps that estimate (its shortfall is then a lower bound).
+fn evaluate_with(
+    model: &ModelSpec,
+    space: &Space,
+    caps: &Caps,
+    config: Config,
+    always_replay: bool,
+) -> Result<Candidate, JobError> {
     let job = space.job(&config);
-    let est = estimate(model, &job, &caps.profile)?;
+    // The bound first: a configuration it rules out, the replayed steps (which only raise
+    // the reserve) would rule out too, and the search probes many that do not fit.
+    let bound = estimate_without_replay(model, &job, &caps.profile)?;
+    let est = if always_replay || fits_in(&bound, &job, space, caps) {
+        estimate(model, &job, &caps.profile)?
+    } else {
+        bound
+    };
     let margin = margin_bytes(est.peak_device_bytes, space.stack);
     let need = est.peak_device_bytes.saturating_add(margin);
     let headroom = i128::from(caps.usable_bytes) - i128::from(need);
@@ -1088,6 +1107,17 @@ pub fn evaluate(
     })
 }
 
+/// Whether `est` of `job` fits `caps` with its margin (device bytes and host memory).
+fn fits_in(est: &crate::estimate::Estimate, job: &Job, space: &Space, caps: &Caps) -> bool {
+    let need = est
+        .peak_device_bytes
+        .saturating_add(margin_bytes(est.peak_device_bytes, space.stack));
+    need <= caps.usable_bytes
+        && caps
+            .host_bytes
+            .is_none_or(|h| est.host_bytes_per_node(job.parallel.gpus_per_node()) <= h)
+}
+
 /// Searches `space` for the best configuration of `model` that fits `caps`.
 ///
 /// For each sequence length (longest first), the rests of configuration are visited in the
@@ -1101,7 +1131,7 @@ pub fn search(model: &ModelSpec, space: &Space, caps: &Caps) -> Outcome {
     let mut closest: Option<Candidate> = None;
     let mut eval = |c: Config| -> Option<Candidate> {
         evaluated += 1;
-        let cand = evaluate(model, space, caps, c).ok()?;
+        let cand = evaluate_with(model, space, caps, c, false).ok()?;
         if closest
             .as_ref()
             .is_none_or(|x| (cand.host_fits, cand.headroom_bytes) > (x.host_fits, x.headroom_bytes))
@@ -1146,8 +1176,13 @@ pub fn search(model: &ModelSpec, space: &Space, caps: &Caps) -> Outcome {
     }
     let mut it = top.into_iter().map(|(_, c)| c);
     let best = it.next();
+    // The closest was compared on bounds; report it with its replayed steps.
+    let closest = match (&best, closest) {
+        (None, Some(c)) => evaluate(model, space, caps, c.config).ok(),
+        _ => None,
+    };
     Outcome {
-        closest: if best.is_some() { None } else { closest },
+        closest,
         best,
         runners_up: it.collect(),
         evaluated,

@@ -297,6 +297,30 @@ pub fn estimate(
     job: &Job,
     device: &DeviceProfile,
 ) -> Result<Estimate, JobError> {
+    estimate_with(model, job, device, true)
+}
+
+/// [`estimate`] without replaying the training steps ([`replay`]): the same allocated level,
+/// and reserved and device levels that are never above [`estimate`]'s (the replay only
+/// raises the reserve). Microseconds for every job: the recipe search rules a configuration
+/// out on it before paying for the replay.
+///
+/// # Errors
+/// The job is invalid for the model ([`Job::validate`]).
+pub fn estimate_without_replay(
+    model: &ModelSpec,
+    job: &Job,
+    device: &DeviceProfile,
+) -> Result<Estimate, JobError> {
+    estimate_with(model, job, device, false)
+}
+
+fn estimate_with(
+    model: &ModelSpec,
+    job: &Job,
+    device: &DeviceProfile,
+    replay_steps: bool,
+) -> Result<Estimate, JobError> {
     job.validate(model)?;
     let untied;
     let model = if job.stack == crate::job::Stack::Litgpt && model.tie_word_embeddings {
@@ -318,7 +342,7 @@ pub fn estimate(
     } else {
         training_phases(model, job, &regime, device, &par)
     };
-    Ok(finish(
+    let mut est = finish(
         model,
         job,
         &regime,
@@ -326,7 +350,17 @@ pub fn estimate(
         &par,
         phases,
         largest_freed_block,
-    ))
+    );
+    if replay_steps {
+        let replayed = replay::step_fragmentation(model, job, &regime);
+        if replayed > 0 {
+            est.replayed_fragmentation_bytes = replayed;
+            let outside = est.component(Component::OutsideAllocator);
+            let context = est.component(Component::CudaContext);
+            set_levels(&mut est, device, outside, context);
+        }
+    }
+    Ok(est)
 }
 
 /// Builds the phase list of a training step, and the largest buffer the step frees
@@ -626,7 +660,7 @@ fn finish(
         regime: regime.clone(),
         largest_freed_block,
         load_reserved_bytes: load::load_reserved_bytes(model, job, regime, &churn),
-        replayed_fragmentation_bytes: replay::step_fragmentation(model, job, regime),
+        replayed_fragmentation_bytes: 0,
     };
     set_levels(&mut est, device, outside, device.cuda_context_bytes);
     est
