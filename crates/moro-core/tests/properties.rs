@@ -86,7 +86,11 @@ proptest! {
         ..ProptestConfig::default()
     })]
 
-    /// More tokens never take less memory.
+    /// More tokens never take less memory. The tensors (allocated level) grow with them; the
+    /// device level grows too, except by fragmentation: a full fine-tune's replayed steps
+    /// (`estimate::replay`) can leave fewer holes when larger blocks fit the cache better, as
+    /// PyTorch's allocator does (Pythia-410M, 4 × 128 → 4 × 256 tokens: 1.41 → 0.89 GiB), so
+    /// the device level may dip by at most the smaller job's replayed fragmentation.
     #[test]
     fn monotone_in_batch_and_sequence(i in 0usize..6, j in job_strategy()) {
         let m = model(i);
@@ -97,7 +101,12 @@ proptest! {
         more_s.seq_len *= 2;
         prop_assert!(est(&m, &more_b).peak_allocated_bytes >= base.peak_allocated_bytes);
         prop_assert!(est(&m, &more_s).peak_allocated_bytes >= base.peak_allocated_bytes);
-        prop_assert!(est(&m, &more_s).peak_device_bytes >= base.peak_device_bytes);
+        let slack = base.replayed_fragmentation_bytes;
+        prop_assert!(est(&m, &more_s).peak_device_bytes + slack >= base.peak_device_bytes);
+        prop_assert!(est(&m, &more_b).peak_device_bytes + slack >= base.peak_device_bytes);
+        if slack == 0 {
+            prop_assert!(est(&m, &more_s).peak_device_bytes >= base.peak_device_bytes);
+        }
     }
 
     /// LoRA never takes more than full fine-tuning of the same model, shape and stack.
