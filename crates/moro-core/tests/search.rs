@@ -8,7 +8,7 @@
 use std::cmp::Ordering;
 
 use moro_core::catalog;
-use moro_core::estimate::estimate;
+use moro_core::estimate::{estimate, estimate_without_replay};
 use moro_core::hardware::{Device, preset};
 use moro_core::job::{Attention, Method, Offload, Optimizer, Precision, Sharding, Stack};
 use moro_core::model::ModelSpec;
@@ -268,6 +268,12 @@ fn brute_configs(
 /// Fit by the documented rule, computed from the raw estimate.
 fn fits(spec: &ModelSpec, space: &Space, caps: &Caps, c: &Config, stack: Stack) -> Option<u64> {
     let job = space.job(c);
+    // The estimate without the replayed steps is a lower bound (the replay only raises the
+    // reserve): what it rules out, the full estimate rules out too.
+    let bound = estimate_without_replay(spec, &job, &caps.profile).ok()?;
+    if bound.peak_device_bytes + margin_bytes(bound.peak_device_bytes, stack) > caps.usable_bytes {
+        return None;
+    }
     let est = estimate(spec, &job, &caps.profile).ok()?;
     let peak = est.peak_device_bytes;
     #[allow(clippy::cast_precision_loss)]
@@ -319,7 +325,11 @@ fn check_brute_force(model_id: &str, hw: &str, request: &Request) {
     let mut best: Option<Config> = None;
     let mut min_peak = u64::MAX;
     for c in &all {
-        if let Ok(est) = estimate(&spec, &space.job(c), &caps.profile) {
+        // Exact minimum: a configuration whose bound is not below it cannot be below it.
+        if let Ok(bound) = estimate_without_replay(&spec, &space.job(c), &caps.profile)
+            && bound.peak_device_bytes < min_peak
+            && let Ok(est) = estimate(&spec, &space.job(c), &caps.profile)
+        {
             min_peak = min_peak.min(est.peak_device_bytes);
         }
         if fits(&spec, &space, &caps, c, request.stack).is_some()
