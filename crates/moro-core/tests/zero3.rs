@@ -272,3 +272,44 @@ fn deepspeed_holds_the_adapters_in_16_bits() {
     // Without DeepSpeed PEFT keeps them in fp32 (the HF default).
     assert_eq!(adapters(Sharding::None, 1), lora * 4);
 }
+
+/// DeepSpeed's optimizer runs on its fp32 master partitions, so its states do not follow the
+/// model's dtype: a bf16 and an fp32 model hold the same optimizer bytes, for 32-bit AdamW
+/// (4 + 4 B an element) and for bitsandbytes' 8-bit AdamW (1 + 1 B plus block scales), whose
+/// states once came out doubled for a bf16 model.
+#[test]
+fn deepspeed_states_follow_the_master_weights_not_the_model_dtype() {
+    let m = catalog::load(catalog::find("Qwen/Qwen2.5-0.5B").expect("catalog")).unwrap();
+    let states = |precision: Precision, optimizer: moro_core::job::Optimizer| {
+        let job = Job {
+            method: Method::Full,
+            precision,
+            optimizer,
+            parallel: Parallel {
+                data_parallel: 4,
+                sharding: Sharding::Zero2,
+                ..Parallel::single()
+            },
+            ..Job::default()
+        };
+        let r = Regime::resolve(&m, &job);
+        moro_core::estimate::parallel::Sharded::new(&m, &job, &r).states_on_gpu
+    };
+    use moro_core::job::Optimizer::{Adamw8bit, AdamwTorchFused};
+    let total = m.total_params();
+    for opt in [AdamwTorchFused, Adamw8bit] {
+        assert_eq!(
+            states(Precision::Bf16, opt),
+            states(Precision::Fp32, opt),
+            "{opt:?}"
+        );
+    }
+    // fp32 master (4) + Adam's two fp32 moments (8), a quarter on each rank.
+    assert_eq!(states(Precision::Bf16, AdamwTorchFused), total * 12 / 4);
+    // 8-bit: the master weights plus 8-bit moments, the embedding's 32-bit (the HF
+    // Trainer's override for `nn.Embedding`): between the master weights alone and 32-bit.
+    let eight = states(Precision::Bf16, Adamw8bit);
+    let embedding = 151_936 * 896;
+    assert!(eight > (total * 4 + embedding * 8) / 4, "{eight}");
+    assert!(eight < total * 12 / 4, "{eight}");
+}

@@ -402,16 +402,21 @@ pub fn fsdp_root_grad(model: &ModelSpec, gb: u64, tp: u64) -> (u64, u64) {
     (head * gb / tp, 2 * root * gb / tp)
 }
 
-/// Optimizer-state bytes DeepSpeed keeps for the whole job: over its fp32 master weights
-/// for full fine-tuning (the states moro computes at the parameters' bytes, doubled for a
-/// 16-bit model), as computed for PEFT (the adapters' states).
+/// Optimizer-state bytes DeepSpeed keeps for the whole job: the optimizer runs on its fp32
+/// master partitions for full fine-tuning (states in fp32 where they follow the parameter's
+/// dtype; bitsandbytes' 8-bit states stay 8-bit), as computed for PEFT (the adapters').
 #[must_use]
 pub fn deepspeed_state_bytes(model: &ModelSpec, job: &Job, r: &Regime) -> u64 {
-    let (states, _) = optimizer::states(model, job, r);
-    if job.method == Method::Full && r.param_bytes == 2 {
-        states * 2
+    if job.method == Method::Full {
+        optimizer::trainable_tensors(model, job)
+            .iter()
+            .map(|t| {
+                let (on, paged) = optimizer::state_bytes(t, job.optimizer, 4, r);
+                on + paged
+            })
+            .sum()
     } else {
-        states
+        optimizer::states(model, job, r).0
     }
 }
 
