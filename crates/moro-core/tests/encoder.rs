@@ -94,16 +94,16 @@ fn encoder_has_no_lm_head_logits() {
 }
 
 /// The six bert-large-uncased rows of the transformers docs (V100 16 GB, transformers 4.16,
-/// nvidia-smi after training) are covered and predicted within 8%.
+/// nvidia-smi after training) are covered and predicted within 6 %.
 ///
-/// The bound: what moro leaves out here is not derivable from code. The caching allocator's
-/// fragmentation is modelled as a flat share of the churning bytes, while the first step
-/// places gradients and optimizer states into blocks that activations freed, so the next
-/// step's activations need new segments (largest for the no-checkpointing fp32 rows, which
-/// are the ones furthest under: -7.7% at batch 4, -4.3% at batch 1); and the context the row
-/// measured (`torch.ones` on a fresh process) predates the cuBLAS kernels a GEMM loads under
-/// CUDA 11.2's eager module loading. Both only add memory, so the rows may sit below the
-/// measurement by that much, but the mean stays small and none over-predicts by more than 3%.
+/// The bound: the first step places gradients and optimizer states into blocks that
+/// activations freed, so the next step's activations need new segments. For the
+/// no-checkpointing fp32 rows moro replays those steps (`estimate::replay`: −3.6 % at batch
+/// 4, +3.5 % at batch 1, where a flat share of the churn left them −7.7 % and −4.3 %); the
+/// checkpointed rows keep the flat share and the context the row measured (`torch.ones` on a
+/// fresh process) predates the cuBLAS kernels a GEMM loads under CUDA 11.2's eager module
+/// loading, so they may sit below the measurement; the mean stays small and none
+/// over-predicts by more than 5 %.
 #[test]
 fn hf_docs_bert_rows_are_covered() {
     let report = validate(
@@ -121,7 +121,7 @@ fn hf_docs_bert_rows_are_covered() {
     for r in &rows {
         assert_eq!(r.status, Status::Ok, "{}: {:?}", r.id, r.reason);
         let e = r.error.expect("compared");
-        assert!((-0.08..=0.03).contains(&e), "{}: error {e}", r.id);
+        assert!((-0.06..=0.05).contains(&e), "{}: error {e}", r.id);
         sum += e.abs();
     }
     assert!(sum / 6.0 <= 0.05, "mean |error| {}", sum / 6.0);
