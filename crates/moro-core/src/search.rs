@@ -44,7 +44,7 @@
 
 use serde::Serialize;
 
-use crate::estimate::{DeviceProfile, Estimate, estimate, estimate_without_replay};
+use crate::estimate::{DeviceProfile, Estimate, add_replayed_steps, estimate_without_replay};
 use crate::job::{
     Attention, Job, JobError, MAX_BATCH, Method, Offload, Optimizer, Padding, Parallel, Precision,
     Quantization, Sharding, Stack, Targets,
@@ -1071,7 +1071,9 @@ pub fn evaluate(
 }
 
 /// [`evaluate`]; without `always_replay`, a configuration that does not fit on
-/// [`estimate_without_replay`] keeps that estimate (its shortfall is then a lower bound).
+/// [`estimate_without_replay`] keeps that estimate (its shortfall is then a lower bound): the
+/// replayed steps only raise the reserve, so they would rule it out too, and the search
+/// probes many that do not fit.
 fn evaluate_with(
     model: &ModelSpec,
     space: &Space,
@@ -1080,42 +1082,51 @@ fn evaluate_with(
     always_replay: bool,
 ) -> Result<Candidate, JobError> {
     let job = space.job(&config);
-    // The bound first: a configuration it rules out, the replayed steps (which only raise
-    // the reserve) would rule out too, and the search probes many that do not fit.
-    let bound = estimate_without_replay(model, &job, &caps.profile)?;
-    let est = if always_replay || fits_in(&bound, &job, space, caps) {
-        estimate(model, &job, &caps.profile)?
-    } else {
-        bound
-    };
-    let margin = margin_bytes(est.peak_device_bytes, space.stack);
-    let need = est.peak_device_bytes.saturating_add(margin);
-    let headroom = i128::from(caps.usable_bytes) - i128::from(need);
-    let headroom =
-        i64::try_from(headroom).unwrap_or(if headroom < 0 { i64::MIN } else { i64::MAX });
-    // The job carries its layout's node count: a node's host RAM holds its ranks' states.
-    let host_fits = caps
-        .host_bytes
-        .is_none_or(|h| est.host_bytes_per_node(job.parallel.gpus_per_node()) <= h);
+    let mut est = estimate_without_replay(model, &job, &caps.profile)?;
+    let mut room = Room::of(&est, &job, space, caps);
+    if always_replay || room.fits() {
+        add_replayed_steps(&mut est, model, &job, &caps.profile);
+        room = Room::of(&est, &job, space, caps);
+    }
     Ok(Candidate {
         config,
         job,
         estimate: est,
-        margin_bytes: margin,
-        headroom_bytes: headroom,
-        host_fits,
+        margin_bytes: room.margin,
+        headroom_bytes: room.headroom,
+        host_fits: room.host_fits,
     })
 }
 
-/// Whether `est` of `job` fits `caps` with its margin (device bytes and host memory).
-fn fits_in(est: &crate::estimate::Estimate, job: &Job, space: &Space, caps: &Caps) -> bool {
-    let need = est
-        .peak_device_bytes
-        .saturating_add(margin_bytes(est.peak_device_bytes, space.stack));
-    need <= caps.usable_bytes
-        && caps
+/// An estimate against the capacity: its safety margin, the headroom left after it, and
+/// whether the host memory holds what it offloads.
+struct Room {
+    margin: u64,
+    headroom: i64,
+    host_fits: bool,
+}
+
+impl Room {
+    fn of(est: &Estimate, job: &Job, space: &Space, caps: &Caps) -> Self {
+        let margin = margin_bytes(est.peak_device_bytes, space.stack);
+        let need = est.peak_device_bytes.saturating_add(margin);
+        let headroom = i128::from(caps.usable_bytes) - i128::from(need);
+        let headroom =
+            i64::try_from(headroom).unwrap_or(if headroom < 0 { i64::MIN } else { i64::MAX });
+        // The job carries its layout's node count: a node's host RAM holds its ranks' states.
+        let host_fits = caps
             .host_bytes
-            .is_none_or(|h| est.host_bytes_per_node(job.parallel.gpus_per_node()) <= h)
+            .is_none_or(|h| est.host_bytes_per_node(job.parallel.gpus_per_node()) <= h);
+        Self {
+            margin,
+            headroom,
+            host_fits,
+        }
+    }
+
+    const fn fits(&self) -> bool {
+        self.headroom >= 0 && self.host_fits
+    }
 }
 
 /// Searches `space` for the best configuration of `model` that fits `caps`.

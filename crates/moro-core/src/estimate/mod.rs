@@ -297,13 +297,33 @@ pub fn estimate(
     job: &Job,
     device: &DeviceProfile,
 ) -> Result<Estimate, JobError> {
-    estimate_with(model, job, device, true)
+    let mut est = estimate_without_replay(model, job, device)?;
+    add_replayed_steps(&mut est, model, job, device);
+    Ok(est)
+}
+
+/// Adds to an [`estimate_without_replay`] of `job` the fragmentation of its replayed
+/// training steps ([`replay`]), re-leveling it where the replay models the job: what turns
+/// the bound into [`estimate`]'s result without estimating again.
+pub fn add_replayed_steps(
+    est: &mut Estimate,
+    model: &ModelSpec,
+    job: &Job,
+    device: &DeviceProfile,
+) {
+    let replayed = replay::step_fragmentation(model, job, &est.regime);
+    if replayed > 0 {
+        est.replayed_fragmentation_bytes = replayed;
+        let outside = est.component(Component::OutsideAllocator);
+        let context = est.component(Component::CudaContext);
+        set_levels(est, device, outside, context);
+    }
 }
 
 /// [`estimate`] without replaying the training steps ([`replay`]): the same allocated level,
 /// and reserved and device levels that are never above [`estimate`]'s (the replay only
 /// raises the reserve). Microseconds for every job: the recipe search rules a configuration
-/// out on it before paying for the replay.
+/// out on it before paying for the replay ([`add_replayed_steps`]).
 ///
 /// # Errors
 /// The job is invalid for the model ([`Job::validate`]).
@@ -311,15 +331,6 @@ pub fn estimate_without_replay(
     model: &ModelSpec,
     job: &Job,
     device: &DeviceProfile,
-) -> Result<Estimate, JobError> {
-    estimate_with(model, job, device, false)
-}
-
-fn estimate_with(
-    model: &ModelSpec,
-    job: &Job,
-    device: &DeviceProfile,
-    replay_steps: bool,
 ) -> Result<Estimate, JobError> {
     job.validate(model)?;
     let untied;
@@ -342,7 +353,7 @@ fn estimate_with(
     } else {
         training_phases(model, job, &regime, device, &par)
     };
-    let mut est = finish(
+    Ok(finish(
         model,
         job,
         &regime,
@@ -350,17 +361,7 @@ fn estimate_with(
         &par,
         phases,
         largest_freed_block,
-    );
-    if replay_steps {
-        let replayed = replay::step_fragmentation(model, job, &regime);
-        if replayed > 0 {
-            est.replayed_fragmentation_bytes = replayed;
-            let outside = est.component(Component::OutsideAllocator);
-            let context = est.component(Component::CudaContext);
-            set_levels(&mut est, device, outside, context);
-        }
-    }
-    Ok(est)
+    ))
 }
 
 /// Builds the phase list of a training step, and the largest buffer the step frees
