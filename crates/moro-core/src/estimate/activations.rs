@@ -69,6 +69,20 @@ pub struct Activations {
     pub previous_step_quantized_inputs: u64,
 }
 
+/// Bytes per element of an encoder's eager attention probabilities: autocast runs `softmax`
+/// in fp32; otherwise the scores take the dtype of the extended attention mask they are added
+/// to (the model's, `get_extended_attention_mask`), at least the 16-bit `attn_b`
+/// ([`Ctx::encoder_layer_bytes`]).
+pub(super) const fn eager_probs_bytes(r: &Regime, attn_b: u64) -> u64 {
+    if r.autocast {
+        4
+    } else if attn_b > r.unquantized_bytes {
+        attn_b
+    } else {
+        r.unquantized_bytes
+    }
+}
+
 /// Input group of a Linear: which tensor it reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Group {
@@ -332,11 +346,7 @@ impl Ctx<'_> {
         // Attention core.
         bytes += match self.job.attention {
             Attention::Eager => {
-                let p = if r.autocast {
-                    4
-                } else {
-                    attn_b.max(r.unquantized_bytes)
-                };
+                let p = eager_probs_bytes(r, attn_b);
                 // q, k, v contiguous copies and the saved softmax output.
                 let mut b = attn_b * (ad + 2 * kd) + p * a * seq;
                 if enc.attention_dropout {

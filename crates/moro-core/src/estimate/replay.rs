@@ -10,7 +10,7 @@
 //! 5.7 GiB under for the full fine-tunes). This module generates the sequence at tensor
 //! granularity from the model's shapes — every parameter, its gradient and its states in
 //! `named_parameters` order, a decoder layer's saved tensors, the standard loss's logits
-//! buffers — and replays three steps. The result used is the replay's reserved peak minus
+//! buffers — and replays two steps. The result used is the replay's reserved peak minus
 //! its allocated peak: the fragmentation, added on top of moro's per-op allocated peak.
 //!
 //! Modelled: one GPU, full fine-tuning on the `hf` / `trl` stacks with an AdamW (foreach,
@@ -128,11 +128,7 @@ fn encoder_tensors(model: &ModelSpec, job: &Job, r: &Regime) -> Vec<u64> {
     let seq = job.seq_len;
     let s = r.stream_bytes;
     let o = if r.autocast { 2 } else { s };
-    let p = if r.autocast {
-        4
-    } else {
-        o.max(r.unquantized_bytes)
-    };
+    let p = super::activations::eager_probs_bytes(r, o);
     let dropout = model.encoder.as_ref().is_some_and(|e| e.hidden_dropout);
     let attention_dropout = model.encoder.as_ref().is_some_and(|e| e.attention_dropout);
     let mut v = if r.autocast {
@@ -252,12 +248,9 @@ pub fn step_fragmentation(model: &ModelSpec, job: &Job, r: &Regime) -> u64 {
         a.malloc(p.numel * pb);
     }
     a.reset_peaks();
-    let mut peak = (0u64, 0u64);
-    let mut note = |a: &CachingAllocator| {
-        if a.allocated() > peak.0 {
-            peak = (a.allocated(), a.reserved());
-        }
-    };
+    // The allocated peak, noted at the moments it can happen.
+    let mut peak = 0u64;
+    let mut note = |a: &CachingAllocator| peak = peak.max(a.allocated());
     let mut grads: Vec<Option<Handle>> = vec![None; ps.len()];
     let mut states: Vec<Handle> = Vec::new();
     let cache = |a: &mut CachingAllocator, layer: usize| -> Vec<Handle> {
@@ -424,5 +417,5 @@ pub fn step_fragmentation(model: &ModelSpec, job: &Job, r: &Regime) -> u64 {
             }
         }
     }
-    a.peak_reserved().saturating_sub(peak.0)
+    a.peak_reserved().saturating_sub(peak)
 }

@@ -304,7 +304,7 @@ pub(crate) fn render(
     }
     if est.replayed_fragmentation_bytes > 0 {
         out.push_str(&format!(
-            "\nnote: the reserve is at least {}, the fragmentation of three training steps \
+            "\nnote: the reserve is at least {}, the fragmentation of two training steps \
              replayed through PyTorch's caching allocator (the optimizer's states take the \
              blocks the first backward freed)\n",
             size(est.replayed_fragmentation_bytes)
