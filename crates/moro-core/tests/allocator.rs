@@ -97,6 +97,77 @@ fn full_fine_tune_block_is_the_embedding_gradient() {
         ..j
     };
     assert_eq!(run(&m, &old).largest_freed_block, 64 * 128_256 * 4);
+    // With gradient accumulation the later micro-batches' fresh gradients are added into
+    // `.grad` and dropped, whatever the torch version: the embedding's block again.
+    let accumulating = Job {
+        grad_accum: 4,
+        ..old
+    };
+    assert_eq!(
+        run(&m, &accumulating).largest_freed_block,
+        128_256 * 4096 * 2
+    );
+}
+
+/// HF Adafactor's step holds two fp32 copies of its largest parameter (`grad**2 + eps`,
+/// then `_approx_sq_grad`), BERT-large's word embedding: 30,522 · 1,024 · 4 = 125,018,112 B
+/// each, which no activation block holds. With gradient accumulation one lands in the last
+/// micro-batch's freed gradient of that embedding (the same size), the other in a new
+/// 2 MiB-rounded segment of 125,829,120 B; without it, both do. The HF docs' row
+/// (`hf-docs-perf-train-gpu-one-007`, BERT-large, fp16 AMP, checkpointing, V100,
+/// nvidia-smi) measured 4,847 MiB with a 1,343 MiB CUDA context: 3,504 MiB reserved.
+#[test]
+fn adafactor_step_copies_need_new_segments() {
+    let m = model("google-bert/bert-large-uncased");
+    let j = Job {
+        method: Method::Full,
+        micro_batch_size: 1,
+        seq_len: 512,
+        grad_accum: 4,
+        optimizer: Optimizer::Adafactor,
+        precision: Precision::Fp16Mixed,
+        gradient_checkpointing: true,
+        attention: moro_core::job::Attention::Eager,
+        versions: moro_core::job::Versions {
+            torch: Some((1, 10)),
+            ..moro_core::job::Versions::default()
+        },
+        ..Job::default()
+    };
+    let segment = 125_829_120;
+    let e = run(&m, &j);
+    assert_eq!(e.step_segments_bytes, segment);
+    let single = run(
+        &m,
+        &Job {
+            grad_accum: 1,
+            ..j.clone()
+        },
+    );
+    assert_eq!(single.step_segments_bytes, 2 * segment);
+    // The floor: the forward and backward's reserved level plus the new segment.
+    let fwd_bwd = e
+        .phases
+        .iter()
+        .filter(|p| p.phase != Phase::OptimizerStep)
+        .map(moro_core::estimate::PhaseBytes::total)
+        .max()
+        .unwrap();
+    assert!(e.peak_reserved_bytes >= fwd_bwd + segment);
+    let reserved_mib = e.peak_reserved_bytes as f64 / (1 << 20) as f64;
+    assert!(
+        (reserved_mib / 3504.0 - 1.0).abs() < 0.03,
+        "reserved {reserved_mib} MiB vs 3,504 measured"
+    );
+    // Fused AdamW has no step temporaries: no new segment.
+    let adamw = run(
+        &m,
+        &Job {
+            optimizer: Optimizer::AdamwTorchFused,
+            ..j
+        },
+    );
+    assert_eq!(adamw.step_segments_bytes, 0);
 }
 
 /// Gemma 2's `final_logit_softcapping` saves tanh's bf16 output (under autocast) from the

@@ -94,16 +94,16 @@ fn encoder_has_no_lm_head_logits() {
 }
 
 /// The six bert-large-uncased rows of the transformers docs (V100 16 GB, transformers 4.16,
-/// nvidia-smi after training) are covered and predicted within 6 %.
+/// nvidia-smi after training) are covered and predicted within 4 %.
 ///
 /// The bound: the first step places gradients and optimizer states into blocks that
 /// activations freed, so the next step's activations need new segments. For the
 /// no-checkpointing fp32 rows moro replays those steps (`estimate::replay`: −3.6 % at batch
-/// 4, +3.5 % at batch 1, where a flat share of the churn left them −7.7 % and −4.3 %); the
-/// checkpointed rows keep the flat share and the context the row measured (`torch.ones` on a
-/// fresh process) predates the cuBLAS kernels a GEMM loads under CUDA 11.2's eager module
-/// loading, so they may sit below the measurement; the mean stays small and none
-/// over-predicts by more than 5 %.
+/// 4, +3.5 % at batch 1, where a flat share of the churn left them −7.7 % and −4.3 %). The
+/// checkpointed rows accumulate 4 micro-batches, so the embedding's fresh gradient
+/// (125 MB) is a freed block the reserve keeps (−2.0..−2.2 % → −0.4..−0.9 %), and
+/// Adafactor's two fp32 copies of that embedding need one new segment at the step
+/// (`estimate::step_segments`: −5.1 % → −1.2 %). The mean stays small.
 #[test]
 fn hf_docs_bert_rows_are_covered() {
     let report = validate(
@@ -121,8 +121,8 @@ fn hf_docs_bert_rows_are_covered() {
     for r in &rows {
         assert_eq!(r.status, Status::Ok, "{}: {:?}", r.id, r.reason);
         let e = r.error.expect("compared");
-        assert!((-0.06..=0.05).contains(&e), "{}: error {e}", r.id);
+        assert!((-0.04..=0.04).contains(&e), "{}: error {e}", r.id);
         sum += e.abs();
     }
-    assert!(sum / 6.0 <= 0.05, "mean |error| {}", sum / 6.0);
+    assert!(sum / 6.0 <= 0.025, "mean |error| {}", sum / 6.0);
 }

@@ -114,6 +114,22 @@ fn full_fine_tune_warns_about_fragmentation() {
         "adafactor",
     ]);
     assert!(adafactor.stdout.contains(note), "{}", adafactor.stdout);
+    // Adafactor's step on a bf16 model holds four fp32 copies of the embedding
+    // (151,936 · 896 · 4 = 544,538,624 B, 545,259,520 rounded to 2 MiB); at 256 tokens the
+    // loss's fp32 logits block (155 MB) holds none of them: four new segments.
+    let short = json(&[
+        "estimate",
+        "--model",
+        "Qwen/Qwen2.5-0.5B",
+        "--method",
+        "full",
+        "--optimizer",
+        "adafactor",
+        "--seq-len",
+        "256",
+        "--json",
+    ]);
+    assert_eq!(short["step_segments_bytes"].as_u64(), Some(4 * 545_259_520));
     let lora = run(&[
         "estimate",
         "--model",

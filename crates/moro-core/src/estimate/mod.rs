@@ -29,7 +29,7 @@ pub mod weights;
 
 use serde::{Deserialize, Serialize};
 
-use crate::job::{Job, JobError, Method};
+use crate::job::{Job, JobError, Method, Sharding};
 use crate::model::ModelSpec;
 use crate::units::{MIB, round_up};
 
@@ -254,6 +254,11 @@ pub struct Estimate {
     /// ([`replay::step_fragmentation`]; 0 where the sequence is not generated).
     #[serde(default)]
     pub replayed_fragmentation_bytes: u64,
+    /// Bytes of new segments the optimizer step's temporaries need because no block the
+    /// forward and backward left in the cache holds them ([`step_segments`]): added to the
+    /// forward and backward's reserved level, a floor under the reserved level.
+    #[serde(default)]
+    pub step_segments_bytes: u64,
 }
 
 impl Estimate {
@@ -662,7 +667,9 @@ fn finish(
         largest_freed_block,
         load_reserved_bytes: load::load_reserved_bytes(model, job, regime, &churn),
         replayed_fragmentation_bytes: 0,
+        step_segments_bytes: 0,
     };
+    est.step_segments_bytes = step_segments(model, job, regime, par, &est.phases);
     set_levels(&mut est, device, outside, device.cuda_context_bytes);
     est
 }
@@ -688,7 +695,27 @@ pub(crate) fn set_levels(est: &mut Estimate, device: &DeviceProfile, outside: u6
         est.load_reserved_bytes,
         est.replayed_fragmentation_bytes,
     );
-    let reserved = allocated + reserve;
+    let mut reserved = allocated + reserve;
+    if est.step_segments_bytes > 0 {
+        // The step's temporaries that found no cached block sit in new segments on top of
+        // what the forward and backward reserved.
+        if let Some(fwd_bwd) = est
+            .phases
+            .iter()
+            .filter(|p| p.phase != Phase::OptimizerStep)
+            .max_by_key(|p| p.total())
+        {
+            let (a, r) = allocated_and_reserve(
+                fwd_bwd,
+                device,
+                est.largest_freed_block,
+                est.load_reserved_bytes,
+                est.replayed_fragmentation_bytes,
+            );
+            reserved = reserved.max(a + r + est.step_segments_bytes);
+        }
+    }
+    let reserve = reserved - allocated;
     let mut components = peak.components;
     components.retain(|c| c.1 > 0);
     components.push((Component::AllocatorReserve, reserve));
@@ -703,11 +730,115 @@ pub(crate) fn set_levels(est: &mut Estimate, device: &DeviceProfile, outside: u6
     est.components = components;
 }
 
+/// Bytes of new `cudaMalloc` segments the optimizer step's temporaries
+/// ([`optimizer::step_temporaries`]) need on one GPU without sharding.
+///
+/// At the step the cache holds what the forward and backward freed: the loss's largest
+/// buffer ([`loss::Loss::largest_block`]); in a full fine-tune with gradient accumulation,
+/// the last micro-batch's fresh gradient of the widest parameter (`AccumulateGrad` adds it
+/// into `.grad` in place and drops it); and the activations, blocks of at most one
+/// micro-batch's MLP-wide tensor. PyTorch serves each request from the smallest cached block
+/// that fits and splits it (`get_free_block`, `should_split`, CUDACachingAllocator.cpp); a
+/// request no cached block holds `cudaMalloc`s a new segment of its size rounded to 2 MiB
+/// (`kRoundLarge`). Adafactor's fp32 copies of the embedding (2 × `V·h·4` B) are larger
+/// than any activation: one lands in the fresh gradient's block, the other in a new
+/// segment. 0 where [`replay`] models the step (it replays the temporaries itself), and
+/// under sharding, tensor parallelism or an optimizer run in backward.
+fn step_segments(
+    model: &ModelSpec,
+    job: &Job,
+    regime: &Regime,
+    par: &parallel::Sharded,
+    phases: &[PhaseBytes],
+) -> u64 {
+    if job.method == Method::Inference
+        || job.parallel.sharding != Sharding::None
+        || par.tp > 1
+        || job.optimizer_in_backward
+        || replay::models(model, job, regime)
+    {
+        return 0;
+    }
+    let temps = optimizer::step_temporaries(model, job, regime);
+    if temps.is_empty() {
+        return 0;
+    }
+    let mut free = vec![loss::Loss::new(model, job, regime, 1).largest_block];
+    if job.method == Method::Full && job.grad_accum > 1 {
+        let widest = model.vocab_size.max(model.intermediate_size);
+        free.push(widest * model.hidden_size * regime::grad_bytes(job, regime));
+    }
+    let churn = phases
+        .iter()
+        .filter(|p| p.phase != Phase::OptimizerStep)
+        .map(|p| {
+            p.components
+                .iter()
+                .filter(|c| !c.0.is_resident())
+                .map(|c| c.1)
+                .sum::<u64>()
+        })
+        .max()
+        .unwrap_or(0)
+        .saturating_sub(free.iter().sum());
+    let activation = job.micro_batch_size
+        * job.seq_len
+        * model.intermediate_size.max(model.hidden_size)
+        * regime.stream_bytes;
+    new_segments(&temps, free, activation, churn)
+}
+
+/// Bytes of new segments for `temps` ((how many, bytes of each), alive together) given the
+/// cached blocks `free` and `churn` bytes of cached blocks of at most `small` bytes each:
+/// best fit, largest request first, a block's remainder over 1 MiB kept
+/// ([`step_segments`]).
+fn new_segments(temps: &[(u64, u64)], mut free: Vec<u64>, small: u64, mut churn: u64) -> u64 {
+    let mut sizes = temps.to_vec();
+    sizes.sort_by_key(|t| std::cmp::Reverse(t.1));
+    let mut new = 0u64;
+    for (n, b) in sizes {
+        if b == 0 || n == 0 {
+            continue;
+        }
+        if b <= small {
+            let need = n.saturating_mul(b);
+            let fits = need.min(churn);
+            churn -= fits;
+            new = new.saturating_add(round_up(need - fits, 2 * MIB));
+            continue;
+        }
+        let mut left = n;
+        while left > 0 {
+            let best = free
+                .iter()
+                .enumerate()
+                .filter(|&(_, &f)| f >= b)
+                .min_by_key(|&(_, &f)| f)
+                .map(|(i, _)| i);
+            let Some(i) = best else {
+                new = new.saturating_add(left.saturating_mul(round_up(b, 2 * MIB)));
+                break;
+            };
+            let rest = free[i] - b;
+            if rest > MIB {
+                free[i] = rest;
+            } else {
+                free.swap_remove(i);
+            }
+            left -= 1;
+        }
+    }
+    new
+}
+
 /// The largest buffer a training step allocates and frees: the loss's (see
 /// [`loss::Loss::largest_block`]) or, in a full fine-tune without sharded gradients, the
 /// largest parameter's gradient (the embedding or lm_head, `V·h`), which
 /// `zero_grad(set_to_none=True)` frees after every optimizer step (before torch 2.0 it
-/// zeroed them in place: never freed, no block).
+/// zeroed them in place: never freed). With gradient accumulation the gradient is freed
+/// in every micro-batch regardless: autograd's `AccumulateGrad` adds a later micro-batch's
+/// fresh gradient into `.grad` in place (`variable.grad += new_grad`,
+/// `torch/csrc/autograd/functions/accumulate_grad.h`) and drops it.
 fn largest_freed_block(
     model: &ModelSpec,
     job: &Job,
@@ -718,7 +849,7 @@ fn largest_freed_block(
     let grad = if job.method == Method::Full
         && job.parallel.sharding == crate::job::Sharding::None
         && !job.optimizer_in_backward
-        && !job.versions.zero_grad_keeps_grads()
+        && (job.grad_accum > 1 || !job.versions.zero_grad_keeps_grads())
     {
         let widest = model.vocab_size.max(model.intermediate_size);
         widest * model.hidden_size / tp.max(1) * regime::grad_bytes(job, regime)

@@ -243,21 +243,37 @@ pub fn shard_divisor(job: &Job) -> u64 {
     }
 }
 
-/// Temporaries of `optimizer.step()`.
+/// The temporaries of one `optimizer.step()` alive together at its worst moment, as
+/// (how many, bytes of each).
 ///
 /// - foreach AdamW: `exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs)`, a copy of
 ///   every second moment of the group (torch docs: "the foreach implementation uses ~
 ///   sizeof(params) more peak memory"), memory-anatomy §6.
 /// - fused AdamW and bitsandbytes: in-place kernels, no param-sized temporaries.
-/// - Adafactor: `grad.float()` and `update` per parameter, about 3 × the largest parameter
-///   in fp32.
+/// - HF Adafactor (`optimization.py` `Adafactor.step`, per parameter): `update = (grad**2) +
+///   eps` holds `grad**2` and the sum, then the sum and `_approx_sq_grad`'s `torch.mul(r_factor,
+///   c_factor)` (or `exp_avg_sq.rsqrt()`): two fp32 tensors of the parameter's size. A 16-bit
+///   parameter adds `grad.float()` and `p_data_fp32 = p.float()`: four. The largest parameter
+///   sets the peak.
 #[must_use]
-pub fn step_transient(model: &ModelSpec, job: &Job, r: &Regime) -> u64 {
+pub fn step_temporaries(model: &ModelSpec, job: &Job, r: &Regime) -> Vec<(u64, u64)> {
     let pb = trainable_bytes(job, r);
     let tensors = trainable_tensors(model, job);
     match job.optimizer {
-        Optimizer::AdamwTorch => tensors.iter().map(|t| t.copies * t.numel * pb).sum(),
-        Optimizer::Adafactor => 3 * 4 * tensors.iter().map(|t| t.numel).max().unwrap_or(0),
-        _ => 0,
+        Optimizer::AdamwTorch => tensors.iter().map(|t| (t.copies, t.numel * pb)).collect(),
+        Optimizer::Adafactor => {
+            let largest = tensors.iter().map(|t| t.numel).max().unwrap_or(0);
+            vec![(if pb < 4 { 4 } else { 2 }, 4 * largest)]
+        }
+        _ => Vec::new(),
     }
+}
+
+/// Bytes of the temporaries of `optimizer.step()` ([`step_temporaries`]).
+#[must_use]
+pub fn step_transient(model: &ModelSpec, job: &Job, r: &Regime) -> u64 {
+    step_temporaries(model, job, r)
+        .iter()
+        .map(|&(n, b)| n * b)
+        .sum()
 }

@@ -56,6 +56,9 @@ pub(crate) struct EstimateJson<'a> {
     pub(crate) load_reserved_bytes: u64,
     /// The fragmentation of the replayed training steps: a floor under the reserve.
     pub(crate) replayed_fragmentation_bytes: u64,
+    /// New segments the optimizer step's temporaries need on top of the forward and
+    /// backward's reserved level.
+    pub(crate) step_segments_bytes: u64,
     pub(crate) memory_bytes: Option<u64>,
     pub(crate) fits: Option<bool>,
     pub(crate) headroom_bytes: Option<i64>,
@@ -184,6 +187,7 @@ pub(crate) fn to_json<'a>(
         host_bytes: est.host_bytes,
         load_reserved_bytes: est.load_reserved_bytes,
         replayed_fragmentation_bytes: est.replayed_fragmentation_bytes,
+        step_segments_bytes: est.step_segments_bytes,
         memory_bytes: memory,
         fits: memory.map(|m| est.peak_device_bytes <= m),
         headroom_bytes: memory.map(|m| headroom(est, m)),
@@ -316,6 +320,13 @@ pub(crate) fn render(
             "\nnote: full fine-tunes fragment PyTorch's cache more than this reserve shows \
              (up to 15 % more reserved on an H200); keep headroom, or `moro calibrate`\n",
         );
+    }
+    if est.step_segments_bytes > 0 {
+        out.push_str(&format!(
+            "\nnote: the optimizer step's temporaries need {} of new segments no cached block \
+             holds, on top of what the forward and backward reserved\n",
+            size(est.step_segments_bytes)
+        ));
     }
     if est.load_reserved_bytes > 0 && est.load_reserved_bytes >= est.peak_reserved_bytes {
         let what = if job.parallel.sharding == Sharding::Zero3 {
