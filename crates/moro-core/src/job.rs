@@ -61,11 +61,45 @@ pub enum PeftKind {
     /// prefix and gate, plus a trainable bias and scale on every Linear (`AdapterV2Linear`)
     /// and trainable norms.
     AdapterV2,
+    /// PEFT's IA³ (`tuners/ia3/layer.py`): one trainable vector per targeted Linear that
+    /// scales its output, or, for the feedforward modules (`lora.feedforward`; PEFT's default
+    /// for decoders: the MLP's down projection), its input. The `lora` targets apply.
+    Ia3,
+    /// PEFT's VeRA (`tuners/vera/layer.py`): frozen random A (r × in) and B (out × r) shared
+    /// by every targeted Linear, and trainable vectors `lambda_d` (r) and `lambda_b` (out) per
+    /// module. `lora.rank` is VeRA's r; the `lora` targets apply.
+    Vera,
+    /// PEFT's AdaLoRA (`tuners/adalora/layer.py`): LoRA's A and B plus the singular values
+    /// `lora_E` (r), allocated at `init_r` (`lora.rank`) and pruned by masking, never
+    /// resized; a `RankAllocator` keeps two fp32 importance scores per adapter element.
+    #[serde(rename = "adalora")]
+    AdaLora,
+    /// PEFT's LoHa (`tuners/loha/layer.py`): per targeted Linear two rank-r factor pairs
+    /// whose Hadamard product (`HadaWeight`) is built as a full out × in weight every forward
+    /// and applied with `F.linear`, which saves it. `lora.rank` is LoHa's r.
+    #[serde(rename = "loha")]
+    LoHa,
+    /// PEFT's LN tuning (`tuners/ln_tuning/layer.py`): a trainable copy of every norm
+    /// (PEFT's default targets for decoders: both norms of each layer and the final norm).
+    LnTuning,
+    /// PEFT's prompt tuning (`tuners/prompt_tuning`): `lora.virtual_tokens` trainable
+    /// embeddings prepended to every sequence, which the frozen model then runs over.
+    PromptTuning,
 }
 
 impl PeftKind {
     /// All values.
-    pub const ALL: [Self; 3] = [Self::Lora, Self::LlamaAdapter, Self::AdapterV2];
+    pub const ALL: [Self; 9] = [
+        Self::Lora,
+        Self::LlamaAdapter,
+        Self::AdapterV2,
+        Self::Ia3,
+        Self::Vera,
+        Self::AdaLora,
+        Self::LoHa,
+        Self::LnTuning,
+        Self::PromptTuning,
+    ];
 
     /// The name on the command line and in JSON.
     #[must_use]
@@ -74,6 +108,12 @@ impl PeftKind {
             Self::Lora => "lora",
             Self::LlamaAdapter => "adapter",
             Self::AdapterV2 => "adapter-v2",
+            Self::Ia3 => "ia3",
+            Self::Vera => "vera",
+            Self::AdaLora => "adalora",
+            Self::LoHa => "loha",
+            Self::LnTuning => "ln-tuning",
+            Self::PromptTuning => "prompt-tuning",
         }
     }
 
@@ -84,6 +124,12 @@ impl PeftKind {
             "lora" | "qlora" => Some(Self::Lora),
             "adapter" | "adapter-v1" | "llama-adapter" => Some(Self::LlamaAdapter),
             "adapter-v2" | "llama-adapter-v2" => Some(Self::AdapterV2),
+            "ia3" => Some(Self::Ia3),
+            "vera" => Some(Self::Vera),
+            "adalora" => Some(Self::AdaLora),
+            "loha" => Some(Self::LoHa),
+            "ln-tuning" => Some(Self::LnTuning),
+            "prompt-tuning" => Some(Self::PromptTuning),
             _ => None,
         }
     }
@@ -92,6 +138,31 @@ impl PeftKind {
     #[must_use]
     pub const fn is_adapter(self) -> bool {
         matches!(self, Self::LlamaAdapter | Self::AdapterV2)
+    }
+
+    /// Whether this is one of PEFT's methods other than LoRA (IA³, VeRA, AdaLoRA, LN tuning,
+    /// prompt tuning): modelled on one GPU or data parallel, without sharding.
+    #[must_use]
+    pub const fn is_other_peft(self) -> bool {
+        matches!(
+            self,
+            Self::Ia3
+                | Self::Vera
+                | Self::AdaLora
+                | Self::LoHa
+                | Self::LnTuning
+                | Self::PromptTuning
+        )
+    }
+
+    /// Whether the method's tensors sit on the `lora` targets (LoRA, IA³, VeRA, AdaLoRA,
+    /// LoHa).
+    #[must_use]
+    pub const fn uses_targets(self) -> bool {
+        matches!(
+            self,
+            Self::Lora | Self::Ia3 | Self::Vera | Self::AdaLora | Self::LoHa
+        )
     }
 }
 
@@ -188,6 +259,14 @@ pub struct LoraConfig {
     pub targets: Targets,
     /// DoRA (weight-decomposed LoRA).
     pub dora: bool,
+    /// IA³'s feedforward modules, whose input (not output) the vector scales; `None`: PEFT's
+    /// default for decoders, the MLP's down projection (the Linears reading the MLP's
+    /// intermediate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub feedforward: Option<Targets>,
+    /// Prompt tuning's virtual tokens (`num_virtual_tokens`).
+    #[serde(default)]
+    pub virtual_tokens: u64,
 }
 
 impl Default for LoraConfig {
@@ -211,6 +290,8 @@ impl Default for LoraConfig {
                 .collect(),
             ),
             dora: false,
+            feedforward: None,
+            virtual_tokens: 20,
         }
     }
 }
@@ -853,12 +934,54 @@ impl Job {
                 );
             }
         }
-        if self.method.is_peft() && !self.peft.is_adapter() {
+        if self.peft.is_other_peft() {
+            if !self.method.is_peft() {
+                return err(
+                    "peft",
+                    format!(
+                        "`{}` trains on a frozen base: use method lora (or qlora with a \
+                         quantized base), not {}",
+                        self.peft.as_str(),
+                        self.method.as_str()
+                    ),
+                );
+            }
+            if self.parallel.sharding != Sharding::None || self.parallel.tensor_parallel > 1 {
+                return err(
+                    "peft",
+                    format!(
+                        "`{}` is modelled on one GPU or data parallel; use LoRA with sharding or \
+                         tensor parallelism",
+                        self.peft.as_str()
+                    ),
+                );
+            }
+            if self.peft == PeftKind::PromptTuning
+                && !(1..=1 << 20).contains(&self.lora.virtual_tokens)
+            {
+                return err(
+                    "virtual_tokens",
+                    format!(
+                        "must be between 1 and {}, got {}",
+                        1 << 20,
+                        self.lora.virtual_tokens
+                    ),
+                );
+            }
+        }
+        if self.method.is_peft() && self.peft.uses_targets() {
             let r = self.lora.rank;
-            if r == 0 {
+            if r == 0 && self.peft != PeftKind::Ia3 {
                 return err("lora_rank", "must be at least 1".to_owned());
             }
-            if r > model.hidden_size {
+            // VeRA's shared random projections commonly exceed the hidden size (r = 256 to
+            // 1,024); IA³ has no rank.
+            if r > model.hidden_size
+                && matches!(
+                    self.peft,
+                    PeftKind::Lora | PeftKind::AdaLora | PeftKind::LoHa
+                )
+            {
                 return err(
                     "lora_rank",
                     format!(

@@ -78,6 +78,10 @@ pub struct Row {
     /// flash and memory-efficient kernels require equal head counts
     /// (`check_batch_size_and_num_heads`, `sdp_utils.cpp`), so SDPA ran its math kernel.
     pub litgpt_unexpanded_mqa: bool,
+    /// The run's trainable parameters (`trainable_params`), when the row gives them: they pin
+    /// the settings of PEFT methods a row leaves out (IA³'s feedforward modules, AdaLoRA's
+    /// `init_r`, prompt tuning's virtual tokens; [`resolve_peft`]).
+    pub trainable_params: Option<u64>,
 }
 
 fn text(v: &Value, key: &str) -> String {
@@ -159,17 +163,20 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
     let peft = match peft_text {
         "adapter" | "llama-adapter" => PeftKind::LlamaAdapter,
         "adapter_v2" | "adapter-v2" | "llama-adapter-v2" => PeftKind::AdapterV2,
-        _ => PeftKind::Lora,
+        other => PeftKind::parse(other)
+            .filter(|k| k.is_other_peft())
+            .unwrap_or(PeftKind::Lora),
     };
     let method = match method_text.as_str() {
         "full" => Method::Full,
         "lora" => Method::Lora,
         "qlora" | "gptq-lora" => Method::Qlora,
         m if m.starts_with("inference") => Method::Inference,
-        _ if peft.is_adapter() => Method::Lora,
+        _ if peft.is_adapter() || peft.is_other_peft() => Method::Lora,
         other => {
             return Err(format!(
-                "PEFT method `{other}` is not modelled (LoRA/QLoRA and lit-gpt's adapters only)"
+                "PEFT method `{other}` is not modelled (LoRA/QLoRA, IA³, VeRA, AdaLoRA, LoHa, LN \
+                 tuning, prompt tuning and lit-gpt's adapters only)"
             ));
         }
     };
@@ -347,6 +354,25 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
             Some(Value::String(s)) if s.to_ascii_lowercase().contains("all") => Targets::AllLinear,
             _ => Targets::Names(vec!["q_proj".into(), "v_proj".into()]),
         };
+        if peft == PeftKind::AdaLora {
+            // AdaLoRA allocates at `init_r` (PEFT's default 12); `r` is LoRA's field.
+            lora.rank = num(l, "init_r").unwrap_or(12);
+        }
+        if let Some(n) = num(l, "num_virtual_tokens") {
+            lora.virtual_tokens = n;
+        }
+        if let Some(Value::Array(a)) = l.get("feedforward_modules") {
+            lora.feedforward = Some(Targets::Names(
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_owned)
+                    .collect(),
+            ));
+        }
+    }
+    if matches!(peft, PeftKind::LnTuning | PeftKind::PromptTuning) {
+        // Their targets are norms or none: no Linear carries their tensors.
+        lora.targets = Targets::AllLinear;
     }
 
     let attn_text = text(v, "attention_impl").to_ascii_lowercase();
@@ -560,6 +586,7 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         model_overrides: v.get("model_overrides").and_then(Value::as_object).cloned(),
         cuda_context_bytes: measured_context(v),
         litgpt_unexpanded_mqa,
+        trainable_params: num(v, "trainable_params"),
     })
 }
 
@@ -1149,9 +1176,84 @@ fn estimate_row(
         job.attention = Attention::Eager;
     }
     job.lora.targets = crate::targets::resolve(&model, &job.lora.targets);
+    resolve_peft(&model, &mut job, row.trainable_params)?;
     let estimate =
         crate::estimate::estimate(&model, &job, &row_profile(row)).map_err(|e| e.to_string())?;
     Ok((model, job, estimate))
+}
+
+/// Settings of PEFT methods a row does not give, from its trainable-parameter count where it
+/// pins them (PEFT's defaults otherwise):
+///
+/// - IA³'s feedforward modules: PEFT's default (the MLP's down projection), or every
+///   targeted MLP Linear when only that gives the count (a custom `feedforward_modules`).
+/// - AdaLoRA's `init_r` (the rank its tensors are allocated at; the row's `r` is the LoRA
+///   field AdaLoRA ignores): the count over `Σ (in + out + 1)` of the targets (without a
+///   count, the row's `init_r` or PEFT's default 12).
+/// - Prompt tuning's `num_virtual_tokens`: the count over the hidden size.
+fn resolve_peft(
+    model: &crate::model::ModelSpec,
+    job: &mut Job,
+    trainable: Option<u64>,
+) -> Result<(), String> {
+    if !job.method.is_peft() {
+        return Ok(());
+    }
+    let count = |job: &Job| crate::estimate::weights::lora_params(model, job);
+    match job.peft {
+        PeftKind::Ia3 if job.lora.feedforward.is_none() => {
+            if let Some(n) = trainable.filter(|&n| n != count(job)) {
+                let mlp: Vec<String> = model
+                    .linears()
+                    .filter(|(_, l)| {
+                        job.lora.targets.matches(&l.name)
+                            && matches!(l.role, crate::model::LinearRole::Mlp)
+                    })
+                    .map(|(_, l)| l.name.clone())
+                    .collect();
+                let all_mlp = Job {
+                    lora: LoraConfig {
+                        feedforward: Some(Targets::Names(mlp)),
+                        ..job.lora.clone()
+                    },
+                    ..job.clone()
+                };
+                if count(&all_mlp) == n {
+                    *job = all_mlp;
+                }
+            }
+        }
+        PeftKind::AdaLora => {
+            let per_rank: u64 = model
+                .linears()
+                .filter(|(_, l)| job.lora.targets.matches(&l.name))
+                .map(|(layers, l)| layers * l.count * (l.in_features + l.out_features + 1))
+                .sum();
+            match trainable {
+                Some(n) if per_rank > 0 && n % per_rank == 0 => job.lora.rank = n / per_rank,
+                Some(n) => {
+                    return Err(format!(
+                        "AdaLoRA: {n} trainable parameters is no whole rank of the targets \
+                         ({per_rank} per rank)"
+                    ));
+                }
+                None => {}
+            }
+        }
+        PeftKind::PromptTuning => {
+            let h = model.hidden_size.max(1);
+            match trainable {
+                Some(n) if n % h == 0 => job.lora.virtual_tokens = n / h,
+                _ => {
+                    return Err(
+                        "prompt tuning: the number of virtual tokens is not given".to_owned()
+                    );
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// A run that completed on a model with learned absolute positions cannot have used longer
@@ -1180,11 +1282,13 @@ fn predict_row(row: &Row, models: &dyn ModelSource) -> RowResult {
         id: row.id.clone(),
         status: Status::Skipped,
         source: row.source.clone(),
-        method: Some(if row.job.peft.is_adapter() {
-            row.job.peft.as_str()
-        } else {
-            row.job.method.as_str()
-        }),
+        method: Some(
+            if row.job.peft.is_adapter() || row.job.peft.is_other_peft() {
+                row.job.peft.as_str()
+            } else {
+                row.job.method.as_str()
+            },
+        ),
         stack: Some(row.job.stack.as_str()),
         metric: Some(row.metric),
         predicted_bytes: None,

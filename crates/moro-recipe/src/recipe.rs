@@ -138,6 +138,7 @@ impl ModelSection {
             dropout: self.lora_dropout.unwrap_or(d.dropout),
             targets: self.target_modules.clone().map_or(d.targets, Targets::from),
             dora: self.dora.unwrap_or(d.dora),
+            ..d
         }
     }
 }

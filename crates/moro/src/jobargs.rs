@@ -9,7 +9,7 @@ use moro_core::job::{
 
 fn parse_peft(s: &str) -> Result<PeftKind, String> {
     PeftKind::parse(s)
-        .ok_or_else(|| format!("unknown PEFT method `{s}`; use lora, adapter or adapter-v2"))
+        .ok_or_else(|| format!("unknown PEFT method `{s}`; use lora, ia3, vera, adalora, loha, ln-tuning, prompt-tuning, adapter or adapter-v2"))
 }
 
 fn parse_method(s: &str) -> Result<Method, String> {
@@ -148,7 +148,8 @@ pub(crate) struct JobArgs {
     /// Base weights: none, int8, nf4, nf4-dq, fp4, fp4-dq, gptq-int4 [qlora default: nf4-dq].
     #[arg(long, value_parser = parse_quantization, help_heading = "Job")]
     pub(crate) quantization: Option<Quantization>,
-    /// PEFT method of a lora/qlora job: lora, or lit-gpt's adapter / adapter-v2
+    /// PEFT method of a lora/qlora job: lora; PEFT's ia3, vera and loha (r = --lora-rank), adalora
+    /// (init_r = --lora-rank), ln-tuning, prompt-tuning; or lit-gpt's adapter / adapter-v2
     /// (LLaMA-Adapter; implies --stack litgpt) [default: lora].
     #[arg(long, value_parser = parse_peft, help_heading = "Job")]
     pub(crate) peft: Option<PeftKind>,
@@ -167,6 +168,13 @@ pub(crate) struct JobArgs {
     /// Weight-decomposed LoRA (DoRA).
     #[arg(long, help_heading = "LoRA")]
     pub(crate) dora: bool,
+    /// IA³'s feedforward modules (their input is scaled), comma-separated [default: the MLP's
+    /// down projection, as PEFT].
+    #[arg(long, value_delimiter = ',', help_heading = "LoRA")]
+    pub(crate) feedforward_modules: Option<Vec<String>>,
+    /// Prompt tuning's virtual tokens (PEFT num_virtual_tokens) [default: 20].
+    #[arg(long, value_parser = parse_count, help_heading = "LoRA")]
+    pub(crate) virtual_tokens: Option<u64>,
     /// Micro-batch per GPU (inference: concurrent sequences) [default: 1].
     #[arg(long, visible_alias = "batch-size", value_parser = parse_count, help_heading = "Shape")]
     pub(crate) micro_batch_size: Option<u64>,
@@ -265,6 +273,14 @@ impl JobArgs {
         }
         if self.dora {
             job.lora.dora = true;
+        }
+        if let Some(t) = &self.feedforward_modules {
+            job.lora.feedforward = Some(Targets::Names(
+                t.iter().map(|s| s.trim().to_owned()).collect(),
+            ));
+        }
+        if let Some(n) = self.virtual_tokens {
+            job.lora.virtual_tokens = n;
         }
         if let Some(b) = self.micro_batch_size {
             job.micro_batch_size = b;

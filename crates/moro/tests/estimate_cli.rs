@@ -385,3 +385,63 @@ fn reduce_bucket_size_flag_sizes_deepspeed_buckets() {
         "--reduce-bucket-size",
     );
 }
+
+/// PEFT's other methods from the command line: IA³ on Llama-3.2-3B's k, v and down_proj
+/// trains 28 · (1,024 + 1,024 + 8,192) = 286,720 parameters (PEFT's benchmark prints the
+/// same), and the text names the method; prompt tuning's virtual tokens are validated.
+#[test]
+fn other_peft_methods_from_flags() {
+    let args = [
+        "estimate",
+        "--model",
+        "meta-llama/Llama-3.2-3B",
+        "--peft",
+        "ia3",
+        "--target-modules",
+        "k_proj,v_proj,down_proj",
+    ];
+    let mut with_json = args.to_vec();
+    with_json.push("--json");
+    let j = json(&with_json);
+    assert_eq!(j["trainable_params"].as_u64(), Some(286_720));
+    let text = run(&args);
+    assert_eq!(text.code, 0, "{}", text.stderr);
+    assert!(text.stdout.contains("PEFT ia3"), "{}", text.stdout);
+    // With the MLP's three as feedforward modules (input scaling): 28 · (3,072 + 1,024 +
+    // 1,024 + 3,072 + 3,072 + 3,072 + 8,192) = 630,784, PEFT's count for that config.
+    let ff = json(&[
+        "estimate",
+        "--model",
+        "meta-llama/Llama-3.2-3B",
+        "--peft",
+        "ia3",
+        "--target-modules",
+        "gate_proj,o_proj,q_proj,k_proj,v_proj,down_proj,up_proj",
+        "--feedforward-modules",
+        "up_proj,gate_proj,down_proj",
+        "--json",
+    ]);
+    assert_eq!(ff["trainable_params"].as_u64(), Some(630_784));
+    bad(
+        &[
+            "estimate",
+            "--model",
+            "meta-llama/Llama-3.2-3B",
+            "--peft",
+            "prompt-tuning",
+            "--virtual-tokens",
+            "0",
+        ],
+        "--virtual-tokens",
+    );
+    bad(
+        &[
+            "estimate",
+            "--model",
+            "meta-llama/Llama-3.2-3B",
+            "--peft",
+            "bitfit",
+        ],
+        "unknown PEFT method",
+    );
+}

@@ -237,7 +237,39 @@ impl Ctx<'_> {
                         shared = false;
                     }
                 }
-                if peft && job.lora.targets.matches(&l.name) {
+                if peft && job.peft.uses_targets() && job.lora.targets.matches(&l.name) {
+                    let adapter_out = l.out_features / tp * mult;
+                    match job.peft {
+                        PeftKind::Ia3 if super::weights::ia3_feedforward(m, job, l) => {
+                            // `x = x.to(ia3_l.dtype)`; `x * ia3_scaling` saves that copy
+                            // (`ia3/layer.py` `Linear.forward`); the frozen base saves none.
+                            if xb == r.adapter_bytes {
+                                shared = true;
+                            } else {
+                                private += sharded * mult * r.adapter_bytes;
+                            }
+                            continue;
+                        }
+                        PeftKind::Ia3 => {
+                            // `result * ia3_scaling` saves the base output.
+                            bytes += adapter_out * o;
+                            continue;
+                        }
+                        PeftKind::Vera => {
+                            // `lambda_d * F.linear(x, A)` and `lambda_b * F.linear(·, B)` save
+                            // the r- and out-wide projections (`vera/layer.py`); the frozen
+                            // A and B save no input.
+                            bytes += (job.lora.rank * mult + adapter_out) * ab;
+                            continue;
+                        }
+                        PeftKind::AdaLora => {
+                            // `(x @ (A·E)ᵀ @ Bᵀ) * scaling / ranknum`: `div` saves its
+                            // out-wide dividend (`adalora/layer.py`), the oracle's trace shows
+                            // it although `ranknum` needs no gradient.
+                            bytes += adapter_out * ab;
+                        }
+                        _ => {}
+                    }
                     let cast_copy = if r.autocast {
                         let plain_cast = !r.bnb_lora_layer && r.adapter_bytes == 4;
                         if plain_cast || xb == 4 { Some(2) } else { None }
@@ -265,8 +297,11 @@ impl Ctx<'_> {
                             }
                         }
                     }
-                    // lora_A's output, saved by lora_B.
-                    bytes += job.lora.rank * ab * mult * l.count.min(1);
+                    // lora_A's output, saved by lora_B (LoHa has none: `F.linear(x, ΔW)`
+                    // saves the cast input and its weight, counted per layer).
+                    if job.peft != PeftKind::LoHa {
+                        bytes += job.lora.rank * ab * mult * l.count.min(1);
+                    }
                     if job.lora.dora {
                         // DoRA saves base_result and lora_result (§2.4).
                         bytes += 2 * l.out_features / tp * o * mult;
@@ -383,6 +418,11 @@ impl Ctx<'_> {
             NormKind::LayerNorm => s * h,
         };
         let mut bytes = n_norms * per_norm;
+        if peft && job.peft == PeftKind::LnTuning {
+            // A trainable norm weight: `self.weight * hidden_states.to(input_dtype)` saves the
+            // normalized input for the weight's gradient (transformers `LlamaRMSNorm`).
+            bytes += n_norms * h * s;
+        }
 
         // Linear inputs, per group.
         let o = self.linear_out_bytes(s);
@@ -874,14 +914,48 @@ impl Activations {
             } else {
                 autocast_weight_cache
             };
+        // LoHa builds each targeted Linear's ΔW = (w1a·w1b) ⊙ (w2a·w2b) · scale (`HadaWeight`)
+        // every forward and `F.linear(x, ΔW)` saves it: out × in in the adapter dtype per
+        // module and layer, whatever the tokens (recomputed one layer at a time under
+        // checkpointing). `HadaWeight.backward` holds the incoming ΔW gradient, its scaled
+        // copy, a factor product and `temp`: four more for the widest module.
+        let (delta_all, delta_one, delta_bwd) =
+            if job.method.is_peft() && job.peft == PeftKind::LoHa {
+                let ab = r.adapter_bytes;
+                let per_layer = |g: &LayerGroup| -> u64 {
+                    g.linears
+                        .iter()
+                        .filter(|l| job.lora.targets.matches(&l.name))
+                        .map(|l| l.count * l.weight_numel() * ab)
+                        .sum::<u64>()
+                        / tp.max(1)
+                };
+                let widest = model
+                    .layers
+                    .iter()
+                    .flat_map(|g| g.linears.iter())
+                    .filter(|l| job.lora.targets.matches(&l.name))
+                    .map(|l| l.weight_numel() * ab / tp.max(1))
+                    .max()
+                    .unwrap_or(0);
+                let one = model.layers.iter().map(per_layer).max().unwrap_or(0);
+                let all = if job.gradient_checkpointing {
+                    0
+                } else {
+                    model.layers.iter().map(|g| g.count * per_layer(g)).sum()
+                };
+                (all, one, 4 * widest)
+            } else {
+                (0, 0, 0)
+            };
         Self {
-            all: all * t,
-            one_layer: one * t,
+            all: all * t + delta_all,
+            one_layer: one * t + delta_one,
             checkpoint_one: ckpt * t,
             head: head * t + head_fixed / tp,
             autocast_weight_cache,
             autocast_weight_cache_backward,
-            layer_backward_transient: bwd * t,
+            layer_backward_transient: (bwd * t).max(delta_bwd),
             previous_step_quantized_inputs: retained * t,
         }
     }

@@ -338,6 +338,19 @@ pub fn estimate_without_replay(
     device: &DeviceProfile,
 ) -> Result<Estimate, JobError> {
     job.validate(model)?;
+    let prompted;
+    let job = if job.method.is_peft() && job.peft == crate::job::PeftKind::PromptTuning {
+        // Prompt tuning prepends its virtual tokens to every sequence (PEFT
+        // `PeftModelForCausalLM.forward`: `torch.cat((prompts, inputs_embeds), dim=1)`, labels
+        // prefixed with -100): the frozen model runs, and computes logits, over them too.
+        prompted = Job {
+            seq_len: job.seq_len + job.lora.virtual_tokens,
+            ..job.clone()
+        };
+        &prompted
+    } else {
+        job
+    };
     let untied;
     let model = if job.stack == crate::job::Stack::Litgpt && model.tie_word_embeddings {
         // litgpt never ties lm_head to wte when fine-tuning (`GPT.__init__` creates both;
@@ -781,10 +794,16 @@ fn step_segments(
         .max()
         .unwrap_or(0)
         .saturating_sub(free.iter().sum());
+    // The widest activation: an MLP-wide tensor (16-bit under autocast) or the residual
+    // stream's hidden state.
+    let mlp_bytes = if regime.autocast {
+        2
+    } else {
+        regime.stream_bytes
+    };
     let activation = job.micro_batch_size
         * job.seq_len
-        * model.intermediate_size.max(model.hidden_size)
-        * regime.stream_bytes;
+        * (model.intermediate_size * mlp_bytes).max(model.hidden_size * regime.stream_bytes);
     new_segments(&temps, free, activation, churn)
 }
 

@@ -1,6 +1,6 @@
 //! Optimizer states and step temporaries (memory-anatomy §6).
 
-use crate::job::{Job, Method, Optimizer};
+use crate::job::{Job, Method, Optimizer, PeftKind};
 use crate::model::ModelSpec;
 
 use super::Regime;
@@ -46,10 +46,20 @@ pub fn trainable_tensors(model: &ModelSpec, job: &Job) -> Vec<Trainable> {
                 .collect()
         }
         Method::Lora | Method::Qlora => lora_tensors(model, job)
+            .into_iter()
             .map(|(copies, numel)| Trainable {
                 copies,
                 numel,
-                shape: (numel / job.lora.rank.max(1), job.lora.rank),
+                // LoRA's, AdaLoRA's and LoHa's matrices are r wide; other methods train vectors.
+                shape: if matches!(
+                    job.peft,
+                    PeftKind::Lora | PeftKind::AdaLora | PeftKind::LoHa
+                ) && numel > job.lora.rank
+                {
+                    (numel / job.lora.rank.max(1), job.lora.rank)
+                } else {
+                    (numel, 1)
+                },
                 embedding: false,
             })
             .collect(),
@@ -222,13 +232,25 @@ pub fn state_bytes(t: &Trainable, opt: Optimizer, param_bytes: u64, r: &Regime) 
 }
 
 /// Optimizer state bytes of the whole job: (inside the allocator, paged).
+///
+/// AdaLoRA's `RankAllocator.update_ipt` (`tuners/adalora/layer.py`), run by
+/// `update_and_allocate` after every optimizer step, keeps `ipt`, `exp_avg_ipt` and
+/// `exp_avg_unc` (`torch.zeros_like(p)`, then `(p * p.grad).abs()` and two moving averages)
+/// for every adapter parameter: three more fp32-sized copies, counted with the states.
 #[must_use]
 pub fn states(model: &ModelSpec, job: &Job, r: &Regime) -> (u64, u64) {
     let pb = trainable_bytes(job, r);
-    trainable_tensors(model, job).iter().fold((0, 0), |acc, t| {
+    let tensors = trainable_tensors(model, job);
+    let (inside, paged) = tensors.iter().fold((0, 0), |acc, t| {
         let s = state_bytes(t, job.optimizer, pb, r);
         (acc.0 + s.0, acc.1 + s.1)
-    })
+    });
+    let importance = if job.method.is_peft() && job.peft == PeftKind::AdaLora {
+        3 * pb * tensors.iter().map(|t| t.copies * t.numel).sum::<u64>()
+    } else {
+        0
+    };
+    (inside + importance, paged)
 }
 
 /// Data-parallel divisor of optimizer states under ZeRO ≥ 1 / FSDP.

@@ -77,7 +77,8 @@ impl Sharded {
         let base = base_weight_bytes(model, job, r) / split;
         let adapters = if job.method.is_peft() {
             (added_params(model, job) * r.adapter_bytes
-                + adapter_kv_cache_bytes(model, job.peft, r.adapter_bytes))
+                + adapter_kv_cache_bytes(model, job.peft, r.adapter_bytes)
+                + super::weights::vera_buffers(model, job))
                 / split
         } else {
             0

@@ -126,6 +126,12 @@ impl Regime {
         };
 
         let adapter_bytes = match stack {
+            // LN tuning's `deepcopy` of each norm keeps the norm's dtype: PEFT's
+            // `autocast_adapter_dtype` upcast leaves it alone (checked on PEFT 0.21.2:
+            // `ln_tuning_layers.default.weight` stays bfloat16).
+            _ if method.is_peft() && job.peft == crate::job::PeftKind::LnTuning => {
+                unquantized_bytes
+            }
             Stack::Litgpt | Stack::Torchtune => {
                 if fp32 || (stack == Stack::Litgpt && autocast) {
                     4

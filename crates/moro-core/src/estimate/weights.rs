@@ -108,22 +108,126 @@ pub fn base_weight_bytes(model: &ModelSpec, job: &Job, r: &Regime) -> u64 {
     quant + (total - quantized_params.min(total)) * r.unquantized_bytes
 }
 
-/// LoRA parameters of the targeted decoder-layer Linears: `r·(in + out)` per adapted copy
-/// (PEFT `LoraLayer.update_layer`: `lora_A = nn.Linear(in_features, r)`,
-/// `lora_B = nn.Linear(r, out_features)`, no biases), plus DoRA's magnitude vector of
-/// `out` per adapted copy (`lora/dora.py`).
+/// Parameters of the PEFT-library adapters ([`lora_tensors`]): LoRA's `r·(in + out)` per
+/// adapted copy (plus DoRA's magnitude), or another PEFT method's tensors.
 #[must_use]
 pub fn lora_params(model: &ModelSpec, job: &Job) -> u64 {
+    lora_tensors(model, job).iter().map(|&(c, n)| c * n).sum()
+}
+
+/// Whether IA³ scales the input of `l` (a feedforward module) rather than its output: the
+/// job's `lora.feedforward`, else PEFT's default for decoders
+/// (`TRANSFORMERS_MODELS_TO_IA3_FEEDFORWARD_MODULES_MAPPING`: `down_proj` for Llama-style
+/// models), the Linears reading the MLP's intermediate.
+#[must_use]
+pub fn ia3_feedforward(model: &ModelSpec, job: &Job, l: &Linear) -> bool {
+    match &job.lora.feedforward {
+        Some(t) => t.matches(&l.name),
+        None => {
+            matches!(
+                l.role,
+                crate::model::LinearRole::Mlp | crate::model::LinearRole::Expert
+            ) && l.out_features == model.hidden_size
+                && l.in_features != model.hidden_size
+        }
+    }
+}
+
+/// The trainable tensors of a PEFT-library job as `(copies, numel)`, per method:
+///
+/// - LoRA (`LoraLayer.update_layer`): `lora_A = nn.Linear(in, r)`, `lora_B = nn.Linear(r, out)`,
+///   no biases; DoRA adds a magnitude vector of `out` (`lora/dora.py`).
+/// - AdaLoRA (`AdaLoraLayer.update_layer`): `lora_A` (r × in), `lora_E` (r × 1), `lora_B`
+///   (out × r) at `init_r` (`lora.rank`).
+/// - IA³ (`IA3Layer.update_layer`): `ia3_l` of `in` (feedforward, [`ia3_feedforward`]) or
+///   `out` elements.
+/// - LoHa (`LoHaLayer.update_layer`): `hada_w1_a`, `hada_w2_a` (out × r), `hada_w1_b`,
+///   `hada_w2_b` (r × in).
+/// - VeRA (`VeraLayer.update_layer`): `lambda_d` (r) and `lambda_b` (out); the shared
+///   random A and B are frozen buffers ([`vera_buffers`]).
+/// - LN tuning (`LNTuningLayer.update_layer`: `deepcopy(layer)`): a copy of every norm's
+///   parameters, each layer's and the final norm.
+/// - Prompt tuning (`PromptEmbedding`): `num_virtual_tokens × hidden`.
+#[must_use]
+pub fn lora_tensors(model: &ModelSpec, job: &Job) -> Vec<(u64, u64)> {
     let r = job.lora.rank;
-    model
-        .linears()
-        .filter(|(_, l)| job.lora.targets.matches(&l.name))
-        .map(|(layers, l)| {
-            let per = r * (l.in_features + l.out_features)
-                + if job.lora.dora { l.out_features } else { 0 };
-            layers * l.count * per
-        })
-        .sum()
+    let h = model.hidden_size;
+    match job.peft {
+        PeftKind::LnTuning => {
+            let mut v: Vec<(u64, u64)> = model
+                .layers
+                .iter()
+                .filter(|g| g.other_params > 0)
+                .map(|g| {
+                    let k = g.other_params.div_ceil(h.max(1));
+                    (g.count * k, g.other_params / k)
+                })
+                .collect();
+            if model.final_norm_params > 0 {
+                v.push((1, model.final_norm_params));
+            }
+            return v;
+        }
+        PeftKind::PromptTuning => return vec![(1, job.lora.virtual_tokens * h)],
+        _ => {}
+    }
+    let mut v = Vec::new();
+    for (layers, l) in model.linears() {
+        if !job.lora.targets.matches(&l.name) {
+            continue;
+        }
+        let copies = layers * l.count;
+        match job.peft {
+            PeftKind::Ia3 => v.push((
+                copies,
+                if ia3_feedforward(model, job, l) {
+                    l.in_features
+                } else {
+                    l.out_features
+                },
+            )),
+            PeftKind::Vera => {
+                v.push((copies, r));
+                v.push((copies, l.out_features));
+            }
+            PeftKind::AdaLora => {
+                v.push((copies, r * l.in_features));
+                v.push((copies, r * l.out_features));
+                v.push((copies, r));
+            }
+            PeftKind::LoHa => {
+                // `hada_w1_a`, `hada_w2_a` (out × r) and `hada_w1_b`, `hada_w2_b` (r × in).
+                v.push((2 * copies, r * l.out_features));
+                v.push((2 * copies, r * l.in_features));
+            }
+            _ => {
+                v.push((copies, r * l.in_features));
+                v.push((copies, r * l.out_features));
+                if job.lora.dora {
+                    v.push((copies, l.out_features));
+                }
+            }
+        }
+    }
+    v
+}
+
+/// VeRA's frozen shared projections (`VeraModel._init_vera_A_vera_B`): A of r × the widest
+/// targeted input and B of the widest targeted output × r, one pair for the whole model, in
+/// fp32 (`_kaiming_init` on a `torch.Generator`); 0 for other methods.
+#[must_use]
+pub fn vera_buffers(model: &ModelSpec, job: &Job) -> u64 {
+    if job.peft != PeftKind::Vera {
+        return 0;
+    }
+    let targeted = || {
+        model
+            .linears()
+            .filter(|(_, l)| job.lora.targets.matches(&l.name))
+    };
+    let max_in = targeted().map(|(_, l)| l.in_features).max().unwrap_or(0);
+    let max_out = targeted().map(|(_, l)| l.out_features).max().unwrap_or(0);
+    job.lora.rank * (max_in + max_out) * 4
 }
 
 /// lit-gpt `adapter.Config.adapter_prompt_length`: tokens of the learned prefix.
@@ -275,24 +379,6 @@ pub fn grad_params(model: &ModelSpec, job: &Job) -> u64 {
     } else {
         lora_params(model, job)
     }
-}
-
-/// The adapter tensors (numel each), for optimizer-state rules that depend on tensor size.
-pub fn lora_tensors(model: &ModelSpec, job: &Job) -> impl Iterator<Item = (u64, u64)> {
-    // (copies, numel)
-    let r = job.lora.rank;
-    let dora = job.lora.dora;
-    model
-        .linears()
-        .filter(move |(_, l)| job.lora.targets.matches(&l.name))
-        .flat_map(move |(layers, l)| {
-            let copies = layers * l.count;
-            let mut v = vec![(copies, r * l.in_features), (copies, r * l.out_features)];
-            if dora {
-                v.push((copies, l.out_features));
-            }
-            v
-        })
 }
 
 /// The transient of a quantized matmul: the dequantized weight of the largest quantized

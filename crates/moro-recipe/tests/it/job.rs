@@ -89,6 +89,7 @@ fn jobs() -> Vec<Job> {
             dropout: 0.1,
             targets: Targets::Names(vec!["q_proj".into(), "yes".into()]),
             dora: true,
+            ..LoraConfig::default()
         },
         micro_batch_size: 7,
         seq_len: 16_384,

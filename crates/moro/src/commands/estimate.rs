@@ -202,7 +202,20 @@ fn describe(job: &Job) -> String {
     if job.method.is_peft() && job.peft.is_adapter() {
         s.push_str(&format!(", lit-gpt {}", job.peft.as_str()));
     } else if job.method.is_peft() {
-        s.push_str(&format!(", r={}", job.lora.rank));
+        use moro_core::job::PeftKind;
+        match job.peft {
+            PeftKind::Ia3 | PeftKind::LnTuning => {
+                s.push_str(&format!(", PEFT {}", job.peft.as_str()));
+            }
+            PeftKind::PromptTuning => s.push_str(&format!(
+                ", PEFT prompt-tuning, {} virtual tokens",
+                job.lora.virtual_tokens
+            )),
+            PeftKind::Vera | PeftKind::AdaLora | PeftKind::LoHa => {
+                s.push_str(&format!(", PEFT {} r={}", job.peft.as_str(), job.lora.rank));
+            }
+            _ => s.push_str(&format!(", r={}", job.lora.rank)),
+        }
     }
     if job.method == Method::Inference {
         s.push_str(&format!(
