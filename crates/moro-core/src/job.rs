@@ -79,6 +79,11 @@ pub enum PeftKind {
     /// and applied with `F.linear`, which saves it. `lora.rank` is LoHa's r.
     #[serde(rename = "loha")]
     LoHa,
+    /// PEFT's OFT (`tuners/oft/layer.py`, `OFTRotationModule`): per targeted Linear r
+    /// orthogonal blocks of (in / r)², each from the b(b − 1)/2 parameters of a skew-symmetric
+    /// matrix through the Cayley–Neumann series (5 terms), rotating the input before the
+    /// frozen Linear. `lora.rank` is OFT's r (the number of blocks).
+    Oft,
     /// PEFT's LN tuning (`tuners/ln_tuning/layer.py`): a trainable copy of every norm
     /// (PEFT's default targets for decoders: both norms of each layer and the final norm).
     LnTuning,
@@ -89,7 +94,7 @@ pub enum PeftKind {
 
 impl PeftKind {
     /// All values.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 10] = [
         Self::Lora,
         Self::LlamaAdapter,
         Self::AdapterV2,
@@ -97,6 +102,7 @@ impl PeftKind {
         Self::Vera,
         Self::AdaLora,
         Self::LoHa,
+        Self::Oft,
         Self::LnTuning,
         Self::PromptTuning,
     ];
@@ -112,6 +118,7 @@ impl PeftKind {
             Self::Vera => "vera",
             Self::AdaLora => "adalora",
             Self::LoHa => "loha",
+            Self::Oft => "oft",
             Self::LnTuning => "ln-tuning",
             Self::PromptTuning => "prompt-tuning",
         }
@@ -128,6 +135,7 @@ impl PeftKind {
             "vera" => Some(Self::Vera),
             "adalora" => Some(Self::AdaLora),
             "loha" => Some(Self::LoHa),
+            "oft" => Some(Self::Oft),
             "ln-tuning" => Some(Self::LnTuning),
             "prompt-tuning" => Some(Self::PromptTuning),
             _ => None,
@@ -140,8 +148,8 @@ impl PeftKind {
         matches!(self, Self::LlamaAdapter | Self::AdapterV2)
     }
 
-    /// Whether this is one of PEFT's methods other than LoRA (IA³, VeRA, AdaLoRA, LN tuning,
-    /// prompt tuning): modelled on one GPU or data parallel, without sharding.
+    /// Whether this is one of PEFT's methods other than LoRA (IA³, VeRA, AdaLoRA, LoHa, OFT,
+    /// LN tuning, prompt tuning): modelled on one GPU or data parallel, without sharding.
     #[must_use]
     pub const fn is_other_peft(self) -> bool {
         matches!(
@@ -150,18 +158,19 @@ impl PeftKind {
                 | Self::Vera
                 | Self::AdaLora
                 | Self::LoHa
+                | Self::Oft
                 | Self::LnTuning
                 | Self::PromptTuning
         )
     }
 
     /// Whether the method's tensors sit on the `lora` targets (LoRA, IA³, VeRA, AdaLoRA,
-    /// LoHa).
+    /// LoHa, OFT).
     #[must_use]
     pub const fn uses_targets(self) -> bool {
         matches!(
             self,
-            Self::Lora | Self::Ia3 | Self::Vera | Self::AdaLora | Self::LoHa
+            Self::Lora | Self::Ia3 | Self::Vera | Self::AdaLora | Self::LoHa | Self::Oft
         )
     }
 }
@@ -911,41 +920,28 @@ impl Job {
                 ),
             );
         }
-        if self.peft.is_adapter() {
-            if !self.method.is_peft() {
-                return err(
-                    "peft",
-                    format!(
-                        "`{}` trains on a frozen base: use method lora (or qlora with a \
-                         quantized base), not {}",
-                        self.peft.as_str(),
-                        self.method.as_str()
-                    ),
-                );
-            }
-            if self.stack != Stack::Litgpt {
-                return err(
-                    "peft",
-                    format!(
-                        "`{}` is lit-gpt's LLaMA-Adapter (lit_gpt/adapter.py); it is modelled \
-                         for the litgpt stack only",
-                        self.peft.as_str()
-                    ),
-                );
-            }
+        if (self.peft.is_adapter() || self.peft.is_other_peft()) && !self.method.is_peft() {
+            return err(
+                "peft",
+                format!(
+                    "`{}` trains on a frozen base: use method lora (or qlora with a quantized \
+                     base), not {}",
+                    self.peft.as_str(),
+                    self.method.as_str()
+                ),
+            );
+        }
+        if self.peft.is_adapter() && self.stack != Stack::Litgpt {
+            return err(
+                "peft",
+                format!(
+                    "`{}` is lit-gpt's LLaMA-Adapter (lit_gpt/adapter.py); it is modelled for \
+                     the litgpt stack only",
+                    self.peft.as_str()
+                ),
+            );
         }
         if self.peft.is_other_peft() {
-            if !self.method.is_peft() {
-                return err(
-                    "peft",
-                    format!(
-                        "`{}` trains on a frozen base: use method lora (or qlora with a \
-                         quantized base), not {}",
-                        self.peft.as_str(),
-                        self.method.as_str()
-                    ),
-                );
-            }
             if self.parallel.sharding != Sharding::None || self.parallel.tensor_parallel > 1 {
                 return err(
                     "peft",
@@ -988,6 +984,19 @@ impl Job {
                         "{r} is above the model's hidden size {}; a rank that large is a full \
                          fine-tune with extra steps",
                         model.hidden_size
+                    ),
+                );
+            }
+            if self.peft == PeftKind::Oft
+                && let Some((_, l)) = model.linears().find(|(_, l)| {
+                    self.lora.targets.matches(&l.name) && !l.in_features.is_multiple_of(r.max(1))
+                })
+            {
+                return err(
+                    "lora_rank",
+                    format!(
+                        "OFT's r ({r}) must divide the input width of every target; `{}` has {}",
+                        l.name, l.in_features
                     ),
                 );
             }

@@ -175,7 +175,7 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         _ if peft.is_adapter() || peft.is_other_peft() => Method::Lora,
         other => {
             return Err(format!(
-                "PEFT method `{other}` is not modelled (LoRA/QLoRA, IA³, VeRA, AdaLoRA, LoHa, LN \
+                "PEFT method `{other}` is not modelled (LoRA/QLoRA, IA³, VeRA, AdaLoRA, LoHa, OFT, LN \
                  tuning, prompt tuning and lit-gpt's adapters only)"
             ));
         }

@@ -1,4 +1,4 @@
-//! PEFT's methods other than LoRA (IA³, VeRA, AdaLoRA, LoHa, LN tuning, prompt tuning) on
+//! PEFT's methods other than LoRA (IA³, VeRA, AdaLoRA, LoHa, OFT, LN tuning, prompt tuning) on
 //! Llama-3.2-3B, as PEFT's MetaMathQA benchmark ran them (`method_comparison/MetaMathQA`:
 //! bf16 weights without AMP, `autocast_adapter_dtype=True`, foreach AdamW, SDPA, micro-batch
 //! 4 × 768, no checkpointing).
@@ -99,6 +99,13 @@ fn cases() -> Vec<(&'static str, Job, u64, f64)> {
             18_350_080,
             21.055,
         ),
+        // OFT: r = 32 blocks of 96 × 96 per module, 32 · 96 · 95 / 2 parameters each.
+        (
+            "oft r32 q,v",
+            job(PeftKind::Oft, 32, &["q_proj", "v_proj"]),
+            8_171_520,
+            19.923,
+        ),
         ("ln tuning", ln, 175_104, 18.62),
         ("prompt tuning 200", prompt, 614_400, 20.73),
     ]
@@ -116,7 +123,8 @@ fn trainable_parameters_are_peft_counts() {
 /// Each method's allocated peak within 0.1 GiB of the traced step (the methods differ by
 /// −1.1 to +3.8 GiB from LoRA there: IA³ saves each scaled base output or an fp32 copy of a
 /// feedforward input, VeRA its r- and out-wide fp32 projections, AdaLoRA the out-wide
-/// dividend of its `/ ranknum`, LoHa each module's full ΔW (out × in, fp32), LN tuning each
+/// dividend of its `/ ranknum`, LoHa each module's full ΔW (out × in, fp32), OFT four r ×
+/// (in / r)² tensors of its Cayley–Neumann series per module, LN tuning each
 /// norm's normalized input, and prompt tuning runs the model over 200 more tokens). The
 /// oracle's LoHa run drops `module_dropout`'s `torch.rand(1) > p` test, which fake tensors
 /// cannot evaluate (p = 0: always true).
@@ -162,7 +170,7 @@ fn benchmark_rows_are_covered() {
         &CatalogModels,
         false,
     );
-    let ids = ["008", "009", "010", "011", "013", "016", "018"];
+    let ids = ["008", "009", "010", "011", "013", "014", "016", "018"];
     for id in ids {
         let id = format!("peft-metamathqa-{id}");
         let r = report.rows.iter().find(|r| r.id == id).expect("row");

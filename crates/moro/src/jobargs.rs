@@ -9,7 +9,7 @@ use moro_core::job::{
 
 fn parse_peft(s: &str) -> Result<PeftKind, String> {
     PeftKind::parse(s)
-        .ok_or_else(|| format!("unknown PEFT method `{s}`; use lora, ia3, vera, adalora, loha, ln-tuning, prompt-tuning, adapter or adapter-v2"))
+        .ok_or_else(|| format!("unknown PEFT method `{s}`; use lora, ia3, vera, adalora, loha, oft, ln-tuning, prompt-tuning, adapter or adapter-v2"))
 }
 
 fn parse_method(s: &str) -> Result<Method, String> {
@@ -148,7 +148,7 @@ pub(crate) struct JobArgs {
     /// Base weights: none, int8, nf4, nf4-dq, fp4, fp4-dq, gptq-int4 [qlora default: nf4-dq].
     #[arg(long, value_parser = parse_quantization, help_heading = "Job")]
     pub(crate) quantization: Option<Quantization>,
-    /// PEFT method of a lora/qlora job: lora; PEFT's ia3, vera and loha (r = --lora-rank), adalora
+    /// PEFT method of a lora/qlora job: lora; PEFT's ia3, vera, loha and oft (r = --lora-rank), adalora
     /// (init_r = --lora-rank), ln-tuning, prompt-tuning; or lit-gpt's adapter / adapter-v2
     /// (LLaMA-Adapter; implies --stack litgpt) [default: lora].
     #[arg(long, value_parser = parse_peft, help_heading = "Job")]

@@ -298,8 +298,9 @@ impl Ctx<'_> {
                         }
                     }
                     // lora_A's output, saved by lora_B (LoHa has none: `F.linear(x, ΔW)`
-                    // saves the cast input and its weight, counted per layer).
-                    if job.peft != PeftKind::LoHa {
+                    // saves the cast input and its weight, counted per layer; nor OFT: its
+                    // `einsum` saves the cast input and the blocks).
+                    if !matches!(job.peft, PeftKind::LoHa | PeftKind::Oft) {
                         bytes += job.lora.rank * ab * mult * l.count.min(1);
                     }
                     if job.lora.dora {
@@ -919,14 +920,26 @@ impl Activations {
         // module and layer, whatever the tokens (recomputed one layer at a time under
         // checkpointing). `HadaWeight.backward` holds the incoming ΔW gradient, its scaled
         // copy, a factor product and `temp`: four more for the widest module.
+        //
+        // OFT's Cayley–Neumann series (`OFTRotationModule._cayley_batch`, 5 terms) leaves
+        // saved, per targeted Linear: the skew-symmetric `Q_skew`, `Q_squared` and one more
+        // power (inputs of the next `bmm`s) and the rotation R (saved by the `einsum`): four
+        // r × b × b tensors, b = in / r.
+        let ab = r.adapter_bytes;
+        let fixed = |l: &Linear| -> u64 {
+            match job.peft {
+                PeftKind::LoHa => l.weight_numel() * ab,
+                PeftKind::Oft => 4 * l.in_features * (l.in_features / job.lora.rank.max(1)) * ab,
+                _ => 0,
+            }
+        };
         let (delta_all, delta_one, delta_bwd) =
-            if job.method.is_peft() && job.peft == PeftKind::LoHa {
-                let ab = r.adapter_bytes;
+            if job.method.is_peft() && matches!(job.peft, PeftKind::LoHa | PeftKind::Oft) {
                 let per_layer = |g: &LayerGroup| -> u64 {
                     g.linears
                         .iter()
                         .filter(|l| job.lora.targets.matches(&l.name))
-                        .map(|l| l.count * l.weight_numel() * ab)
+                        .map(|l| l.count * fixed(l))
                         .sum::<u64>()
                         / tp.max(1)
                 };
@@ -944,7 +957,12 @@ impl Activations {
                 } else {
                     model.layers.iter().map(|g| g.count * per_layer(g)).sum()
                 };
-                (all, one, 4 * widest)
+                let bwd = if job.peft == PeftKind::LoHa {
+                    4 * widest
+                } else {
+                    0
+                };
+                (all, one, bwd)
             } else {
                 (0, 0, 0)
             };

@@ -604,13 +604,10 @@ pub fn allocated_and_reserve(
     (allocated, reserve)
 }
 
-/// The forward and backward's churn at their peak, as blocks the allocator sees: the
-/// largest freed buffer (the loss's logits, [`largest_freed_block`]) as many times as the
-/// churn holds it, the rest as hidden states (`b · s · h`, 16-bit), the size of the
-/// layers' saved inputs and most activations. Churn is what is not resident
-/// ([`Component::is_resident`]) in the largest phase before the optimizer step.
-fn churn_blocks(phases: &[PhaseBytes], largest: u64, unit: u64) -> Vec<u64> {
-    let churn = phases
+/// The forward and backward's churn: what is not resident ([`Component::is_resident`]) in
+/// the largest phase before the optimizer step.
+fn fwd_bwd_churn(phases: &[PhaseBytes]) -> u64 {
+    phases
         .iter()
         .filter(|p| p.phase != Phase::OptimizerStep)
         .map(|p| {
@@ -621,7 +618,16 @@ fn churn_blocks(phases: &[PhaseBytes], largest: u64, unit: u64) -> Vec<u64> {
                 .sum::<u64>()
         })
         .max()
-        .unwrap_or(0);
+        .unwrap_or(0)
+}
+
+/// The forward and backward's churn at their peak, as blocks the allocator sees: the
+/// largest freed buffer (the loss's logits, [`largest_freed_block`]) as many times as the
+/// churn holds it, the rest as hidden states (`b · s · h`, 16-bit), the size of the
+/// layers' saved inputs and most activations. Churn is what is not resident
+/// ([`Component::is_resident`]) in the largest phase before the optimizer step.
+fn churn_blocks(phases: &[PhaseBytes], largest: u64, unit: u64) -> Vec<u64> {
+    let churn = fwd_bwd_churn(phases);
     // At most 1,024 blocks of each kind: a replay's cost stays bounded, and smaller blocks
     // fit in the same holes.
     let unit = unit.max(churn.div_ceil(1024)).max(1);
@@ -781,19 +787,7 @@ fn step_segments(
         let widest = model.vocab_size.max(model.intermediate_size);
         free.push(widest * model.hidden_size * regime::grad_bytes(job, regime));
     }
-    let churn = phases
-        .iter()
-        .filter(|p| p.phase != Phase::OptimizerStep)
-        .map(|p| {
-            p.components
-                .iter()
-                .filter(|c| !c.0.is_resident())
-                .map(|c| c.1)
-                .sum::<u64>()
-        })
-        .max()
-        .unwrap_or(0)
-        .saturating_sub(free.iter().sum());
+    let churn = fwd_bwd_churn(phases).saturating_sub(free.iter().sum());
     // The widest activation: an MLP-wide tensor (16-bit under autocast) or the residual
     // stream's hidden state.
     let mlp_bytes = if regime.autocast {

@@ -143,6 +143,7 @@ pub fn ia3_feedforward(model: &ModelSpec, job: &Job, l: &Linear) -> bool {
 ///   `out` elements.
 /// - LoHa (`LoHaLayer.update_layer`): `hada_w1_a`, `hada_w2_a` (out × r), `hada_w1_b`,
 ///   `hada_w2_b` (r × in).
+/// - OFT (`OFTRotationModule`): r skew-symmetric blocks of b(b − 1)/2 parameters, b = in / r.
 /// - VeRA (`VeraLayer.update_layer`): `lambda_d` (r) and `lambda_b` (out); the shared
 ///   random A and B are frozen buffers ([`vera_buffers`]).
 /// - LN tuning (`LNTuningLayer.update_layer`: `deepcopy(layer)`): a copy of every norm's
@@ -194,6 +195,11 @@ pub fn lora_tensors(model: &ModelSpec, job: &Job) -> Vec<(u64, u64)> {
                 v.push((copies, r * l.in_features));
                 v.push((copies, r * l.out_features));
                 v.push((copies, r));
+            }
+            PeftKind::Oft => {
+                // `oft_R.weight`: r × b(b − 1)/2, b = in / r (`OFTRotationModule`).
+                let b = l.in_features / r.max(1);
+                v.push((copies, r * b * b.saturating_sub(1) / 2));
             }
             PeftKind::LoHa => {
                 // `hada_w1_a`, `hada_w2_a` (out × r) and `hada_w1_b`, `hada_w2_b` (r × in).

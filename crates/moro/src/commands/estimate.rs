@@ -211,7 +211,7 @@ fn describe(job: &Job) -> String {
                 ", PEFT prompt-tuning, {} virtual tokens",
                 job.lora.virtual_tokens
             )),
-            PeftKind::Vera | PeftKind::AdaLora | PeftKind::LoHa => {
+            PeftKind::Vera | PeftKind::AdaLora | PeftKind::LoHa | PeftKind::Oft => {
                 s.push_str(&format!(", PEFT {} r={}", job.peft.as_str(), job.lora.rank));
             }
             _ => s.push_str(&format!(", r={}", job.lora.rank)),
