@@ -127,18 +127,12 @@ impl PeftKind {
     /// Parses a name (`lora`, `adapter`, `adapter-v2` / `adapter_v2`).
     #[must_use]
     pub fn parse(s: &str) -> Option<Self> {
-        match s.trim().to_ascii_lowercase().replace('_', "-").as_str() {
-            "lora" | "qlora" => Some(Self::Lora),
-            "adapter" | "adapter-v1" | "llama-adapter" => Some(Self::LlamaAdapter),
-            "adapter-v2" | "llama-adapter-v2" => Some(Self::AdapterV2),
-            "ia3" => Some(Self::Ia3),
-            "vera" => Some(Self::Vera),
-            "adalora" => Some(Self::AdaLora),
-            "loha" => Some(Self::LoHa),
-            "oft" => Some(Self::Oft),
-            "ln-tuning" => Some(Self::LnTuning),
-            "prompt-tuning" => Some(Self::PromptTuning),
-            _ => None,
+        let s = s.trim().to_ascii_lowercase().replace('_', "-");
+        match s.as_str() {
+            "qlora" => Some(Self::Lora),
+            "adapter-v1" | "llama-adapter" => Some(Self::LlamaAdapter),
+            "llama-adapter-v2" => Some(Self::AdapterV2),
+            name => Self::ALL.into_iter().find(|k| k.as_str() == name),
         }
     }
 

@@ -374,6 +374,14 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         // Their targets are norms or none: no Linear carries their tensors.
         lora.targets = Targets::AllLinear;
     }
+    if peft == PeftKind::PromptTuning
+        && v.get("lora")
+            .and_then(|l| num(l, "num_virtual_tokens"))
+            .is_none()
+    {
+        // Unknown until the trainable count pins it ([`resolve_peft`]).
+        lora.virtual_tokens = 0;
+    }
 
     let attn_text = text(v, "attention_impl").to_ascii_lowercase();
     let attention = if attn_text.contains("eager") {
@@ -1188,9 +1196,10 @@ fn estimate_row(
 /// - IA³'s feedforward modules: PEFT's default (the MLP's down projection), or every
 ///   targeted MLP Linear when only that gives the count (a custom `feedforward_modules`).
 /// - AdaLoRA's `init_r` (the rank its tensors are allocated at; the row's `r` is the LoRA
-///   field AdaLoRA ignores): the count over `Σ (in + out + 1)` of the targets (without a
-///   count, the row's `init_r` or PEFT's default 12).
-/// - Prompt tuning's `num_virtual_tokens`: the count over the hidden size.
+///   field AdaLoRA ignores): the count over one rank's parameters (without a count, the row's
+///   `init_r` or PEFT's default 12).
+/// - Prompt tuning's `num_virtual_tokens`: the count over one token's parameters (without a
+///   count, the row's own, if it gives one).
 fn resolve_peft(
     model: &crate::model::ModelSpec,
     job: &mut Job,
@@ -1223,32 +1232,32 @@ fn resolve_peft(
                 }
             }
         }
+        // Both counts are linear in the setting: one unit's parameters divide them.
         PeftKind::AdaLora => {
-            let per_rank: u64 = model
-                .linears()
-                .filter(|(_, l)| job.lora.targets.matches(&l.name))
-                .map(|(layers, l)| layers * l.count * (l.in_features + l.out_features + 1))
-                .sum();
-            match trainable {
-                Some(n) if per_rank > 0 && n % per_rank == 0 => job.lora.rank = n / per_rank,
-                Some(n) => {
+            if let Some(n) = trainable {
+                let mut one = job.clone();
+                one.lora.rank = 1;
+                let per_rank = count(&one);
+                if per_rank == 0 || n % per_rank != 0 {
                     return Err(format!(
                         "AdaLoRA: {n} trainable parameters is no whole rank of the targets \
                          ({per_rank} per rank)"
                     ));
                 }
-                None => {}
+                job.lora.rank = n / per_rank;
             }
         }
         PeftKind::PromptTuning => {
-            let h = model.hidden_size.max(1);
-            match trainable {
-                Some(n) if n % h == 0 => job.lora.virtual_tokens = n / h,
-                _ => {
-                    return Err(
-                        "prompt tuning: the number of virtual tokens is not given".to_owned()
-                    );
+            if let Some(n) = trainable {
+                let mut one = job.clone();
+                one.lora.virtual_tokens = 1;
+                let per_token = count(&one).max(1);
+                if n % per_token == 0 {
+                    job.lora.virtual_tokens = n / per_token;
                 }
+            }
+            if job.lora.virtual_tokens == 0 {
+                return Err("prompt tuning: the number of virtual tokens is not given".to_owned());
             }
         }
         _ => {}

@@ -198,3 +198,48 @@ fn invalid_peft_settings_are_refused() {
     let e = estimate(&m, &sharded, &DeviceProfile::default()).unwrap_err();
     assert!(e.to_string().contains("one GPU"), "{e}");
 }
+
+/// A prompt-tuning row that gives `num_virtual_tokens` instead of a trainable count is
+/// predicted the same as the published row (whose 614,400 trainable parameters are 200
+/// tokens of Llama-3.2-3B's 3,072); a row with neither is skipped with the reason.
+#[test]
+fn prompt_tuning_tokens_from_the_row_or_its_count() {
+    let text = include_str!("../../../validation/measured.jsonl");
+    let line = text
+        .lines()
+        .find(|l| l.contains("\"peft-metamathqa-016\""))
+        .expect("row");
+    let published: serde_json::Value = serde_json::from_str(line).expect("json");
+    let mut given = published.clone();
+    given["trainable_params"] = serde_json::Value::Null;
+    given["lora"]["num_virtual_tokens"] = 200.into();
+    let mut neither = given.clone();
+    neither["lora"]
+        .as_object_mut()
+        .expect("lora object")
+        .remove("num_virtual_tokens");
+    let jsonl = [published, given, neither]
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let mut v = v.clone();
+            v["id"] = format!("row-{i}").into();
+            v.to_string()
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let report = validate(&jsonl, &CatalogModels, false);
+    let r = &report.rows;
+    assert_eq!(r[0].status, Status::Ok, "{:?}", r[0].reason);
+    assert_eq!(r[1].status, Status::Ok, "{:?}", r[1].reason);
+    assert_eq!(r[0].predicted_bytes, r[1].predicted_bytes);
+    assert_eq!(r[2].status, Status::Skipped);
+    assert!(
+        r[2].reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("virtual tokens"),
+        "{:?}",
+        r[2].reason
+    );
+}

@@ -366,31 +366,37 @@ pub fn estimate_without_replay(
     };
     let regime = Regime::resolve(model, job);
     let par = parallel::Sharded::new(model, job, &regime);
-    let (phases, largest_freed_block) = if job.method == Method::Inference {
-        (inference::phases(model, job, &regime, device, &par), 0)
+    let step = if job.method == Method::Inference {
+        StepPhases {
+            phases: inference::phases(model, job, &regime, device, &par),
+            largest_freed_block: 0,
+            step_segments: 0,
+        }
     } else {
         training_phases(model, job, &regime, device, &par)
     };
-    Ok(finish(
-        model,
-        job,
-        &regime,
-        device,
-        &par,
-        phases,
-        largest_freed_block,
-    ))
+    Ok(finish(model, job, &regime, device, &par, step))
 }
 
-/// Builds the phase list of a training step, and the largest buffer the step frees
-/// ([`largest_freed_block`]).
+/// A step's phases, and what its allocations leave to the caching allocator.
+struct StepPhases {
+    phases: Vec<PhaseBytes>,
+    /// [`largest_freed_block`].
+    largest_freed_block: u64,
+    /// [`step_segments`].
+    step_segments: u64,
+}
+
+/// Builds the phase list of a training step, the largest buffer the step frees
+/// ([`largest_freed_block`]) and the new segments its optimizer step needs
+/// ([`step_segments`]).
 fn training_phases(
     model: &ModelSpec,
     job: &Job,
     regime: &Regime,
     device: &DeviceProfile,
     par: &parallel::Sharded,
-) -> (Vec<PhaseBytes>, u64) {
+) -> StepPhases {
     let w = par.weights;
     let adapters = par.adapters;
     let grads = par.grads;
@@ -542,10 +548,11 @@ fn training_phases(
             ),
         ]),
     });
-    (
+    StepPhases {
+        step_segments: step_segments(model, job, regime, par, &phases, head.largest_block),
+        largest_freed_block: largest_freed_block(model, job, regime, &head, par.tp),
         phases,
-        largest_freed_block(model, job, regime, &head, par.tp),
-    )
+    }
 }
 
 /// The allocated level of a peak phase (with the device's learned offset) and the caching
@@ -651,9 +658,13 @@ fn finish(
     regime: &Regime,
     device: &DeviceProfile,
     par: &parallel::Sharded,
-    phases: Vec<PhaseBytes>,
-    largest_freed_block: u64,
+    step: StepPhases,
 ) -> Estimate {
+    let StepPhases {
+        phases,
+        largest_freed_block,
+        step_segments,
+    } = step;
     let churn = if load::replays_steps(job) {
         let hidden_state = job.micro_batch_size * job.seq_len * model.hidden_size * 2
             / job.parallel.tensor_parallel.max(1);
@@ -686,9 +697,8 @@ fn finish(
         largest_freed_block,
         load_reserved_bytes: load::load_reserved_bytes(model, job, regime, &churn),
         replayed_fragmentation_bytes: 0,
-        step_segments_bytes: 0,
+        step_segments_bytes: step_segments,
     };
-    est.step_segments_bytes = step_segments(model, job, regime, par, &est.phases);
     set_levels(&mut est, device, outside, device.cuda_context_bytes);
     est
 }
@@ -769,6 +779,7 @@ fn step_segments(
     regime: &Regime,
     par: &parallel::Sharded,
     phases: &[PhaseBytes],
+    loss_block: u64,
 ) -> u64 {
     if job.method == Method::Inference
         || job.parallel.sharding != Sharding::None
@@ -782,10 +793,9 @@ fn step_segments(
     if temps.is_empty() {
         return 0;
     }
-    let mut free = vec![loss::Loss::new(model, job, regime, 1).largest_block];
+    let mut free = vec![loss_block];
     if job.method == Method::Full && job.grad_accum > 1 {
-        let widest = model.vocab_size.max(model.intermediate_size);
-        free.push(widest * model.hidden_size * regime::grad_bytes(job, regime));
+        free.push(widest_gradient(model, job, regime, 1));
     }
     let churn = fwd_bwd_churn(phases).saturating_sub(free.iter().sum());
     // The widest activation: an MLP-wide tensor (16-bit under autocast) or the residual
@@ -844,6 +854,13 @@ fn new_segments(temps: &[(u64, u64)], mut free: Vec<u64>, small: u64, mut churn:
     new
 }
 
+/// The gradient of a full fine-tune's widest parameter (the embedding or lm_head, `V·h`, or
+/// an MLP matrix when wider) per tensor-parallel rank.
+fn widest_gradient(model: &ModelSpec, job: &Job, regime: &Regime, tp: u64) -> u64 {
+    let widest = model.vocab_size.max(model.intermediate_size);
+    widest * model.hidden_size / tp.max(1) * regime::grad_bytes(job, regime)
+}
+
 /// The largest buffer a training step allocates and frees: the loss's (see
 /// [`loss::Loss::largest_block`]) or, in a full fine-tune without sharded gradients, the
 /// largest parameter's gradient (the embedding or lm_head, `V·h`), which
@@ -864,8 +881,7 @@ fn largest_freed_block(
         && !job.optimizer_in_backward
         && (job.grad_accum > 1 || !job.versions.zero_grad_keeps_grads())
     {
-        let widest = model.vocab_size.max(model.intermediate_size);
-        widest * model.hidden_size / tp.max(1) * regime::grad_bytes(job, regime)
+        widest_gradient(model, job, regime, tp)
     } else {
         0
     };

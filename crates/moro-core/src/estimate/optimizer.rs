@@ -47,19 +47,10 @@ pub fn trainable_tensors(model: &ModelSpec, job: &Job) -> Vec<Trainable> {
         }
         Method::Lora | Method::Qlora => lora_tensors(model, job)
             .into_iter()
-            .map(|(copies, numel)| Trainable {
+            .map(|(copies, shape)| Trainable {
                 copies,
-                numel,
-                // LoRA's, AdaLoRA's and LoHa's matrices are r wide; other methods train vectors.
-                shape: if matches!(
-                    job.peft,
-                    PeftKind::Lora | PeftKind::AdaLora | PeftKind::LoHa
-                ) && numel > job.lora.rank
-                {
-                    (numel / job.lora.rank.max(1), job.lora.rank)
-                } else {
-                    (numel, 1)
-                },
+                numel: shape.0 * shape.1,
+                shape,
                 embedding: false,
             })
             .collect(),

@@ -112,7 +112,10 @@ pub fn base_weight_bytes(model: &ModelSpec, job: &Job, r: &Regime) -> u64 {
 /// adapted copy (plus DoRA's magnitude), or another PEFT method's tensors.
 #[must_use]
 pub fn lora_params(model: &ModelSpec, job: &Job) -> u64 {
-    lora_tensors(model, job).iter().map(|&(c, n)| c * n).sum()
+    lora_tensors(model, job)
+        .iter()
+        .map(|&(c, (rows, cols))| c * rows * cols)
+        .sum()
 }
 
 /// Whether IA³ scales the input of `l` (a feedforward module) rather than its output: the
@@ -133,7 +136,8 @@ pub fn ia3_feedforward(model: &ModelSpec, job: &Job, l: &Linear) -> bool {
     }
 }
 
-/// The trainable tensors of a PEFT-library job as `(copies, numel)`, per method:
+/// The trainable tensors of a PEFT-library job as `(copies, (rows, cols))` (vectors as
+/// `(n, 1)`), per method:
 ///
 /// - LoRA (`LoraLayer.update_layer`): `lora_A = nn.Linear(in, r)`, `lora_B = nn.Linear(r, out)`,
 ///   no biases; DoRA adds a magnitude vector of `out` (`lora/dora.py`).
@@ -150,26 +154,26 @@ pub fn ia3_feedforward(model: &ModelSpec, job: &Job, l: &Linear) -> bool {
 ///   parameters, each layer's and the final norm.
 /// - Prompt tuning (`PromptEmbedding`): `num_virtual_tokens × hidden`.
 #[must_use]
-pub fn lora_tensors(model: &ModelSpec, job: &Job) -> Vec<(u64, u64)> {
+pub fn lora_tensors(model: &ModelSpec, job: &Job) -> Vec<(u64, (u64, u64))> {
     let r = job.lora.rank;
     let h = model.hidden_size;
     match job.peft {
         PeftKind::LnTuning => {
-            let mut v: Vec<(u64, u64)> = model
+            let mut v: Vec<(u64, (u64, u64))> = model
                 .layers
                 .iter()
                 .filter(|g| g.other_params > 0)
                 .map(|g| {
                     let k = g.other_params.div_ceil(h.max(1));
-                    (g.count * k, g.other_params / k)
+                    (g.count * k, (g.other_params / k, 1))
                 })
                 .collect();
             if model.final_norm_params > 0 {
-                v.push((1, model.final_norm_params));
+                v.push((1, (model.final_norm_params, 1)));
             }
             return v;
         }
-        PeftKind::PromptTuning => return vec![(1, job.lora.virtual_tokens * h)],
+        PeftKind::PromptTuning => return vec![(1, (job.lora.virtual_tokens, h))],
         _ => {}
     }
     let mut v = Vec::new();
@@ -182,35 +186,35 @@ pub fn lora_tensors(model: &ModelSpec, job: &Job) -> Vec<(u64, u64)> {
             PeftKind::Ia3 => v.push((
                 copies,
                 if ia3_feedforward(model, job, l) {
-                    l.in_features
+                    (l.in_features, 1)
                 } else {
-                    l.out_features
+                    (l.out_features, 1)
                 },
             )),
             PeftKind::Vera => {
-                v.push((copies, r));
-                v.push((copies, l.out_features));
+                v.push((copies, (r, 1)));
+                v.push((copies, (l.out_features, 1)));
             }
             PeftKind::AdaLora => {
-                v.push((copies, r * l.in_features));
-                v.push((copies, r * l.out_features));
-                v.push((copies, r));
+                v.push((copies, (r, l.in_features)));
+                v.push((copies, (l.out_features, r)));
+                v.push((copies, (r, 1)));
             }
             PeftKind::Oft => {
                 // `oft_R.weight`: r × b(b − 1)/2, b = in / r (`OFTRotationModule`).
                 let b = l.in_features / r.max(1);
-                v.push((copies, r * b * b.saturating_sub(1) / 2));
+                v.push((copies, (r, b * b.saturating_sub(1) / 2)));
             }
             PeftKind::LoHa => {
                 // `hada_w1_a`, `hada_w2_a` (out × r) and `hada_w1_b`, `hada_w2_b` (r × in).
-                v.push((2 * copies, r * l.out_features));
-                v.push((2 * copies, r * l.in_features));
+                v.push((2 * copies, (l.out_features, r)));
+                v.push((2 * copies, (r, l.in_features)));
             }
             _ => {
-                v.push((copies, r * l.in_features));
-                v.push((copies, r * l.out_features));
+                v.push((copies, (r, l.in_features)));
+                v.push((copies, (l.out_features, r)));
                 if job.lora.dora {
-                    v.push((copies, l.out_features));
+                    v.push((copies, (l.out_features, 1)));
                 }
             }
         }
