@@ -3,7 +3,7 @@
 //!
 //! Pure: the catalog is `data/hardware/gpus.json` compiled in with `include_str!`; detecting
 //! the local GPUs lives in the `moro-gpu` crate, which hands back [`Hardware`] built from
-//! these types. Facts and rules cite `shared/docs/hardware-detection.md` ("the hardware
+//! these types. Facts and rules cite `docs/hardware-detection.md` ("the hardware
 //! doc" below) by section.
 
 use std::sync::OnceLock;

@@ -239,7 +239,7 @@ fn deepspeed_value(
 
 /// accelerate `mixed_precision`.
 fn accelerate_mixed_precision(p: &Plan<'_>) -> &'static str {
-    match p.t.precision {
+    match p.precision {
         Precision::Bf16Mixed => "bf16",
         Precision::Fp16Mixed => "fp16",
         Precision::Bf16 | Precision::Fp32 => "no",
@@ -497,8 +497,8 @@ fn hf_training_args(p: &Plan<'_>, m: &mut Map, warnings: &mut Vec<String>) {
     let (bf16, fp16) = p.amp();
     m.set("bf16", bf16);
     m.set("fp16", fp16);
-    m.set("gradient_checkpointing", p.t.gradient_checkpointing);
-    if p.t.gradient_checkpointing {
+    m.set("gradient_checkpointing", p.checkpointing);
+    if p.checkpointing {
         let mut k = Map::new();
         k.set("use_reentrant", false);
         m.set("gradient_checkpointing_kwargs", k);
@@ -627,7 +627,7 @@ pub(crate) fn axolotl(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
     m.set_opt("warmup_ratio", p.t.warmup_ratio);
     m.set_opt("weight_decay", p.t.weight_decay);
 
-    match p.t.precision {
+    match p.precision {
         Precision::Bf16Mixed => {
             m.set("bf16", true);
             if p.method == Method::Full {
@@ -651,8 +651,8 @@ pub(crate) fn axolotl(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
             m.set("fp16", false);
         }
     }
-    m.set("gradient_checkpointing", p.t.gradient_checkpointing);
-    if p.t.gradient_checkpointing {
+    m.set("gradient_checkpointing", p.checkpointing);
+    if p.checkpointing {
         let mut k = Map::new();
         k.set("use_reentrant", false);
         m.set("gradient_checkpointing_kwargs", k);
@@ -862,7 +862,7 @@ pub(crate) fn llamafactory(p: &Plan<'_>, main: &str) -> Result<Out, ExportError>
     ] {
         hf.0.retain(|(key, _)| key != k);
     }
-    if !p.t.gradient_checkpointing {
+    if !p.checkpointing {
         m.set("disable_gradient_checkpointing", true);
     }
     if p.loss == LossImpl::Fused {
@@ -870,7 +870,7 @@ pub(crate) fn llamafactory(p: &Plan<'_>, main: &str) -> Result<Out, ExportError>
     } else {
         hf_loss_warning(p, "LLaMA-Factory", &mut w);
     }
-    if p.t.precision == Precision::Bf16 {
+    if p.precision == Precision::Bf16 {
         m.set("pure_bf16", true);
     }
     stack_warning(p, "LLaMA-Factory", &mut w);
@@ -1276,7 +1276,7 @@ pub(crate) fn unsloth(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
         )),
     }
     let launch = script_launch(p, main);
-    let gc: Py = if p.t.gradient_checkpointing {
+    let gc: Py = if p.checkpointing {
         "unsloth".into()
     } else {
         false.into()

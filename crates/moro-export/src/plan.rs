@@ -1,7 +1,7 @@
 //! [`Plan`]: the recipe with every default applied, read once for all formats, and the
 //! warnings that hold whatever the format (tensor parallelism, an unknown LoRA target, ...).
 
-use moro_core::job::{Job, LoraConfig, LossImpl, Targets};
+use moro_core::job::{Job, LoraConfig, LossImpl, PeftKind, Targets};
 use moro_core::model::ModelSpec;
 use moro_recipe::Recipe;
 use moro_recipe::TrainingSection;
@@ -86,6 +86,10 @@ pub(crate) struct Plan<'a> {
     pub(crate) quant: Quantization,
     pub(crate) lora: LoraConfig,
     pub(crate) t: &'a TrainingSection,
+    /// `training.precision`, resolved (the stack's and method's default when unsaid).
+    pub(crate) precision: Precision,
+    /// `training.gradient_checkpointing`, resolved.
+    pub(crate) checkpointing: bool,
     pub(crate) loss: LossImpl,
     pub(crate) dist: Dist,
     /// `parallel.reduce_bucket_size` (DeepSpeed); `None`: "auto".
@@ -106,14 +110,24 @@ impl<'a> Plan<'a> {
             job.validate(m)
                 .map_err(|e| ExportError::from(moro_recipe::job_error(&e, None)))?;
         }
-        let method = recipe.model.effective_method();
+        let method = Method::from(job.method);
+        if job.method.is_peft() && job.peft != PeftKind::Lora {
+            return Err(ExportError::field(
+                "model.peft",
+                format!(
+                    "`{}`: the exports write LoRA adapters; estimate this method with `moro \
+                     estimate`, and configure it in the trainer by hand",
+                    job.peft.as_str()
+                ),
+            ));
+        }
         if method == Method::Inference {
             return Err(ExportError::field(
                 "model.method",
                 "an inference recipe has nothing to train; exports need full, lora or qlora",
             ));
         }
-        let quant = recipe.model.effective_quantization();
+        let quant = Quantization::from(job.quantization);
         let t = &recipe.training;
         let mut warnings = Vec::new();
         if method == Method::Full && quant != Quantization::None {
@@ -125,15 +139,18 @@ impl<'a> Plan<'a> {
             ));
         }
 
-        let p = recipe.parallel.clone().unwrap_or_default();
+        let mut p = recipe.parallel.clone().unwrap_or_default();
+        p.gpus = Some(job.parallel.gpus());
         if p.tensor_parallel > 1 || p.pipeline_parallel > 1 {
             warnings.push(format!(
                 "parallel.tensor_parallel = {} / pipeline_parallel = {}: these trainer configs express \
                  data parallelism only; exported as {} data-parallel GPUs",
-                p.tensor_parallel, p.pipeline_parallel, p.gpus
+                p.tensor_parallel,
+                p.pipeline_parallel,
+                job.parallel.gpus()
             ));
         }
-        let n = p.gpus;
+        let n = job.parallel.gpus();
         let dist = match p.strategy {
             _ if n <= 1 => {
                 if p.strategy != Strategy::None || p.offload != Offload::None {
@@ -208,7 +225,7 @@ impl<'a> Plan<'a> {
             );
         }
 
-        let lora = recipe.model.lora_config();
+        let lora = job.lora.clone();
         if let (Some(m), Targets::Names(names)) = (model, &lora.targets)
             && method != Method::Full
         {
@@ -251,6 +268,8 @@ impl<'a> Plan<'a> {
             quant,
             lora,
             t,
+            precision: job.precision.into(),
+            checkpointing: job.gradient_checkpointing,
             loss: job.loss_impl(),
             dist,
             reduce_bucket: p.reduce_bucket_size,
@@ -300,7 +319,7 @@ impl<'a> Plan<'a> {
 
     /// The compute / load dtype as a torch name.
     pub(crate) fn torch_dtype(&self) -> &'static str {
-        match self.t.precision {
+        match self.precision {
             Precision::Fp16Mixed => "float16",
             Precision::Fp32 => "float32",
             // Full fine-tuning under autocast keeps fp32 master weights: load in fp32.
@@ -311,7 +330,7 @@ impl<'a> Plan<'a> {
 
     /// HF Trainer `bf16` / `fp16` flags (autocast).
     pub(crate) fn amp(&self) -> (bool, bool) {
-        match self.t.precision {
+        match self.precision {
             Precision::Bf16Mixed => (true, false),
             Precision::Fp16Mixed => (false, true),
             Precision::Bf16 | Precision::Fp32 => (false, false),

@@ -54,7 +54,7 @@ const CASES: &[(&str, &str)] = &[
     ),
     (
         "smollm2-135m-full-ddp-2gpu",
-        "model:\n  base: HuggingFaceTB/SmolLM2-135M\ntraining:\n  micro_batch_size: 16\n  optimizer: adamw_8bit\n  \
+        "model:\n  base: HuggingFaceTB/SmolLM2-135M\n  method: full\ntraining:\n  micro_batch_size: 16\n  optimizer: adamw_8bit\n  \
          precision: bf16\nparallel:\n  gpus: 2\n",
     ),
 ];

@@ -113,6 +113,33 @@ choice! {
 }
 
 choice! {
+    /// The parameter-efficient method of a `lora`/`qlora` job (`model.peft`).
+    Peft => core::PeftKind {
+        /// LoRA (PEFT `LoraConfig`).
+        Lora = "lora" => Lora,
+        /// PEFT's IA³ (`IA3Config`): a vector scaling each target's output, or a
+        /// feedforward module's input.
+        Ia3 = "ia3" => Ia3,
+        /// PEFT's VeRA (`VeraConfig`): shared frozen random projections, trainable vectors.
+        Vera = "vera" => Vera,
+        /// PEFT's AdaLoRA (`AdaLoraConfig`), `lora_rank` is its `init_r`.
+        AdaLora = "adalora" => AdaLora,
+        /// PEFT's LoHa (`LoHaConfig`).
+        LoHa = "loha" => LoHa,
+        /// PEFT's OFT (`OFTConfig`), `lora_rank` is its number of blocks.
+        Oft = "oft" => Oft,
+        /// PEFT's LN tuning (`LNTuningConfig`).
+        LnTuning = "ln-tuning" | "ln_tuning" => LnTuning,
+        /// PEFT's prompt tuning (`PromptTuningConfig`), `virtual_tokens` long.
+        PromptTuning = "prompt-tuning" | "prompt_tuning" => PromptTuning,
+        /// lit-gpt's LLaMA-Adapter (`stack: litgpt`).
+        LlamaAdapter = "adapter" => LlamaAdapter,
+        /// lit-gpt's LLaMA-Adapter v2 (`stack: litgpt`).
+        AdapterV2 = "adapter-v2" | "adapter_v2" => AdapterV2,
+    }
+}
+
+choice! {
     /// Storage of the frozen base weights (`model.quantization`).
     Quantization => core::Quantization {
         /// The load dtype (no quantization).

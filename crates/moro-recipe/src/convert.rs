@@ -1,13 +1,13 @@
 //! [`Recipe`] ⇄ [`Job`]: the file's view and the engine's view of the same run.
 //!
-//! [`Recipe::to_job`] applies the documented defaults and checks values;
-//! [`Recipe::from_job`] writes every engine setting explicitly (so a generated moro.yaml does
-//! not depend on defaults that may change), plus the [`TrainingExtras`] the engine does not
-//! use. Job → Recipe → Job is the identity, except for what a recipe cannot say: lit-gpt's
-//! adapters (`Job.peft`, reached from `moro estimate --peft` and measured rows only) come
-//! back as LoRA, and longest-first padding as padded.
+//! [`Recipe::settings`] is what the file says, for the CLI to layer its flags over and resolve
+//! once; [`Recipe::to_job`] resolves it alone. [`Recipe::from_job`] writes every engine
+//! setting explicitly (so a generated moro.yaml does not depend on defaults that may change),
+//! plus the [`TrainingExtras`] the engine does not use. Job → Recipe → Job is the identity,
+//! except for longest-first padding (lit-gpt's 2023 scripts, measured rows only), which comes
+//! back as padded.
 
-use moro_core::job::{Job, JobError, LoraConfig, Padding, Parallel, PeftKind};
+use moro_core::job::{Job, JobError, JobSettings, LoraConfig, Padding, Parallel, PeftKind};
 
 use crate::choices::{LrScheduler, Method};
 use crate::error::RecipeError;
@@ -53,6 +53,7 @@ impl Recipe {
     ) -> Self {
         let lora = &job.lora;
         let write_lora = job.method.is_peft() || *lora != LoraConfig::default();
+        let peft = job.method.is_peft() && job.peft != PeftKind::Lora;
         let model = ModelSection {
             base: base_model_id.into(),
             method: Some(job.method.into()),
@@ -62,20 +63,25 @@ impl Recipe {
             lora_dropout: write_lora.then_some(lora.dropout),
             target_modules: write_lora.then(|| lora.targets.clone().into()),
             dora: write_lora.then_some(lora.dora),
+            peft: peft.then(|| job.peft.into()),
+            feedforward_modules: (job.peft == PeftKind::Ia3)
+                .then(|| lora.feedforward.clone().map(Into::into))
+                .flatten(),
+            virtual_tokens: (job.peft == PeftKind::PromptTuning).then_some(lora.virtual_tokens),
         };
         let training = TrainingSection {
             micro_batch_size: job.micro_batch_size,
             gradient_accumulation_steps: job.grad_accum,
             max_seq_length: job.seq_len,
             optimizer: job.optimizer.into(),
-            gradient_checkpointing: job.gradient_checkpointing,
+            gradient_checkpointing: Some(job.gradient_checkpointing),
             auto_heal: extras.auto_heal,
-            precision: job.precision.into(),
+            precision: Some(job.precision.into()),
             attention: job.attention.into(),
             stack: job.stack.into(),
             loss: job.loss.map(Into::into),
             packing: job.padding == Padding::Packed,
-            kv_cache_dtype: job.kv_dtype.into(),
+            kv_cache_dtype: Some(job.kv_dtype.into()),
             learning_rate: extras.learning_rate,
             num_epochs: extras.num_epochs,
             warmup_ratio: extras.warmup_ratio,
@@ -88,7 +94,7 @@ impl Recipe {
         };
         let p = &job.parallel;
         let parallel = (*p != Parallel::single()).then(|| ParallelSection {
-            gpus: p.gpus(),
+            gpus: Some(p.gpus()),
             strategy: p.sharding.into(),
             tensor_parallel: p.tensor_parallel,
             pipeline_parallel: p.pipeline,
@@ -124,58 +130,67 @@ impl Recipe {
         }
     }
 
-    /// The engine job this recipe describes, with the documented defaults applied.
+    /// The settings this recipe says; what it leaves out stays unsaid, for flags or
+    /// [`JobSettings::resolve`] to fill.
     ///
     /// # Errors
     /// An invalid value ([`Recipe::validate`]), named by its field path, without a position.
-    pub fn to_job(&self) -> Result<Job, RecipeError> {
+    pub fn settings(&self) -> Result<JobSettings, RecipeError> {
         self.validate()?;
         let m = &self.model;
         let t = &self.training;
-        let parallel = match &self.parallel {
-            None => Parallel::single(),
-            Some(p) => Parallel {
-                // validate() checked the division is exact and non-zero.
-                data_parallel: p.gpus / (p.tensor_parallel * p.pipeline_parallel),
-                tensor_parallel: p.tensor_parallel,
-                pipeline: p.pipeline_parallel,
-                sharding: p.strategy.into(),
-                offload: p.offload.into(),
-                nodes: p.nodes,
-                reduce_bucket: p.reduce_bucket_size,
-            },
-        };
-        Ok(Job {
-            method: m.effective_method().into(),
-            quantization: m.effective_quantization().into(),
-            lora: m.lora_config(),
-            micro_batch_size: t.micro_batch_size,
-            seq_len: t.max_seq_length,
-            grad_accum: t.gradient_accumulation_steps,
-            optimizer: t.optimizer.into(),
-            gradient_checkpointing: t.gradient_checkpointing,
-            attention: t.attention.into(),
-            precision: t.precision.into(),
-            stack: t.stack.into(),
-            loss: t.loss.map(Into::into),
-            padding: if t.packing {
+        let p = self.parallel.as_ref();
+        Ok(JobSettings {
+            method: m.method.map(Into::into),
+            quantization: m.quantization.map(Into::into),
+            peft: m.peft.map(Into::into),
+            lora_rank: m.lora_rank,
+            lora_alpha: m.lora_alpha,
+            lora_dropout: m.lora_dropout,
+            target_modules: m.target_modules.clone().map(Into::into),
+            dora: m.dora,
+            feedforward_modules: m.feedforward_modules.clone().map(Into::into),
+            virtual_tokens: m.virtual_tokens,
+            micro_batch_size: Some(t.micro_batch_size),
+            seq_len: Some(t.max_seq_length),
+            grad_accum: Some(t.gradient_accumulation_steps),
+            padding: Some(if t.packing {
                 Padding::Packed
             } else {
                 Padding::Padded
-            },
-            parallel,
-            kv_dtype: t.kv_cache_dtype.into(),
+            }),
+            optimizer: Some(t.optimizer.into()),
+            gradient_checkpointing: t.gradient_checkpointing,
+            optimizer_in_backward: Some(t.optimizer_in_backward),
+            attention: Some(t.attention.into()),
+            precision: t.precision.map(Into::into),
+            stack: Some(t.stack.into()),
+            loss: t.loss.map(Into::into),
+            kv_dtype: t.kv_cache_dtype.map(Into::into),
+            gpus: p.and_then(|p| p.gpus),
+            tensor_parallel: p.map(|p| p.tensor_parallel),
+            pipeline_parallel: p.map(|p| p.pipeline_parallel),
+            sharding: p.map(|p| p.strategy.into()),
+            offload: p.map(|p| p.offload.into()),
+            nodes: p.map(|p| p.nodes),
+            reduce_bucket: p.and_then(|p| p.reduce_bucket_size),
             versions: t
                 .versions
                 .as_ref()
                 .map(LibraryVersions::to_versions)
-                .transpose()?
-                .unwrap_or_default(),
-            optimizer_in_backward: t.optimizer_in_backward,
-            // Recipes describe LoRA/QLoRA; lit-gpt's adapters are reachable from the CLI and
-            // from measured rows only.
-            peft: PeftKind::Lora,
+                .transpose()?,
         })
+    }
+
+    /// The engine job this recipe describes on its own, every unsaid setting at its default
+    /// ([`JobSettings::resolve`]).
+    ///
+    /// # Errors
+    /// An invalid value, named by its field path, without a position.
+    pub fn to_job(&self) -> Result<Job, RecipeError> {
+        self.settings()?
+            .resolve()
+            .map_err(|e| RecipeError::value(job_field_path(e.field), e.message))
     }
 
     /// Whether the recipe trains adapters (its effective method is LoRA or QLoRA).
@@ -202,8 +217,19 @@ pub fn job_field_path(field: &str) -> String {
         | "optimizer_in_backward" => {
             format!("training.{field}")
         }
-        "lora_rank" | "lora_alpha" | "lora_dropout" | "target_modules" | "quantization"
-        | "method" | "dora" | "base" => format!("model.{field}"),
+        "lora_rank"
+        | "lora_alpha"
+        | "lora_dropout"
+        | "target_modules"
+        | "quantization"
+        | "method"
+        | "dora"
+        | "base"
+        | "peft"
+        | "virtual_tokens"
+        | "feedforward_modules" => {
+            format!("model.{field}")
+        }
         "parallel.data_parallel" => "parallel.gpus".to_owned(),
         "parallel.reduce_bucket" => "parallel.reduce_bucket_size".to_owned(),
         "parallel.pipeline" => "parallel.pipeline_parallel".to_owned(),

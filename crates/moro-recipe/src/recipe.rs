@@ -7,12 +7,12 @@
 
 use std::fmt;
 
-use moro_core::job::{Job, LoraConfig, Targets, Versions};
+use moro_core::job::{Job, JobSettings, Targets, Versions};
 use serde::de::{self, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::choices::{
-    Attention, KvCacheDtype, Loss, LrScheduler, Method, Offload, Optimizer, Precision,
+    Attention, KvCacheDtype, Loss, LrScheduler, Method, Offload, Optimizer, Peft, Precision,
     Quantization, Stack, Strategy,
 };
 use crate::error::RecipeError;
@@ -52,8 +52,8 @@ pub struct Recipe {
 pub struct ModelSection {
     /// Hugging Face model id (`Qwen/Qwen2.5-1.5B`), or a path to a model directory or config.json.
     pub base: String,
-    /// Method. Default: `qlora` when `quantization` is set to a quantized type, else `lora` when
-    /// any LoRA field is set, else `full`.
+    /// Method. Default: `qlora` when `quantization` is set to a quantized type, else `lora`
+    /// (as `moro estimate` without `--method`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub method: Option<Method>,
     /// Base-weight quantization. Default: `nf4-dq` for `qlora`, else `none`.
@@ -63,7 +63,7 @@ pub struct ModelSection {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 65536)))]
     pub lora_rank: Option<u64>,
-    /// LoRA alpha (scaling = alpha / r). Default: 32.
+    /// LoRA alpha (scaling = alpha / r). Default: 2 × `lora_rank`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora_alpha: Option<f64>,
     /// Dropout on the adapter input, in [0, 1). Default: 0.05.
@@ -77,6 +77,19 @@ pub struct ModelSection {
     /// DoRA (weight-decomposed LoRA). Default: false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dora: Option<bool>,
+    /// The parameter-efficient method of a `lora`/`qlora` job: `lora`, PEFT's `ia3`, `vera`,
+    /// `adalora`, `loha`, `oft`, `ln-tuning`, `prompt-tuning`, or lit-gpt's `adapter` /
+    /// `adapter-v2` (`stack: litgpt`). Default: `lora`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peft: Option<Peft>,
+    /// IA³'s feedforward modules, whose input (not output) is scaled. Default: PEFT's, the
+    /// MLP's down projection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub feedforward_modules: Option<TargetModules>,
+    /// Prompt tuning's virtual tokens (PEFT `num_virtual_tokens`). Default: 20.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 1_048_576)))]
+    pub virtual_tokens: Option<u64>,
 }
 
 impl ModelSection {
@@ -92,6 +105,9 @@ impl ModelSection {
             lora_dropout: None,
             target_modules: None,
             dora: None,
+            peft: None,
+            feedforward_modules: None,
+            virtual_tokens: None,
         }
     }
 
@@ -105,41 +121,27 @@ impl ModelSection {
             || self.dora.is_some()
     }
 
-    /// The method, with the documented default applied.
+    /// The method, with the engine's default applied ([`JobSettings::resolve`]).
     #[must_use]
     pub fn effective_method(&self) -> Method {
-        if let Some(m) = self.method {
-            return m;
-        }
-        match self.quantization {
-            Some(q) if q != Quantization::None => Method::Qlora,
-            _ if self.has_lora_fields() => Method::Lora,
-            _ => Method::Full,
-        }
+        self.method_and_quantization().0
     }
 
-    /// The quantization, with the documented default applied.
+    /// The quantization, with the engine's default applied ([`JobSettings::resolve`]).
     #[must_use]
     pub fn effective_quantization(&self) -> Quantization {
-        match (self.quantization, self.effective_method()) {
-            (Some(q), _) => q,
-            (None, Method::Qlora) => Quantization::Nf4Dq,
-            (None, _) => Quantization::None,
-        }
+        self.method_and_quantization().1
     }
 
-    /// The LoRA settings, with the documented defaults applied.
-    #[must_use]
-    pub fn lora_config(&self) -> LoraConfig {
-        let d = LoraConfig::default();
-        LoraConfig {
-            rank: self.lora_rank.unwrap_or(d.rank),
-            alpha: self.lora_alpha.unwrap_or(d.alpha),
-            dropout: self.lora_dropout.unwrap_or(d.dropout),
-            targets: self.target_modules.clone().map_or(d.targets, Targets::from),
-            dora: self.dora.unwrap_or(d.dora),
-            ..d
-        }
+    fn method_and_quantization(&self) -> (Method, Quantization) {
+        let s = JobSettings {
+            method: self.method.map(Into::into),
+            quantization: self.quantization.map(Into::into),
+            ..JobSettings::default()
+        };
+        // Without a parallel layout, resolving cannot fail.
+        let job = s.resolve().unwrap_or_default();
+        (job.method.into(), job.quantization.into())
     }
 }
 
@@ -231,15 +233,18 @@ pub struct TrainingSection {
     /// Optimizer (HF Trainer `optim` name). Default: `adamw_torch_fused`.
     #[serde(default = "defaults::optimizer")]
     pub optimizer: Optimizer,
-    /// Gradient checkpointing. Default: false.
-    #[serde(default)]
-    pub gradient_checkpointing: bool,
+    /// Gradient checkpointing. Default: the stack's: on for `trl` (`SFTConfig`), on for QLoRA
+    /// on `hf` (PEFT's `prepare_model_for_kbit_training`), else off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gradient_checkpointing: Option<bool>,
     /// Let `moro run` recover from out-of-memory by walking the heal ladder. Default: false.
     #[serde(default)]
     pub auto_heal: bool,
-    /// Precision. Default: `bf16-mixed` (HF Trainer `bf16=True`).
-    #[serde(default = "defaults::precision")]
-    pub precision: Precision,
+    /// Precision. Default: `bf16` (bf16 weights, no fp32 master copy) for full fine-tuning,
+    /// inference and the `litgpt`/`torchtune` stacks; `bf16-mixed` (fp32 adapters under bf16
+    /// autocast, the HF Trainer's `bf16=True`) for LoRA and QLoRA on `hf`/`trl`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<Precision>,
     /// Attention implementation. Default: `sdpa`.
     #[serde(default = "defaults::attention")]
     pub attention: Attention,
@@ -254,9 +259,10 @@ pub struct TrainingSection {
     /// attention mask. false = right-padded with a mask. Default: true.
     #[serde(default = "defaults::packing")]
     pub packing: bool,
-    /// KV-cache storage (inference). Default: `f16` (the compute dtype).
-    #[serde(default = "defaults::kv_cache_dtype")]
-    pub kv_cache_dtype: KvCacheDtype,
+    /// KV-cache storage (inference). Default: `f32` for `fp32` jobs, else `f16` (the 16-bit
+    /// compute dtype).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache_dtype: Option<KvCacheDtype>,
     /// Peak learning rate. No effect on memory. Default: the exporter's choice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub learning_rate: Option<f64>,
@@ -400,14 +406,14 @@ impl Default for TrainingSection {
             gradient_accumulation_steps: defaults::gradient_accumulation_steps(),
             max_seq_length: defaults::max_seq_length(),
             optimizer: defaults::optimizer(),
-            gradient_checkpointing: false,
+            gradient_checkpointing: None,
             auto_heal: false,
-            precision: defaults::precision(),
+            precision: None,
             attention: defaults::attention(),
             stack: defaults::stack(),
             loss: None,
             packing: defaults::packing(),
-            kv_cache_dtype: defaults::kv_cache_dtype(),
+            kv_cache_dtype: None,
             learning_rate: None,
             num_epochs: None,
             warmup_ratio: None,
@@ -426,10 +432,11 @@ impl Default for TrainingSection {
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(deny_unknown_fields)]
 pub struct ParallelSection {
-    /// GPUs in all (data × tensor × pipeline parallel). Default: 1.
-    #[serde(default = "defaults::one")]
+    /// GPUs in all (data × tensor × pipeline parallel). Default: the count the hardware
+    /// names (`--hardware 8xh100-sxm`), else tensor_parallel × pipeline_parallel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 65536)))]
-    pub gpus: u64,
+    pub gpus: Option<u64>,
     /// Nodes (hosts) the GPUs span, `gpus / nodes` on each; divides `gpus`. The exports write
     /// multi-node launch commands for more than one, and `fsdp_hybrid_shard` shards within a
     /// node. Default: 1 (left out of a written recipe when 1).
@@ -461,7 +468,7 @@ pub struct ParallelSection {
 impl Default for ParallelSection {
     fn default() -> Self {
         Self {
-            gpus: 1,
+            gpus: None,
             strategy: defaults::strategy(),
             tensor_parallel: 1,
             pipeline_parallel: 1,
@@ -593,7 +600,7 @@ impl<'de> Deserialize<'de> for Components {
 
 /// Defaults of omitted fields, taken from the engine's [`Job::default`].
 mod defaults {
-    use super::{Attention, Job, KvCacheDtype, Offload, Optimizer, Precision, Stack, Strategy};
+    use super::{Attention, Job, Offload, Optimizer, Stack, Strategy};
     use moro_core::job::Padding;
 
     pub(super) fn micro_batch_size() -> u64 {
@@ -608,9 +615,6 @@ mod defaults {
     pub(super) fn optimizer() -> Optimizer {
         Job::default().optimizer.into()
     }
-    pub(super) fn precision() -> Precision {
-        Job::default().precision.into()
-    }
     pub(super) fn attention() -> Attention {
         Job::default().attention.into()
     }
@@ -619,9 +623,6 @@ mod defaults {
     }
     pub(super) fn packing() -> bool {
         Job::default().padding == Padding::Packed
-    }
-    pub(super) fn kv_cache_dtype() -> KvCacheDtype {
-        Job::default().kv_dtype.into()
     }
     pub(super) fn strategy() -> Strategy {
         Job::default().parallel.sharding.into()

@@ -175,7 +175,9 @@ impl Recipe {
             v.to_versions()?;
         }
         if let Some(p) = &self.parallel {
-            range("parallel.gpus", p.gpus, MAX_GPUS, "")?;
+            if let Some(g) = p.gpus {
+                range("parallel.gpus", g, MAX_GPUS, "")?;
+            }
             range("parallel.tensor_parallel", p.tensor_parallel, MAX_GPUS, "")?;
             range(
                 "parallel.pipeline_parallel",
@@ -187,23 +189,23 @@ impl Recipe {
             if let Some(b) = p.reduce_bucket_size {
                 range("parallel.reduce_bucket_size", b, 1 << 34, " elements")?;
             }
-            if p.gpus % p.nodes != 0 {
+            let model_parallel = p.tensor_parallel * p.pipeline_parallel;
+            let gpus = p.gpus.unwrap_or(model_parallel);
+            if p.gpus.is_some() && !gpus.is_multiple_of(p.nodes) {
                 return Err(RecipeError::value(
                     "parallel.nodes",
                     format!(
-                        "{} GPUs cannot be spread evenly over {} nodes; nodes must divide gpus",
-                        p.gpus, p.nodes
+                        "{gpus} GPUs cannot be spread evenly over {} nodes; nodes must divide gpus",
+                        p.nodes
                     ),
                 ));
             }
-            let model_parallel = p.tensor_parallel * p.pipeline_parallel;
-            if p.gpus % model_parallel != 0 {
+            if !gpus.is_multiple_of(model_parallel) {
                 return Err(RecipeError::value(
                     "parallel.gpus",
                     format!(
-                        "{} GPUs cannot be split into groups of tensor_parallel × \
-                         pipeline_parallel = {model_parallel}",
-                        p.gpus
+                        "{gpus} GPUs cannot be split into groups of tensor_parallel × \
+                         pipeline_parallel = {model_parallel}"
                     ),
                 ));
             }

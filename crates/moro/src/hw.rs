@@ -2,7 +2,6 @@
 //! machine (moro-gpu).
 
 use anyhow::Result;
-use moro_core::estimate::DeviceProfile;
 use moro_core::hardware::{Hardware, HardwareSpec, parse_hardware_spec};
 
 use crate::error::{user, user_hint};
@@ -22,16 +21,6 @@ impl Target {
     /// Memory of the smallest device.
     pub(crate) fn memory_bytes(&self) -> Option<u64> {
         self.hardware.min_total_bytes()
-    }
-
-    /// The estimator's device profile for the first device.
-    pub(crate) fn profile(&self) -> DeviceProfile {
-        let cc = self
-            .hardware
-            .devices
-            .first()
-            .and_then(|d| d.compute_capability);
-        DeviceProfile::for_compute_capability(cc)
     }
 
     /// Name for display (`2 × NVIDIA A100-SXM4-80GB`, `… (detected)`).

@@ -1,9 +1,9 @@
-//! The job flags shared by `estimate`, `recipe` and `fit`: raw clap values, then a validated
-//! [`Job`] (flags override the recipe file).
+//! The job flags shared by `estimate` and `run`: raw clap values, then the [`JobSettings`]
+//! they say (layered over a recipe's, then resolved once).
 
 use clap::Args;
 use moro_core::job::{
-    Attention, Job, KvDtype, LossImpl, Method, Offload, Optimizer, Padding, PeftKind, Precision,
+    Attention, JobSettings, LossImpl, Method, Offload, Optimizer, Padding, PeftKind, Precision,
     Quantization, Sharding, Stack, Targets,
 };
 
@@ -211,7 +211,7 @@ pub(crate) struct JobArgs {
     /// Loss: standard, chunked-nll, chunked, fused [default: the stack's].
     #[arg(long, value_parser = parse_loss, help_heading = "Training")]
     pub(crate) loss: Option<LossImpl>,
-    /// Data-parallel GPUs [default: 1].
+    /// GPUs in all (data × tensor parallel) [default: the count --hardware names, else 1].
     #[arg(long, value_parser = parse_count, help_heading = "Parallel")]
     pub(crate) gpus: Option<u64>,
     /// Sharding strategy: none, zero1, zero2, zero3, fsdp_full_shard, fsdp_shard_grad_op,
@@ -235,136 +235,52 @@ pub(crate) struct JobArgs {
 }
 
 impl JobArgs {
-    /// Applies the flags over `base` (a recipe's job, or the defaults).
-    pub(crate) fn apply(&self, base: Option<Job>) -> Job {
-        let from_recipe = base.is_some();
-        let mut job = base.unwrap_or_default();
-        if let Some(q) = self.quantization {
-            job.quantization = q;
+    /// The settings these flags say; what they leave out is left to the recipe, then to
+    /// [`JobSettings::resolve`].
+    pub(crate) fn settings(&self) -> JobSettings {
+        let names = |v: &Option<Vec<String>>| {
+            v.as_ref().map(|t| {
+                if t.len() == 1 && t[0].trim().eq_ignore_ascii_case("all-linear") {
+                    Targets::AllLinear
+                } else {
+                    Targets::Names(t.iter().map(|s| s.trim().to_owned()).collect())
+                }
+            })
+        };
+        JobSettings {
+            method: self.method,
+            quantization: self.quantization,
+            peft: self.peft,
+            lora_rank: self.lora_rank,
+            lora_alpha: self.lora_alpha,
+            lora_dropout: self.lora_dropout,
+            target_modules: names(&self.target_modules),
+            dora: self.dora.then_some(true),
+            feedforward_modules: self
+                .feedforward_modules
+                .as_ref()
+                .map(|t| Targets::Names(t.iter().map(|s| s.trim().to_owned()).collect())),
+            virtual_tokens: self.virtual_tokens,
+            micro_batch_size: self.micro_batch_size,
+            seq_len: self.seq_len,
+            grad_accum: self.grad_accum,
+            padding: self.padded.then_some(Padding::Padded),
+            optimizer: self.optimizer,
+            gradient_checkpointing: self.gradient_checkpointing,
+            optimizer_in_backward: self.optimizer_in_backward,
+            attention: self.attention,
+            precision: self.precision,
+            stack: self.stack,
+            loss: self.loss,
+            kv_dtype: None,
+            gpus: self.gpus,
+            tensor_parallel: self.tensor_parallel,
+            pipeline_parallel: None,
+            sharding: self.strategy,
+            offload: self.offload,
+            nodes: self.nodes,
+            reduce_bucket: self.reduce_bucket_size,
+            versions: None,
         }
-        if let Some(m) = self.method {
-            job.method = m;
-        } else if !from_recipe && self.quantization.is_some_and(|q| q != Quantization::None) {
-            job.method = Method::Qlora;
-        }
-        if job.method == Method::Qlora && job.quantization == Quantization::None {
-            job.quantization = Quantization::Nf4Dq;
-        }
-        if let Some(r) = self.lora_rank {
-            job.lora.rank = r;
-            if self.lora_alpha.is_none() && !from_recipe {
-                #[allow(clippy::cast_precision_loss)]
-                let a = 2.0 * r as f64;
-                job.lora.alpha = a;
-            }
-        }
-        if let Some(a) = self.lora_alpha {
-            job.lora.alpha = a;
-        }
-        if let Some(d) = self.lora_dropout {
-            job.lora.dropout = d;
-        }
-        if let Some(t) = &self.target_modules {
-            job.lora.targets = if t.len() == 1 && t[0].eq_ignore_ascii_case("all-linear") {
-                Targets::AllLinear
-            } else {
-                Targets::Names(t.iter().map(|s| s.trim().to_owned()).collect())
-            };
-        }
-        if self.dora {
-            job.lora.dora = true;
-        }
-        if let Some(t) = &self.feedforward_modules {
-            job.lora.feedforward = Some(Targets::Names(
-                t.iter().map(|s| s.trim().to_owned()).collect(),
-            ));
-        }
-        if let Some(n) = self.virtual_tokens {
-            job.lora.virtual_tokens = n;
-        }
-        if let Some(b) = self.micro_batch_size {
-            job.micro_batch_size = b;
-        }
-        if let Some(s) = self.seq_len {
-            job.seq_len = s;
-        }
-        if let Some(g) = self.grad_accum {
-            job.grad_accum = g;
-        }
-        if self.padded {
-            job.padding = Padding::Padded;
-        }
-        if let Some(o) = self.optimizer {
-            job.optimizer = o;
-        }
-        if let Some(p) = self.peft {
-            job.peft = p;
-        }
-        // lit-gpt's adapters exist on the litgpt stack only.
-        let stack = self
-            .stack
-            .or_else(|| (self.peft.is_some_and(PeftKind::is_adapter)).then_some(Stack::Litgpt));
-        if let Some(s) = stack {
-            job.stack = s;
-            if !from_recipe && s == Stack::Trl && self.gradient_checkpointing.is_none() {
-                // TRL's SFTConfig: "gradient_checkpointing: Defaults to True".
-                job.gradient_checkpointing = true;
-            }
-            if !from_recipe
-                && matches!(s, Stack::Litgpt | Stack::Torchtune)
-                && self.precision.is_none()
-            {
-                job.precision = Precision::Bf16;
-            }
-        }
-        if !from_recipe
-            && job.method == Method::Qlora
-            && job.stack == Stack::Hf
-            && job.quantization != Quantization::Gptq4
-        {
-            // PEFT's `prepare_model_for_kbit_training(use_gradient_checkpointing=True)`.
-            job.gradient_checkpointing = true;
-        }
-        if let Some(g) = self.gradient_checkpointing {
-            job.gradient_checkpointing = g;
-        }
-        if let Some(o) = self.optimizer_in_backward {
-            job.optimizer_in_backward = o;
-        }
-        if let Some(a) = self.attention {
-            job.attention = a;
-        }
-        if let Some(p) = self.precision {
-            job.precision = p;
-        } else if !from_recipe && matches!(job.method, Method::Full | Method::Inference) {
-            // transformers 5 loads `dtype="auto"` (bf16 checkpoints stay bf16), so a full
-            // fine-tune trains bf16 weights with bf16 AdamW states.
-            job.precision = Precision::Bf16;
-        }
-        if let Some(l) = self.loss {
-            job.loss = Some(l);
-        }
-        if let Some(n) = self.gpus {
-            job.parallel.data_parallel = n;
-        }
-        if let Some(s) = self.strategy {
-            job.parallel.sharding = s;
-        }
-        if let Some(t) = self.tensor_parallel {
-            job.parallel.tensor_parallel = t;
-        }
-        if let Some(o) = self.offload {
-            job.parallel.offload = o;
-        }
-        if let Some(n) = self.nodes {
-            job.parallel.nodes = n;
-        }
-        if let Some(b) = self.reduce_bucket_size {
-            job.parallel.reduce_bucket = Some(b);
-        }
-        if job.precision == Precision::Fp32 {
-            job.kv_dtype = KvDtype::F32;
-        }
-        job
     }
 }

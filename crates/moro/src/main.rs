@@ -11,6 +11,7 @@ mod jobargs;
 mod output;
 mod profile;
 mod resolve;
+mod setup;
 
 use std::process::ExitCode;
 

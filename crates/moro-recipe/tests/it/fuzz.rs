@@ -260,7 +260,7 @@ prop_compose! {
                 max_seq_length: seq,
                 optimizer: opt,
                 stack,
-                gradient_checkpointing: flags.0,
+                gradient_checkpointing: Some(flags.0),
                 auto_heal: flags.1,
                 packing: flags.2,
                 learning_rate: lr,

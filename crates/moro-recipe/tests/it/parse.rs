@@ -26,7 +26,7 @@ fn the_product_example_reads_as_written() {
     assert_eq!(r.training.learning_rate, Some(2.0e-4));
     assert_eq!(r.training.max_seq_length, 2048);
     assert_eq!(r.training.optimizer, Optimizer::Adamw8bit);
-    assert!(r.training.gradient_checkpointing);
+    assert_eq!(r.training.gradient_checkpointing, Some(true));
     assert!(r.training.auto_heal);
     // No method given: a quantized base means QLoRA.
     assert_eq!(r.model.method, None);
@@ -39,7 +39,7 @@ fn every_section_reads() {
     let r = ok(FULL);
     assert_eq!(r.model.target_modules, Some(TargetModules::AllLinear));
     let p = r.parallel.as_ref().unwrap();
-    assert_eq!((p.gpus, p.tensor_parallel, p.nodes), (16, 2, 2));
+    assert_eq!((p.gpus, p.tensor_parallel, p.nodes), (Some(16), 2, 2));
     let h = r.hardware.as_ref().unwrap();
     assert_eq!(h.preset.as_deref(), Some("h100-sxm"));
     assert!(h.detected);
@@ -57,7 +57,8 @@ fn every_section_reads() {
 #[test]
 fn method_is_derived_when_absent() {
     let m = |extra: &str| ok(&format!("model:\n  base: m\n{extra}")).model;
-    assert_eq!(m("").effective_method(), Method::Full);
+    // As `moro estimate` without `--method`: LoRA, QLoRA with a quantized base.
+    assert_eq!(m("").effective_method(), Method::Lora);
     assert_eq!(m("  lora_rank: 8\n").effective_method(), Method::Lora);
     assert_eq!(
         m("  target_modules: all-linear\n").effective_method(),
@@ -71,7 +72,8 @@ fn method_is_derived_when_absent() {
         m("  quantization: none\n  lora_rank: 8\n").effective_method(),
         Method::Lora
     );
-    assert_eq!(m("  quantization: none\n").effective_method(), Method::Full);
+    assert_eq!(m("  quantization: none\n").effective_method(), Method::Lora);
+    assert_eq!(m("  method: full\n").effective_method(), Method::Full);
     // QLoRA without a quantization: NF4 with double quantization.
     let q = m("  method: qlora\n");
     assert_eq!(q.effective_quantization(), Quantization::Nf4Dq);
@@ -88,7 +90,7 @@ fn aliases_and_yaml_11_booleans_are_accepted() {
                 flash_attention_2\n  gradient_checkpointing: yes\n  auto_heal: on\n",
     );
     assert_eq!(r.training.optimizer, Optimizer::Adamw8bit);
-    assert!(r.training.gradient_checkpointing && r.training.auto_heal);
+    assert!(r.training.gradient_checkpointing == Some(true) && r.training.auto_heal);
     // A number where free text goes is read as its text.
     assert_eq!(
         ok("version: 0.1\nmodel:\n  base: m\n").version.as_deref(),
@@ -313,7 +315,7 @@ fn parallel_nodes_default_divide_and_are_checked() {
     let r = ok("model:\n  base: a\nparallel:\n  gpus: 16\n  nodes: 2\n  strategy: zero3\n");
     assert_eq!(
         r.parallel.as_ref().map(|p| (p.gpus, p.nodes)),
-        Some((16, 2))
+        Some((Some(16), 2))
     );
     // Missing: one node.
     let r = ok("model:\n  base: a\nparallel:\n  gpus: 16\n  strategy: zero3\n");

@@ -182,16 +182,28 @@ fn recipe_yaml_recipe_is_the_identity() {
 
 #[test]
 fn written_recipes_state_every_engine_setting() {
-    let y = to_yaml(&ok("model:\n  base: m\n"), "");
+    // A recipe moro writes from a job says every setting, so it does not depend on defaults.
+    let job = moro_core::job::Job::default();
+    let r = moro_recipe::Recipe::from_job("n", "m", &job, moro_recipe::TrainingExtras::default());
+    let y = to_yaml(&r, "");
     for key in [
         "micro_batch_size:",
         "max_seq_length:",
         "optimizer:",
         "precision:",
+        "gradient_checkpointing:",
         "attention:",
         "stack:",
         "packing:",
+        "kv_cache_dtype:",
     ] {
         assert!(y.contains(key), "{key} missing in\n{y}");
     }
+    // A recipe read from a file is written back saying what it said, no more: an unsaid
+    // setting stays for the stack's default to decide.
+    let y = to_yaml(&ok("model:\n  base: m\n"), "");
+    assert!(
+        !y.contains("precision:") && !y.contains("gradient_checkpointing:"),
+        "{y}"
+    );
 }

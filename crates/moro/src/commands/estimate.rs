@@ -4,11 +4,10 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Args;
-use moro_core::estimate::{Component, Estimate, estimate};
+use moro_core::estimate::{Component, Estimate};
 use moro_core::job::{Job, Method, Sharding};
 use serde::Serialize;
 
-use crate::error::user;
 use crate::jobargs::JobArgs;
 use crate::output::{Table, bar, gib, json, size, stdout};
 use crate::resolve;
@@ -88,61 +87,39 @@ pub(crate) fn headroom(est: &Estimate, memory: u64) -> i64 {
     m - p
 }
 
-/// Resolves targets and runs the estimator, mapping errors to user errors.
-pub(crate) fn run_estimate(
-    spec: &moro_core::model::ModelSpec,
-    job: &mut Job,
-    profile: &moro_core::estimate::DeviceProfile,
-) -> Result<Estimate> {
-    job.lora.targets = moro_core::targets::resolve(spec, &job.lora.targets);
-    estimate(spec, job, profile).map_err(|e| user(e.to_string()))
-}
-
 pub(crate) fn run(args: &EstimateArgs) -> Result<ExitCode> {
     let loaded = args
         .recipe
         .as_deref()
         .map(crate::commands::recipe::load)
         .transpose()?;
-    let from_recipe = loaded.as_ref().map(|l| l.recipe.model.base.as_str());
-    let Some(model_arg) = args.model.as_deref().or(from_recipe) else {
-        return Err(crate::error::user_hint(
-            "`--model` is required",
-            "e.g. `moro estimate --model Qwen/Qwen2.5-7B --method qlora --seq-len 2048`",
-        ));
-    };
-    if resolve::is_gguf(model_arg) {
-        return crate::commands::gguf::from_estimate(args, model_arg);
+    let model_arg = args
+        .model
+        .as_deref()
+        .or_else(|| loaded.as_ref().map(|l| l.recipe.model.base.as_str()));
+    if let Some(m) = model_arg
+        && resolve::is_gguf(m)
+    {
+        return crate::commands::gguf::from_estimate(args, m);
     }
-    let model = resolve::model_with(model_arg, &args.hub)?;
-    let mut job = args.job.apply(loaded.as_ref().map(|l| l.job.clone()));
-    let mut target = crate::hw::resolve(args.hardware.as_deref(), args.memory.as_deref())?;
-    if target.is_none() {
-        target = loaded
-            .as_ref()
-            .and_then(crate::commands::recipe::LoadedRecipe::target);
-    }
-    let mut profile = target
-        .as_ref()
-        .map(crate::hw::Target::profile)
-        .unwrap_or_default();
-    let gpu = target
-        .as_ref()
-        .and_then(|t| t.hardware.devices.first())
-        .map(|d| d.name.as_str());
-    if let Some(n) = crate::profile::apply(&mut profile, gpu) {
-        crate::output::note(&n);
-    }
-    let est = run_estimate(&model.spec, &mut job, &profile)?;
-    let est = resolve::apply_stored(&model, &job, &profile, est);
-    let memory = target.as_ref().and_then(crate::hw::Target::memory_bytes);
+    let given = crate::hw::resolve(args.hardware.as_deref(), args.memory.as_deref())?;
+    let setup = crate::setup::resolve(crate::setup::JobInputs {
+        recipe: loaded.as_ref(),
+        model: args.model.as_deref(),
+        flags: &args.job.settings(),
+        target: given.as_ref(),
+        hub: &args.hub,
+    })?;
+    let est = setup.estimate()?;
+    let (model, job, target) = (&setup.model, &setup.job, setup.target.as_ref());
+    let memory = target.and_then(crate::hw::Target::memory_bytes);
     let fits = memory.map(|m| est.peak_device_bytes <= m);
 
     if args.json {
-        let doc = to_json(&model, &job, &est, memory);
+        let doc = to_json(model, job, &est, memory);
         stdout(&json(&doc)?)?;
     } else {
-        stdout(&render(&model, &job, &est, target.as_ref()))?;
+        stdout(&render(model, job, &est, target))?;
     }
     Ok(match fits {
         Some(false) => ExitCode::from(1),
@@ -224,12 +201,13 @@ fn describe(job: &Job) -> String {
         ));
     } else {
         s.push_str(&format!(
-            ", micro-batch {} × {} tokens, grad-accum {}, {}, {}{}",
+            ", micro-batch {} × {} tokens, grad-accum {}, {}, {} ({}){}",
             job.micro_batch_size,
             job.seq_len,
             job.grad_accum,
             job.optimizer.as_str(),
             job.precision.as_str(),
+            job.precision_in_words(),
             if job.gradient_checkpointing {
                 ", checkpointing"
             } else {

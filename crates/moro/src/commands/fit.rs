@@ -20,7 +20,7 @@ use crate::jobargs::parse_stack;
 use crate::output::{Table, gib, json, stdout};
 use crate::resolve;
 
-/// On-demand cloud prices in US$ per GPU-hour, from `shared/docs/hardware-detection.md` §6
+/// On-demand cloud prices in US$ per GPU-hour, from `docs/hardware-detection.md` §6
 /// (the "GPU PRICING DATA (January 2026)" table and the AWS g5 price). Only presets with a
 /// single stored figure are listed; T4/L4 (recalled, unverified) and H200 (a range only)
 /// are left out. Prices move: these are defaults, dated.
@@ -500,7 +500,7 @@ mod tests {
         for r in fits.iter().filter(|r| r.gpus > 1) {
             let p = moro_core::hardware::preset(&r.preset).unwrap();
             let d = p.to_device(None).unwrap();
-            let caps = moro_core::search::Caps::of_device(&d);
+            let caps = crate::commands::recipe::caps_of_device(&d);
             let fewer = Request {
                 cluster: exact_cluster(r.gpus / 2, r.host_bytes > 0),
                 ..req.clone()

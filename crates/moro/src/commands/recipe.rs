@@ -12,9 +12,9 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::Args;
 use moro_core::catalog;
-use moro_core::estimate::{DeviceProfile, Estimate};
+use moro_core::estimate::Estimate;
 use moro_core::hardware::{Device, Hardware, HardwareSpec, Vendor, parse_hardware_spec};
-use moro_core::job::{Job, Method, Stack};
+use moro_core::job::{Job, JobSettings, Method, Stack};
 use moro_core::model::ModelSpec;
 use moro_core::search::{
     Candidate, Caps, Cluster, Layout, MethodChoice, Objective, Outcome, Request, Space,
@@ -132,29 +132,38 @@ pub(crate) struct LoadedRecipe {
     pub(crate) text: String,
     /// The parsed recipe.
     pub(crate) recipe: Recipe,
-    /// Its engine job (defaults applied).
-    pub(crate) job: Job,
+    /// What it says of the job (for flags to layer over, then [`crate::setup::resolve`]).
+    pub(crate) settings: JobSettings,
 }
 
 /// Reads and validates a recipe file; errors carry the path, line and column (exit 2).
 pub(crate) fn load(path: &Path) -> Result<LoadedRecipe> {
     let shown = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|e| user(format!("cannot read `{shown}`: {e}")))?;
+    let text = String::from_utf8_lossy(&bytes).into_owned();
     let recipe =
         moro_recipe::parse_bytes(&bytes).map_err(|e| user(e.with_source(&shown).to_string()))?;
-    let text = String::from_utf8_lossy(&bytes).into_owned();
-    let job = recipe
-        .to_job()
+    let settings = recipe
+        .settings()
         .map_err(|e| user(e.with_source(&shown).to_string()))?;
     Ok(LoadedRecipe {
         path: shown,
         text,
         recipe,
-        job,
+        settings,
     })
 }
 
 impl LoadedRecipe {
+    /// A job error of this recipe at its line and column.
+    pub(crate) fn job_error(&self, e: &moro_core::job::JobError) -> anyhow::Error {
+        user(
+            moro_recipe::job_error(e, Some(&self.text))
+                .with_source(&self.path)
+                .to_string(),
+        )
+    }
+
     /// The hardware the recipe was made for, from its `hardware:` section: the preset (with
     /// the GPU count), else a generic GPU of `memory_bytes`. `None` without either.
     pub(crate) fn target(&self) -> Option<Target> {
@@ -193,15 +202,6 @@ impl LoadedRecipe {
     }
 }
 
-/// Reports a job error of a recipe at its line and column.
-fn job_error_at(e: &moro_core::job::JobError, loaded: &LoadedRecipe) -> anyhow::Error {
-    user(
-        moro_recipe::job_error(e, Some(&loaded.text))
-            .with_source(&loaded.path)
-            .to_string(),
-    )
-}
-
 /// Search capabilities of a target. Usable memory: the smallest GPU's total, or for
 /// detected GPUs what is free on them now (other processes hold the rest). bf16 and
 /// FlashAttention only when every GPU has them.
@@ -222,12 +222,21 @@ pub(crate) fn caps_of(target: &Target) -> Option<Caps> {
         usable_bytes: usable,
         bf16: devices.iter().all(|d| d.supports_bf16),
         flash_attention: devices.iter().all(|d| d.supports_flash_attention),
-        profile: DeviceProfile::for_compute_capability(first.compute_capability),
+        profile: crate::setup::machine_profile(Some(first)).0,
         host_bytes: None,
         bitsandbytes: devices
             .iter()
             .all(|d| d.vendor != moro_core::hardware::Vendor::Apple),
     })
+}
+
+/// Search capabilities of one catalog device, with this machine's calibration profile and
+/// corrections for that GPU.
+pub(crate) fn caps_of_device(d: &Device) -> Caps {
+    Caps {
+        profile: crate::setup::machine_profile(Some(d)).0,
+        ..Caps::of_device(d)
+    }
 }
 
 /// Parses `--host-memory` (`2TiB`, `1536GiB`).
@@ -645,7 +654,7 @@ pub(crate) fn alternatives(
         if d.total_bytes <= caps.usable_bytes {
             continue;
         }
-        let c = Caps::of_device(&d);
+        let c = caps_of_device(&d);
         if let Some(best) = run_search(spec, request, &c).and_then(|o| o.best) {
             alt.larger_gpu = Some(AltGpu {
                 preset: id,
@@ -749,6 +758,9 @@ pub(crate) fn run_generate(args: &GenerateArgs) -> Result<ExitCode> {
     let (target, cluster) = resolve_target(&args.hardware)?;
     let mut caps = caps_of(&target).ok_or_else(|| user("--hardware: no GPU"))?;
     caps.host_bytes = args.host_memory;
+    if let Some(n) = crate::setup::machine_profile(target.hardware.devices.first()).1 {
+        note(&n);
+    }
     let request = Request {
         method: args.method,
         seq_len: args.seq_len,
@@ -950,12 +962,18 @@ struct CheckJson<'a> {
 
 pub(crate) fn run_check(args: &CheckArgs) -> Result<ExitCode> {
     let loaded = load(&args.file)?;
-    let model = resolve::model(&loaded.recipe.model.base)?;
-    let target = match args.hardware.as_deref() {
+    let given = match args.hardware.as_deref() {
         Some(h) => crate::hw::resolve(Some(h), None)?,
-        None => loaded.target(),
+        None => None,
     };
-    let Some(target) = target else {
+    let setup = crate::setup::resolve(crate::setup::JobInputs {
+        recipe: Some(&loaded),
+        model: None,
+        flags: &JobSettings::default(),
+        target: given.as_ref(),
+        hub: &resolve::HubArgs::default(),
+    })?;
+    let Some(target) = setup.target.clone() else {
         return Err(user_hint(
             format!("`{}` has no `hardware:` section", loaded.path),
             "pass --hardware (detect, a preset such as rtx-4090, or a size such as 24GiB)",
@@ -968,11 +986,9 @@ pub(crate) fn run_check(args: &CheckArgs) -> Result<ExitCode> {
         (None, Some(u)) => u,
         _ => caps.usable_bytes,
     };
-    let profile = caps.profile.clone();
-    let mut job = loaded.job.clone();
-    job.lora.targets = moro_core::targets::resolve(&model.spec, &job.lora.targets);
-    let est = moro_core::estimate::estimate(&model.spec, &job, &profile)
-        .map_err(|e| job_error_at(&e, &loaded))?;
+    let est = setup.estimate()?;
+    let model = &setup.model;
+    let job = setup.job.clone();
     let margin = margin_bytes(est.peak_device_bytes, job.stack);
     let head = headroom(usable, est.peak_device_bytes, margin);
     let fits = head >= 0;
@@ -1109,16 +1125,17 @@ mod tests {
                 let loaded = LoadedRecipe {
                     path: "moro.yaml".into(),
                     text: text.clone(),
-                    job: back.to_job().unwrap(),
+                    settings: back.settings().unwrap(),
                     recipe: back,
                 };
-                assert_eq!(loaded.job, best.job, "{} on {hw}", entry.id);
+                let job = loaded.settings.resolve().unwrap();
+                assert_eq!(job, best.job, "{} on {hw}", entry.id);
                 // The profile and memory come back from the hardware section alone.
                 let t2 = loaded.target().expect("hardware section");
                 let caps2 = caps_of(&t2).unwrap();
                 assert_eq!(caps2.profile, caps.profile, "{} on {hw}", entry.id);
                 assert_eq!(loaded.usable_bytes(), Some(caps.usable_bytes));
-                let est = estimate(&spec, &loaded.job, &caps2.profile).unwrap();
+                let est = estimate(&spec, &job, &caps2.profile).unwrap();
                 assert_eq!(
                     est.peak_device_bytes, best.estimate.peak_device_bytes,
                     "{} on {hw}",
@@ -1128,7 +1145,7 @@ mod tests {
                 assert_eq!(p.peak_device_bytes, est.peak_device_bytes);
                 assert_eq!(p.peak_allocated_bytes, est.peak_allocated_bytes);
                 // check's verdict: fits with the margin.
-                let margin = margin_bytes(est.peak_device_bytes, loaded.job.stack);
+                let margin = margin_bytes(est.peak_device_bytes, job.stack);
                 assert!(
                     est.peak_device_bytes + margin <= caps2.usable_bytes.min(caps.usable_bytes)
                 );
@@ -1187,7 +1204,7 @@ mod tests {
             let loaded = LoadedRecipe {
                 path: "moro.yaml".into(),
                 text,
-                job,
+                settings: back.settings().unwrap(),
                 recipe: back,
             };
             let t2 = loaded.target().unwrap();

@@ -245,29 +245,42 @@ fn prepare(args: &RunArgs) -> Result<Prepared> {
     })?;
     let recipe =
         moro_recipe::parse_bytes(&bytes).map_err(|e| user(e.with_source(&shown).to_string()))?;
-    let job = recipe
-        .to_job()
-        .map_err(|e| user(e.with_source(&shown).to_string()))?;
-    let model = resolve::model(&recipe.model.base)
-        .map_err(|e| user(format!("{shown}: field `model.base`: {e}")))?;
-    let target = budget_target(args)?;
-    let device = device_profile(target.as_ref());
+    let loaded = crate::commands::recipe::LoadedRecipe {
+        path: shown.clone(),
+        text: String::from_utf8_lossy(&bytes).into_owned(),
+        settings: recipe
+            .settings()
+            .map_err(|e| user(e.with_source(&shown).to_string()))?,
+        recipe: recipe.clone(),
+    };
+    // The budget: --memory/--hardware, else the detected GPU, else the recipe's `hardware:`.
+    let given = budget_target(args)?;
+    let setup = crate::setup::resolve(crate::setup::JobInputs {
+        recipe: Some(&loaded),
+        model: None,
+        flags: &moro_core::job::JobSettings::default(),
+        target: given.as_ref(),
+        hub: &resolve::HubArgs::default(),
+    })?;
     // The job must make sense for this model before anything starts.
-    let mut checked = job.clone();
-    checked.lora.targets = moro_core::targets::resolve(&model.spec, &checked.lora.targets);
-    if let Err(e) = estimate(&model.spec, &checked, &device) {
-        let text = String::from_utf8_lossy(&bytes);
-        return Err(user(
-            moro_recipe::job_error(&e, Some(&text))
-                .with_source(&shown)
-                .to_string(),
-        ));
+    if let Err(e) = estimate(&setup.model.spec, &setup.job, &setup.profile) {
+        return Err(loaded.job_error(&e));
     }
-    let budget = target.as_ref().and_then(Target::memory_bytes);
+    let mut device = setup.profile;
+    // What moro-supervise reads as its margin (a flat file) is taken back out of the
+    // profile, so that it counts once.
+    if let Some(dir) = crate::profile::config_dir() {
+        let corrections = dir.join(crate::profile::CORRECTIONS_FILE);
+        if let Ok(Some(c)) = moro_supervise::journal::read_correction(&corrections) {
+            let margin = i64::try_from(c.max_under_prediction_bytes).unwrap_or(i64::MAX);
+            device.offset_bytes = device.offset_bytes.saturating_sub(margin);
+        }
+    }
+    let budget = setup.target.as_ref().and_then(Target::memory_bytes);
     Ok(Prepared {
         recipe,
-        job,
-        spec: model.spec,
+        job: setup.job,
+        spec: setup.model.spec,
         device,
         budget,
     })
@@ -347,32 +360,6 @@ fn format_resume_flag(format: Format) -> ResumeFlag {
         Format::Llamafactory => ResumeFlag::LlamaFactory,
         _ => ResumeFlag::None,
     }
-}
-
-/// The estimator's device profile: the target GPU's defaults with this machine's calibration
-/// profile (`moro calibrate`) applied. The correction file's under-prediction is left out:
-/// the supervisor adds it to every prediction itself.
-fn device_profile(target: Option<&Target>) -> DeviceProfile {
-    let mut device = target.map(Target::profile).unwrap_or_default();
-    let Some(dir) = crate::profile::config_dir() else {
-        return device;
-    };
-    let gpu = target
-        .and_then(|t| t.hardware.devices.first())
-        .map(|d| d.name.as_str());
-    if let Some(notes) = crate::profile::apply_from(&dir, &mut device, gpu) {
-        let mut err = std::io::stderr();
-        for line in notes.lines() {
-            say(&mut err, line);
-        }
-    }
-    // What moro-supervise reads as its margin (a flat file), taken back out so it counts once.
-    let corrections = dir.join(crate::profile::CORRECTIONS_FILE);
-    if let Ok(Some(c)) = moro_supervise::journal::read_correction(&corrections) {
-        let margin = i64::try_from(c.max_under_prediction_bytes).unwrap_or(i64::MAX);
-        device.offset_bytes = device.offset_bytes.saturating_sub(margin);
-    }
-    device
 }
 
 fn parse_format(s: &str) -> Result<Format> {

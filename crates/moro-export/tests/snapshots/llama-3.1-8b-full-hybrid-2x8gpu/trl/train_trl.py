@@ -7,7 +7,7 @@
 #   trl sft \
 #     --model_name_or_path meta-llama/Llama-3.1-8B \
 #     --dataset_name tatsu-lab/alpaca \
-#     --dtype float32 \
+#     --dtype bfloat16 \
 #     --attn_implementation sdpa \
 #     --max_length 8192 \
 #     --packing true \
@@ -19,7 +19,7 @@
 #     --learning_rate 0.00001 \
 #     --lr_scheduler_type cosine \
 #     --optim adamw_torch_fused \
-#     --bf16 true \
+#     --bf16 false \
 #     --fp16 false \
 #     --gradient_checkpointing true \
 #     --gradient_checkpointing_kwargs '{"use_reentrant":false}' \
@@ -38,7 +38,7 @@ MODEL = "meta-llama/Llama-3.1-8B"
 
 model = AutoModelForCausalLM.from_pretrained(
     MODEL,
-    dtype=torch.float32,
+    dtype=torch.bfloat16,
     attn_implementation="sdpa",
 )
 
@@ -53,7 +53,7 @@ training_args = SFTConfig(
     learning_rate=0.00001,
     lr_scheduler_type="cosine",
     optim="adamw_torch_fused",
-    bf16=True,
+    bf16=False,
     fp16=False,
     gradient_checkpointing=True,
     gradient_checkpointing_kwargs={"use_reentrant": False},

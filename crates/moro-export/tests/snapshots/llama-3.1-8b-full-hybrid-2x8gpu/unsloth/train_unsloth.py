@@ -12,7 +12,7 @@ from trl import SFTConfig, SFTTrainer
 model, tokenizer = FastLanguageModel.from_pretrained(
     model_name="meta-llama/Llama-3.1-8B",
     max_seq_length=8192,
-    dtype=torch.float32,
+    dtype=torch.bfloat16,
     load_in_4bit=False,
     load_in_8bit=False,
     full_finetuning=True,
@@ -29,7 +29,7 @@ training_args = SFTConfig(
     learning_rate=0.00001,
     lr_scheduler_type="cosine",
     optim="adamw_torch_fused",
-    bf16=True,
+    bf16=False,
     fp16=False,
     logging_steps=10,
     save_strategy="epoch",

@@ -10,7 +10,7 @@
 #   trl sft \
 #     --model_name_or_path Qwen/Qwen2.5-7B \
 #     --dataset_name tatsu-lab/alpaca \
-#     --dtype float32 \
+#     --dtype bfloat16 \
 #     --attn_implementation flash_attention_2 \
 #     --max_length 4096 \
 #     --packing true \
@@ -22,7 +22,7 @@
 #     --learning_rate 0.00001 \
 #     --lr_scheduler_type cosine \
 #     --optim adamw_torch \
-#     --bf16 true \
+#     --bf16 false \
 #     --fp16 false \
 #     --gradient_checkpointing true \
 #     --gradient_checkpointing_kwargs '{"use_reentrant":false}' \
@@ -42,7 +42,7 @@ MODEL = "Qwen/Qwen2.5-7B"
 
 model = AutoModelForCausalLM.from_pretrained(
     MODEL,
-    dtype=torch.float32,
+    dtype=torch.bfloat16,
     attn_implementation="flash_attention_2",
 )
 
@@ -57,7 +57,7 @@ training_args = SFTConfig(
     learning_rate=0.00001,
     lr_scheduler_type="cosine",
     optim="adamw_torch",
-    bf16=True,
+    bf16=False,
     fp16=False,
     gradient_checkpointing=True,
     gradient_checkpointing_kwargs={"use_reentrant": False},

@@ -15,7 +15,7 @@ from trl import SFTConfig, SFTTrainer
 model, tokenizer = FastLanguageModel.from_pretrained(
     model_name="Qwen/Qwen2.5-7B",
     max_seq_length=4096,
-    dtype=torch.float32,
+    dtype=torch.bfloat16,
     load_in_4bit=False,
     load_in_8bit=False,
     full_finetuning=True,
@@ -32,7 +32,7 @@ training_args = SFTConfig(
     learning_rate=0.00001,
     lr_scheduler_type="cosine",
     optim="adamw_torch",
-    bf16=True,
+    bf16=False,
     fp16=False,
     deepspeed="ds_config.json",
     logging_steps=10,

@@ -6,7 +6,7 @@
 #   trl sft \
 #     --model_name_or_path Qwen/Qwen2.5-7B \
 #     --dataset_name trl-lib/Capybara \
-#     --dtype float32 \
+#     --dtype bfloat16 \
 #     --attn_implementation flash_attention_2 \
 #     --max_length 4096 \
 #     --packing true \
@@ -19,7 +19,7 @@
 #     --lr_scheduler_type cosine \
 #     --weight_decay 0.1 \
 #     --optim adamw_torch \
-#     --bf16 true \
+#     --bf16 false \
 #     --fp16 false \
 #     --gradient_checkpointing true \
 #     --gradient_checkpointing_kwargs '{"use_reentrant":false}' \
@@ -39,7 +39,7 @@ MODEL = "Qwen/Qwen2.5-7B"
 
 model = AutoModelForCausalLM.from_pretrained(
     MODEL,
-    dtype=torch.float32,
+    dtype=torch.bfloat16,
     attn_implementation="flash_attention_2",
 )
 
@@ -55,7 +55,7 @@ training_args = SFTConfig(
     lr_scheduler_type="cosine",
     weight_decay=0.1,
     optim="adamw_torch",
-    bf16=True,
+    bf16=False,
     fp16=False,
     gradient_checkpointing=True,
     gradient_checkpointing_kwargs={"use_reentrant": False},

@@ -11,7 +11,7 @@ from trl import SFTConfig, SFTTrainer
 model, tokenizer = FastLanguageModel.from_pretrained(
     model_name="Qwen/Qwen2.5-7B",
     max_seq_length=4096,
-    dtype=torch.float32,
+    dtype=torch.bfloat16,
     load_in_4bit=False,
     load_in_8bit=False,
     full_finetuning=True,
@@ -29,7 +29,7 @@ training_args = SFTConfig(
     lr_scheduler_type="cosine",
     weight_decay=0.1,
     optim="adamw_torch",
-    bf16=True,
+    bf16=False,
     fp16=False,
     deepspeed="ds_config.json",
     logging_steps=10,

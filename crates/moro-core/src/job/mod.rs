@@ -9,6 +9,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::ModelSpec;
 
+pub mod settings;
+
+pub use settings::JobSettings;
+
 /// Training (or inference) method.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -829,6 +833,27 @@ pub struct JobError {
 }
 
 impl Job {
+    /// What the precision means for this job's weights, in words: `bf16 weights, no fp32
+    /// master copy`, `fp32 adapters under bf16 autocast`.
+    #[must_use]
+    pub const fn precision_in_words(&self) -> &'static str {
+        let trains_all = matches!(self.method, Method::Full);
+        match (self.precision, self.method) {
+            (_, Method::Inference) => match self.precision {
+                Precision::Fp32 => "fp32 weights",
+                Precision::Fp16Mixed => "fp16 compute",
+                _ => "bf16 weights",
+            },
+            (Precision::Bf16, _) if trains_all => "bf16 weights, no fp32 master copy",
+            (Precision::Bf16, _) => "bf16 adapters, no autocast",
+            (Precision::Bf16Mixed, _) if trains_all => "fp32 weights under bf16 autocast",
+            (Precision::Bf16Mixed, _) => "fp32 adapters under bf16 autocast",
+            (Precision::Fp16Mixed, _) if trains_all => "fp32 weights under fp16 autocast",
+            (Precision::Fp16Mixed, _) => "fp32 adapters under fp16 autocast",
+            (Precision::Fp32, _) => "fp32 throughout",
+        }
+    }
+
     /// The loss the stack uses unless told otherwise.
     #[must_use]
     pub fn loss_impl(&self) -> LossImpl {

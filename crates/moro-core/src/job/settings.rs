@@ -1,0 +1,372 @@
+//! [`JobSettings`]: a job as it was asked for, every setting optional, and the one place
+//! where the defaults are applied ([`JobSettings::resolve`]).
+//!
+//! Flags, a moro.yaml and a validation row each say some settings and leave the rest out.
+//! They become a `JobSettings` each; [`JobSettings::or`] layers them (flags over the
+//! recipe), and [`JobSettings::resolve`] fills what nobody said, with defaults that may
+//! depend on the other settings (a QLoRA job on the hf stack checkpoints; a full fine-tune
+//! trains bf16 weights). So the same intent gives the same [`Job`], whichever way it came.
+
+use super::{
+    Attention, Job, JobError, KvDtype, LoraConfig, LossImpl, Method, Offload, Optimizer, Padding,
+    Parallel, PeftKind, Precision, Quantization, Sharding, Stack, Targets, Versions,
+};
+
+/// The settings of a job that were given; `None` is "not said", never a value.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JobSettings {
+    /// `method`. Default: `qlora` with a quantized base, else `lora`.
+    pub method: Option<Method>,
+    /// `quantization`. Default: `nf4-dq` for QLoRA, else `none`.
+    pub quantization: Option<Quantization>,
+    /// `peft`. Default: `lora`.
+    pub peft: Option<PeftKind>,
+    /// `lora_rank`. Default: 16.
+    pub lora_rank: Option<u64>,
+    /// `lora_alpha`. Default: 2 × the rank (PEFT's examples and moro's recipes).
+    pub lora_alpha: Option<f64>,
+    /// `lora_dropout`. Default: 0.05.
+    pub lora_dropout: Option<f64>,
+    /// `target_modules`. Default: the seven attention and MLP projections.
+    pub target_modules: Option<Targets>,
+    /// `dora`. Default: false.
+    pub dora: Option<bool>,
+    /// IA³'s `feedforward_modules`. Default: PEFT's (the MLP's down projection).
+    pub feedforward_modules: Option<Targets>,
+    /// Prompt tuning's `num_virtual_tokens`. Default: 20.
+    pub virtual_tokens: Option<u64>,
+    /// `micro_batch_size`. Default: 1.
+    pub micro_batch_size: Option<u64>,
+    /// `max_seq_length`. Default: 2048.
+    pub seq_len: Option<u64>,
+    /// `gradient_accumulation_steps`. Default: 1.
+    pub grad_accum: Option<u64>,
+    /// Packing or padding. Default: packed.
+    pub padding: Option<Padding>,
+    /// `optimizer`. Default: `adamw_torch_fused` (the HF Trainer's with torch ≥ 2.8).
+    pub optimizer: Option<Optimizer>,
+    /// `gradient_checkpointing`. Default: the stack's ([`default_checkpointing`]).
+    pub gradient_checkpointing: Option<bool>,
+    /// `optimizer_in_backward`. Default: false.
+    pub optimizer_in_backward: Option<bool>,
+    /// `attention`. Default: `sdpa` (transformers' default implementation).
+    pub attention: Option<Attention>,
+    /// `precision`. Default: the stack's and method's ([`default_precision`]).
+    pub precision: Option<Precision>,
+    /// `stack`. Default: `litgpt` for lit-gpt's adapters, else `hf`.
+    pub stack: Option<Stack>,
+    /// `loss`. Default: the stack's ([`Job::loss_impl`]).
+    pub loss: Option<LossImpl>,
+    /// `kv_cache_dtype`. Default: fp32 for fp32 jobs, else the 16-bit compute dtype.
+    pub kv_dtype: Option<KvDtype>,
+    /// `parallel.gpus`: GPUs in all (data × tensor × pipeline parallel). Default: 1, or the
+    /// count the hardware names (set by the caller that knows it).
+    pub gpus: Option<u64>,
+    /// `parallel.tensor_parallel`. Default: 1.
+    pub tensor_parallel: Option<u64>,
+    /// `parallel.pipeline_parallel`. Default: 1.
+    pub pipeline_parallel: Option<u64>,
+    /// `parallel.strategy`. Default: none (DDP).
+    pub sharding: Option<Sharding>,
+    /// `parallel.offload`. Default: none.
+    pub offload: Option<Offload>,
+    /// `parallel.nodes`. Default: 1.
+    pub nodes: Option<u64>,
+    /// `parallel.reduce_bucket_size`. Default: DeepSpeed's `"auto"`.
+    pub reduce_bucket: Option<u64>,
+    /// `training.versions`. Default: current releases.
+    pub versions: Option<Versions>,
+}
+
+/// Takes `a`, else `b`, field by field.
+macro_rules! layer {
+    ($a:ident, $b:ident; $($f:ident),+ $(,)?) => {
+        JobSettings { $($f: $a.$f.or($b.$f)),+ }
+    };
+}
+
+impl JobSettings {
+    /// These settings, with `base`'s filling what these leave out (flags over a recipe:
+    /// `flags.or(recipe)`).
+    #[must_use]
+    pub fn or(self, base: Self) -> Self {
+        let a = self;
+        let b = base;
+        layer!(a, b;
+            method, quantization, peft, lora_rank, lora_alpha, lora_dropout, target_modules,
+            dora, feedforward_modules, virtual_tokens, micro_batch_size, seq_len, grad_accum,
+            padding, optimizer, gradient_checkpointing, optimizer_in_backward, attention,
+            precision, stack, loss, kv_dtype, gpus, tensor_parallel, pipeline_parallel,
+            sharding, offload, nodes, reduce_bucket, versions,
+        )
+    }
+
+    /// Every setting of `job`, said explicitly: `JobSettings::of(&job).resolve() == job`.
+    #[must_use]
+    pub fn of(job: &Job) -> Self {
+        let p = &job.parallel;
+        Self {
+            method: Some(job.method),
+            quantization: Some(job.quantization),
+            peft: Some(job.peft),
+            lora_rank: Some(job.lora.rank),
+            lora_alpha: Some(job.lora.alpha),
+            lora_dropout: Some(job.lora.dropout),
+            target_modules: Some(job.lora.targets.clone()),
+            dora: Some(job.lora.dora),
+            feedforward_modules: job.lora.feedforward.clone(),
+            virtual_tokens: Some(job.lora.virtual_tokens),
+            micro_batch_size: Some(job.micro_batch_size),
+            seq_len: Some(job.seq_len),
+            grad_accum: Some(job.grad_accum),
+            padding: Some(job.padding),
+            optimizer: Some(job.optimizer),
+            gradient_checkpointing: Some(job.gradient_checkpointing),
+            optimizer_in_backward: Some(job.optimizer_in_backward),
+            attention: Some(job.attention),
+            precision: Some(job.precision),
+            stack: Some(job.stack),
+            loss: job.loss,
+            kv_dtype: Some(job.kv_dtype),
+            gpus: Some(p.gpus()),
+            tensor_parallel: Some(p.tensor_parallel),
+            pipeline_parallel: Some(p.pipeline),
+            sharding: Some(p.sharding),
+            offload: Some(p.offload),
+            nodes: Some(p.nodes),
+            reduce_bucket: p.reduce_bucket,
+            versions: Some(job.versions),
+        }
+    }
+
+    /// The job, with every setting that was not given at its default.
+    ///
+    /// # Errors
+    /// A GPU count that the tensor × pipeline degree does not divide (`parallel.gpus`), or
+    /// a zero degree. Everything else is checked against the model by [`Job::validate`].
+    pub fn resolve(&self) -> Result<Job, JobError> {
+        let peft = self.peft.unwrap_or_default();
+        let stack = self.stack.unwrap_or(if peft.is_adapter() {
+            Stack::Litgpt
+        } else {
+            Stack::Hf
+        });
+        let method = self.method.unwrap_or(match self.quantization {
+            Some(q) if q != Quantization::None => Method::Qlora,
+            _ => Method::Lora,
+        });
+        let quantization = self.quantization.unwrap_or(if method == Method::Qlora {
+            Quantization::Nf4Dq
+        } else {
+            Quantization::None
+        });
+        let precision = self
+            .precision
+            .unwrap_or_else(|| default_precision(stack, method));
+        let gradient_checkpointing = self
+            .gradient_checkpointing
+            .unwrap_or_else(|| default_checkpointing(stack, method, quantization));
+        let d = LoraConfig::default();
+        let rank = self.lora_rank.unwrap_or(d.rank);
+        #[allow(clippy::cast_precision_loss)] // ranks are far below 2^52
+        let alpha = self.lora_alpha.unwrap_or(2.0 * rank as f64);
+        let lora = LoraConfig {
+            rank,
+            alpha,
+            dropout: self.lora_dropout.unwrap_or(d.dropout),
+            targets: self.target_modules.clone().unwrap_or(d.targets),
+            dora: self.dora.unwrap_or(d.dora),
+            feedforward: self.feedforward_modules.clone(),
+            virtual_tokens: self.virtual_tokens.unwrap_or(d.virtual_tokens),
+        };
+        let parallel = self.parallel()?;
+        let base = Job::default();
+        Ok(Job {
+            method,
+            quantization,
+            lora,
+            micro_batch_size: self.micro_batch_size.unwrap_or(base.micro_batch_size),
+            seq_len: self.seq_len.unwrap_or(base.seq_len),
+            grad_accum: self.grad_accum.unwrap_or(base.grad_accum),
+            optimizer: self.optimizer.unwrap_or(base.optimizer),
+            gradient_checkpointing,
+            attention: self.attention.unwrap_or(base.attention),
+            precision,
+            stack,
+            loss: self.loss,
+            padding: self.padding.unwrap_or(base.padding),
+            parallel,
+            kv_dtype: self.kv_dtype.unwrap_or(if precision == Precision::Fp32 {
+                KvDtype::F32
+            } else {
+                KvDtype::F16
+            }),
+            versions: self.versions.unwrap_or_default(),
+            optimizer_in_backward: self.optimizer_in_backward.unwrap_or(false),
+            peft,
+        })
+    }
+
+    /// The layout: `gpus` is the total, split into data × tensor × pipeline parallel.
+    fn parallel(&self) -> Result<Parallel, JobError> {
+        let err = |field, message: String| Err(JobError { field, message });
+        let tp = self.tensor_parallel.unwrap_or(1);
+        let pp = self.pipeline_parallel.unwrap_or(1);
+        for (field, v) in [("parallel.tensor_parallel", tp), ("parallel.pipeline", pp)] {
+            if v == 0 || v > 1 << 16 {
+                return err(field, format!("must be between 1 and 65536, got {v}"));
+            }
+        }
+        let model_parallel = tp * pp;
+        let gpus = self.gpus.unwrap_or(model_parallel);
+        if gpus == 0 || gpus > 1 << 16 {
+            return err(
+                "parallel.data_parallel",
+                format!("must be between 1 and 65536, got {gpus}"),
+            );
+        }
+        if !gpus.is_multiple_of(model_parallel) {
+            return err(
+                "parallel.data_parallel",
+                format!(
+                    "{gpus} GPUs in all cannot be split into groups of {model_parallel} \
+                     (tensor parallel {tp} × pipeline {pp}); give a multiple of {model_parallel}"
+                ),
+            );
+        }
+        Ok(Parallel {
+            data_parallel: gpus / model_parallel,
+            tensor_parallel: tp,
+            pipeline: pp,
+            sharding: self.sharding.unwrap_or(Sharding::None),
+            offload: self.offload.unwrap_or(Offload::None),
+            nodes: self.nodes.unwrap_or(1),
+            reduce_bucket: self.reduce_bucket,
+        })
+    }
+}
+
+/// The precision a stack trains in when none is given.
+///
+/// - litgpt and torchtune load and train in bf16 without autocast (litgpt
+///   `--precision bf16-true`, torchtune's `dtype: bf16`).
+/// - A full fine-tune (and inference) on hf/trl trains the weights in the dtype they are
+///   loaded in: transformers 5 loads `dtype="auto"`, so a bf16 checkpoint stays bf16 and the
+///   HF Trainer's `bf16=True` adds autocast over bf16 weights — bf16 weights and AdamW
+///   states, no fp32 master copy.
+/// - LoRA and QLoRA on hf/trl: PEFT creates the adapters in fp32 and the Trainer's
+///   `bf16=True` autocasts (`bf16-mixed`).
+#[must_use]
+pub const fn default_precision(stack: Stack, method: Method) -> Precision {
+    match (stack, method) {
+        (Stack::Litgpt | Stack::Torchtune, _) | (_, Method::Full | Method::Inference) => {
+            Precision::Bf16
+        }
+        _ => Precision::Bf16Mixed,
+    }
+}
+
+/// Whether a stack checkpoints when not told.
+///
+/// - TRL's `SFTConfig.gradient_checkpointing`: "Defaults to True".
+/// - PEFT's `prepare_model_for_kbit_training(use_gradient_checkpointing=True)`, which the
+///   hf stack's QLoRA runs on a bitsandbytes base (GPTQ checkpoints skip it).
+#[must_use]
+pub fn default_checkpointing(stack: Stack, method: Method, quantization: Quantization) -> bool {
+    match stack {
+        Stack::Trl => true,
+        Stack::Hf => method == Method::Qlora && quantization != Quantization::Gptq4,
+        Stack::Litgpt | Stack::Torchtune => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nothing_said_is_the_hf_trainer_lora_job() {
+        let job = JobSettings::default().resolve().unwrap();
+        assert_eq!(job.method, Method::Lora);
+        assert_eq!(job.precision, Precision::Bf16Mixed);
+        assert!(!job.gradient_checkpointing);
+        assert_eq!(job.lora.alpha, 32.0);
+        assert_eq!(job.parallel, Parallel::single());
+    }
+
+    #[test]
+    fn qlora_on_hf_checkpoints_and_quantizes_to_nf4_dq() {
+        let s = JobSettings {
+            method: Some(Method::Qlora),
+            ..JobSettings::default()
+        };
+        let job = s.resolve().unwrap();
+        assert_eq!(job.quantization, Quantization::Nf4Dq);
+        assert!(job.gradient_checkpointing);
+        // A quantized base alone means QLoRA.
+        let s = JobSettings {
+            quantization: Some(Quantization::Nf4),
+            ..JobSettings::default()
+        };
+        assert_eq!(s.resolve().unwrap().method, Method::Qlora);
+    }
+
+    #[test]
+    fn an_explicit_setting_is_never_replaced() {
+        let s = JobSettings {
+            method: Some(Method::Qlora),
+            quantization: Some(Quantization::None),
+            gradient_checkpointing: Some(false),
+            ..JobSettings::default()
+        };
+        let job = s.resolve().unwrap();
+        // Left for `Job::validate` to refuse, not silently made nf4-dq.
+        assert_eq!(job.quantization, Quantization::None);
+        assert!(!job.gradient_checkpointing);
+    }
+
+    #[test]
+    fn gpus_is_the_total_over_tensor_and_pipeline_parallel() {
+        let s = JobSettings {
+            gpus: Some(8),
+            tensor_parallel: Some(2),
+            ..JobSettings::default()
+        };
+        let p = s.resolve().unwrap().parallel;
+        assert_eq!((p.data_parallel, p.tensor_parallel, p.gpus()), (4, 2, 8));
+        let s = JobSettings {
+            gpus: Some(3),
+            tensor_parallel: Some(2),
+            ..JobSettings::default()
+        };
+        assert_eq!(s.resolve().unwrap_err().field, "parallel.data_parallel");
+    }
+
+    #[test]
+    fn layering_keeps_the_upper_settings() {
+        let flags = JobSettings {
+            seq_len: Some(4096),
+            ..JobSettings::default()
+        };
+        let recipe = JobSettings {
+            seq_len: Some(1024),
+            micro_batch_size: Some(4),
+            ..JobSettings::default()
+        };
+        let job = flags.or(recipe).resolve().unwrap();
+        assert_eq!((job.seq_len, job.micro_batch_size), (4096, 4));
+    }
+
+    #[test]
+    fn a_job_said_in_full_resolves_to_itself() {
+        let mut job = Job {
+            method: Method::Full,
+            precision: Precision::Fp32,
+            kv_dtype: KvDtype::F16,
+            ..Job::default()
+        };
+        job.parallel.data_parallel = 4;
+        job.parallel.tensor_parallel = 2;
+        assert_eq!(JobSettings::of(&job).resolve().unwrap(), job);
+    }
+}
