@@ -80,12 +80,24 @@ macro_rules! choice {
                 }
             }
 
-            /// Parses the spelling in moro.yaml (or one of its accepted aliases).
+            /// Parses the spelling in moro.yaml (or one of its accepted aliases). The same
+            /// table is the command line's (case-insensitive there) and the schema's.
             #[must_use]
             pub fn parse(s: &str) -> Option<Self> {
                 match s {
                     $($text $(| $alias)* => Some(Self::$var),)+
                     _ => None,
+                }
+            }
+
+            /// The canonical spellings, for messages: `a, b or c`.
+            #[must_use]
+            pub fn names() -> String {
+                let all: &[&str] = &[$($text),+];
+                match all.split_last() {
+                    Some((last, [])) => (*last).to_owned(),
+                    Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+                    None => String::new(),
                 }
             }
         }
@@ -116,7 +128,7 @@ choice! {
     /// The parameter-efficient method of a `lora`/`qlora` job (`model.peft`).
     Peft => core::PeftKind {
         /// LoRA (PEFT `LoraConfig`).
-        Lora = "lora" => Lora,
+        Lora = "lora" | "qlora" => Lora,
         /// PEFT's IA³ (`IA3Config`): a vector scaling each target's output, or a
         /// feedforward module's input.
         Ia3 = "ia3" => Ia3,
@@ -133,9 +145,9 @@ choice! {
         /// PEFT's prompt tuning (`PromptTuningConfig`), `virtual_tokens` long.
         PromptTuning = "prompt-tuning" | "prompt_tuning" => PromptTuning,
         /// lit-gpt's LLaMA-Adapter (`stack: litgpt`).
-        LlamaAdapter = "adapter" => LlamaAdapter,
+        LlamaAdapter = "adapter" | "adapter-v1" | "llama-adapter" => LlamaAdapter,
         /// lit-gpt's LLaMA-Adapter v2 (`stack: litgpt`).
-        AdapterV2 = "adapter-v2" | "adapter_v2" => AdapterV2,
+        AdapterV2 = "adapter-v2" | "adapter_v2" | "llama-adapter-v2" => AdapterV2,
     }
 }
 
@@ -155,7 +167,7 @@ choice! {
         /// FP4 with double quantization.
         Fp4Dq = "fp4-dq" => Fp4Dq,
         /// A GPTQ/AWQ int4 checkpoint (group size 128).
-        GptqInt4 = "gptq-int4" => Gptq4,
+        GptqInt4 = "gptq-int4" | "gptq" => Gptq4,
     }
 }
 
@@ -163,19 +175,19 @@ choice! {
     /// Optimizer, named as the HF Trainer's `optim` (`training.optimizer`).
     Optimizer => core::Optimizer {
         /// `torch.optim.AdamW`, foreach implementation.
-        AdamwTorch = "adamw_torch" => AdamwTorch,
+        AdamwTorch = "adamw_torch" | "adamw" | "adamw_hf" | "adamw_foreach" => AdamwTorch,
         /// `torch.optim.AdamW(fused=True)`.
-        AdamwTorchFused = "adamw_torch_fused" => AdamwTorchFused,
+        AdamwTorchFused = "adamw_torch_fused" | "adamw_fused" => AdamwTorchFused,
         /// bitsandbytes 8-bit AdamW.
-        Adamw8bit = "adamw_8bit" | "adamw_bnb_8bit" => Adamw8bit,
+        Adamw8bit = "adamw_8bit" | "adamw_bnb_8bit" | "adam8bit" | "adamw8bit" => Adamw8bit,
         /// bitsandbytes paged 8-bit AdamW.
-        PagedAdamw8bit = "paged_adamw_8bit" => PagedAdamw8bit,
+        PagedAdamw8bit = "paged_adamw_8bit" | "paged_adam_8bit" => PagedAdamw8bit,
         /// bitsandbytes paged 32-bit AdamW.
-        PagedAdamw32bit = "paged_adamw_32bit" => PagedAdamw32bit,
+        PagedAdamw32bit = "paged_adamw_32bit" | "paged_adamw" | "paged_adam_32bit" => PagedAdamw32bit,
         /// HF Adafactor.
         Adafactor = "adafactor" => Adafactor,
         /// bitsandbytes Lion, 32-bit.
-        Lion32bit = "lion_32bit" => Lion32bit,
+        Lion32bit = "lion_32bit" | "lion" => Lion32bit,
         /// bitsandbytes Lion, 8-bit.
         Lion8bit = "lion_8bit" => Lion8bit,
         /// SGD without momentum.
@@ -189,13 +201,13 @@ choice! {
     /// Numeric precision of weights and compute (`training.precision`).
     Precision => core::Precision {
         /// Weights and trainable weights in bf16, no autocast.
-        Bf16 = "bf16" => Bf16,
+        Bf16 = "bf16" | "bf16-true" | "bfloat16" => Bf16,
         /// fp32 trainable weights under bf16 autocast (HF Trainer `bf16=True`).
-        Bf16Mixed = "bf16-mixed" => Bf16Mixed,
+        Bf16Mixed = "bf16-mixed" | "bf16_mixed" => Bf16Mixed,
         /// fp32 trainable weights under fp16 autocast (HF Trainer `fp16=True`).
-        Fp16Mixed = "fp16-mixed" => Fp16Mixed,
+        Fp16Mixed = "fp16-mixed" | "fp16_mixed" | "fp16" | "16-mixed" => Fp16Mixed,
         /// Everything fp32.
-        Fp32 = "fp32" => Fp32,
+        Fp32 = "fp32" | "32-true" | "float32" => Fp32,
     }
 }
 
@@ -203,7 +215,7 @@ choice! {
     /// Attention implementation (`training.attention`).
     Attention => core::Attention {
         /// FlashAttention-2 (HF `attn_implementation="flash_attention_2"`).
-        Flash = "flash" | "flash_attention_2" => Flash,
+        Flash = "flash" | "flash_attention_2" | "fa2" | "flash-attention" => Flash,
         /// PyTorch scaled_dot_product_attention.
         Sdpa = "sdpa" => Sdpa,
         /// Eager attention (materializes the attention probabilities).
@@ -229,17 +241,17 @@ choice! {
     /// How the loss is computed (`training.loss`).
     Loss => core::LossImpl {
         /// Full logits + cross-entropy (transformers `ForCausalLMLoss`).
-        Standard = "standard" => Standard,
+        Standard = "standard" | "hf" => Standard,
         /// As `standard`, plus the fp32 `shift_logits.contiguous()` copy of transformers
         /// 4.46–4.48.
         StandardLegacy = "standard-legacy" => StandardLegacy,
         StandardNoUpcast = "standard-no-upcast" => StandardNoUpcast,
         /// TRL chunked NLL (lm_head in checkpointed chunks).
-        ChunkedNll = "chunked-nll" => ChunkedNll,
+        ChunkedNll = "chunked-nll" | "chunked_nll" => ChunkedNll,
         /// litgpt / torchtune chunked cross-entropy.
         Chunked = "chunked" => Chunked,
         /// Fused linear cross-entropy (Liger, cut-cross-entropy).
-        Fused = "fused" => Fused,
+        Fused = "fused" | "liger" | "cce" => Fused,
     }
 }
 
@@ -247,7 +259,7 @@ choice! {
     /// Sharding strategy over the data-parallel GPUs (`parallel.strategy`).
     Strategy => core::Sharding {
         /// Plain DDP (or one GPU).
-        None = "none" => None,
+        None = "none" | "ddp" => None,
         /// DeepSpeed ZeRO-1: optimizer states sharded.
         Zero1 = "zero1" => Zero1,
         /// DeepSpeed ZeRO-2: optimizer states and gradients sharded.
@@ -255,11 +267,11 @@ choice! {
         /// DeepSpeed ZeRO-3: optimizer states, gradients and parameters sharded.
         Zero3 = "zero3" => Zero3,
         /// FSDP FULL_SHARD.
-        FsdpFullShard = "fsdp_full_shard" => FsdpFullShard,
+        FsdpFullShard = "fsdp_full_shard" | "fsdp" | "full_shard" | "fsdp-full-shard" => FsdpFullShard,
         /// FSDP SHARD_GRAD_OP.
-        FsdpShardGradOp = "fsdp_shard_grad_op" => FsdpShardGradOp,
+        FsdpShardGradOp = "fsdp_shard_grad_op" | "shard_grad_op" | "fsdp-shard-grad-op" => FsdpShardGradOp,
         /// FSDP HYBRID_SHARD.
-        FsdpHybridShard = "fsdp_hybrid_shard" => FsdpHybridShard,
+        FsdpHybridShard = "fsdp_hybrid_shard" | "hybrid_shard" | "fsdp-hybrid-shard" => FsdpHybridShard,
     }
 }
 
@@ -282,7 +294,7 @@ choice! {
         /// Optimizer states (and fp32 master weights).
         Optimizer = "optimizer" => Optimizer,
         /// Optimizer states and parameters (ZeRO-3 / FSDP full or hybrid shard).
-        OptimizerAndParams = "optimizer_and_params" => OptimizerAndParams,
+        OptimizerAndParams = "optimizer_and_params" | "optimizer-and-params" | "all" => OptimizerAndParams,
     }
 }
 

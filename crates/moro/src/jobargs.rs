@@ -7,115 +7,37 @@ use moro_core::job::{
     Quantization, Sharding, Stack, Targets,
 };
 
-fn parse_peft(s: &str) -> Result<PeftKind, String> {
-    PeftKind::parse(s)
-        .ok_or_else(|| format!("unknown PEFT method `{s}`; use lora, ia3, vera, adalora, loha, oft, ln-tuning, prompt-tuning, adapter or adapter-v2"))
-}
+use moro_recipe::choices;
 
-fn parse_method(s: &str) -> Result<Method, String> {
-    Method::ALL
-        .into_iter()
-        .find(|m| m.as_str() == s.to_ascii_lowercase())
-        .ok_or_else(|| format!("unknown method `{s}`; use full, lora, qlora or inference"))
-}
-
-pub(crate) fn parse_quantization(s: &str) -> Result<Quantization, String> {
-    let l = s.to_ascii_lowercase();
-    Quantization::ALL
-        .into_iter()
-        .find(|q| q.as_str() == l || (l == "gptq" && *q == Quantization::Gptq4))
-        .ok_or_else(|| {
-            format!(
-                "unknown quantization `{s}`; use none, int8, nf4, nf4-dq, fp4, fp4-dq or gptq-int4"
-            )
-        })
-}
-
-pub(crate) fn parse_optimizer(s: &str) -> Result<Optimizer, String> {
-    Optimizer::parse(s).ok_or_else(|| {
-        format!(
-            "unknown optimizer `{s}`; use one of {}",
-            Optimizer::ALL
-                .iter()
-                .map(|o| o.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
-    })
-}
-
-pub(crate) fn parse_precision(s: &str) -> Result<Precision, String> {
-    let l = s.to_ascii_lowercase().replace('_', "-");
-    let l = match l.as_str() {
-        "bf16-true" | "bfloat16" => "bf16".to_owned(),
-        "32-true" | "float32" => "fp32".to_owned(),
-        "fp16" | "16-mixed" => "fp16-mixed".to_owned(),
-        _ => l,
-    };
-    Precision::ALL
-        .into_iter()
-        .find(|p| p.as_str() == l)
-        .ok_or_else(|| format!("unknown precision `{s}`; use bf16, bf16-mixed, fp16-mixed or fp32"))
-}
-
-pub(crate) fn parse_attention(s: &str) -> Result<Attention, String> {
-    match s.to_ascii_lowercase().as_str() {
-        "flash" | "flash_attention_2" | "fa2" | "flash-attention" => Ok(Attention::Flash),
-        "sdpa" => Ok(Attention::Sdpa),
-        "eager" => Ok(Attention::Eager),
-        _ => Err(format!("unknown attention `{s}`; use flash, sdpa or eager")),
-    }
-}
-
-pub(crate) fn parse_stack(s: &str) -> Result<Stack, String> {
-    Stack::ALL
-        .into_iter()
-        .find(|x| x.as_str() == s.to_ascii_lowercase())
-        .ok_or_else(|| format!("unknown stack `{s}`; use hf, trl, litgpt or torchtune"))
-}
-
-pub(crate) fn parse_loss(s: &str) -> Result<LossImpl, String> {
-    match s.to_ascii_lowercase().as_str() {
-        "standard" | "hf" => Ok(LossImpl::Standard),
-        "standard-legacy" => Ok(LossImpl::StandardLegacy),
-        "standard-no-upcast" => Ok(LossImpl::StandardNoUpcast),
-        "chunked-nll" | "chunked_nll" => Ok(LossImpl::ChunkedNll),
-        "chunked" => Ok(LossImpl::Chunked),
-        "fused" | "liger" | "cce" => Ok(LossImpl::Fused),
-        _ => Err(format!(
-            "unknown loss `{s}`; use standard, chunked-nll, chunked or fused"
-        )),
-    }
-}
-
-pub(crate) fn parse_sharding(s: &str) -> Result<Sharding, String> {
-    Ok(match s.to_ascii_lowercase().replace('-', "_").as_str() {
-        "none" | "ddp" => Sharding::None,
-        "zero1" => Sharding::Zero1,
-        "zero2" => Sharding::Zero2,
-        "zero3" => Sharding::Zero3,
-        "fsdp" | "fsdp_full_shard" | "full_shard" => Sharding::FsdpFullShard,
-        "fsdp_shard_grad_op" | "shard_grad_op" => Sharding::FsdpShardGradOp,
-        "fsdp_hybrid_shard" | "hybrid_shard" => Sharding::FsdpHybridShard,
-        _ => {
-            return Err(format!(
-                "unknown strategy `{s}`; use none, zero1, zero2, zero3, fsdp_full_shard, \
-                 fsdp_shard_grad_op or fsdp_hybrid_shard"
-            ));
+/// A clap value parser over one of moro.yaml's choices: the same spellings and aliases as the
+/// recipe (case-insensitive here), converted to the engine's enum.
+macro_rules! choice_parser {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($what:literal) -> $choice:ident => $core:ty) => {
+        $(#[$m])*
+        $vis fn $name(s: &str) -> Result<$core, String> {
+            choices::$choice::parse(&s.trim().to_ascii_lowercase())
+                .map(Into::into)
+                .ok_or_else(|| {
+                    format!(
+                        "unknown {} `{s}`; use {}",
+                        $what,
+                        choices::$choice::names()
+                    )
+                })
         }
-    })
+    };
 }
 
-fn parse_offload(s: &str) -> Result<Offload, String> {
-    match s.to_ascii_lowercase().replace('-', "_").as_str() {
-        "none" => Ok(Offload::None),
-        "optimizer" => Ok(Offload::Optimizer),
-        "optimizer_and_params" | "all" => Ok(Offload::OptimizerAndParams),
-        _ => Err(format!(
-            "unknown offload `{s}`; use none, optimizer or optimizer_and_params"
-        )),
-    }
-}
+choice_parser!(fn parse_peft("PEFT method") -> Peft => PeftKind);
+choice_parser!(fn parse_method("method") -> Method => Method);
+choice_parser!(pub(crate) fn parse_quantization("quantization") -> Quantization => Quantization);
+choice_parser!(pub(crate) fn parse_optimizer("optimizer") -> Optimizer => Optimizer);
+choice_parser!(pub(crate) fn parse_precision("precision") -> Precision => Precision);
+choice_parser!(pub(crate) fn parse_attention("attention") -> Attention => Attention);
+choice_parser!(pub(crate) fn parse_stack("stack") -> Stack => Stack);
+choice_parser!(pub(crate) fn parse_loss("loss") -> Loss => LossImpl);
+choice_parser!(pub(crate) fn parse_sharding("strategy") -> Strategy => Sharding);
+choice_parser!(fn parse_offload("offload") -> Offload => Offload);
 
 fn parse_count(s: &str) -> Result<u64, String> {
     let v: i128 = s

@@ -11,6 +11,9 @@
 //! 5. the device profile: the GPU's, then this machine's calibration profile and
 //!    `corrections.json` ([`machine_profile`]).
 
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
 use anyhow::Result;
 use moro_core::estimate::{DeviceProfile, Estimate};
 use moro_core::hardware::Device;
@@ -128,9 +131,24 @@ impl JobSetup {
 /// The estimator's device profile for `device` (the defaults of its compute capability;
 /// none: a generic CUDA GPU), with this machine's calibration profile and corrections
 /// (`moro calibrate`, `moro run`) for that GPU folded in, and the note saying so.
+///
+/// The config directory is read once per GPU name and process: `fit` and `tiers` search
+/// every catalog GPU many times.
 pub(crate) fn machine_profile(device: Option<&Device>) -> (DeviceProfile, Option<String>) {
-    let mut profile =
-        DeviceProfile::for_compute_capability(device.and_then(|d| d.compute_capability));
-    let notes = crate::profile::apply(&mut profile, device.map(|d| d.name.as_str()));
+    type Seen = HashMap<(Option<String>, Option<(u32, u32)>), (DeviceProfile, Option<String>)>;
+    static SEEN: OnceLock<Mutex<Seen>> = OnceLock::new();
+    let key = (
+        device.map(|d| d.name.clone()),
+        device.and_then(|d| d.compute_capability),
+    );
+    let seen = SEEN.get_or_init(Mutex::default);
+    if let Some(hit) = seen.lock().ok().and_then(|m| m.get(&key).cloned()) {
+        return hit;
+    }
+    let mut profile = DeviceProfile::for_compute_capability(key.1);
+    let notes = crate::profile::apply(&mut profile, key.0.as_deref());
+    if let Ok(mut m) = seen.lock() {
+        m.insert(key, (profile.clone(), notes.clone()));
+    }
     (profile, notes)
 }

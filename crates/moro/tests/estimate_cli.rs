@@ -5,9 +5,12 @@ use std::process::Command;
 
 fn moro() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_moro"));
-    // Keep the user's Hugging Face cache out of the tests.
+    // Keep the user's Hugging Face cache, token and calibration profile out of the tests.
     c.env("HF_HUB_CACHE", "/nonexistent-moro-test-cache")
-        .env("HF_HUB_OFFLINE", "1");
+        .env("HF_HUB_OFFLINE", "1")
+        .env("MORO_CONFIG_DIR", "/nonexistent-moro-test-config")
+        .env_remove("HF_TOKEN")
+        .env_remove("HF_HOME");
     c.env("NO_COLOR", "1");
     c
 }

@@ -53,6 +53,7 @@ fn moro(endpoint: &str, home: &Path, env: &[(&str, &str)], args: &[&str]) -> Out
     }
     c.env("HF_ENDPOINT", endpoint)
         .env("HF_HOME", home)
+        .env("MORO_CONFIG_DIR", home.join("moro-config"))
         .env("HF_HUB_DOWNLOAD_TIMEOUT", "5")
         .env("NO_PROXY", "*")
         .env("NO_COLOR", "1");

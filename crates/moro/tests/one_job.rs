@@ -569,3 +569,33 @@ fn the_calibration_profile_moves_every_command_the_same_way() {
         assert_eq!(after[i], before[i] + GIB, "{name}: {before:?} → {after:?}");
     }
 }
+
+#[test]
+fn a_spelling_means_the_same_on_the_command_line_and_in_a_recipe() {
+    let dir = tempfile::tempdir().unwrap();
+    // Aliases people write: TRL's and litgpt's names, FlashAttention's short name.
+    const ALIASES: &[Case] = &[
+        case(QWEN15, &["attn=fa2"]),
+        case(QWEN15, &["prec=bf16-true"]),
+        case(QWEN15, &["optim=adamw_bnb_8bit"]),
+        case(QWEN15, &["loss=liger"]),
+        case(QWEN15, &["quant=gptq"]),
+    ];
+    for c in ALIASES {
+        let from_flags = estimate_json(dir.path(), &flags(c));
+        std::fs::write(dir.path().join("alias.yaml"), yaml(c)).unwrap();
+        let from_recipe = estimate_json(dir.path(), &["alias.yaml".to_owned()]);
+        assert_eq!(from_flags, from_recipe, "{:?}", c.says);
+    }
+    // An unknown spelling names the accepted ones, from flags as from a recipe.
+    let out = moro(dir.path())
+        .args(["estimate", "--model", QWEN15, "--attention", "fa3"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("unknown attention `fa3`; use flash, sdpa or eager"),
+        "{err}"
+    );
+}

@@ -12,6 +12,8 @@ pub fn moro(dir: &Path) -> Command {
         .env("HF_HUB_CACHE", "/nonexistent-moro-test-cache")
         .env("HF_HUB_OFFLINE", "1")
         .env("MORO_CONFIG_DIR", dir.join(".moro-config"))
+        .env_remove("HF_TOKEN")
+        .env_remove("HF_HOME")
         .env("NO_COLOR", "1");
     c
 }
