@@ -1,7 +1,7 @@
 //! [`Plan`]: the recipe with every default applied, read once for all formats, and the
 //! warnings that hold whatever the format (tensor parallelism, an unknown LoRA target, ...).
 
-use moro_core::job::{Job, LoraConfig, LossImpl, PeftKind, Targets};
+use moro_core::job::{DEFAULT_TARGETS, Job, LoraConfig, LossImpl, PeftKind, Targets};
 use moro_core::model::ModelSpec;
 use moro_recipe::Recipe;
 use moro_recipe::TrainingSection;
@@ -19,18 +19,6 @@ pub(crate) const HOSTFILE_NAME: &str = "hostfile";
 /// (`--master_port` 29500 in torch.distributed.run; `main_process_port` falls back to 29500 in
 /// accelerate's `prepare_multi_gpu_env`).
 pub(crate) const MASTER_PORT: u64 = 29500;
-
-/// The default LoRA targets' names, used where a format needs names for `all-linear` and the
-/// model is not known.
-const DEFAULT_TARGETS: [&str; 7] = [
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-];
 
 /// How the job is spread over GPUs, as the launchers see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,41 +127,41 @@ impl<'a> Plan<'a> {
             ));
         }
 
-        let mut p = recipe.parallel.clone().unwrap_or_default();
-        p.gpus = Some(job.parallel.gpus());
-        if p.tensor_parallel > 1 || p.pipeline_parallel > 1 {
+        // The resolved layout (its GPU count may come from defaults), in the file's spellings.
+        let jp = &job.parallel;
+        let n = jp.gpus();
+        let strategy = Strategy::from(jp.sharding);
+        let offload = Offload::from(jp.offload);
+        if jp.tensor_parallel > 1 || jp.pipeline > 1 {
             warnings.push(format!(
                 "parallel.tensor_parallel = {} / pipeline_parallel = {}: these trainer configs express \
-                 data parallelism only; exported as {} data-parallel GPUs",
-                p.tensor_parallel,
-                p.pipeline_parallel,
-                job.parallel.gpus()
+                 data parallelism only; exported as {n} data-parallel GPUs",
+                jp.tensor_parallel, jp.pipeline
             ));
         }
-        let n = job.parallel.gpus();
-        let dist = match p.strategy {
+        let dist = match strategy {
             _ if n <= 1 => {
-                if p.strategy != Strategy::None || p.offload != Offload::None {
+                if strategy != Strategy::None || offload != Offload::None {
                     warnings.push(format!(
                         "parallel.strategy = {} / offload = {} on one GPU: not exported (single-GPU \
                          launch); DeepSpeed offload on one GPU needs parallel.gpus = 1 with a zero strategy \
                          launched by `deepspeed --num_gpus 1`",
-                        p.strategy, p.offload
+                        strategy, offload
                     ));
                 }
                 Dist::Single
             }
             Strategy::None => {
-                if p.offload != Offload::None {
+                if offload != Offload::None {
                     warnings.push(format!(
                         "parallel.offload = {}: DDP cannot offload; use a zero or fsdp strategy",
-                        p.offload
+                        offload
                     ));
                 }
                 Dist::Ddp { n }
             }
             Strategy::Zero1 | Strategy::Zero2 | Strategy::Zero3 => {
-                let stage = match p.strategy {
+                let stage = match strategy {
                     Strategy::Zero1 => 1,
                     Strategy::Zero2 => 2,
                     _ => 3,
@@ -181,14 +169,14 @@ impl<'a> Plan<'a> {
                 Dist::Zero {
                     n,
                     stage,
-                    offload_optimizer: p.offload != Offload::None,
-                    offload_params: p.offload == Offload::OptimizerAndParams,
+                    offload_optimizer: offload != Offload::None,
+                    offload_params: offload == Offload::OptimizerAndParams,
                 }
             }
             s @ (Strategy::FsdpFullShard
             | Strategy::FsdpShardGradOp
             | Strategy::FsdpHybridShard) => {
-                if p.offload == Offload::Optimizer {
+                if offload == Offload::Optimizer {
                     warnings.push(
                         "parallel.offload = optimizer: FSDP offloads parameters, gradients and the \
                          optimizer step together (fsdp_offload_params); exported with offload_params"
@@ -198,11 +186,11 @@ impl<'a> Plan<'a> {
                 Dist::Fsdp {
                     n,
                     strategy: s,
-                    offload_params: p.offload != Offload::None,
+                    offload_params: offload != Offload::None,
                 }
             }
         };
-        let nodes = if n <= 1 { 1 } else { p.nodes.max(1) };
+        let nodes = if n <= 1 { 1 } else { jp.nodes.max(1) };
         if n > 8 && nodes == 1 {
             warnings.push(format!(
                 "parallel.gpus = {n} on one node: the launch command starts {n} processes on this \
@@ -210,10 +198,10 @@ impl<'a> Plan<'a> {
             ));
         }
 
-        if p.reduce_bucket_size.is_some() && !matches!(dist, Dist::Zero { .. }) {
+        if jp.reduce_bucket.is_some() && !matches!(dist, Dist::Zero { .. }) {
             warnings.push(format!(
                 "parallel.reduce_bucket_size is a DeepSpeed setting; strategy {} does not use it",
-                p.strategy
+                strategy
             ));
         }
         if t.optimizer_in_backward {
@@ -272,7 +260,7 @@ impl<'a> Plan<'a> {
             checkpointing: job.gradient_checkpointing,
             loss: job.loss_impl(),
             dist,
-            reduce_bucket: p.reduce_bucket_size,
+            reduce_bucket: jp.reduce_bucket,
             nodes,
             output_dir,
             warnings,

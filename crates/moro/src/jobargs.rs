@@ -160,15 +160,8 @@ impl JobArgs {
     /// The settings these flags say; what they leave out is left to the recipe, then to
     /// [`JobSettings::resolve`].
     pub(crate) fn settings(&self) -> JobSettings {
-        let names = |v: &Option<Vec<String>>| {
-            v.as_ref().map(|t| {
-                if t.len() == 1 && t[0].trim().eq_ignore_ascii_case("all-linear") {
-                    Targets::AllLinear
-                } else {
-                    Targets::Names(t.iter().map(|s| s.trim().to_owned()).collect())
-                }
-            })
-        };
+        let names =
+            |t: &Vec<String>| Targets::Names(t.iter().map(|s| s.trim().to_owned()).collect());
         JobSettings {
             method: self.method,
             quantization: self.quantization,
@@ -176,12 +169,15 @@ impl JobArgs {
             lora_rank: self.lora_rank,
             lora_alpha: self.lora_alpha,
             lora_dropout: self.lora_dropout,
-            target_modules: names(&self.target_modules),
+            target_modules: self.target_modules.as_ref().map(|t| {
+                if t.len() == 1 && t[0].trim().eq_ignore_ascii_case("all-linear") {
+                    Targets::AllLinear
+                } else {
+                    names(t)
+                }
+            }),
             dora: self.dora.then_some(true),
-            feedforward_modules: self
-                .feedforward_modules
-                .as_ref()
-                .map(|t| Targets::Names(t.iter().map(|s| s.trim().to_owned()).collect())),
+            feedforward_modules: self.feedforward_modules.as_ref().map(names),
             virtual_tokens: self.virtual_tokens,
             micro_batch_size: self.micro_batch_size,
             seq_len: self.seq_len,

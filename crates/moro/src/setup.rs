@@ -35,6 +35,8 @@ pub(crate) struct JobSetup {
     pub(crate) target: Option<Target>,
     /// The estimator's device profile, with this machine's calibration and corrections.
     pub(crate) profile: DeviceProfile,
+    /// What the profile folded in (or could not read), for the command to print its way.
+    pub(crate) notes: Option<String>,
 }
 
 /// What a command was given.
@@ -54,7 +56,7 @@ pub(crate) struct JobInputs<'a> {
 
 impl JobInputs<'_> {
     /// The hardware: the command line's, else the recipe's.
-    pub(crate) fn target(&self) -> Option<Target> {
+    fn target(&self) -> Option<Target> {
         self.target
             .cloned()
             .or_else(|| self.recipe.and_then(LoadedRecipe::target))
@@ -62,7 +64,7 @@ impl JobInputs<'_> {
 
     /// The settings of flags over recipe, with the GPU count of the hardware when neither
     /// says one.
-    pub(crate) fn settings(&self, target: Option<&Target>) -> JobSettings {
+    fn settings(&self, target: Option<&Target>) -> JobSettings {
         let recipe = self.recipe.map(|r| r.settings.clone()).unwrap_or_default();
         let mut s = self.flags.clone().or(recipe);
         if s.gpus.is_none()
@@ -102,14 +104,12 @@ pub(crate) fn resolve(inputs: JobInputs<'_>) -> Result<JobSetup> {
     job.validate(&model.spec).map_err(|e| job_error(&e))?;
     let (profile, notes) =
         machine_profile(target.as_ref().and_then(|t| t.hardware.devices.first()));
-    if let Some(n) = notes {
-        crate::output::note(&n);
-    }
     Ok(JobSetup {
         model,
         job,
         target,
         profile,
+        notes,
     })
 }
 

@@ -3,6 +3,8 @@
 //! on `moro estimate`, the messages when torch or a GPU is missing (fake pythons), and a whole
 //! run with a fake python standing in for torch + harness.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -258,18 +260,6 @@ fn estimate_json(cfg: &Path, extra: &[&str]) -> (Value, String) {
     (json_of(&o), o.stderr)
 }
 
-fn write_profile(cfg: &Path, device: &Value) {
-    std::fs::create_dir_all(cfg).unwrap();
-    let p = serde_json::json!({
-        "version": 1,
-        "gpu_name": "NVIDIA H200",
-        "gpu_slug": "nvidia-h200",
-        "measured_at": "2026-02-03T04:05:06Z",
-        "device": device,
-    });
-    std::fs::write(cfg.join("profile-nvidia-h200.json"), p.to_string()).unwrap();
-}
-
 #[test]
 fn profile_moves_the_estimate_by_exactly_what_it_measured() {
     let dir = tempfile::tempdir().unwrap();
@@ -280,7 +270,7 @@ fn profile_moves_the_estimate_by_exactly_what_it_measured() {
 
     // A context 1 GiB bigger than moro's default: the device level grows by exactly 1 GiB,
     // the other levels not at all.
-    write_profile(
+    common::write_h200_profile(
         &cfg,
         &serde_json::json!({ "cuda_context_bytes": ctx + GIB }),
     );

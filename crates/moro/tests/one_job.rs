@@ -2,7 +2,6 @@
 //! says the same gives byte-identical answers from every command that takes it, and this
 //! machine's calibration profile moves every command's answer the same way.
 
-#[allow(dead_code)] // each test file uses its own share of the helpers
 mod common;
 
 use std::path::Path;
@@ -477,18 +476,6 @@ fn a_hardware_count_is_the_gpu_count() {
 
 const GIB: u64 = 1 << 30;
 
-fn write_h200_profile(cfg: &Path, context_bytes: u64) {
-    std::fs::create_dir_all(cfg).unwrap();
-    let p = serde_json::json!({
-        "version": 1,
-        "gpu_name": "NVIDIA H200",
-        "gpu_slug": "nvidia-h200",
-        "measured_at": "2026-02-03T04:05:06Z",
-        "device": { "cuda_context_bytes": context_bytes },
-    });
-    std::fs::write(cfg.join("profile-nvidia-h200.json"), p.to_string()).unwrap();
-}
-
 /// Peak device bytes from `estimate`, `recipe check`, `recipe generate` and `fit` for
 /// Qwen2.5-1.5B LoRA at 2,048 tokens on an H200.
 fn peaks_on_h200(dir: &Path) -> [u64; 4] {
@@ -560,7 +547,10 @@ fn the_calibration_profile_moves_every_command_the_same_way() {
     let dir = tempfile::tempdir().unwrap();
     let before = peaks_on_h200(dir.path());
     // The default context of a Hopper GPU is 920 MiB; the profile says 1 GiB more.
-    write_h200_profile(&dir.path().join(".moro-config"), 920 * (1 << 20) + GIB);
+    common::write_h200_profile(
+        &dir.path().join(".moro-config"),
+        &serde_json::json!({ "cuda_context_bytes": 920 * (1 << 20) + GIB }),
+    );
     let after = peaks_on_h200(dir.path());
     for (i, name) in ["estimate", "recipe check", "recipe generate", "fit"]
         .iter()

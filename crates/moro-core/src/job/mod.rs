@@ -253,6 +253,17 @@ impl Targets {
     }
 }
 
+/// The default LoRA targets: the attention and MLP projections of a Llama-style decoder.
+pub const DEFAULT_TARGETS: [&str; 7] = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+];
+
 /// LoRA hyper-parameters.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LoraConfig {
@@ -282,20 +293,7 @@ impl Default for LoraConfig {
             rank: 16,
             alpha: 32.0,
             dropout: 0.05,
-            targets: Targets::Names(
-                [
-                    "q_proj",
-                    "k_proj",
-                    "v_proj",
-                    "o_proj",
-                    "gate_proj",
-                    "up_proj",
-                    "down_proj",
-                ]
-                .iter()
-                .map(|s| (*s).to_owned())
-                .collect(),
-            ),
+            targets: Targets::Names(DEFAULT_TARGETS.map(str::to_owned).to_vec()),
             dora: false,
             feedforward: None,
             virtual_tokens: 20,
@@ -359,26 +357,6 @@ impl Optimizer {
             Self::Sgd => "sgd",
             Self::SgdMomentum => "sgd_momentum",
         }
-    }
-
-    /// Parses an HF `optim` name (and a few aliases).
-    #[must_use]
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(
-            match s.trim().to_ascii_lowercase().replace('-', "_").as_str() {
-                "adamw_torch" | "adamw" | "adamw_hf" | "adam" | "adamw_foreach" => Self::AdamwTorch,
-                "adamw_torch_fused" | "adamw_fused" => Self::AdamwTorchFused,
-                "adamw_8bit" | "adamw_bnb_8bit" | "adam8bit" | "adamw8bit" => Self::Adamw8bit,
-                "paged_adamw_8bit" | "paged_adam_8bit" => Self::PagedAdamw8bit,
-                "paged_adamw_32bit" | "paged_adamw" | "paged_adam_32bit" => Self::PagedAdamw32bit,
-                "adafactor" => Self::Adafactor,
-                "lion_32bit" | "lion" => Self::Lion32bit,
-                "lion_8bit" => Self::Lion8bit,
-                "sgd" => Self::Sgd,
-                "sgd_momentum" => Self::SgdMomentum,
-                _ => return None,
-            },
-        )
     }
 
     /// Whether states live in CUDA managed memory outside PyTorch's counters.
@@ -837,20 +815,17 @@ impl Job {
     /// master copy`, `fp32 adapters under bf16 autocast`.
     #[must_use]
     pub const fn precision_in_words(&self) -> &'static str {
-        let trains_all = matches!(self.method, Method::Full);
-        match (self.precision, self.method) {
-            (_, Method::Inference) => match self.precision {
-                Precision::Fp32 => "fp32 weights",
-                Precision::Fp16Mixed => "fp16 compute",
-                _ => "bf16 weights",
-            },
-            (Precision::Bf16, _) if trains_all => "bf16 weights, no fp32 master copy",
-            (Precision::Bf16, _) => "bf16 adapters, no autocast",
-            (Precision::Bf16Mixed, _) if trains_all => "fp32 weights under bf16 autocast",
-            (Precision::Bf16Mixed, _) => "fp32 adapters under bf16 autocast",
-            (Precision::Fp16Mixed, _) if trains_all => "fp32 weights under fp16 autocast",
-            (Precision::Fp16Mixed, _) => "fp32 adapters under fp16 autocast",
-            (Precision::Fp32, _) => "fp32 throughout",
+        match (self.method, self.precision) {
+            (Method::Inference, Precision::Fp32) => "fp32 weights",
+            (Method::Inference, Precision::Fp16Mixed) => "fp16 compute",
+            (Method::Inference, _) => "bf16 weights",
+            (Method::Full, Precision::Bf16) => "bf16 weights, no fp32 master copy",
+            (Method::Full, Precision::Bf16Mixed) => "fp32 weights under bf16 autocast",
+            (Method::Full, Precision::Fp16Mixed) => "fp32 weights under fp16 autocast",
+            (_, Precision::Bf16) => "bf16 adapters, no autocast",
+            (_, Precision::Bf16Mixed) => "fp32 adapters under bf16 autocast",
+            (_, Precision::Fp16Mixed) => "fp32 adapters under fp16 autocast",
+            (_, Precision::Fp32) => "fp32 throughout",
         }
     }
 

@@ -101,44 +101,6 @@ impl JobSettings {
         )
     }
 
-    /// Every setting of `job`, said explicitly: `JobSettings::of(&job).resolve() == job`.
-    #[must_use]
-    pub fn of(job: &Job) -> Self {
-        let p = &job.parallel;
-        Self {
-            method: Some(job.method),
-            quantization: Some(job.quantization),
-            peft: Some(job.peft),
-            lora_rank: Some(job.lora.rank),
-            lora_alpha: Some(job.lora.alpha),
-            lora_dropout: Some(job.lora.dropout),
-            target_modules: Some(job.lora.targets.clone()),
-            dora: Some(job.lora.dora),
-            feedforward_modules: job.lora.feedforward.clone(),
-            virtual_tokens: Some(job.lora.virtual_tokens),
-            micro_batch_size: Some(job.micro_batch_size),
-            seq_len: Some(job.seq_len),
-            grad_accum: Some(job.grad_accum),
-            padding: Some(job.padding),
-            optimizer: Some(job.optimizer),
-            gradient_checkpointing: Some(job.gradient_checkpointing),
-            optimizer_in_backward: Some(job.optimizer_in_backward),
-            attention: Some(job.attention),
-            precision: Some(job.precision),
-            stack: Some(job.stack),
-            loss: job.loss,
-            kv_dtype: Some(job.kv_dtype),
-            gpus: Some(p.gpus()),
-            tensor_parallel: Some(p.tensor_parallel),
-            pipeline_parallel: Some(p.pipeline),
-            sharding: Some(p.sharding),
-            offload: Some(p.offload),
-            nodes: Some(p.nodes),
-            reduce_bucket: p.reduce_bucket,
-            versions: Some(job.versions),
-        }
-    }
-
     /// The job, with every setting that was not given at its default.
     ///
     /// # Errors
@@ -357,6 +319,43 @@ mod tests {
         assert_eq!((job.seq_len, job.micro_batch_size), (4096, 4));
     }
 
+    /// Every setting of `job`, said explicitly.
+    fn said_in_full(job: &Job) -> JobSettings {
+        let p = &job.parallel;
+        JobSettings {
+            method: Some(job.method),
+            quantization: Some(job.quantization),
+            peft: Some(job.peft),
+            lora_rank: Some(job.lora.rank),
+            lora_alpha: Some(job.lora.alpha),
+            lora_dropout: Some(job.lora.dropout),
+            target_modules: Some(job.lora.targets.clone()),
+            dora: Some(job.lora.dora),
+            feedforward_modules: job.lora.feedforward.clone(),
+            virtual_tokens: Some(job.lora.virtual_tokens),
+            micro_batch_size: Some(job.micro_batch_size),
+            seq_len: Some(job.seq_len),
+            grad_accum: Some(job.grad_accum),
+            padding: Some(job.padding),
+            optimizer: Some(job.optimizer),
+            gradient_checkpointing: Some(job.gradient_checkpointing),
+            optimizer_in_backward: Some(job.optimizer_in_backward),
+            attention: Some(job.attention),
+            precision: Some(job.precision),
+            stack: Some(job.stack),
+            loss: job.loss,
+            kv_dtype: Some(job.kv_dtype),
+            gpus: Some(p.gpus()),
+            tensor_parallel: Some(p.tensor_parallel),
+            pipeline_parallel: Some(p.pipeline),
+            sharding: Some(p.sharding),
+            offload: Some(p.offload),
+            nodes: Some(p.nodes),
+            reduce_bucket: p.reduce_bucket,
+            versions: Some(job.versions),
+        }
+    }
+
     #[test]
     fn a_job_said_in_full_resolves_to_itself() {
         let mut job = Job {
@@ -367,6 +366,6 @@ mod tests {
         };
         job.parallel.data_parallel = 4;
         job.parallel.tensor_parallel = 2;
-        assert_eq!(JobSettings::of(&job).resolve().unwrap(), job);
+        assert_eq!(said_in_full(&job).resolve().unwrap(), job);
     }
 }

@@ -110,6 +110,9 @@ pub(crate) fn run(args: &EstimateArgs) -> Result<ExitCode> {
         target: given.as_ref(),
         hub: &args.hub,
     })?;
+    if let Some(n) = &setup.notes {
+        crate::output::note(n);
+    }
     let est = setup.estimate()?;
     let (model, job, target) = (&setup.model, &setup.job, setup.target.as_ref());
     let memory = target.and_then(crate::hw::Target::memory_bytes);

@@ -140,21 +140,26 @@ pub(crate) struct LoadedRecipe {
 pub(crate) fn load(path: &Path) -> Result<LoadedRecipe> {
     let shown = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|e| user(format!("cannot read `{shown}`: {e}")))?;
-    let text = String::from_utf8_lossy(&bytes).into_owned();
-    let recipe =
-        moro_recipe::parse_bytes(&bytes).map_err(|e| user(e.with_source(&shown).to_string()))?;
-    let settings = recipe
-        .settings()
-        .map_err(|e| user(e.with_source(&shown).to_string()))?;
-    Ok(LoadedRecipe {
-        path: shown,
-        text,
-        recipe,
-        settings,
-    })
+    LoadedRecipe::from_bytes(shown, &bytes)
 }
 
 impl LoadedRecipe {
+    /// Parses and validates the bytes of the recipe shown as `shown` in errors.
+    pub(crate) fn from_bytes(shown: String, bytes: &[u8]) -> Result<Self> {
+        let text = String::from_utf8_lossy(bytes).into_owned();
+        let recipe =
+            moro_recipe::parse_bytes(bytes).map_err(|e| user(e.with_source(&shown).to_string()))?;
+        let settings = recipe
+            .settings()
+            .map_err(|e| user(e.with_source(&shown).to_string()))?;
+        Ok(Self {
+            path: shown,
+            text,
+            recipe,
+            settings,
+        })
+    }
+
     /// A job error of this recipe at its line and column.
     pub(crate) fn job_error(&self, e: &moro_core::job::JobError) -> anyhow::Error {
         user(
@@ -986,9 +991,11 @@ pub(crate) fn run_check(args: &CheckArgs) -> Result<ExitCode> {
         (None, Some(u)) => u,
         _ => caps.usable_bytes,
     };
+    if let Some(n) = &setup.notes {
+        note(n);
+    }
     let est = setup.estimate()?;
-    let model = &setup.model;
-    let job = setup.job.clone();
+    let (model, job) = (&setup.model, &setup.job);
     let margin = margin_bytes(est.peak_device_bytes, job.stack);
     let head = headroom(usable, est.peak_device_bytes, margin);
     let fits = head >= 0;
@@ -1003,7 +1010,7 @@ pub(crate) fn run_check(args: &CheckArgs) -> Result<ExitCode> {
             file: &loaded.path,
             model: &model.id,
             hardware: target.display(),
-            configuration: describe(&job),
+            configuration: describe(job),
             usable_bytes: usable,
             peak_allocated_bytes: est.peak_allocated_bytes,
             peak_reserved_bytes: est.peak_reserved_bytes,
@@ -1025,7 +1032,7 @@ pub(crate) fn run_check(args: &CheckArgs) -> Result<ExitCode> {
             "{}: valid\nmodel   {}\njob     {}\non      {}\n\n{}",
             loaded.path,
             model.id,
-            describe(&job),
+            describe(job),
             target.display(),
             t.render()
         );

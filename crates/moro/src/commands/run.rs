@@ -243,16 +243,7 @@ fn prepare(args: &RunArgs) -> Result<Prepared> {
             err
         }
     })?;
-    let recipe =
-        moro_recipe::parse_bytes(&bytes).map_err(|e| user(e.with_source(&shown).to_string()))?;
-    let loaded = crate::commands::recipe::LoadedRecipe {
-        path: shown.clone(),
-        text: String::from_utf8_lossy(&bytes).into_owned(),
-        settings: recipe
-            .settings()
-            .map_err(|e| user(e.with_source(&shown).to_string()))?,
-        recipe: recipe.clone(),
-    };
+    let loaded = crate::commands::recipe::LoadedRecipe::from_bytes(shown, &bytes)?;
     // The budget: --memory/--hardware, else the detected GPU, else the recipe's `hardware:`.
     let given = budget_target(args)?;
     let setup = crate::setup::resolve(crate::setup::JobInputs {
@@ -262,6 +253,12 @@ fn prepare(args: &RunArgs) -> Result<Prepared> {
         target: given.as_ref(),
         hub: &resolve::HubArgs::default(),
     })?;
+    if let Some(notes) = &setup.notes {
+        let mut err = std::io::stderr();
+        for line in notes.lines() {
+            say(&mut err, line);
+        }
+    }
     // The job must make sense for this model before anything starts.
     if let Err(e) = estimate(&setup.model.spec, &setup.job, &setup.profile) {
         return Err(loaded.job_error(&e));
@@ -278,7 +275,7 @@ fn prepare(args: &RunArgs) -> Result<Prepared> {
     }
     let budget = setup.target.as_ref().and_then(Target::memory_bytes);
     Ok(Prepared {
-        recipe,
+        recipe: loaded.recipe,
         job: setup.job,
         spec: setup.model.spec,
         device,
@@ -307,9 +304,7 @@ fn budget_target(args: &RunArgs) -> Result<Option<Target>> {
 
 /// Predicted peak device bytes of `job` (`None` when the estimator cannot say).
 fn predict(spec: &ModelSpec, job: &Job, device: &DeviceProfile) -> Option<u64> {
-    let mut job = job.clone();
-    job.lora.targets = moro_core::targets::resolve(spec, &job.lora.targets);
-    estimate(spec, &job, device)
+    estimate(spec, job, device)
         .ok()
         .map(|e| e.peak_device_bytes)
 }

@@ -1,5 +1,8 @@
 //! Helpers shared by the CLI tests that run the real binary in a scratch directory.
 
+// Each test binary uses its own share of these helpers.
+#![allow(dead_code)]
+
 use std::path::Path;
 
 use assert_cmd::Command;
@@ -67,4 +70,18 @@ pub fn export_json(dir: &Path, to: &str, out_dir: &str) -> serde_json::Value {
             .get_output()
             .stdout,
     )
+}
+
+/// Writes `moro calibrate`'s profile of an NVIDIA H200 measured on 2026-02-03 into the config
+/// directory `cfg`, with `device` as its estimator overrides.
+pub fn write_h200_profile(cfg: &Path, device: &serde_json::Value) {
+    std::fs::create_dir_all(cfg).unwrap();
+    let p = serde_json::json!({
+        "version": 1,
+        "gpu_name": "NVIDIA H200",
+        "gpu_slug": "nvidia-h200",
+        "measured_at": "2026-02-03T04:05:06Z",
+        "device": device,
+    });
+    std::fs::write(cfg.join("profile-nvidia-h200.json"), p.to_string()).unwrap();
 }
