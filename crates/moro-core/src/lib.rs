@@ -15,6 +15,7 @@
 //! - [`search`]: the recipe search (best configuration that fits a GPU).
 
 pub mod arch;
+pub mod bound;
 pub mod caching_allocator;
 pub mod catalog;
 pub mod estimate;

@@ -10,6 +10,7 @@
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::bound::{Evaluation, JobClass, Point, Table};
 use crate::hardware;
 use crate::job::{
     Attention, Job, LoraConfig, LossImpl, Method, Offload, Optimizer, Padding, Parallel, PeftKind,
@@ -18,7 +19,9 @@ use crate::job::{
 use crate::units::GIB;
 
 /// Which level of the answer a row measured.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Metric {
     /// `torch.cuda.max_memory_allocated` (and torchtune's "peak active").
@@ -30,6 +33,19 @@ pub enum Metric {
 }
 
 impl Metric {
+    /// All levels, lowest first.
+    pub const ALL: [Self; 3] = [Self::Allocated, Self::Reserved, Self::Device];
+
+    /// Display name.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Allocated => "allocated",
+            Self::Reserved => "reserved",
+            Self::Device => "device",
+        }
+    }
+
     /// The estimate's figure at this level.
     #[must_use]
     pub const fn of(self, est: &crate::estimate::Estimate) -> u64 {
@@ -961,6 +977,10 @@ pub struct RowResult {
     pub phase: Option<&'static str>,
     /// Why it was skipped.
     pub reason: Option<String>,
+    /// The job's error regime (stack, method family, sharded), for the bound.
+    pub class: Option<JobClass>,
+    /// The bound on the prediction at the row's level ([`crate::bound::Table::builtin`]).
+    pub predicted_upper_bytes: Option<u64>,
 }
 
 /// Aggregates over the compared rows.
@@ -988,6 +1008,13 @@ pub struct Summary {
     pub by_source: std::collections::BTreeMap<String, Stats>,
     /// By stack.
     pub by_stack: std::collections::BTreeMap<String, Stats>,
+    /// Share of compared rows whose measurement is at or under the shipped bound.
+    pub upper_coverage: f64,
+    /// Median of bound / measured over the compared rows.
+    pub upper_ratio_median: f64,
+    /// The bound by regime, with the shipped table and with each source left out of the fit
+    /// that bounds it.
+    pub upper_by_regime: Evaluation,
 }
 
 /// A validation report.
@@ -1094,6 +1121,8 @@ pub fn validate(jsonl: &str, models: &dyn ModelSource, include_low: bool) -> Rep
             naive_error: None,
             phase: None,
             reason: Some(reason),
+            class: None,
+            predicted_upper_bytes: None,
         };
         let v: Value = match serde_json::from_str(line) {
             Ok(v) => v,
@@ -1311,6 +1340,8 @@ fn predict_row(row: &Row, models: &dyn ModelSource) -> RowResult {
         naive_error: None,
         phase: None,
         reason: None,
+        class: None,
+        predicted_upper_bytes: None,
     };
     let (spec, job, est) = match estimate_row(row, models) {
         Ok(x) => x,
@@ -1320,6 +1351,8 @@ fn predict_row(row: &Row, models: &dyn ModelSource) -> RowResult {
         }
     };
     out.phase = Some(est.peak_phase.as_str());
+    let class = JobClass::of(&job);
+    out.class = Some(class);
     if row.oom {
         let mem = row.gpu_memory_bytes.unwrap_or(u64::MAX);
         out.predicted_bytes = Some(est.peak_device_bytes);
@@ -1334,6 +1367,7 @@ fn predict_row(row: &Row, models: &dyn ModelSource) -> RowResult {
     #[allow(clippy::cast_precision_loss)]
     let err = |p: u64| (p as f64 - row.measured_bytes as f64) / row.measured_bytes.max(1) as f64;
     out.predicted_bytes = Some(predicted);
+    out.predicted_upper_bytes = Some(Table::builtin().upper(row.metric, class, predicted));
     out.error = Some(err(predicted));
     let naive = naive_formula(&spec, &job) / job.parallel.gpus().max(1);
     out.naive_bytes = Some(naive);
@@ -1364,6 +1398,9 @@ fn summarize(rows: &[RowResult]) -> Summary {
         .filter(|r| r.status == Status::OomMissed)
         .count();
     let covered = ok.len() + oom_ok + oom_missed;
+    let pts = points(rows);
+    let upper_by_regime = crate::bound::evaluation(&pts, Table::builtin());
+    let overall = crate::bound::evaluate::overall(&pts, Table::builtin());
     let considered = rows
         .iter()
         .filter(|r| r.reason.as_deref() != Some("confidence: low"))
@@ -1386,5 +1423,25 @@ fn summarize(rows: &[RowResult]) -> Summary {
         by_method: group(&|r| r.method.unwrap_or("?").to_owned()),
         by_source: group(&|r| r.source.clone()),
         by_stack: group(&|r| r.stack.unwrap_or("?").to_owned()),
+        upper_coverage: overall.as_ref().map_or(0.0, |o| o.coverage),
+        upper_ratio_median: overall.map_or(0.0, |o| o.ratio_median),
+        upper_by_regime,
     }
+}
+
+/// The compared rows as points of the error model ([`crate::bound`]).
+#[must_use]
+pub fn points(rows: &[RowResult]) -> Vec<Point> {
+    rows.iter()
+        .filter(|r| r.status == Status::Ok)
+        .filter_map(|r| {
+            Some(Point {
+                source: r.source.clone(),
+                class: r.class?,
+                level: r.metric?,
+                measured: r.measured_bytes?,
+                predicted: r.predicted_bytes?,
+            })
+        })
+        .collect()
 }

@@ -430,7 +430,7 @@ impl Attention {
 }
 
 /// The training stack: libraries allocate differently (validation/README.md).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Stack {
     /// transformers Trainer + PEFT + bitsandbytes (+ accelerate).

@@ -1,0 +1,356 @@
+//! The honest upper bound on an estimate: how far a measurement can lie above moro's
+//! prediction, learned from measured runs with the source (one script, one set of versions)
+//! as the unit.
+//!
+//! [`fit`] turns measured points into a [`Table`] of regime cells; [`Table::band`] picks, for
+//! a job's [`JobClass`] and a level, the most specific cell that has data from at least
+//! [`MIN_SOURCES`] sources, and [`Table::upper`] scales a predicted peak by it. The table
+//! moro ships (`data/error_model.json`, [`Table::builtin`]) is refitted from
+//! `validation/` by a test that fails when it goes stale; [`evaluate`] scores a table by
+//! leaving one source out at a time. The method is in `docs/error-model.md`.
+
+pub mod evaluate;
+pub mod fit;
+
+use serde::{Deserialize, Serialize};
+
+use crate::estimate::Estimate;
+use crate::job::{Job, Method, Sharding, Stack};
+use crate::validation::Metric;
+
+pub use evaluate::{Evaluation, RegimeScore, evaluate, evaluation, leave_one_source_out};
+pub use fit::{Point, fit};
+
+/// Fewest sources a cell needs before its bound is used; coarser cells and then
+/// [`DEFAULT_UPPER_PERMILLE`] stand in below it.
+pub const MIN_SOURCES: usize = 3;
+
+/// Share of measured runs the bound is meant to cover.
+pub const COVERAGE: f64 = 0.95;
+
+/// The bound where no cell has [`MIN_SOURCES`] sources, per mille above the prediction: one
+/// GPU, sharded. Wider than any fitted cell (`docs/error-model.md`).
+pub const DEFAULT_UPPER_PERMILLE: [u64; 2] = [150, 400];
+
+/// What decides a job's error regime: the stack, the method and whether a sharding engine or
+/// several GPUs take part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct JobClass {
+    /// Training stack.
+    pub stack: Stack,
+    /// Method family.
+    pub method: MethodGroup,
+    /// More than one GPU, or a sharding engine (DeepSpeed ZeRO, FSDP) even on one.
+    pub sharded: bool,
+}
+
+impl JobClass {
+    /// The class of a job.
+    #[must_use]
+    pub fn of(job: &Job) -> Self {
+        Self {
+            stack: job.stack,
+            method: MethodGroup::of(job.method),
+            sharded: job.parallel.gpus() > 1 || job.parallel.sharding != Sharding::None,
+        }
+    }
+}
+
+/// Method families the error model tells apart: the other PEFT methods go with LoRA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MethodGroup {
+    /// Every parameter trained.
+    Full,
+    /// Adapters (or another PEFT method) on a 16/32-bit base.
+    Lora,
+    /// Adapters on a quantized base.
+    Qlora,
+    /// No training.
+    Inference,
+}
+
+impl MethodGroup {
+    /// The family of a method.
+    #[must_use]
+    pub const fn of(method: Method) -> Self {
+        match method {
+            Method::Full => Self::Full,
+            Method::Lora => Self::Lora,
+            Method::Qlora => Self::Qlora,
+            Method::Inference => Self::Inference,
+        }
+    }
+
+    /// Display name.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Full => "full",
+            Self::Lora => "lora",
+            Self::Qlora => "qlora",
+            Self::Inference => "inference",
+        }
+    }
+}
+
+/// A cell of the error model: the regime it covers (a `None` field pools every value) and
+/// the bound fitted on its points.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Cell {
+    /// Level measured; `None`: all levels pooled.
+    pub level: Option<Metric>,
+    /// Sharded or one GPU (always set).
+    pub sharded: bool,
+    /// Stack; `None`: all stacks.
+    pub stack: Option<Stack>,
+    /// Method family; `None`: all methods.
+    pub method: Option<MethodGroup>,
+    /// Sources with points in the cell.
+    pub sources: usize,
+    /// Points (measured runs) in the cell.
+    pub runs: usize,
+    /// Mean source offset of `ln(measured / predicted)`, ×10⁴, rounded.
+    pub offset_e4: i64,
+    /// Spread of the source offsets, ×10⁴, rounded.
+    pub between_e4: u64,
+    /// Spread of the runs around their source's offset, ×10⁴, rounded.
+    pub within_e4: u64,
+    /// The bound, per mille above the prediction (never negative: the bound is never
+    /// under the prediction).
+    pub upper_permille: u64,
+}
+
+impl Cell {
+    fn matches(&self, level: Metric, class: JobClass) -> bool {
+        self.sharded == class.sharded
+            && self.level.is_none_or(|l| l == level)
+            && self.stack.is_none_or(|s| s == class.stack)
+            && self.method.is_none_or(|m| m == class.method)
+    }
+
+    /// How specific the cell is (more fields set: more specific).
+    const fn depth(&self) -> u8 {
+        self.level.is_some() as u8 + self.stack.is_some() as u8 + self.method.is_some() as u8
+    }
+
+    /// The regime in words: `hf, qlora, one GPU, device level`.
+    #[must_use]
+    pub fn describe(&self) -> String {
+        let mut parts: Vec<&str> = Vec::new();
+        if let Some(s) = self.stack {
+            parts.push(s.as_str());
+        }
+        if let Some(m) = self.method {
+            parts.push(m.as_str());
+        }
+        parts.push(if self.sharded { "sharded" } else { "one GPU" });
+        let mut s = parts.join(", ");
+        match self.level {
+            Some(l) => {
+                s.push_str(", ");
+                s.push_str(l.as_str());
+                s.push_str(" level");
+            }
+            None => s.push_str(", all levels"),
+        }
+        s
+    }
+}
+
+/// The error model: every cell with enough sources.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Table {
+    /// Share of runs each bound is meant to cover.
+    pub coverage: f64,
+    /// The cells, most specific first.
+    pub cells: Vec<Cell>,
+}
+
+/// The band a bound comes from, for output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Band {
+    /// Share of measured runs like this one the bound covers, per cent.
+    pub coverage_percent: u64,
+    /// The regime in words, and why a coarser one stands in when it does.
+    pub regime: String,
+    /// Measured runs behind it.
+    pub runs: usize,
+    /// Sources (scripts, setups) behind it.
+    pub sources: usize,
+    /// The bound per mille above the prediction.
+    pub upper_permille: u64,
+}
+
+/// A prediction with its bound on all three levels.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Upper {
+    /// Bound on `torch.cuda.max_memory_allocated`.
+    pub allocated: u64,
+    /// Bound on `torch.cuda.max_memory_reserved`.
+    pub reserved: u64,
+    /// Bound on what nvidia-smi shows: the level a job is judged on.
+    pub device: u64,
+}
+
+const BUILTIN_JSON: &str = include_str!("../../data/error_model.json");
+
+impl Table {
+    /// The table moro ships, fitted on `validation/` (refitted by
+    /// `tests/error_model.rs`).
+    ///
+    /// # Panics
+    /// Never for the shipped file (a test parses it).
+    #[must_use]
+    pub fn builtin() -> &'static Self {
+        static T: std::sync::OnceLock<Table> = std::sync::OnceLock::new();
+        T.get_or_init(|| serde_json::from_str(BUILTIN_JSON).expect("data/error_model.json parses"))
+    }
+
+    /// The most specific cell for `class` at `level` (`None`: no cell has data).
+    #[must_use]
+    pub fn cell(&self, level: Metric, class: JobClass) -> Option<&Cell> {
+        self.cells
+            .iter()
+            .filter(|c| c.matches(level, class))
+            .max_by_key(|c| c.depth())
+    }
+
+    /// The band for `class` at `level`.
+    #[must_use]
+    pub fn band(&self, level: Metric, class: JobClass) -> Band {
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let coverage_percent = (self.coverage * 100.0).round() as u64;
+        let own = Cell {
+            level: Some(level),
+            sharded: class.sharded,
+            stack: Some(class.stack),
+            method: Some(class.method),
+            sources: 0,
+            runs: 0,
+            offset_e4: 0,
+            between_e4: 0,
+            within_e4: 0,
+            upper_permille: 0,
+        };
+        match self.cell(level, class) {
+            Some(c) => {
+                let regime = if c.depth() == own.depth() {
+                    c.describe()
+                } else {
+                    format!(
+                        "{} (fewer than {MIN_SOURCES} sources for {})",
+                        c.describe(),
+                        own.describe()
+                    )
+                };
+                Band {
+                    coverage_percent,
+                    regime,
+                    runs: c.runs,
+                    sources: c.sources,
+                    upper_permille: c.upper_permille,
+                }
+            }
+            None => Band {
+                coverage_percent,
+                regime: format!(
+                    "{} (no measured runs: moro's documented default)",
+                    own.describe()
+                ),
+                runs: 0,
+                sources: 0,
+                upper_permille: DEFAULT_UPPER_PERMILLE[usize::from(class.sharded)],
+            },
+        }
+    }
+
+    /// `predicted` raised by the band of `class` at `level`.
+    #[must_use]
+    pub fn upper(&self, level: Metric, class: JobClass, predicted: u64) -> u64 {
+        scale_permille(predicted, self.band(level, class).upper_permille)
+    }
+
+    /// The bounds of an estimate of `job` on all three levels.
+    #[must_use]
+    pub fn upper_of(&self, est: &Estimate, job: &Job) -> Upper {
+        let class = JobClass::of(job);
+        let allocated = self.upper(Metric::Allocated, class, est.peak_allocated_bytes);
+        let reserved = self
+            .upper(Metric::Reserved, class, est.peak_reserved_bytes)
+            .max(allocated);
+        let device = self
+            .upper(Metric::Device, class, est.peak_device_bytes)
+            .max(reserved);
+        Upper {
+            allocated,
+            reserved,
+            device,
+        }
+    }
+}
+
+/// `bytes × (1000 + permille) / 1000`, rounded up, saturating.
+#[must_use]
+pub const fn scale_permille(bytes: u64, permille: u64) -> u64 {
+    let whole = (bytes / 1000).saturating_mul(1000 + permille);
+    let rest = (bytes % 1000 * (1000 + permille)).div_ceil(1000);
+    whole.saturating_add(rest)
+}
+
+/// Whether a job fits, judged on the bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// The bound is within the usable memory.
+    Fits,
+    /// The prediction fits, the bound does not.
+    Uncertain,
+    /// The prediction itself is over the usable memory.
+    DoesNotFit,
+}
+
+impl Verdict {
+    /// The verdict of a prediction and its bound against `usable` bytes.
+    #[must_use]
+    pub const fn of(predicted: u64, upper: u64, usable: u64) -> Self {
+        if upper <= usable {
+            Self::Fits
+        } else if predicted <= usable {
+            Self::Uncertain
+        } else {
+            Self::DoesNotFit
+        }
+    }
+
+    /// In words.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Fits => "fits",
+            Self::Uncertain => "uncertain",
+            Self::DoesNotFit => "does not fit",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scaling_by_hand() {
+        assert_eq!(scale_permille(1000, 50), 1050);
+        assert_eq!(scale_permille(1001, 50), 1052); // 1001 × 1.05 = 1051.05, rounded up
+        assert_eq!(scale_permille(u64::MAX, 1000), u64::MAX);
+        assert_eq!(scale_permille(0, 400), 0);
+    }
+
+    #[test]
+    fn verdicts() {
+        assert_eq!(Verdict::of(10, 11, 12), Verdict::Fits);
+        assert_eq!(Verdict::of(10, 13, 12), Verdict::Uncertain);
+        assert_eq!(Verdict::of(13, 14, 12), Verdict::DoesNotFit);
+        assert_eq!(Verdict::of(12, 12, 12), Verdict::Fits);
+    }
+}
