@@ -7,7 +7,12 @@ fake tensors and records every allocation: simulated, not measured, but exact fo
 covers (see ../shared/oracle/README.md). Rows the moro job schema cannot express are left
 out: the `no-kbit-prep` QLoRA variant (fp32 adapters on a bf16 base without PEFT's upcast).
 
-Usage: python3 validation/oracle_to_rows.py ../shared/oracle/results.jsonl > validation/oracle.jsonl
+Usage: python3 validation/oracle_to_rows.py ../shared/oracle/results.jsonl \
+    validation/oracle-traces/*.jsonl > validation/oracle.jsonl
+
+`validation/oracle-traces/` keeps the traces run since (their `env` names the versions), with
+the per-tensor listings stripped. A config cut to fewer layers (`...-L4.json`) becomes a row
+with `model_overrides`.
 """
 import json
 import sys
@@ -17,6 +22,10 @@ MODELS = {
     "Qwen--Qwen2.5-1.5B.json": "Qwen/Qwen2.5-1.5B",
     "Qwen--Qwen2.5-7B.json": "Qwen/Qwen2.5-7B",
     "meta-llama--Llama-3.1-8B.json": "meta-llama/Llama-3.1-8B",
+    "Qwen--Qwen3-0.6B.json": "Qwen/Qwen3-0.6B",
+    "Qwen--Qwen3-8B.json": "Qwen/Qwen3-8B",
+    "Qwen--Qwen3-8B-L4.json": "Qwen/Qwen3-8B",
+    "Qwen--Qwen2.5-7B-L4.json": "Qwen/Qwen2.5-7B",
 }
 
 
@@ -42,7 +51,10 @@ def convert(r):
         quant = {"type": "bnb nf4", "double_quant": q.get("double_quant", True),
                  "compute_dtype": "bf16"}
     meas = r["measured"]["peak_allocated_bytes"]
-    return {
+    overrides = None
+    if r["config_name"].endswith("-L4.json"):
+        overrides = {"num_hidden_layers": r["config"]["num_hidden_layers"]}
+    row = {
         "id": "oracle-" + r["label"].replace("/", "-"),
         "source_key": "oracle-fake-cuda",
         "model_hf_id": model,
@@ -71,13 +83,19 @@ def convert(r):
         "confidence": "high",
         "notes": "simulated by ../shared/oracle (oracle.py), not a GPU measurement",
     }
+    if overrides:
+        row["model_overrides"] = overrides
+    return row
 
 
 def main():
-    for line in open(sys.argv[1]):
-        row = convert(json.loads(line))
-        if row is not None:
-            print(json.dumps(row, sort_keys=True))
+    seen = set()
+    for path in sys.argv[1:]:
+        for line in open(path):
+            row = convert(json.loads(line))
+            if row is not None and row["id"] not in seen:
+                seen.add(row["id"])
+                print(json.dumps(row, sort_keys=True))
 
 
 if __name__ == "__main__":

@@ -299,6 +299,11 @@ pub struct ModelSpec {
     /// whose saved output is one more logits-sized tensor ([`crate::estimate`]'s loss).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub logit_softcapping: bool,
+    /// `q_norm` and `k_norm`: an RMSNorm over each head's `head_dim` on the q and k
+    /// projections' outputs before RoPE (transformers 5.24 `Qwen3Attention.forward`), whose
+    /// fp32 inputs and `rsqrt` are saved for backward ([`crate::estimate::activations`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub qk_norm: bool,
 }
 
 impl ModelSpec {

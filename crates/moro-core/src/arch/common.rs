@@ -334,6 +334,7 @@ pub(crate) fn build(p: Plan) -> Result<ModelSpec, ArchError> {
         load_dtype: p.load_dtype,
         encoder: None,
         logit_softcapping: false,
+        qk_norm: false,
     };
     let total = checked_total(&spec)?;
     if total > MAX_TOTAL_PARAMS {

@@ -63,7 +63,7 @@ pub(crate) fn parse(c: &Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchErro
         .map(|(a, i)| (a, moe.as_ref().is_some_and(|m| m.sparse(i))))
         .collect();
 
-    common::build(Plan {
+    let mut spec = common::build(Plan {
         model_type: model_type.to_owned(),
         hidden,
         intermediate,
@@ -87,7 +87,9 @@ pub(crate) fn parse(c: &Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchErro
         mla: None,
         final_norm: hidden,
         load_dtype: c.dtype_or(Dtype::Bf16)?,
-    })
+    })?;
+    spec.qk_norm = qwen3;
+    Ok(spec)
 }
 
 /// The resolved MoE block and its layer placement.

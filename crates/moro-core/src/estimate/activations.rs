@@ -170,6 +170,26 @@ impl Ctx<'_> {
         if self.r.autocast { 2 } else { qkv_bytes }
     }
 
+    /// Saved bytes per token of `q_norm` and `k_norm` ([`ModelSpec::qk_norm`]), with `o`
+    /// bytes per element of the q/k projections' outputs. transformers 5.24
+    /// `Qwen3RMSNorm.forward`: `hidden_states.to(torch.float32)` is saved by `pow` and by the
+    /// multiply with `torch.rsqrt(variance + eps)` (one fp32 storage, `PowBackward0` /
+    /// `MulBackward0`), the `rsqrt` (one fp32 per head) by `RsqrtBackward0`; a trainable norm
+    /// weight (full fine-tune) also saves `hidden_states.to(input_dtype)`. RoPE's multiplies
+    /// save only cos and sin. Matches the fake-CUDA trace to 9 B per token and layer
+    /// (`validation/oracle-qwen3.jsonl`).
+    fn qk_norm_bytes(&self, o: u64) -> u64 {
+        let tp = self.tp.max(1);
+        let width = (self.m.q_width() + self.m.kv_width()) / tp;
+        let heads = (self.m.num_heads + self.m.num_kv_heads) / tp;
+        let weight_grad = if self.job.method == Method::Full {
+            o * width
+        } else {
+            0
+        };
+        4 * width + 4 * heads + weight_grad
+    }
+
     fn norms_per_layer(g: &LayerGroup, m: &ModelSpec) -> u64 {
         let per = match m.norm {
             NormKind::RmsNorm => m.hidden_size,
@@ -429,6 +449,9 @@ impl Ctx<'_> {
         let o = self.linear_out_bytes(s);
         let attn_b = self.attn_bytes(o);
         bytes += self.linear_inputs(g, true);
+        if m.qk_norm {
+            bytes += self.qk_norm_bytes(o);
+        }
 
         // Attention core.
         let a = m.num_heads / tp;
