@@ -44,120 +44,45 @@
 
 use serde::Serialize;
 
+use crate::bound::{JobClass, Table};
 use crate::estimate::{DeviceProfile, Estimate, add_replayed_steps, estimate_without_replay};
 use crate::job::{
     Attention, Job, JobError, MAX_BATCH, Method, Offload, Optimizer, Padding, Parallel, Precision,
     Quantization, Sharding, Stack, Targets,
 };
 use crate::model::ModelSpec;
-use crate::units::MIB;
+use crate::validation::Metric;
 
-/// Smallest safety margin kept free, whatever the prediction. The CUDA context alone varies
-/// by 0.45 GiB between lazy and eager kernel loading (0.47 vs 0.92 GiB on an A100, see
-/// [`DeviceProfile::cuda_context_bytes`]), and desktop GPUs share memory with the display
-/// server; 512 MiB covers the first and most of the second.
-pub const MARGIN_FLOOR_BYTES: u64 = 512 * MIB;
+/// Smallest safety margin kept free, whatever the prediction ([`crate::bound::DEVICE_FLOOR_BYTES`]).
+pub const MARGIN_FLOOR_BYTES: u64 = crate::bound::DEVICE_FLOOR_BYTES;
 
-/// The measured rows the margin is derived from (`validation/measured.jsonl`, compiled in).
-const MEASURED_JSONL: &str = include_str!("../../../validation/measured.jsonl");
-
-/// Quantile of the under-prediction the margin covers, per mille: the 90th percentile.
-pub const MARGIN_QUANTILE_PERMILLE: u64 = 900;
-
-/// Fewest compared rows a stack needs for its own margin; below it the margin of all rows
-/// together is used.
-pub const MARGIN_MIN_ROWS: usize = 10;
-
-/// Relative safety margin per stack, in per-mille of the predicted device peak.
-///
-/// Derived, not typed in: the [`MARGIN_QUANTILE_PERMILLE`] quantile (p90), over that stack's
-/// rows of `validation/measured.jsonl` (compiled in), of the under-prediction
-/// `max(0, measured / predicted − 1)` of this very estimator, exactly as `moro validate
-/// validation/measured.jsonl` predicts the rows, rounded up to the next whole percent. Adding
-/// it to a prediction covers 90% of the measured peaks of that stack; a stack with fewer than
-/// [`MARGIN_MIN_ROWS`] rows takes the figure of all rows. Computed once per process (a few
-/// milliseconds); when the estimator improves, the margin shrinks with it.
-///
-/// At commit 8df7f1f the figures were hf 16.3% (42 rows), trl 12.2% (22), torchtune 33.7%
-/// (13) and litgpt 131.9% (74: litgpt's resource tables were under-predicted up to 3.7×).
+/// The safety margin of an estimate of `job`: what its device-level upper bound adds
+/// ([`crate::bound`]: 95 % of measured runs like it lie under the bound), and never less
+/// than [`MARGIN_FLOOR_BYTES`]. A configuration fits when `peak + margin ≤ usable memory`.
 #[must_use]
-pub fn margin_permille(stack: Stack) -> u64 {
-    static TABLE: std::sync::OnceLock<[u64; 4]> = std::sync::OnceLock::new();
-    let t = TABLE.get_or_init(|| {
-        let report =
-            crate::validation::validate(MEASURED_JSONL, &crate::validation::CatalogModels, false);
-        let shortfall = |stack: Option<Stack>| -> Vec<f64> {
-            report
-                .rows
-                .iter()
-                .filter(|r| stack.is_none_or(|s| r.stack == Some(s.as_str())))
-                .filter_map(|r| {
-                    let (m, p) = (r.measured_bytes?, r.predicted_bytes?);
-                    #[allow(clippy::cast_precision_loss)]
-                    let x = m as f64 / p.max(1) as f64 - 1.0;
-                    Some(x.max(0.0))
-                })
-                .collect()
-        };
-        let all = quantile_permille(shortfall(None));
-        Stack::ALL.map(|s| {
-            let v = shortfall(Some(s));
-            if v.len() < MARGIN_MIN_ROWS {
-                all
-            } else {
-                quantile_permille(v)
-            }
-        })
-    });
-    match stack {
-        Stack::Hf => t[0],
-        Stack::Trl => t[1],
-        Stack::Litgpt => t[2],
-        Stack::Torchtune => t[3],
-    }
+pub fn margin_bytes(est: &Estimate, job: &Job) -> u64 {
+    Table::builtin()
+        .upper_of(est, job)
+        .device
+        .saturating_sub(est.peak_device_bytes)
 }
 
-/// The nearest-rank [`MARGIN_QUANTILE_PERMILLE`] quantile of `v`, in per mille rounded up to
-/// a whole percent; 0 for no rows.
-fn quantile_permille(mut v: Vec<f64>) -> u64 {
-    if v.is_empty() {
-        return 0;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    #[allow(
-        clippy::cast_possible_truncation,
-        clippy::cast_precision_loss,
-        clippy::cast_sign_loss
-    )]
-    {
-        let rank =
-            ((MARGIN_QUANTILE_PERMILLE as f64 / 1000.0 * n as f64).ceil() as usize).clamp(1, n);
-        let q = v[rank - 1].clamp(0.0, 100.0);
-        ((q * 100.0).ceil() as u64) * 10
-    }
-}
-
-/// The safety margin for a predicted device peak: `max(peak × p90 under-prediction of the
-/// stack, 512 MiB)` ([`margin_permille`], [`MARGIN_FLOOR_BYTES`]). A configuration fits
-/// when `peak + margin ≤ usable memory`.
+/// The rule behind [`margin_bytes`], in words (for recipe headers and `--help`), with the band
+/// the bound of the device level (or of `from`, the level that set it) comes from.
 #[must_use]
-pub fn margin_bytes(peak_device_bytes: u64, stack: Stack) -> u64 {
-    let pm = margin_permille(stack);
-    let rel = (peak_device_bytes / 1000).saturating_mul(pm) + peak_device_bytes % 1000 * pm / 1000;
-    rel.max(MARGIN_FLOOR_BYTES)
-}
-
-/// The rule behind [`margin_bytes`], in words (for recipe headers and `--help`).
-#[must_use]
-pub fn margin_rule(stack: Stack) -> String {
-    let p = margin_permille(stack);
+pub fn margin_rule(class: JobClass, from: Metric) -> String {
+    let band = Table::builtin().band(from, class);
     format!(
-        "margin = max({}.{}% of the predicted peak (p90 under-prediction of the {} stack on \
-         validation/measured.jsonl), 512 MiB)",
-        p / 10,
-        p % 10,
-        stack.as_str()
+        "fits when the upper bound is within the usable memory: the bound is the predicted {} \
+         peak + {}.{}% (and at least 512 MiB over the device peak), at or above {}% of measured \
+         runs like this one ({}: {} runs from {} sources)",
+        from.as_str(),
+        band.upper_permille / 10,
+        band.upper_permille % 10,
+        band.coverage_percent,
+        band.regime,
+        band.runs,
+        band.sources
     )
 }
 
@@ -1000,6 +925,28 @@ impl Candidate {
             .host_bytes_per_node(self.job.parallel.gpus_per_node())
     }
 
+    /// The upper bound on the device peak: peak + margin ([`margin_bytes`]).
+    #[must_use]
+    pub const fn upper_bytes(&self) -> u64 {
+        self.estimate
+            .peak_device_bytes
+            .saturating_add(self.margin_bytes)
+    }
+
+    /// The GPU-memory verdict: the bound within the usable memory, only the prediction, or
+    /// neither.
+    #[must_use]
+    pub fn verdict(&self) -> crate::bound::Verdict {
+        let margin = i64::try_from(self.margin_bytes).unwrap_or(i64::MAX);
+        if self.headroom_bytes >= 0 {
+            crate::bound::Verdict::Fits
+        } else if self.headroom_bytes.saturating_add(margin) >= 0 {
+            crate::bound::Verdict::Uncertain
+        } else {
+            crate::bound::Verdict::DoesNotFit
+        }
+    }
+
     /// Whether the peak plus margin stays within the usable memory (and the offloaded
     /// states within the host RAM, when it is known).
     #[must_use]
@@ -1083,10 +1030,10 @@ fn evaluate_with(
 ) -> Result<Candidate, JobError> {
     let job = space.job(&config);
     let mut est = estimate_without_replay(model, &job, &caps.profile)?;
-    let mut room = Room::of(&est, &job, space, caps);
+    let mut room = Room::of(&est, &job, caps);
     if always_replay || room.fits() {
         add_replayed_steps(&mut est, model, &job, &caps.profile);
-        room = Room::of(&est, &job, space, caps);
+        room = Room::of(&est, &job, caps);
     }
     Ok(Candidate {
         config,
@@ -1107,8 +1054,8 @@ struct Room {
 }
 
 impl Room {
-    fn of(est: &Estimate, job: &Job, space: &Space, caps: &Caps) -> Self {
-        let margin = margin_bytes(est.peak_device_bytes, space.stack);
+    fn of(est: &Estimate, job: &Job, caps: &Caps) -> Self {
+        let margin = margin_bytes(est, job);
         let need = est.peak_device_bytes.saturating_add(margin);
         let headroom = i128::from(caps.usable_bytes) - i128::from(need);
         let headroom =

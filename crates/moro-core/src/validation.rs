@@ -981,6 +981,9 @@ pub struct RowResult {
     pub class: Option<JobClass>,
     /// The bound on the prediction at the row's level ([`crate::bound::Table::builtin`]).
     pub predicted_upper_bytes: Option<u64>,
+    /// The prediction at every level (allocated, reserved, device), which the bound reads.
+    #[serde(skip)]
+    pub predicted_levels: Option<[u64; 3]>,
 }
 
 /// Aggregates over the compared rows.
@@ -1123,6 +1126,7 @@ pub fn validate(jsonl: &str, models: &dyn ModelSource, include_low: bool) -> Rep
             reason: Some(reason),
             class: None,
             predicted_upper_bytes: None,
+            predicted_levels: None,
         };
         let v: Value = match serde_json::from_str(line) {
             Ok(v) => v,
@@ -1342,6 +1346,7 @@ fn predict_row(row: &Row, models: &dyn ModelSource) -> RowResult {
         reason: None,
         class: None,
         predicted_upper_bytes: None,
+        predicted_levels: None,
     };
     let (spec, job, est) = match estimate_row(row, models) {
         Ok(x) => x,
@@ -1367,7 +1372,13 @@ fn predict_row(row: &Row, models: &dyn ModelSource) -> RowResult {
     #[allow(clippy::cast_precision_loss)]
     let err = |p: u64| (p as f64 - row.measured_bytes as f64) / row.measured_bytes.max(1) as f64;
     out.predicted_bytes = Some(predicted);
-    out.predicted_upper_bytes = Some(Table::builtin().upper(row.metric, class, predicted));
+    let levels = [
+        est.peak_allocated_bytes,
+        est.peak_reserved_bytes,
+        est.peak_device_bytes,
+    ];
+    out.predicted_levels = Some(levels);
+    out.predicted_upper_bytes = Some(Table::builtin().upper_at(row.metric, class, levels));
     out.error = Some(err(predicted));
     let naive = naive_formula(&spec, &job) / job.parallel.gpus().max(1);
     out.naive_bytes = Some(naive);
@@ -1441,6 +1452,7 @@ pub fn points(rows: &[RowResult]) -> Vec<Point> {
                 level: r.metric?,
                 measured: r.measured_bytes?,
                 predicted: r.predicted_bytes?,
+                levels: r.predicted_levels?,
             })
         })
         .collect()

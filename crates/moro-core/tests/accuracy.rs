@@ -68,7 +68,9 @@ fn qwen3_without_checkpointing_matches_its_traces() {
     let qwen3: Vec<_> = r.rows.iter().filter(|x| x.id.contains("Qwen3")).collect();
     assert!(qwen3.len() >= 12, "{} Qwen3 rows", qwen3.len());
     for row in qwen3 {
-        let e = row.error.unwrap_or_else(|| panic!("{}: {:?}", row.id, row.reason));
+        let e = row
+            .error
+            .unwrap_or_else(|| panic!("{}: {:?}", row.id, row.reason));
         assert!(e.abs() <= 0.02, "{}: {:+.2} %", row.id, e * 100.0);
     }
 }

@@ -7,6 +7,7 @@
 
 use std::cmp::Ordering;
 
+use moro_core::bound::{JobClass, Table};
 use moro_core::catalog;
 use moro_core::estimate::{estimate, estimate_without_replay};
 use moro_core::hardware::{Device, preset};
@@ -17,6 +18,7 @@ use moro_core::search::{
     margin_bytes, search,
 };
 use moro_core::units::{GIB, MIB};
+use moro_core::validation::Metric;
 
 fn model(id: &str) -> ModelSpec {
     let e = catalog::find(id).unwrap_or_else(|| panic!("{id} not in catalog"));
@@ -265,27 +267,38 @@ fn brute_configs(
     out
 }
 
-/// Fit by the documented rule, computed from the raw estimate.
-fn fits(spec: &ModelSpec, space: &Space, caps: &Caps, c: &Config, stack: Stack) -> Option<u64> {
+/// Fit by the documented rule, computed from the raw estimate: the device peak plus the
+/// bound's rise over it (`data/error_model.json`), at least 512 MiB.
+fn fits(spec: &ModelSpec, space: &Space, caps: &Caps, c: &Config) -> Option<u64> {
     let job = space.job(c);
     // The estimate without the replayed steps is a lower bound (the replay only raises the
     // reserve): what it rules out, the full estimate rules out too.
     let bound = estimate_without_replay(spec, &job, &caps.profile).ok()?;
-    if bound.peak_device_bytes + margin_bytes(bound.peak_device_bytes, stack) > caps.usable_bytes {
+    if bound.peak_device_bytes + margin_bytes(&bound, &job) > caps.usable_bytes {
         return None;
     }
     let est = estimate(spec, &job, &caps.profile).ok()?;
     let peak = est.peak_device_bytes;
-    #[allow(clippy::cast_precision_loss)]
-    let ratio = moro_core::search::margin_permille(stack) as f64 / 1000.0;
+    let class = JobClass::of(&job);
+    let band = |level| Table::builtin().band(level, class).upper_permille as f64 / 1000.0;
     #[allow(
         clippy::cast_precision_loss,
         clippy::cast_possible_truncation,
         clippy::cast_sign_loss
     )]
-    let margin = ((peak as f64 * ratio) as u64).max(512 * MIB);
-    // The rule and the library's integer arithmetic agree to a few bytes.
-    assert!(margin.abs_diff(margin_bytes(peak, stack)) < 1024);
+    let upper = [
+        (est.peak_allocated_bytes, Metric::Allocated),
+        (est.peak_reserved_bytes, Metric::Reserved),
+        (peak, Metric::Device),
+    ]
+    .map(|(b, l)| (b as f64 * (1.0 + band(l))) as u64)
+    .into_iter()
+    .max()
+    .unwrap();
+    let margin = upper.saturating_sub(peak).max(512 * MIB);
+    // The rule (each level's band, the largest bound, 512 MiB at least) and the library's
+    // integer arithmetic agree to a few bytes.
+    assert!(margin.abs_diff(margin_bytes(&est, &job)) < 1024);
     (peak + margin <= caps.usable_bytes).then_some(peak)
 }
 
@@ -332,7 +345,7 @@ fn check_brute_force(model_id: &str, hw: &str, request: &Request) {
         {
             min_peak = min_peak.min(est.peak_device_bytes);
         }
-        if fits(&spec, &space, &caps, c, request.stack).is_some()
+        if fits(&spec, &space, &caps, c).is_some()
             && best.as_ref().is_none_or(|b| cmp(c, b) == Ordering::Greater)
         {
             best = Some(*c);
@@ -341,7 +354,7 @@ fn check_brute_force(model_id: &str, hw: &str, request: &Request) {
     match (&out.best, best) {
         (Some(got), Some(want)) => {
             assert!(got.fits());
-            assert!(fits(&spec, &space, &caps, &got.config, request.stack).is_some());
+            assert!(fits(&spec, &space, &caps, &got.config).is_some());
             assert_eq!(
                 cmp(&got.config, &want),
                 Ordering::Equal,
@@ -697,9 +710,11 @@ fn effective_batch_is_over_all_gpus() {
     assert!(best.job.parallel.gpus() > 1, "{:?}", best.config.layout);
 }
 
-/// The plans of issue 6's closing note, as the engine makes them: a 70B full fine-tune does
-/// not fit one H100 but fits a node of eight (sharded, never plain DDP), and two nodes fit it
-/// without offload; 70B QLoRA fits one 80 GB card.
+/// The plans of issue 6's closing note, as the engine makes them judged on the upper bound: a
+/// 70B full fine-tune does not fit one H100 but fits a node of eight (sharded, never plain
+/// DDP), and two nodes of H200s fit it without offload (two nodes of H100s did on the point
+/// estimate, 67 GiB per GPU; sharded jobs' bound, +33 %, puts that over 80 GB); 70B QLoRA
+/// fits one 80 GB card.
 #[test]
 fn seventy_b_full_needs_a_sharded_node() {
     let spec = model("meta-llama/Llama-3.1-70B-Instruct");
@@ -718,7 +733,14 @@ fn seventy_b_full_needs_a_sharded_node() {
         node.job.parallel.sharding,
         Sharding::Zero3 | Sharding::FsdpFullShard
     ));
-    let two = run(&req(cluster(2, 8), Method::Full)).best.unwrap();
+    let h200 = Caps::of_device(&device("h200"));
+    let two = search(
+        &spec,
+        &Space::new(&spec, &req(cluster(2, 8), Method::Full), &h200).unwrap(),
+        &h200,
+    )
+    .best
+    .unwrap();
     assert_eq!(two.job.parallel.gpus(), 16);
     assert_eq!(two.job.parallel.offload, Offload::None);
     assert!(run(&req(None, Method::Qlora)).best.is_some());
@@ -817,52 +839,52 @@ fn bad_requests_name_the_field() {
     assert!(e.to_string().starts_with("`method`"), "{e}");
 }
 
-/// p90 of `max(0, measured / predicted − 1)` per stack, from the validation set.
+/// The bound on each level comes from the most specific cell of the shipped table's JSON
+/// (read here on its own) with data for the job's regime; the device bound, which the search
+/// judges on, is the largest of the three and at least 512 MiB over the device peak.
 #[test]
-fn margins_cover_p90_underprediction() {
-    let text = include_str!("../../../validation/measured.jsonl");
-    let report =
-        moro_core::validation::validate(text, &moro_core::validation::CatalogModels, false);
-    for stack in Stack::ALL {
-        let mut short: Vec<f64> = report
-            .rows
+fn margin_is_the_largest_level_bound() {
+    let table: serde_json::Value =
+        serde_json::from_str(include_str!("../data/error_model.json")).unwrap();
+    let cells = table["cells"].as_array().unwrap();
+    let matches = |c: &serde_json::Value, field: &str, want: &str| {
+        c[field].is_null() || c[field].as_str() == Some(want)
+    };
+    let permille = |level: &str| {
+        cells
             .iter()
-            .filter(|r| r.stack == Some(stack.as_str()))
-            .filter_map(|r| {
-                #[allow(clippy::cast_precision_loss)]
-                Some((r.measured_bytes? as f64 / r.predicted_bytes? as f64 - 1.0).max(0.0))
+            .filter(|c| c["sharded"] == false && matches(c, "level", level))
+            .filter(|c| matches(c, "stack", "hf") && matches(c, "method", "qlora"))
+            .max_by_key(|c| {
+                [
+                    !c["level"].is_null(),
+                    !c["stack"].is_null(),
+                    !c["method"].is_null(),
+                ]
             })
-            .collect();
-        if short.is_empty() {
-            continue;
-        }
-        short.sort_by(f64::total_cmp);
-        #[allow(
-            clippy::cast_precision_loss,
-            clippy::cast_possible_truncation,
-            clippy::cast_sign_loss
-        )]
-        let p90 = short[((0.9 * short.len() as f64).ceil() as usize).clamp(1, short.len()) - 1];
-        #[allow(clippy::cast_precision_loss)]
-        let ratio = moro_core::search::margin_permille(stack) as f64 / 1000.0;
-        eprintln!(
-            "{}: {} rows, p90 under-prediction {:.1}%, margin {:.1}%",
-            stack.as_str(),
-            short.len(),
-            p90 * 100.0,
-            ratio * 100.0
-        );
-        let pooled = short.len() < moro_core::search::MARGIN_MIN_ROWS;
-        assert!(
-            pooled || ratio + 1e-9 >= p90,
-            "the {} margin {ratio} is below the measured p90 under-prediction {p90:.4}",
-            stack.as_str()
-        );
-        // ... and by less than the rounding to a whole percent.
-        assert!(
-            pooled || ratio < p90 + 0.01 + 1e-9,
-            "{}: {ratio} vs {p90}",
-            stack.as_str()
-        );
-    }
+            .unwrap()["upper_permille"]
+            .as_u64()
+            .unwrap()
+    };
+    let class = JobClass {
+        stack: Stack::Hf,
+        method: moro_core::bound::MethodGroup::Qlora,
+        sharded: false,
+    };
+    let (a, r, d) = (13_000 * MIB, 14_000 * MIB, 15_000 * MIB);
+    let by_hand = [(a, "allocated"), (r, "reserved"), (d, "device")]
+        .map(|(b, l)| b + (b * permille(l)).div_ceil(1000))
+        .into_iter()
+        .max()
+        .unwrap()
+        .max(d + 512 * MIB);
+    let got = Table::builtin().upper_levels(class, [a, r, d]);
+    assert!(
+        got.device.abs_diff(by_hand) <= 2,
+        "{} vs {by_hand}",
+        got.device
+    );
+    // A small job keeps the 512 MiB floor.
+    let small = Table::builtin().upper_levels(class, [MIB, MIB, MIB]);
+    assert_eq!(small.device, MIB + 512 * MIB);
 }

@@ -1,8 +1,9 @@
 //! The `moro` command line: glue between the pure core (`moro-core`) and the outside world
 //! (files, environment, GPUs, processes, the network).
 //!
-//! Exit codes: 0 success (and "fits"), 1 "does not fit" / no configuration fits, 2 invalid
-//! input or a runtime error. `moro run` exits with the child's final exit code.
+//! Exit codes: 0 success (and "fits": the upper bound is within the memory), 1 "does not
+//! fit" or "uncertain" (the prediction fits, its bound does not) / no configuration fits, 2
+//! invalid input or a runtime error. `moro run` exits with the child's final exit code.
 
 mod commands;
 mod error;
@@ -12,6 +13,7 @@ mod output;
 mod profile;
 mod resolve;
 mod setup;
+mod verdict;
 
 use std::process::ExitCode;
 

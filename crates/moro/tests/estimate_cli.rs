@@ -448,3 +448,90 @@ fn other_peft_methods_from_flags() {
         "unknown PEFT method",
     );
 }
+
+/// The bound comes with every estimate, and "fits" is judged on it: with memory between the
+/// prediction and the bound the verdict is "uncertain" (exit 1), above the bound "fits"
+/// (exit 0), under the prediction "does not fit" (exit 1). The band names the regime and how
+/// many runs and sources stand behind it.
+#[test]
+fn estimate_is_judged_on_its_upper_bound() {
+    let job = [
+        "estimate",
+        "--model",
+        "Qwen/Qwen2.5-7B",
+        "--method",
+        "qlora",
+        "--seq-len",
+        "2048",
+    ];
+    let v = json(&[&job[..], &["--json"]].concat());
+    let d = v["peak_device_bytes"].as_u64().unwrap();
+    let up = v["peak_upper_bytes"].as_u64().unwrap();
+    assert!(up >= d + (512 << 20), "{up} vs {d}");
+    let u = &v["upper"];
+    let (ua, ur, ud) = (
+        u["allocated"].as_u64().unwrap(),
+        u["reserved"].as_u64().unwrap(),
+        u["device"].as_u64().unwrap(),
+    );
+    assert!(ua >= v["peak_allocated_bytes"].as_u64().unwrap() && ua <= ur && ur <= ud);
+    assert_eq!(ud, up);
+    assert!(v["band"]["sources"].as_u64().unwrap() >= 3, "{}", v["band"]);
+    assert_eq!(v["band"]["coverage_percent"], 95);
+    assert!(v["band"]["regime"].as_str().unwrap().contains("one GPU"));
+
+    let gib = |b: u64| format!("{}B", b);
+    let between = gib(d + (up - d) / 2);
+    let o = run(&[&job[..], &["--memory", &between]].concat());
+    assert_eq!(o.code, 1, "{}", o.stdout);
+    assert!(o.stdout.contains("uncertain on"), "{}", o.stdout);
+    let v = json(&[&job[..], &["--memory", &between, "--json"]].concat());
+    assert_eq!(v["verdict"], "uncertain");
+    assert_eq!(v["fits"], false);
+
+    let above = gib(up);
+    let o = run(&[&job[..], &["--memory", &above]].concat());
+    assert_eq!(o.code, 0, "{}", o.stdout);
+    assert!(o.stdout.contains("fits on"), "{}", o.stdout);
+    assert!(o.stdout.contains("at most"), "{}", o.stdout);
+
+    let under = gib(d - 1);
+    let v = json(&[&job[..], &["--memory", &under, "--json"]].concat());
+    assert_eq!(v["verdict"], "does_not_fit");
+}
+
+/// `moro validate --json` gives each compared row its bound and the summary the bound's
+/// coverage, in-sample and with each source left out; several files are one set.
+#[test]
+fn validate_reports_the_bound() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../validation/");
+    let files = [
+        format!("{root}measured.jsonl"),
+        format!("{root}h200/measured.jsonl"),
+    ];
+    let v = json(&["validate", &files[0], &files[1], "--json"]);
+    let rows = v["rows"].as_array().unwrap();
+    let ok: Vec<_> = rows.iter().filter(|r| r["status"] == "ok").collect();
+    assert!(ok.len() > 250, "{}", ok.len());
+    for r in &ok {
+        let (p, u) = (
+            r["predicted_bytes"].as_u64().unwrap(),
+            r["predicted_upper_bytes"].as_u64().unwrap(),
+        );
+        assert!(u >= p, "{}", r["id"]);
+    }
+    let s = &v["summary"];
+    let covered = ok
+        .iter()
+        .filter(|r| r["measured_bytes"].as_u64() <= r["predicted_upper_bytes"].as_u64())
+        .count();
+    #[allow(clippy::cast_precision_loss)]
+    let share = covered as f64 / ok.len() as f64;
+    assert!((s["upper_coverage"].as_f64().unwrap() - share).abs() < 1e-9);
+    assert!(s["upper_ratio_median"].as_f64().unwrap() >= 1.0);
+    let loso = s["upper_by_regime"]["leave_one_source_out"]
+        .as_array()
+        .unwrap();
+    let one = loso.iter().find(|r| r["regime"] == "one GPU").unwrap();
+    assert!(one["sources"].as_u64().unwrap() >= 15, "{one}");
+}

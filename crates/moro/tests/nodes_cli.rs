@@ -1,4 +1,4 @@
-//! Multi-node plans through the real binary: `moro recipe generate --hardware 2x8xh100-sxm`
+//! Multi-node plans through the real binary: `moro recipe generate --hardware 2x8xh200`
 //! writes `parallel.nodes`, the recipe reads back to the same prediction, the exports launch
 //! 8 processes on each of 2 nodes, and `moro estimate --nodes` shards HYBRID_SHARD per node.
 
@@ -10,7 +10,7 @@ use common::{export_json, generate_70b_full, json_of, moro};
 fn generate_on_two_nodes_writes_nodes_and_exports_multi_node_launches() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let out = generate_70b_full(d, "2x8xh100-sxm", &["--output", "moro.yaml"]);
+    let out = generate_70b_full(d, "2x8xh200", &["--output", "moro.yaml"]);
     let stdout = String::from_utf8_lossy(&out);
     assert!(stdout.contains("16 GPUs"), "{stdout}");
     let text = std::fs::read_to_string(d.join("moro.yaml")).unwrap();

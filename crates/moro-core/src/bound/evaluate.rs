@@ -89,7 +89,7 @@ fn score(
 pub fn overall(points: &[Point], table: &Table) -> Option<RegimeScore> {
     score(
         points,
-        |i| table.upper(points[i].level, points[i].class, points[i].predicted),
+        |i| table.upper_at(points[i].level, points[i].class, points[i].levels),
         |_| vec!["all".to_owned()],
     )
     .pop()
@@ -100,7 +100,7 @@ pub fn overall(points: &[Point], table: &Table) -> Option<RegimeScore> {
 pub fn evaluate(points: &[Point], table: &Table) -> Vec<RegimeScore> {
     score(
         points,
-        |i| table.upper(points[i].level, points[i].class, points[i].predicted),
+        |i| table.upper_at(points[i].level, points[i].class, points[i].levels),
         groups,
     )
 }
@@ -117,7 +117,7 @@ pub fn leave_one_source_out(points: &[Point]) -> Vec<RegimeScore> {
         points,
         |i| {
             let p = &points[i];
-            tables[p.source.as_str()].upper(p.level, p.class, p.predicted)
+            tables[p.source.as_str()].upper_at(p.level, p.class, p.levels)
         },
         groups,
     )

@@ -20,6 +20,9 @@ pub struct Point {
     pub measured: u64,
     /// Predicted bytes at that level.
     pub predicted: u64,
+    /// Predicted bytes at every level: allocated, reserved, device (what a level's bound,
+    /// never under a lower level's, is computed from: [`Table::upper_levels`]).
+    pub levels: [u64; 3],
 }
 
 impl Point {
@@ -39,16 +42,27 @@ pub const WINSOR: f64 = 2.0;
 /// (one script, fake tensors) are not a zero spread.
 const MIN_SCALE: f64 = 0.005;
 
-/// The cells `(level, stack, method)` a point of `class` at `level` belongs to, most
-/// specific first: what [`Table::cell`] falls back through.
+/// Which of (level, stack, method) a cell pins, in the order [`Table::cell`] falls back
+/// through: the job's own regime; its stack at its level; its level on every stack;
+/// everything of its sharding. (Falling back to the stack at every level before the level on
+/// every stack covered fewer left-out runs: 93 % at the device level, 91 % reserved.)
+pub const FALLBACK: [(bool, bool, bool); 4] = [
+    (true, true, true),
+    (true, true, false),
+    (true, false, false),
+    (false, false, false),
+];
+
+/// The cells a point of `class` at `level` belongs to ([`FALLBACK`]).
 fn keys(class: JobClass, level: Metric) -> [CellKey; 4] {
-    let s = class.sharded;
-    [
-        (Some(level), s, Some(class.stack), Some(class.method)),
-        (Some(level), s, Some(class.stack), None),
-        (Some(level), s, None, None),
-        (None, s, None, None),
-    ]
+    FALLBACK.map(|(l, s, m)| {
+        (
+            l.then_some(level),
+            class.sharded,
+            s.then_some(class.stack),
+            m.then_some(class.method),
+        )
+    })
 }
 
 type CellKey = (Option<Metric>, bool, Option<Stack>, Option<MethodGroup>);
@@ -204,6 +218,7 @@ mod tests {
             level: Metric::Allocated,
             measured,
             predicted: 1000,
+            levels: [1000; 3],
         }
     }
 

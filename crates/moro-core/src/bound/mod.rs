@@ -32,6 +32,13 @@ pub const COVERAGE: f64 = 0.95;
 /// GPU, sharded. Wider than any fitted cell (`docs/error-model.md`).
 pub const DEFAULT_UPPER_PERMILLE: [u64; 2] = [150, 400];
 
+/// Least the device-level bound lies above the prediction, whatever the measured runs say.
+/// The CUDA context alone varies by 0.45 GiB between lazy and eager kernel loading (0.47 vs
+/// 0.92 GiB on an A100, see [`crate::estimate::DeviceProfile::cuda_context_bytes`]), and
+/// desktop GPUs share memory with the display server; 512 MiB covers the first and most of
+/// the second.
+pub const DEVICE_FLOOR_BYTES: u64 = 512 * crate::units::MIB;
+
 /// What decides a job's error regime: the stack, the method and whether a sharding engine or
 /// several GPUs take part.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -129,9 +136,17 @@ impl Cell {
             && self.method.is_none_or(|m| m == class.method)
     }
 
-    /// How specific the cell is (more fields set: more specific).
-    const fn depth(&self) -> u8 {
-        self.level.is_some() as u8 + self.stack.is_some() as u8 + self.method.is_some() as u8
+    /// The cell's place in [`fit::FALLBACK`] (0: the most specific).
+    fn rank(&self) -> usize {
+        let pins = (
+            self.level.is_some(),
+            self.stack.is_some(),
+            self.method.is_some(),
+        );
+        fit::FALLBACK
+            .iter()
+            .position(|p| *p == pins)
+            .unwrap_or(fit::FALLBACK.len())
     }
 
     /// The regime in words: `hf, qlora, one GPU, device level`.
@@ -163,7 +178,7 @@ impl Cell {
 pub struct Table {
     /// Share of runs each bound is meant to cover.
     pub coverage: f64,
-    /// The cells, most specific first.
+    /// The cells, most specific first ([`fit::FALLBACK`]).
     pub cells: Vec<Cell>,
 }
 
@@ -191,6 +206,9 @@ pub struct Upper {
     pub reserved: u64,
     /// Bound on what nvidia-smi shows: the level a job is judged on.
     pub device: u64,
+    /// The level whose band sets the device bound: a lower level's when its runs spread
+    /// wider (the device peak is never under the reserved one).
+    pub device_from: Metric,
 }
 
 const BUILTIN_JSON: &str = include_str!("../../data/error_model.json");
@@ -213,7 +231,7 @@ impl Table {
         self.cells
             .iter()
             .filter(|c| c.matches(level, class))
-            .max_by_key(|c| c.depth())
+            .min_by_key(|c| c.rank())
     }
 
     /// The band for `class` at `level`.
@@ -235,13 +253,14 @@ impl Table {
         };
         match self.cell(level, class) {
             Some(c) => {
-                let regime = if c.depth() == own.depth() {
+                let regime = if c.rank() == 0 {
                     c.describe()
                 } else {
                     format!(
-                        "{} (fewer than {MIN_SOURCES} sources for {})",
+                        "{}; fewer than {MIN_SOURCES} sources for {} {} alone",
                         c.describe(),
-                        own.describe()
+                        class.stack.as_str(),
+                        class.method.as_str()
                     )
                 };
                 Band {
@@ -271,21 +290,61 @@ impl Table {
         scale_permille(predicted, self.band(level, class).upper_permille)
     }
 
-    /// The bounds of an estimate of `job` on all three levels.
+    /// The bound on a predicted device peak of a job of `class`, never less than
+    /// [`DEVICE_FLOOR_BYTES`] above it: what "fits" is judged on.
+    #[must_use]
+    pub fn device_upper(&self, class: JobClass, peak_device_bytes: u64) -> u64 {
+        self.upper(Metric::Device, class, peak_device_bytes)
+            .max(peak_device_bytes.saturating_add(DEVICE_FLOOR_BYTES))
+    }
+
+    /// The bounds of an estimate of `job` on all three levels ([`Table::upper_levels`]).
     #[must_use]
     pub fn upper_of(&self, est: &Estimate, job: &Job) -> Upper {
-        let class = JobClass::of(job);
-        let allocated = self.upper(Metric::Allocated, class, est.peak_allocated_bytes);
-        let reserved = self
-            .upper(Metric::Reserved, class, est.peak_reserved_bytes)
-            .max(allocated);
-        let device = self
-            .upper(Metric::Device, class, est.peak_device_bytes)
-            .max(reserved);
+        self.upper_levels(
+            JobClass::of(job),
+            [
+                est.peak_allocated_bytes,
+                est.peak_reserved_bytes,
+                est.peak_device_bytes,
+            ],
+        )
+    }
+
+    /// The bounds on predictions `[allocated, reserved, device]` of a job of `class`: each
+    /// level's band, the device one at least [`DEVICE_FLOOR_BYTES`] above its prediction,
+    /// and no level's bound under a lower level's (the device peak is never under the
+    /// reserved one, nor that under the allocated one).
+    #[must_use]
+    pub fn upper_levels(&self, class: JobClass, predicted: [u64; 3]) -> Upper {
+        let [a, r, d] = predicted;
+        let allocated = self.upper(Metric::Allocated, class, a);
+        let reserved_own = self.upper(Metric::Reserved, class, r);
+        let reserved = reserved_own.max(allocated);
+        let device_own = self.device_upper(class, d);
+        let device_from = if device_own >= reserved {
+            Metric::Device
+        } else if reserved_own >= allocated {
+            Metric::Reserved
+        } else {
+            Metric::Allocated
+        };
         Upper {
             allocated,
             reserved,
-            device,
+            device: device_own.max(reserved),
+            device_from,
+        }
+    }
+
+    /// The bound of `upper_levels` at `level`.
+    #[must_use]
+    pub fn upper_at(&self, level: Metric, class: JobClass, predicted: [u64; 3]) -> u64 {
+        let u = self.upper_levels(class, predicted);
+        match level {
+            Metric::Allocated => u.allocated,
+            Metric::Reserved => u.reserved,
+            Metric::Device => u.device,
         }
     }
 }

@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Args;
+use moro_core::bound::Verdict;
 use moro_core::estimate::{Component, Estimate};
 use moro_core::job::{Job, Method, Sharding};
 use serde::Serialize;
@@ -11,6 +12,7 @@ use serde::Serialize;
 use crate::jobargs::JobArgs;
 use crate::output::{Table, bar, gib, json, size, stdout};
 use crate::resolve;
+use crate::verdict::{Judged, band_text, judge, verdict_text};
 
 /// Arguments of `moro estimate`.
 #[derive(Debug, Args)]
@@ -58,8 +60,13 @@ pub(crate) struct EstimateJson<'a> {
     /// New segments the optimizer step's temporaries need on top of the forward and
     /// backward's reserved level.
     pub(crate) step_segments_bytes: u64,
+    /// The upper bound on each level, the band it comes from and the verdict.
+    #[serde(flatten)]
+    pub(crate) bound: Judged,
     pub(crate) memory_bytes: Option<u64>,
+    /// The verdict is `fits`: the bound is within the memory.
     pub(crate) fits: Option<bool>,
+    /// Memory − predicted device peak (negative: over).
     pub(crate) headroom_bytes: Option<i64>,
 }
 
@@ -116,7 +123,7 @@ pub(crate) fn run(args: &EstimateArgs) -> Result<ExitCode> {
     let est = setup.estimate()?;
     let (model, job, target) = (&setup.model, &setup.job, setup.target.as_ref());
     let memory = target.and_then(crate::hw::Target::memory_bytes);
-    let fits = memory.map(|m| est.peak_device_bytes <= m);
+    let verdict = judge(&est, job, memory).verdict;
 
     if args.json {
         let doc = to_json(model, job, &est, memory);
@@ -124,8 +131,8 @@ pub(crate) fn run(args: &EstimateArgs) -> Result<ExitCode> {
     } else {
         stdout(&render(model, job, &est, target))?;
     }
-    Ok(match fits {
-        Some(false) => ExitCode::from(1),
+    Ok(match verdict {
+        Some(Verdict::Uncertain | Verdict::DoesNotFit) => ExitCode::from(1),
         _ => ExitCode::SUCCESS,
     })
 }
@@ -168,8 +175,9 @@ pub(crate) fn to_json<'a>(
         load_reserved_bytes: est.load_reserved_bytes,
         replayed_fragmentation_bytes: est.replayed_fragmentation_bytes,
         step_segments_bytes: est.step_segments_bytes,
+        bound: judge(est, job, memory),
         memory_bytes: memory,
-        fits: memory.map(|m| est.peak_device_bytes <= m),
+        fits: memory.map(|m| judge(est, job, Some(m)).verdict == Some(Verdict::Fits)),
         headroom_bytes: memory.map(|m| headroom(est, m)),
     }
 }
@@ -267,23 +275,34 @@ pub(crate) fn render(
     }
     out.push_str(&t.render());
     out.push('\n');
-    let mut lv = Table::new(&["level", "GiB", "what reports it"], &[false, true, false]);
+    let judged = judge(est, job, target.and_then(crate::hw::Target::memory_bytes));
+    let mut lv = Table::new(
+        &["level", "GiB", "at most", "what reports it"],
+        &[false, true, true, false],
+    );
     lv.row(vec![
         "allocated".into(),
         gib(est.peak_allocated_bytes),
+        gib(judged.upper.allocated),
         "torch.cuda.max_memory_allocated()".into(),
     ]);
     lv.row(vec![
         "reserved".into(),
         gib(est.peak_reserved_bytes),
+        gib(judged.upper.reserved),
         "torch.cuda.max_memory_reserved()".into(),
     ]);
     lv.row(vec![
         "device".into(),
         gib(est.peak_device_bytes),
+        gib(judged.upper.device),
         "nvidia-smi".into(),
     ]);
     out.push_str(&lv.render());
+    out.push_str(&format!(
+        "at most: the bound on each level, at or above {}\n",
+        band_text(&judged.band)
+    ));
     if est.host_bytes > 0 {
         let ranks = job.parallel.gpus();
         if ranks > 1 {
@@ -344,25 +363,10 @@ pub(crate) fn render(
     if let Some(t) = target
         && let Some(m) = t.memory_bytes()
     {
-        {
-            let h = headroom(est, m);
-            let verdict = if h >= 0 {
-                format!(
-                    "fits on {} ({} GiB): {} GiB headroom",
-                    t.display(),
-                    gib(m),
-                    gib(h.unsigned_abs())
-                )
-            } else {
-                format!(
-                    "does NOT fit on {} ({} GiB): {} GiB over",
-                    t.display(),
-                    gib(m),
-                    gib(h.unsigned_abs())
-                )
-            };
-            out.push_str(&format!("\n{verdict}\n"));
-        }
+        out.push_str(&format!(
+            "\n{}\n",
+            verdict_text(&judged, est, &t.display(), m)
+        ));
     }
     out
 }

@@ -302,11 +302,12 @@ fn budget_target(args: &RunArgs) -> Result<Option<Target>> {
     }))
 }
 
-/// Predicted peak device bytes of `job` (`None` when the estimator cannot say).
+/// The upper bound on the device peak of `job` (`None` when the estimator cannot say): the
+/// heal ladder judges a rung on it, as every "fits" is judged ([`moro_core::bound`]).
 fn predict(spec: &ModelSpec, job: &Job, device: &DeviceProfile) -> Option<u64> {
     estimate(spec, job, device)
         .ok()
-        .map(|e| e.peak_device_bytes)
+        .map(|e| moro_core::bound::Table::builtin().upper_of(&e, job).device)
 }
 
 /// The recipe of a healed job: the user's name, model id, hyper-parameters and hardware

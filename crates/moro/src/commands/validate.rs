@@ -12,8 +12,11 @@ use crate::output::{Table, json, stdout};
 /// Arguments of `moro validate`.
 #[derive(Debug, Args)]
 pub(crate) struct ValidateArgs {
-    /// Measured rows, one JSON object per line (validation/README.md has the schema).
-    pub(crate) file: std::path::PathBuf,
+    /// Measured rows, one JSON object per line (validation/README.md has the schema); several
+    /// files are validated as one set (the bound's left-out-source figures pool their
+    /// sources).
+    #[arg(required = true)]
+    pub(crate) files: Vec<std::path::PathBuf>,
     /// Print `{"rows": [...], "summary": {...}}`.
     #[arg(long)]
     pub(crate) json: bool,
@@ -41,8 +44,15 @@ fn stats_line(name: &str, s: &Stats) -> Vec<String> {
 }
 
 pub(crate) fn run(args: &ValidateArgs) -> Result<ExitCode> {
-    let text = std::fs::read_to_string(&args.file)
-        .map_err(|e| user(format!("cannot read `{}`: {e}", args.file.display())))?;
+    let mut text = String::new();
+    for file in &args.files {
+        let t = std::fs::read_to_string(file)
+            .map_err(|e| user(format!("cannot read `{}`: {e}", file.display())))?;
+        text.push_str(&t);
+        if !text.ends_with('\n') {
+            text.push('\n');
+        }
+    }
     if let Some(id) = &args.explain {
         return explain(&text, id, args.json);
     }
@@ -59,10 +69,11 @@ pub(crate) fn run(args: &ValidateArgs) -> Result<ExitCode> {
             "predicted GiB",
             "measured GiB",
             "error",
+            "at most GiB",
             "naive",
             "status",
         ],
-        &[false, false, false, true, true, true, true, false],
+        &[false, false, false, true, true, true, true, true, false],
     );
     let g = |b: Option<u64>| b.map_or_else(|| "-".to_owned(), crate::output::gib);
     for r in &report.rows {
@@ -77,6 +88,7 @@ pub(crate) fn run(args: &ValidateArgs) -> Result<ExitCode> {
             g(r.predicted_bytes),
             g(r.measured_bytes),
             r.error.map_or_else(|| "-".into(), pct),
+            g(r.predicted_upper_bytes),
             r.naive_error.map_or_else(|| "-".into(), pct),
             format!("{:?}", r.status).to_ascii_lowercase(),
         ]);
@@ -122,8 +134,42 @@ pub(crate) fn run(args: &ValidateArgs) -> Result<ExitCode> {
         st.row(stats_line(&format!("source {k}"), v));
     }
     out.push_str(&st.render());
+    out.push_str(&format!(
+        "\nupper bound (95 %): covers {:.1} % of compared rows, median bound / measured {:.3}\n",
+        s.upper_coverage * 100.0,
+        s.upper_ratio_median
+    ));
+    out.push_str(&bound_table(&s.upper_by_regime).render());
     stdout(&out)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The bound's coverage by regime, with the shipped table and with each source left out.
+fn bound_table(e: &moro_core::bound::Evaluation) -> Table {
+    let mut t = Table::new(
+        &[
+            "regime",
+            "rows",
+            "sources",
+            "covered",
+            "bound/measured",
+            "covered, source left out",
+            "bound/measured, left out",
+        ],
+        &[false, true, true, true, true, true, true],
+    );
+    for (a, b) in e.in_sample.iter().zip(&e.leave_one_source_out) {
+        t.row(vec![
+            a.regime.clone(),
+            a.runs.to_string(),
+            a.sources.to_string(),
+            format!("{:.1}%", a.coverage * 100.0),
+            format!("{:.3}", a.ratio_median),
+            format!("{:.1}%", b.coverage * 100.0),
+            format!("{:.3}", b.ratio_median),
+        ]);
+    }
+    t
 }
 
 fn explain(text: &str, id: &str, as_json: bool) -> Result<ExitCode> {
