@@ -39,15 +39,18 @@ pub const DEFAULT_UPPER_PERMILLE: [u64; 2] = [150, 400];
 /// the second.
 pub const DEVICE_FLOOR_BYTES: u64 = 512 * crate::units::MIB;
 
-/// What decides a job's error regime: the stack, the method and whether a sharding engine or
-/// several GPUs take part.
+/// What decides a job's error regime: the stack, the method and whether the model is split
+/// over GPUs (a sharding engine, tensor or pipeline parallelism). Plain data parallelism runs
+/// the one-GPU job on each GPU, with its gradient buckets and NCCL buffers modelled: it is
+/// one-GPU for the error model (no measured run is plain DDP).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct JobClass {
     /// Training stack.
     pub stack: Stack,
     /// Method family.
     pub method: MethodGroup,
-    /// More than one GPU, or a sharding engine (DeepSpeed ZeRO, FSDP) even on one.
+    /// A sharding engine (DeepSpeed ZeRO, FSDP; even on one GPU), tensor or pipeline
+    /// parallelism.
     pub sharded: bool,
 }
 
@@ -58,7 +61,9 @@ impl JobClass {
         Self {
             stack: job.stack,
             method: MethodGroup::of(job.method),
-            sharded: job.parallel.gpus() > 1 || job.parallel.sharding != Sharding::None,
+            sharded: job.parallel.sharding != Sharding::None
+                || job.parallel.tensor_parallel > 1
+                || job.parallel.pipeline > 1,
         }
     }
 }
