@@ -27,14 +27,17 @@ pub fn human(bytes: u64) -> String {
     }
 }
 
-/// Parses a user-given size such as `24GiB`, `24 GB`, `80G`, `16384MiB` or a plain number
-/// of bytes. `GB`/`G` are read as GiB, as GPU vendors and nvidia-smi round them, except that
-/// an explicit decimal `GB` with a fractional value is still treated as GiB.
+/// Parses a user-given size such as `24GiB`, `24 GB`, `80G`, `16384MiB` or `512B`. `GB`/`G`
+/// are read as GiB, as GPU vendors and nvidia-smi round them. A number without a unit is an
+/// error: `24` is far more often 24 GiB meant than 24 bytes.
 ///
 /// # Errors
 /// A message naming what could not be read.
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let t = text.trim();
+    if t.starts_with('-') {
+        return Err(format!("size `{text}` is negative; use e.g. `24GiB`"));
+    }
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
@@ -43,7 +46,12 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .parse()
         .map_err(|_| format!("`{text}` is not a size; use e.g. `24GiB`, `80GB` or `16384MiB`"))?;
     let mult = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
+        "" => {
+            return Err(format!(
+                "`{text}` has no unit; say `{num}GiB` (or `{num}B` for bytes)"
+            ));
+        }
+        "b" => 1.0,
         "k" | "kb" | "kib" => KIB as f64,
         "m" | "mb" | "mib" => MIB as f64,
         "g" | "gb" | "gib" => GIB as f64,
@@ -79,7 +87,9 @@ mod tests {
         assert_eq!(parse_size("16384MiB").unwrap(), 16 * GIB);
         assert_eq!(parse_size("1.5G").unwrap(), 3 * GIB / 2);
         assert!(parse_size("lots").is_err());
-        assert!(parse_size("-3GiB").is_err());
+        assert!(parse_size("-3GiB").unwrap_err().contains("negative"));
+        assert!(parse_size("24").unwrap_err().contains("`24GiB`"));
+        assert_eq!(parse_size("512B").unwrap(), 512);
         assert!(parse_size("3 parsecs").is_err());
     }
 }

@@ -46,6 +46,12 @@ impl Target {
 pub(crate) fn resolve(spec: Option<&str>, memory: Option<&str>) -> Result<Option<Target>> {
     if let Some(m) = memory {
         let bytes = moro_core::units::parse_size(m).map_err(|e| user(format!("--memory: {e}")))?;
+        if bytes < moro_core::units::GIB {
+            return Err(user_hint(
+                format!("--memory: `{m}` is under 1 GiB, smaller than any GPU"),
+                "give the memory per GPU with its unit, e.g. --memory 24GiB",
+            ));
+        }
         let d = moro_core::hardware::Device::generic(bytes);
         return Ok(Some(Target {
             hardware: Hardware { devices: vec![d] },

@@ -217,6 +217,11 @@ fn bad_input_is_a_clear_error() {
     bad(&with(&["--optimizer", "adamw_9bit"]), "adamw_8bit");
     bad(&with(&["--target-modules", "nonsense"]), "target_modules");
     bad(&with(&["--memory", "lots"]), "--memory");
+    // A size without a unit is not read as bytes, a negative one is not a flag, and a GPU is
+    // never smaller than 1 GiB.
+    bad(&with(&["--memory", "24"]), "say `24GiB`");
+    bad(&with(&["--memory", "-24GiB"]), "negative");
+    bad(&with(&["--memory", "24MB"]), "under 1 GiB");
     bad(&["estimate", "--model", "Qwen/Qwen9-7B"], "did you mean");
 }
 
@@ -534,4 +539,35 @@ fn validate_reports_the_bound() {
         .unwrap();
     let one = loso.iter().find(|r| r["regime"] == "one GPU").unwrap();
     assert!(one["sources"].as_u64().unwrap() >= 15, "{one}");
+}
+
+/// Words, not debug text: the job line names the strategy as a person does, and the note on
+/// memory outside PyTorch's allocator names only what this job has.
+#[test]
+fn output_speaks_words() {
+    let base = ["estimate", "--model", "Qwen/Qwen2.5-7B"];
+    let o = run(&[
+        &base[..],
+        &["--method", "full", "--gpus", "8", "--strategy", "zero3"],
+    ]
+    .concat());
+    assert!(o.stdout.contains("8 GPUs (ZeRO-3)"), "{}", o.stdout);
+    assert!(!o.stdout.contains("Zero3"), "{}", o.stdout);
+    let o = run(&[&base[..], &["--method", "lora", "--gpus", "2"]].concat());
+    assert!(o.stdout.contains("2 GPUs (DDP)"), "{}", o.stdout);
+    assert!(!o.stdout.contains("(None)"), "{}", o.stdout);
+    let o = run(&[
+        &base[..],
+        &[
+            "--method",
+            "inference",
+            "--gpus",
+            "2",
+            "--strategy",
+            "zero3",
+        ],
+    ]
+    .concat());
+    assert!(o.stdout.contains("note: NCCL buffers sit"), "{}", o.stdout);
+    assert!(!o.stdout.contains("paged"), "{}", o.stdout);
 }

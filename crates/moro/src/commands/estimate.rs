@@ -26,7 +26,7 @@ pub(crate) struct EstimateArgs {
     #[command(flatten)]
     pub(crate) job: JobArgs,
     /// Memory available per GPU (`24GiB`, `80GB`): say whether it fits and the headroom.
-    #[arg(long, conflicts_with = "hardware")]
+    #[arg(long, conflicts_with = "hardware", allow_hyphen_values = true)]
     pub(crate) memory: Option<String>,
     /// Hardware: `detect`, a preset (`rtx-4090`, `a100-sxm4-80gb`), a GPU name, `8xh100-sxm`.
     #[arg(long)]
@@ -233,9 +233,9 @@ fn describe(job: &Job) -> String {
     ));
     if job.parallel.gpus() > 1 {
         s.push_str(&format!(
-            ", {} GPUs ({:?})",
+            ", {} GPUs ({})",
             job.parallel.gpus(),
-            job.parallel.sharding
+            crate::commands::recipe::layout_of(job).strategy_text()
         ));
     }
     s
@@ -355,10 +355,17 @@ pub(crate) fn render(
         ));
     }
     if est.component(Component::OutsideAllocator) > 0 {
-        out.push_str(
-            "\nnote: paged optimizer states / NCCL buffers sit outside PyTorch's allocator: \
-             nvidia-smi shows them, torch.cuda counters do not\n",
-        );
+        let distributed = job.parallel.gpus() > 1 || job.parallel.sharding != Sharding::None;
+        let paged = job.method != Method::Inference && job.optimizer.is_paged();
+        let what = match (paged, distributed) {
+            (true, true) => "paged optimizer states and NCCL buffers sit",
+            (true, false) => "paged optimizer states sit",
+            _ => "NCCL buffers sit",
+        };
+        out.push_str(&format!(
+            "\nnote: {what} outside PyTorch's allocator: nvidia-smi shows them, torch.cuda \
+             counters do not\n"
+        ));
     }
     if let Some(t) = target
         && let Some(m) = t.memory_bytes()

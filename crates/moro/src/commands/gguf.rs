@@ -91,7 +91,7 @@ pub(crate) struct GgufArgs {
     #[arg(long)]
     pub(crate) swa_full: bool,
     /// Memory available on the GPU (`24GiB`): say whether it fits.
-    #[arg(long, conflicts_with = "hardware")]
+    #[arg(long, conflicts_with = "hardware", allow_hyphen_values = true)]
     pub(crate) memory: Option<String>,
     /// Hardware: `detect`, a preset (`rtx-4090`), a GPU name.
     #[arg(long)]

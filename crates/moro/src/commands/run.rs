@@ -51,7 +51,12 @@ pub(crate) struct RunArgs {
     #[arg(long, value_name = "N")]
     pub(crate) max_heals: Option<u32>,
     /// Memory per GPU for the predictions (`24GiB`, `80GB`). Default: the detected GPU.
-    #[arg(long, value_name = "SIZE", conflicts_with = "hardware")]
+    #[arg(
+        long,
+        value_name = "SIZE",
+        conflicts_with = "hardware",
+        allow_hyphen_values = true
+    )]
     pub(crate) memory: Option<String>,
     /// Hardware for the predictions: a preset (`rtx-4090`), a GPU name, `detect`.
     #[arg(long, value_name = "SPEC")]

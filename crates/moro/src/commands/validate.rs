@@ -83,8 +83,7 @@ pub(crate) fn run(args: &ValidateArgs) -> Result<ExitCode> {
         t.row(vec![
             r.id.clone(),
             r.method.unwrap_or("-").to_owned(),
-            r.metric
-                .map_or("-".to_owned(), |m| format!("{m:?}").to_ascii_lowercase()),
+            r.metric.map_or("-".to_owned(), |m| m.as_str().to_owned()),
             g(r.predicted_bytes),
             g(r.measured_bytes),
             r.error.map_or_else(|| "-".into(), pct),
@@ -201,7 +200,7 @@ fn explain(text: &str, id: &str, as_json: bool) -> Result<ExitCode> {
         stored: None,
     };
     let mut out = crate::commands::estimate::render(&model, &x.job, &x.estimate, None);
-    let level = format!("{:?}", x.row.metric).to_ascii_lowercase();
+    let level = x.row.metric.as_str();
     match error {
         Some(e) => out.push_str(&format!(
             "\nrow     measured {} GiB at the {level} level; predicted {} GiB ({})\n",
