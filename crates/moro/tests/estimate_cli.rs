@@ -571,3 +571,70 @@ fn output_speaks_words() {
     assert!(o.stdout.contains("note: NCCL buffers sit"), "{}", o.stdout);
     assert!(!o.stdout.contains("paged"), "{}", o.stdout);
 }
+
+/// "Does not fit" is not a dead end: the issue's Llama-2-7B full fine-tune on one H100 lists
+/// configurations of the same method, context and effective batch whose bound fits, and when
+/// nothing like the job fits (a 70B full fine-tune on a 24 GB card) what would.
+#[test]
+fn does_not_fit_says_what_would() {
+    let job = [
+        "estimate",
+        "--model",
+        "meta-llama/Llama-2-7b-hf",
+        "--method",
+        "full",
+        "--precision",
+        "bf16-mixed",
+        "--optimizer",
+        "adamw_torch",
+        "--hardware",
+        "h100-sxm",
+    ];
+    let o = run(&job);
+    assert_eq!(o.code, 1);
+    assert!(o.stdout.contains("does NOT fit"), "{}", o.stdout);
+    assert!(o.stdout.contains("what fits here"), "{}", o.stdout);
+    let v = json(&[&job[..], &["--json"]].concat());
+    let same = v["suggestions"]["same_job"].as_array().unwrap();
+    assert!(!same.is_empty(), "{v}");
+    for s in same {
+        assert!(s["peak_upper_bytes"].as_u64().unwrap() <= v["memory_bytes"].as_u64().unwrap());
+        assert_eq!(s["job"]["method"], "full");
+        assert_eq!(s["job"]["seq_len"], v["job"]["seq_len"]);
+    }
+    let o = run(&[
+        "estimate",
+        "--model",
+        "meta-llama/Llama-3.1-70B-Instruct",
+        "--method",
+        "full",
+        "--hardware",
+        "rtx-4090",
+    ]);
+    assert_eq!(o.code, 1);
+    assert!(o.stdout.contains("what would fit:"), "{}", o.stdout);
+    // A job that fits gets no suggestions.
+    let v = json(&[
+        "estimate",
+        "--model",
+        "Qwen/Qwen2.5-0.5B",
+        "--memory",
+        "80GiB",
+        "--json",
+    ]);
+    assert!(v.get("suggestions").is_none());
+}
+
+/// The README's "does not fit" transcript is what the binary prints.
+#[test]
+fn readme_does_not_fit_transcript_is_true() {
+    let readme = include_str!("../../../README.md");
+    let cmd = "$ moro estimate --model meta-llama/Llama-2-7b-hf --method full --precision \
+               bf16-mixed --optimizer adamw_torch --hardware h100-sxm\n…\n";
+    let at = readme.find(cmd).expect("the transcript is in the README") + cmd.len();
+    let shown = &readme[at..at + readme[at..].find("```").unwrap()];
+    let args: Vec<&str> = cmd[2..cmd.find('\n').unwrap()].split(' ').skip(1).collect();
+    let o = run(&args);
+    let tail = &o.stdout[o.stdout.find("does NOT fit").unwrap()..];
+    assert_eq!(shown, tail);
+}

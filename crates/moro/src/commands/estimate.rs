@@ -68,6 +68,9 @@ pub(crate) struct EstimateJson<'a> {
     pub(crate) fits: Option<bool>,
     /// Memory − predicted device peak (negative: over).
     pub(crate) headroom_bytes: Option<i64>,
+    /// When the job does not fit or is uncertain: what would fit instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) suggestions: Option<crate::commands::suggest::Suggestions>,
 }
 
 #[derive(Debug, Serialize)]
@@ -124,12 +127,23 @@ pub(crate) fn run(args: &EstimateArgs) -> Result<ExitCode> {
     let (model, job, target) = (&setup.model, &setup.job, setup.target.as_ref());
     let memory = target.and_then(crate::hw::Target::memory_bytes);
     let verdict = judge(&est, job, memory).verdict;
+    let suggestions = match (verdict, target) {
+        (Some(Verdict::Uncertain | Verdict::DoesNotFit), Some(t)) => {
+            crate::commands::suggest::suggest(&model.id, &model.spec, job, t)
+        }
+        _ => None,
+    };
 
     if args.json {
-        let doc = to_json(model, job, &est, memory);
+        let mut doc = to_json(model, job, &est, memory);
+        doc.suggestions = suggestions;
         stdout(&json(&doc)?)?;
     } else {
-        stdout(&render(model, job, &est, target))?;
+        let mut out = render(model, job, &est, target);
+        if let Some(s) = &suggestions {
+            out.push_str(&crate::commands::suggest::text(s));
+        }
+        stdout(&out)?;
     }
     Ok(match verdict {
         Some(Verdict::Uncertain | Verdict::DoesNotFit) => ExitCode::from(1),
@@ -179,6 +193,7 @@ pub(crate) fn to_json<'a>(
         memory_bytes: memory,
         fits: memory.map(|m| judge(est, job, Some(m)).verdict == Some(Verdict::Fits)),
         headroom_bytes: memory.map(|m| headroom(est, m)),
+        suggestions: None,
     }
 }
 

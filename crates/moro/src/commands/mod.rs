@@ -9,5 +9,6 @@ pub(crate) mod hardware;
 pub(crate) mod models;
 pub(crate) mod recipe;
 pub(crate) mod run;
+pub(crate) mod suggest;
 pub(crate) mod tiers;
 pub(crate) mod validate;

@@ -563,6 +563,44 @@ fn host_text(c: &Candidate) -> String {
     }
 }
 
+/// The "what would fit" lines of [`Alternatives`] (what `recipe generate` prints when nothing
+/// fits, and `estimate` when the job does not).
+pub(crate) fn alternatives_text(alt: &Alternatives) -> String {
+    let mut s = String::from("what would fit:\n");
+    let mut any = false;
+    if let Some(m) = &alt.smaller_model {
+        any = true;
+        #[allow(clippy::cast_precision_loss)]
+        let b = m.parameters as f64 / 1e9;
+        s.push_str(&format!(
+            "  a smaller model: {} ({b:.1}B), {}\n",
+            m.id, m.configuration
+        ));
+    }
+    if let Some(g) = &alt.larger_gpu {
+        any = true;
+        s.push_str(&format!(
+            "  more memory: --hardware {} ({} GiB), {}\n",
+            g.preset,
+            gib(g.memory_bytes),
+            g.configuration
+        ));
+    }
+    if let Some(g) = &alt.more_gpus {
+        any = true;
+        s.push_str(&format!(
+            "  more GPUs: {} × this GPU with {}, {}\n",
+            g.gpus, g.strategy, g.configuration
+        ));
+    }
+    if !any {
+        s.push_str(
+            "  nothing in the catalog: no smaller model of the family, GPU or GPU count up to 64\n",
+        );
+    }
+    s
+}
+
 /// What would fit when nothing does.
 #[derive(Debug, Default, Serialize)]
 pub(crate) struct Alternatives {
@@ -937,38 +975,7 @@ fn nothing_fits(
             gib(outcome.short_by_bytes())
         ));
     }
-    s.push_str("what would fit:\n");
-    let mut any = false;
-    if let Some(m) = &alt.smaller_model {
-        any = true;
-        #[allow(clippy::cast_precision_loss)]
-        let b = m.parameters as f64 / 1e9;
-        s.push_str(&format!(
-            "  a smaller model: {} ({b:.1}B), {}\n",
-            m.id, m.configuration
-        ));
-    }
-    if let Some(g) = &alt.larger_gpu {
-        any = true;
-        s.push_str(&format!(
-            "  more memory: --hardware {} ({} GiB), {}\n",
-            g.preset,
-            gib(g.memory_bytes),
-            g.configuration
-        ));
-    }
-    if let Some(g) = &alt.more_gpus {
-        any = true;
-        s.push_str(&format!(
-            "  more GPUs: {} × this GPU with {}, {}\n",
-            g.gpus, g.strategy, g.configuration
-        ));
-    }
-    if !any {
-        s.push_str(
-            "  nothing in the catalog: no smaller model of the family, GPU or GPU count up to 64\n",
-        );
-    }
+    s.push_str(&alternatives_text(&alt));
     stdout(&s)?;
     Ok(ExitCode::from(1))
 }
