@@ -79,7 +79,8 @@ fn bounds_hold_for_sources_left_out() {
 /// guess.
 #[test]
 fn regimes_without_runs_are_named() {
-    use moro_core::bound::{JobClass, MethodGroup};
+    use moro_core::bound::JobClass;
+    use moro_core::job::Method;
     use moro_core::job::Stack;
     use moro_core::validation::Metric;
     let empty = Table {
@@ -88,7 +89,7 @@ fn regimes_without_runs_are_named() {
     };
     let class = JobClass {
         stack: Stack::Torchtune,
-        method: MethodGroup::Qlora,
+        method: Method::Qlora,
         sharded: true,
     };
     let band = empty.band(Metric::Reserved, class);

@@ -868,7 +868,7 @@ fn margin_is_the_largest_level_bound() {
     };
     let class = JobClass {
         stack: Stack::Hf,
-        method: moro_core::bound::MethodGroup::Qlora,
+        method: moro_core::job::Method::Qlora,
         sharded: false,
     };
     let (a, r, d) = (13_000 * MIB, 14_000 * MIB, 15_000 * MIB);

@@ -3,8 +3,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{COVERAGE, Cell, JobClass, MIN_SOURCES, MethodGroup, Table};
-use crate::job::Stack;
+use super::{COVERAGE, Cell, JobClass, MIN_SOURCES, Table};
+use crate::job::{Method, Stack};
 use crate::validation::Metric;
 
 /// One measured run against moro's prediction.
@@ -65,7 +65,7 @@ fn keys(class: JobClass, level: Metric) -> [CellKey; 4] {
     })
 }
 
-type CellKey = (Option<Metric>, bool, Option<Stack>, Option<MethodGroup>);
+type CellKey = (Option<Metric>, bool, Option<Stack>, Option<Method>);
 
 /// Fits a table on `points`: every cell with points from at least [`MIN_SOURCES`] sources.
 ///
@@ -122,7 +122,7 @@ fn cell(
     level: Option<Metric>,
     sharded: bool,
     stack: Option<Stack>,
-    method: Option<MethodGroup>,
+    method: Option<Method>,
     by_source: &BTreeMap<&str, Vec<f64>>,
 ) -> Cell {
     let offsets: Vec<f64> = by_source.values().map(|v| median(v)).collect();
@@ -212,7 +212,7 @@ mod tests {
             source: source.into(),
             class: JobClass {
                 stack: Stack::Hf,
-                method: MethodGroup::Lora,
+                method: Method::Lora,
                 sharded: false,
             },
             level: Metric::Allocated,

@@ -47,8 +47,8 @@ pub const DEVICE_FLOOR_BYTES: u64 = 512 * crate::units::MIB;
 pub struct JobClass {
     /// Training stack.
     pub stack: Stack,
-    /// Method family.
-    pub method: MethodGroup,
+    /// Method (the other PEFT methods are [`Method::Lora`] jobs: they group with LoRA).
+    pub method: Method,
     /// A sharding engine (DeepSpeed ZeRO, FSDP; even on one GPU), tensor or pipeline
     /// parallelism.
     pub sharded: bool,
@@ -60,48 +60,10 @@ impl JobClass {
     pub fn of(job: &Job) -> Self {
         Self {
             stack: job.stack,
-            method: MethodGroup::of(job.method),
+            method: job.method,
             sharded: job.parallel.sharding != Sharding::None
                 || job.parallel.tensor_parallel > 1
                 || job.parallel.pipeline > 1,
-        }
-    }
-}
-
-/// Method families the error model tells apart: the other PEFT methods go with LoRA.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum MethodGroup {
-    /// Every parameter trained.
-    Full,
-    /// Adapters (or another PEFT method) on a 16/32-bit base.
-    Lora,
-    /// Adapters on a quantized base.
-    Qlora,
-    /// No training.
-    Inference,
-}
-
-impl MethodGroup {
-    /// The family of a method.
-    #[must_use]
-    pub const fn of(method: Method) -> Self {
-        match method {
-            Method::Full => Self::Full,
-            Method::Lora => Self::Lora,
-            Method::Qlora => Self::Qlora,
-            Method::Inference => Self::Inference,
-        }
-    }
-
-    /// Display name.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Full => "full",
-            Self::Lora => "lora",
-            Self::Qlora => "qlora",
-            Self::Inference => "inference",
         }
     }
 }
@@ -116,8 +78,8 @@ pub struct Cell {
     pub sharded: bool,
     /// Stack; `None`: all stacks.
     pub stack: Option<Stack>,
-    /// Method family; `None`: all methods.
-    pub method: Option<MethodGroup>,
+    /// Method; `None`: all methods.
+    pub method: Option<Method>,
     /// Sources with points in the cell.
     pub sources: usize,
     /// Points (measured runs) in the cell.

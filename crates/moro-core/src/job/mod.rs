@@ -14,7 +14,7 @@ pub mod settings;
 pub use settings::JobSettings;
 
 /// Training (or inference) method.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Method {
     /// All parameters trainable.

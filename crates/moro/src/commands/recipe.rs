@@ -932,7 +932,7 @@ fn nothing_fits(
         || {
             let class = JobClass {
                 stack: args.stack,
-                method: moro_core::bound::MethodGroup::Lora,
+                method: moro_core::job::Method::Lora,
                 sharded: false,
             };
             margin_rule(class, moro_core::validation::Metric::Device)
