@@ -181,6 +181,23 @@ pub fn find(id: &str) -> Option<&'static CatalogEntry> {
     found
 }
 
+/// The alias `id` names, when it names one ([`ALIASES`]) rather than an entry: the model a
+/// stand-in config is used for.
+#[must_use]
+pub fn alias(id: &str) -> Option<&'static str> {
+    let id = normalize(id);
+    if by_id(&id).is_some() {
+        return None;
+    }
+    ALIASES
+        .iter()
+        .find(|(a, _)| {
+            a.eq_ignore_ascii_case(&id)
+                || (!id.contains('/') && name_part(a).eq_ignore_ascii_case(&id))
+        })
+        .map(|(a, _)| *a)
+}
+
 /// Up to `n` known ids (entries and aliases) nearest to `id` by edit distance, nearest
 /// first, for "did you mean". A bare name is compared with the name parts too.
 #[must_use]
@@ -244,6 +261,11 @@ mod tests {
 
     #[test]
     fn every_alias_resolves_to_an_entry() {
+        assert_eq!(
+            super::alias("meta-llama/llama-3.3-70b-instruct"),
+            Some("meta-llama/Llama-3.3-70B-Instruct")
+        );
+        assert_eq!(super::alias("meta-llama/Llama-3.1-70B-Instruct"), None);
         for (alias, target) in ALIASES {
             assert!(by_id(target).is_some(), "{alias} -> {target} missing");
             assert!(by_id(alias).is_none(), "{alias} is also an entry");

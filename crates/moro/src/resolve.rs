@@ -219,7 +219,7 @@ fn resolve(arg: &str, opts: &HubArgs) -> Result<Resolved> {
     if let Some(entry) = entry
         && !want_hub
     {
-        return from_catalog(entry);
+        return from_catalog(entry, &bare);
     }
 
     // 3. The Hub.
@@ -227,7 +227,7 @@ fn resolve(arg: &str, opts: &HubArgs) -> Result<Resolved> {
         Ok(r) => r,
         Err(e) => {
             if let Some(entry) = entry {
-                return from_catalog(entry);
+                return from_catalog(entry, &bare);
             }
             if !bare.contains('/') {
                 return Err(not_found(&full, false));
@@ -242,7 +242,7 @@ fn resolve(arg: &str, opts: &HubArgs) -> Result<Resolved> {
                  embedded catalog entry `{}`",
                 entry.id
             ));
-            return from_catalog(entry);
+            return from_catalog(entry, &bare);
         }
         return Err(not_found(&full, true));
     }
@@ -264,7 +264,7 @@ fn resolve(arg: &str, opts: &HubArgs) -> Result<Resolved> {
                      catalog entry `{}`",
                     entry.id
                 ));
-                return from_catalog(entry);
+                return from_catalog(entry, &bare);
             }
             return Err(err);
         }
@@ -311,12 +311,24 @@ fn with_revision(arg: &str, revision: Option<&str>) -> Result<String> {
     }
 }
 
-fn from_catalog(entry: &catalog::CatalogEntry) -> Result<Resolved> {
+/// The catalog entry `asked` resolved to; an alias keeps its own name and says whose config
+/// stands in for it.
+fn from_catalog(entry: &catalog::CatalogEntry, asked: &str) -> Result<Resolved> {
     let spec =
         catalog::load(entry).map_err(|e| user(format!("catalog entry `{}`: {e}", entry.id)))?;
+    let (id, source) = match catalog::alias(asked) {
+        Some(alias) => (
+            alias.to_owned(),
+            format!(
+                "embedded catalog: `{}`'s config, same architecture",
+                entry.id
+            ),
+        ),
+        None => (entry.id.to_owned(), "embedded catalog".to_owned()),
+    };
     Ok(Resolved {
-        id: entry.id.to_owned(),
-        source: "embedded catalog".into(),
+        id,
+        source,
         spec,
         stored: None,
     })
@@ -383,8 +395,12 @@ fn hub_error(e: &HubError, repo: &RepoRef, endpoint: &str) -> anyhow::Error {
             "retry, raise HF_HUB_DOWNLOAD_TIMEOUT (seconds), or use --offline".to_owned()
         }
         HubError::Network { .. } => {
-            "check the connection, a proxy or HF_ENDPOINT; --offline uses the cache and the catalog"
-                .to_owned()
+            let base = "check the connection, a proxy or HF_ENDPOINT; --offline uses the cache \
+                        and the catalog";
+            match catalog_hint(&repo.id) {
+                Some(s) => format!("{base}; in the catalog: {s}"),
+                None => base.to_owned(),
+            }
         }
         _ => "pass a local model directory or a config.json instead".to_owned(),
     };

@@ -638,3 +638,48 @@ fn readme_does_not_fit_transcript_is_true() {
     let tail = &o.stdout[o.stdout.find("does NOT fit").unwrap()..];
     assert_eq!(shown, tail);
 }
+
+/// Names are honest: an alias keeps its own name and says whose config stands in for it,
+/// and an unknown id that cannot reach the Hub still gets the nearest catalog names.
+#[test]
+fn stand_ins_and_unknown_ids_say_so() {
+    let o = run(&[
+        "estimate",
+        "--model",
+        "meta-llama/Llama-3.3-70B-Instruct",
+        "--method",
+        "qlora",
+    ]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(
+        o.stdout.contains(
+            "meta-llama/Llama-3.3-70B-Instruct (llama, 70.55B parameters, from embedded \
+             catalog: `meta-llama/Llama-3.1-70B-Instruct`'s config, same architecture)"
+        ),
+        "{}",
+        o.stdout
+    );
+    let v = json(&[
+        "estimate",
+        "--model",
+        "meta-llama/Llama-3.3-70B-Instruct",
+        "--method",
+        "qlora",
+        "--json",
+    ]);
+    assert_eq!(v["model"]["id"], "meta-llama/Llama-3.3-70B-Instruct");
+
+    // No network: an endpoint nothing listens on.
+    let o = moro()
+        .env_remove("HF_HUB_OFFLINE")
+        .env("HF_ENDPOINT", "http://127.0.0.1:9")
+        .args(["estimate", "--model", "someorg/Llama-3.1-8B-x"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("did you mean `meta-llama/Llama-3.1-8B`"),
+        "{stderr}"
+    );
+}
