@@ -102,8 +102,13 @@ pub(crate) fn resolve(inputs: JobInputs<'_>) -> Result<JobSetup> {
     let mut job = settings.resolve().map_err(|e| job_error(&e))?;
     job.lora.targets = moro_core::targets::resolve(&model.spec, &job.lora.targets);
     job.validate(&model.spec).map_err(|e| job_error(&e))?;
-    let (profile, notes) =
-        machine_profile(target.as_ref().and_then(|t| t.hardware.devices.first()));
+    let device = target.as_ref().and_then(|t| t.hardware.devices.first());
+    let warnings =
+        moro_core::job::against::check(&job, &model.spec, device).map_err(|e| job_error(&e))?;
+    let (profile, profile_notes) = machine_profile(device);
+    let warnings = warnings.into_iter().map(|w| format!("warning: {w}"));
+    let notes: Vec<String> = warnings.chain(profile_notes).collect();
+    let notes = (!notes.is_empty()).then(|| notes.join("\n"));
     Ok(JobSetup {
         model,
         job,

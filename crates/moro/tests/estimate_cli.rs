@@ -683,3 +683,58 @@ fn stand_ins_and_unknown_ids_say_so() {
         "{stderr}"
     );
 }
+
+/// Settings are checked against the hardware: what cannot run is refused naming the setting
+/// and the hardware fact, what runs but is unusual is a warning on stderr.
+#[test]
+fn settings_are_checked_against_the_hardware() {
+    let m = ["estimate", "--model", "Qwen/Qwen2.5-7B"];
+    bad(
+        &[
+            &m[..],
+            &["--attention", "flash", "--hardware", "v100-sxm2-32gb"],
+        ]
+        .concat(),
+        "compute capability 7.0",
+    );
+    bad(
+        &[
+            &m[..],
+            &["--method", "qlora", "--hardware", "apple-m3-max-64gb"],
+        ]
+        .concat(),
+        "Apple GPU",
+    );
+    let small = ["estimate", "--model", "Qwen/Qwen2.5-0.5B"];
+    let o = run(&[
+        &small[..],
+        &["--precision", "bf16-mixed", "--hardware", "t4"],
+    ]
+    .concat());
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(
+        o.stderr.contains("warning: precision bf16-mixed"),
+        "{}",
+        o.stderr
+    );
+    let o = run(&[
+        "estimate",
+        "--model",
+        "meta-llama/Llama-2-7b-hf",
+        "--seq-len",
+        "200000",
+    ]);
+    assert!(
+        o.stderr.contains("beyond the model's 4096 positions"),
+        "{}",
+        o.stderr
+    );
+    // The same job on a GPU that runs it says nothing.
+    let o = run(&[
+        &m[..],
+        &["--attention", "flash", "--hardware", "a100-sxm4-80gb"],
+    ]
+    .concat());
+    assert_eq!(o.code, 0);
+    assert!(!o.stderr.contains("warning"), "{}", o.stderr);
+}

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::ModelSpec;
 
+pub mod against;
 pub mod settings;
 
 pub use settings::JobSettings;

@@ -1,0 +1,68 @@
+//! Checking a resolved job against the model and the hardware it is meant for: what cannot
+//! run is refused (naming the setting and the hardware fact), what runs but is unusual is
+//! a warning. Nothing is replaced.
+
+use super::{Attention, Job, JobError, Method, Precision, Quantization};
+use crate::hardware::{Device, Vendor};
+use crate::model::ModelSpec;
+
+/// The warnings for `job` on `model` and `device` (`None`: no hardware named).
+///
+/// # Errors
+/// A setting the hardware cannot run: FlashAttention 2 below compute capability 8.0
+/// (flash-attn's own check: "FlashAttention only supports Ampere GPUs or newer") or on an
+/// Apple GPU, bitsandbytes quantization on an Apple GPU (bitsandbytes has no Metal backend).
+pub fn check(
+    job: &Job,
+    model: &ModelSpec,
+    device: Option<&Device>,
+) -> Result<Vec<String>, JobError> {
+    let mut warnings = Vec::new();
+    if job.method != Method::Inference
+        && model.max_position_embeddings > 0
+        && job.seq_len > model.max_position_embeddings
+    {
+        warnings.push(format!(
+            "max_seq_length {} is beyond the model's {} positions: the model was not trained \
+             on sequences this long",
+            job.seq_len, model.max_position_embeddings
+        ));
+    }
+    // A size alone (`--memory 24GiB`) says nothing about the GPU's features.
+    let Some(d) = device.filter(|d| d.vendor != Vendor::Generic) else {
+        return Ok(warnings);
+    };
+    let cc = d.compute_capability.map_or_else(String::new, |(a, b)| {
+        format!(" (compute capability {a}.{b})")
+    });
+    if job.attention == Attention::Flash && !d.supports_flash_attention {
+        return Err(JobError {
+            field: "attention",
+            message: format!(
+                "FlashAttention 2 needs an NVIDIA GPU of compute capability 8.0 (Ampere) or newer \
+                 or a supported AMD GPU; {}{cc} has none: use `sdpa`",
+                d.name
+            ),
+        });
+    }
+    if d.vendor == Vendor::Apple && job.quantization != Quantization::None {
+        return Err(JobError {
+            field: "quantization",
+            message: format!(
+                "bitsandbytes and GPTQ kernels need CUDA or ROCm; {} is an Apple GPU (MLX \
+                 quantizes its own way)",
+                d.name
+            ),
+        });
+    }
+    let bf16 = matches!(job.precision, Precision::Bf16 | Precision::Bf16Mixed);
+    if bf16 && !d.supports_bf16 {
+        warnings.push(format!(
+            "precision {}: {}{cc} has no bf16 arithmetic; PyTorch emulates it slowly or \
+             refuses it (`fp16-mixed` is the usual choice there)",
+            job.precision.as_str(),
+            d.name
+        ));
+    }
+    Ok(warnings)
+}
