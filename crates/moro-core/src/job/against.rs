@@ -11,8 +11,8 @@ use crate::model::ModelSpec;
 /// # Errors
 /// A setting the hardware cannot run: FlashAttention 2 below compute capability 8.0
 /// (flash-attn 2.x `csrc/flash_attn/flash_api.cpp`: "FlashAttention only supports Ampere GPUs
-/// or newer.") or on an
-/// Apple GPU, bitsandbytes quantization on an Apple GPU (bitsandbytes has no Metal backend).
+/// or newer.") or on an Apple GPU; bitsandbytes quantization on an Apple GPU (bitsandbytes
+/// has no Metal backend).
 pub fn check(
     job: &Job,
     model: &ModelSpec,
