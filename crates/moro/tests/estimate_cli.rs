@@ -483,6 +483,7 @@ fn estimate_is_judged_on_its_upper_bound() {
     assert_eq!(ud, up);
     assert!(v["band"]["sources"].as_u64().unwrap() >= 3, "{}", v["band"]);
     assert_eq!(v["band"]["coverage_percent"], 95);
+    assert_eq!(v["band"]["coverage"], 0.95);
     assert!(v["band"]["regime"].as_str().unwrap().contains("one GPU"));
 
     let gib = |b: u64| format!("{}B", b);

@@ -150,9 +150,11 @@ pub struct Table {
 }
 
 /// The band a bound comes from, for output.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Band {
-    /// Share of measured runs like this one the bound covers, per cent.
+    /// Share of measured runs like this one the bound is fitted to cover (0.95).
+    pub coverage: f64,
+    /// The same, per cent.
     pub coverage_percent: u64,
     /// The regime in words, and why a coarser one stands in when it does.
     pub regime: String,
@@ -231,6 +233,7 @@ impl Table {
                     )
                 };
                 Band {
+                    coverage: self.coverage,
                     coverage_percent,
                     regime,
                     runs: c.runs,
@@ -239,6 +242,7 @@ impl Table {
                 }
             }
             None => Band {
+                coverage: self.coverage,
                 coverage_percent,
                 regime: format!(
                     "{} (no measured runs: moro's documented default)",
