@@ -119,25 +119,23 @@ impl Cell {
     /// The regime in words: `hf, qlora, one GPU, device level`.
     #[must_use]
     pub fn describe(&self) -> String {
-        let mut parts: Vec<&str> = Vec::new();
-        if let Some(s) = self.stack {
-            parts.push(s.as_str());
-        }
-        if let Some(m) = self.method {
-            parts.push(m.as_str());
-        }
-        parts.push(if self.sharded { "sharded" } else { "one GPU" });
-        let mut s = parts.join(", ");
-        match self.level {
-            Some(l) => {
-                s.push_str(", ");
-                s.push_str(l.as_str());
-                s.push_str(" level");
-            }
-            None => s.push_str(", all levels"),
-        }
-        s
+        regime_words(self.level, self.sharded, self.stack, self.method)
     }
+}
+
+/// A regime in words (a `None` field: pooled over every value).
+fn regime_words(
+    level: Option<Metric>,
+    sharded: bool,
+    stack: Option<Stack>,
+    method: Option<Method>,
+) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    parts.extend(stack.map(Stack::as_str));
+    parts.extend(method.map(Method::as_str));
+    parts.push(if sharded { "sharded" } else { "one GPU" });
+    let level = level.map_or("all levels".to_owned(), |l| format!("{} level", l.as_str()));
+    format!("{}, {level}", parts.join(", "))
 }
 
 /// The error model: every cell with enough sources.
@@ -208,18 +206,6 @@ impl Table {
     pub fn band(&self, level: Metric, class: JobClass) -> Band {
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let coverage_percent = (self.coverage * 100.0).round() as u64;
-        let own = Cell {
-            level: Some(level),
-            sharded: class.sharded,
-            stack: Some(class.stack),
-            method: Some(class.method),
-            sources: 0,
-            runs: 0,
-            offset_e4: 0,
-            between_e4: 0,
-            within_e4: 0,
-            upper_permille: 0,
-        };
         match self.cell(level, class) {
             Some(c) => {
                 let regime = if c.rank() == 0 {
@@ -246,7 +232,12 @@ impl Table {
                 coverage_percent,
                 regime: format!(
                     "{} (no measured runs: moro's documented default)",
-                    own.describe()
+                    regime_words(
+                        Some(level),
+                        class.sharded,
+                        Some(class.stack),
+                        Some(class.method)
+                    )
                 ),
                 runs: 0,
                 sources: 0,

@@ -176,8 +176,7 @@ impl Ctx<'_> {
     /// multiply with `torch.rsqrt(variance + eps)` (one fp32 storage, `PowBackward0` /
     /// `MulBackward0`), the `rsqrt` (one fp32 per head) by `RsqrtBackward0`; a trainable norm
     /// weight (full fine-tune) also saves `hidden_states.to(input_dtype)`. RoPE's multiplies
-    /// save only cos and sin. Matches the fake-CUDA trace to 9 B per token and layer
-    /// (`validation/oracle-qwen3.jsonl`).
+    /// save only cos and sin (traces: `validation/oracle-traces/qwen3-no-checkpointing.jsonl`).
     fn qk_norm_bytes(&self, o: u64) -> u64 {
         let tp = self.tp.max(1);
         let width = (self.m.q_width() + self.m.kv_width()) / tp;

@@ -157,6 +157,7 @@ pub(crate) fn to_json<'a>(
     est: &Estimate,
     memory: Option<u64>,
 ) -> EstimateJson<'a> {
+    let judged = judge(est, job, memory);
     let mut components = serde_json::Map::new();
     for (c, b) in &est.components {
         components.insert(c.as_str().to_owned(), serde_json::Value::from(*b));
@@ -189,9 +190,9 @@ pub(crate) fn to_json<'a>(
         load_reserved_bytes: est.load_reserved_bytes,
         replayed_fragmentation_bytes: est.replayed_fragmentation_bytes,
         step_segments_bytes: est.step_segments_bytes,
-        bound: judge(est, job, memory),
+        fits: judged.verdict.map(|v| v == Verdict::Fits),
+        bound: judged,
         memory_bytes: memory,
-        fits: memory.map(|m| judge(est, job, Some(m)).verdict == Some(Verdict::Fits)),
         headroom_bytes: memory.map(|m| headroom(est, m)),
         suggestions: None,
     }

@@ -19,7 +19,7 @@ use moro_core::job::{Job, JobSettings, Method, Stack};
 use moro_core::model::ModelSpec;
 use moro_core::search::{
     Candidate, Caps, Cluster, Layout, MethodChoice, Objective, Outcome, Request, Space,
-    margin_bytes, margin_rule, search,
+    margin_rule, search,
 };
 use moro_recipe::{Components, HardwareSection, PredictionSection, Recipe, TrainingExtras};
 use serde::Serialize;
@@ -1032,9 +1032,9 @@ pub(crate) fn run_check(args: &CheckArgs) -> Result<ExitCode> {
     }
     let est = setup.estimate()?;
     let (model, job) = (&setup.model, &setup.job);
-    let margin = margin_bytes(&est, job);
-    let head = headroom(usable, est.peak_device_bytes, margin);
     let judged = crate::verdict::judge(&est, job, Some(usable));
+    let margin = judged.peak_upper_bytes - est.peak_device_bytes;
+    let head = headroom(usable, est.peak_device_bytes, margin);
     let fits = head >= 0;
     let fits_raw = est.peak_device_bytes <= usable;
     let recorded = loaded
@@ -1121,6 +1121,7 @@ pub(crate) fn run_check(args: &CheckArgs) -> Result<ExitCode> {
 mod tests {
     use super::*;
     use moro_core::estimate::estimate;
+    use moro_core::search::margin_bytes;
 
     fn target_of(spec: &str) -> Target {
         match parse_hardware_spec(spec).unwrap() {
