@@ -18,6 +18,13 @@
 //! - a freed block merges with free neighbours of its own segment, never across segments;
 //! - `empty_cache` returns the segments that are wholly free.
 //!
+//! Streams: a segment belongs to the stream that `cudaMalloc`ed it, and a free block is handed
+//! only to a request on that stream (`BlockComparatorSize` orders by stream first and
+//! `get_free_block` takes only its own stream's blocks). A block used on other streams
+//! (`record_stream`) is counted as freed at once but stays unavailable until those streams'
+//! work is done (`free` → `insert_events`; `process_events` returns it). FSDP gathers and
+//! reduces on their own streams, so their blocks cannot serve the compute stream.
+//!
 //! `calibration/allocsim.py` is the same model in Python; replaying the allocations of real
 //! training steps through it reproduced an H200's reserved peaks (`calibration/README.md`).
 
@@ -52,26 +59,43 @@ pub const fn segment_size(size: u64) -> u64 {
     }
 }
 
+/// A CUDA stream; [`Stream::COMPUTE`] is the default stream the model runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Stream(pub u32);
+
+impl Stream {
+    /// The stream a training step computes on.
+    pub const COMPUTE: Self = Self(0);
+}
+
 #[derive(Debug, Clone)]
 struct Block {
     addr: u64,
     size: u64,
     small: bool,
+    stream: Stream,
     free: bool,
     prev: Option<usize>,
     next: Option<usize>,
+    /// Streams other than its own the block was used on (`record_stream`).
+    uses: Vec<Stream>,
 }
 
 /// A handle to an allocated block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Handle(usize);
 
+/// The key a cached free block is found by: (stream, size, address, block index).
+type FreeKey = (Stream, u64, u64, usize);
+
 /// The allocator's bookkeeping, without memory.
 #[derive(Debug, Clone, Default)]
 pub struct CachingAllocator {
     blocks: Vec<Block>,
-    /// Cached free blocks of the small / large pool by (size, address, block index).
-    free: [BTreeSet<(u64, u64, usize)>; 2],
+    /// Cached free blocks of the small / large pool.
+    free: [BTreeSet<FreeKey>; 2],
+    /// Freed blocks still in use on other streams, with the streams they wait for.
+    pending: Vec<usize>,
     next_addr: u64,
     allocated: u64,
     reserved: u64,
@@ -112,23 +136,28 @@ impl CachingAllocator {
 
     fn cache(&mut self, i: usize) {
         let b = &self.blocks[i];
-        self.free[usize::from(!b.small)].insert((b.size, b.addr, i));
+        self.free[usize::from(!b.small)].insert((b.stream, b.size, b.addr, i));
     }
 
     fn uncache(&mut self, i: usize) {
         let b = &self.blocks[i];
-        self.free[usize::from(!b.small)].remove(&(b.size, b.addr, i));
+        self.free[usize::from(!b.small)].remove(&(b.stream, b.size, b.addr, i));
     }
 
-    /// Allocates `nbytes`.
+    /// Allocates `nbytes` on the compute stream.
     pub fn malloc(&mut self, nbytes: u64) -> Handle {
+        self.malloc_on(Stream::COMPUTE, nbytes)
+    }
+
+    /// Allocates `nbytes` on `stream`: only that stream's cached blocks can serve it.
+    pub fn malloc_on(&mut self, stream: Stream, nbytes: u64) -> Handle {
         let size = round_size(nbytes);
         let small = size <= SMALL_SIZE;
         let pool = usize::from(!small);
         let found = self.free[pool]
-            .range((size, 0, 0)..)
+            .range((stream, size, 0, 0)..=(stream, u64::MAX, u64::MAX, usize::MAX))
             .next()
-            .map(|&(_, _, i)| i);
+            .map(|&(_, _, _, i)| i);
         let i = if let Some(i) = found {
             self.uncache(i);
             i
@@ -138,9 +167,11 @@ impl CachingAllocator {
                 addr: self.next_addr,
                 size: seg,
                 small,
+                stream,
                 free: true,
                 prev: None,
                 next: None,
+                uses: Vec::new(),
             });
             // Segments are never adjacent: blocks of two segments never merge.
             self.next_addr += seg + ROUND_LARGE;
@@ -156,9 +187,11 @@ impl CachingAllocator {
                 addr: b.addr + size,
                 size: rest,
                 small,
+                stream,
                 free: true,
                 prev: Some(i),
                 next: b.next,
+                uses: Vec::new(),
             });
             if let Some(n) = self.blocks[i].next {
                 self.blocks[n].prev = Some(r);
@@ -173,11 +206,49 @@ impl CachingAllocator {
         Handle(i)
     }
 
-    /// Frees a block allocated by [`Self::malloc`] (once).
+    /// `Tensor.record_stream(stream)`: the block is also used on `stream`, so a free waits
+    /// for that stream's work (`recordStream` adds to `stream_uses`; its own stream is
+    /// ignored).
+    pub fn record_stream(&mut self, h: Handle, stream: Stream) {
+        let b = &mut self.blocks[h.0];
+        if stream != b.stream && !b.uses.contains(&stream) {
+            b.uses.push(stream);
+        }
+    }
+
+    /// Frees a block allocated by [`Self::malloc`] (once). It no longer counts as allocated;
+    /// if it was used on other streams it is cached only once they [`Self::synchronize`].
     pub fn free(&mut self, h: Handle) {
-        let mut i = h.0;
+        let i = h.0;
         debug_assert!(!self.blocks[i].free, "double free");
         self.allocated -= self.blocks[i].size;
+        if self.blocks[i].uses.is_empty() {
+            self.release(i);
+        } else {
+            self.pending.push(i);
+        }
+    }
+
+    /// `stream`'s queued work is done: the freed blocks that waited only for it (and
+    /// streams already done) return to the cache (`process_events`).
+    pub fn synchronize(&mut self, stream: Stream) {
+        let mut ready = Vec::new();
+        self.pending.retain(|&i| {
+            let uses = &mut self.blocks[i].uses;
+            uses.retain(|&s| s != stream);
+            let done = uses.is_empty();
+            if done {
+                ready.push(i);
+            }
+            !done
+        });
+        for i in ready {
+            self.release(i);
+        }
+    }
+
+    /// Returns block `i` to its pool, merged with free neighbours of its segment.
+    fn release(&mut self, mut i: usize) {
         self.blocks[i].free = true;
         if let Some(p) = self.blocks[i].prev.filter(|&p| self.blocks[p].free) {
             self.uncache(p);
@@ -204,13 +275,13 @@ impl CachingAllocator {
 
     /// `torch.cuda.empty_cache()`: returns the wholly free segments.
     pub fn empty_cache(&mut self) {
-        let whole: Vec<(u64, u64, usize)> = self
+        let whole: Vec<FreeKey> = self
             .free
             .iter()
             .flat_map(|pool| pool.iter().copied())
-            .filter(|&(_, _, i)| self.blocks[i].prev.is_none() && self.blocks[i].next.is_none())
+            .filter(|&(_, _, _, i)| self.blocks[i].prev.is_none() && self.blocks[i].next.is_none())
             .collect();
-        for (size, _, i) in whole {
+        for (_, size, _, i) in whole {
             self.uncache(i);
             self.reserved -= size;
         }
@@ -289,5 +360,44 @@ mod tests {
         a.free(l);
         a.reset_peaks();
         assert_eq!(a.peak_reserved(), 22 * MIB);
+    }
+
+    /// A block freed on a side stream serves that stream again, never the compute stream.
+    #[test]
+    fn streams_keep_their_own_blocks() {
+        let mut a = CachingAllocator::new();
+        let side = Stream(1);
+        let gathered = a.malloc_on(side, 100 * MIB);
+        a.free(gathered);
+        let compute = a.malloc(100 * MIB);
+        assert_eq!(
+            a.reserved(),
+            200 * MIB,
+            "the side stream's block is not reused"
+        );
+        let again = a.malloc_on(side, 100 * MIB);
+        assert_eq!(a.reserved(), 200 * MIB, "its own stream reuses it");
+        a.free(compute);
+        a.free(again);
+    }
+
+    /// `record_stream` delays the reuse of a freed block until the stream is done; it is
+    /// no longer counted as allocated meanwhile.
+    #[test]
+    fn a_recorded_stream_defers_the_free() {
+        let mut a = CachingAllocator::new();
+        let grad = a.malloc(64 * MIB);
+        a.record_stream(grad, Stream(2));
+        a.free(grad);
+        assert_eq!(a.allocated(), 0);
+        let next = a.malloc(64 * MIB);
+        assert_eq!(a.reserved(), 128 * MIB, "still in use on stream 2");
+        a.free(next);
+        a.synchronize(Stream(2));
+        let third = a.malloc(64 * MIB);
+        let fourth = a.malloc(64 * MIB);
+        assert_eq!(a.reserved(), 128 * MIB, "both blocks are back in the cache");
+        a.free(third);
+        a.free(fourth);
     }
 }
