@@ -7,7 +7,7 @@
 //! except for longest-first padding (lit-gpt's 2023 scripts, measured rows only), which comes
 //! back as padded.
 
-use moro_core::job::{Job, JobError, JobSettings, LoraConfig, Padding, Parallel, PeftKind};
+use moro_core::job::{Job, JobError, JobSettings, Padding, Parallel, PeftKind};
 
 use crate::choices::{LrScheduler, Method};
 use crate::error::RecipeError;
@@ -52,7 +52,7 @@ impl Recipe {
         extras: TrainingExtras,
     ) -> Self {
         let lora = &job.lora;
-        let write_lora = job.method.is_peft() || *lora != LoraConfig::default();
+        let write_lora = job.method.is_peft();
         let peft = job.method.is_peft() && job.peft != PeftKind::Lora;
         let model = ModelSection {
             base: base_model_id.into(),

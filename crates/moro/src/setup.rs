@@ -93,6 +93,7 @@ pub(crate) fn resolve(inputs: JobInputs<'_>) -> Result<JobSetup> {
             .map_err(|e| user(format!("{}: field `model.base`: {e}", r.path)))?,
         _ => resolve::model_with(model_arg, inputs.hub)?,
     };
+    inputs.flags.check_used().map_err(|e| user(e.to_string()))?;
     let target = inputs.target();
     let settings = inputs.settings(target.as_ref());
     let job_error = |e: &moro_core::job::JobError| match inputs.recipe {

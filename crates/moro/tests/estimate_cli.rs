@@ -223,6 +223,57 @@ fn bad_input_is_a_clear_error() {
     bad(&with(&["--memory", "-24GiB"]), "negative");
     bad(&with(&["--memory", "24MB"]), "under 1 GiB");
     bad(&["estimate", "--model", "Qwen/Qwen9-7B"], "did you mean");
+    // A setting for something the job does not do is refused, not dropped.
+    bad(
+        &with(&["--method", "full", "--lora-rank", "64"]),
+        "lora_rank",
+    );
+    bad(
+        &with(&["--method", "full", "--target-modules", "q_proj"]),
+        "target_modules",
+    );
+    bad(
+        &with(&["--method", "inference", "--optimizer", "adamw_8bit"]),
+        "optimizer",
+    );
+    bad(
+        &with(&["--method", "inference", "--gradient-checkpointing"]),
+        "gradient_checkpointing",
+    );
+}
+
+/// Under `--json` an error is a JSON object on stdout (nothing else there), exit 2.
+#[test]
+fn errors_are_json_when_json_is_asked_for() {
+    for args in [
+        &[
+            "estimate",
+            "--model",
+            "Qwen/Qwen2.5-0.5B",
+            "--memory",
+            "24",
+            "--json",
+        ][..],
+        &["estimate", "--model", "Qwen/Qwen9-7B", "--json"][..],
+        &["recipe", "check", "/nonexistent-moro/moro.yaml", "--json"][..],
+    ] {
+        let o = run(args);
+        assert_eq!(o.code, 2, "{args:?}: {}", o.stderr);
+        let v: serde_json::Value = serde_json::from_str(&o.stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}: {}", o.stdout));
+        let e = &v["error"];
+        assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+        assert_eq!(e["exit_code"], 2, "{v}");
+        assert!(o.stderr.is_empty(), "{args:?}: {}", o.stderr);
+    }
+    let o = run(&["estimate", "--model", "Qwen/Qwen9-7B", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).expect("json");
+    assert!(
+        v["error"]["hint"]
+            .as_str()
+            .is_some_and(|h| h.contains("Qwen/")),
+        "{v}"
+    );
 }
 
 #[test]

@@ -315,6 +315,24 @@ fn check_reports_unknown_keys_with_line_and_column() {
         .args(["recipe", "check", "missing.yaml", "--hardware", "rtx-4090"])
         .assert()
         .code(2);
+    // An adapter setting on a full fine-tune is refused at its line, by check and export.
+    std::fs::write(
+        d.join("full.yaml"),
+        "model:\n  base: Qwen/Qwen2.5-0.5B\n  method: full\n  lora_rank: 64\n",
+    )
+    .unwrap();
+    for args in [
+        &["recipe", "check", "full.yaml", "--hardware", "rtx-4090"][..],
+        &["recipe", "export", "full.yaml", "--to", "trl"][..],
+    ] {
+        let o = moro(d).args(args).assert().code(2).get_output().clone();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("full.yaml:4:") && err.contains("lora_rank"),
+            "{err}"
+        );
+    }
+    assert!(!d.join("train_trl.py").exists(), "nothing is written");
 }
 
 #[test]

@@ -101,6 +101,80 @@ impl JobSettings {
         )
     }
 
+    /// A setting given for something this job does not do: adapter settings on a full
+    /// fine-tune or inference, training settings on inference. Checked on each source on
+    /// its own (a flag that changes the method may leave a recipe's adapters unused).
+    ///
+    /// # Errors
+    /// The first such setting, by name.
+    pub fn check_used(&self) -> Result<(), JobError> {
+        self.check_adapters_used()?;
+        if self.method == Some(Method::Inference) {
+            let training = [
+                ("optimizer", self.optimizer.is_some()),
+                (
+                    "gradient_accumulation_steps",
+                    self.grad_accum.is_some_and(|g| g > 1),
+                ),
+                (
+                    "gradient_checkpointing",
+                    self.gradient_checkpointing == Some(true),
+                ),
+                (
+                    "optimizer_in_backward",
+                    self.optimizer_in_backward == Some(true),
+                ),
+            ];
+            if let Some((field, _)) = training.iter().find(|(_, given)| *given) {
+                return Err(JobError {
+                    field,
+                    message: "is a training setting; inference has no backward pass or \
+                              optimizer: drop it"
+                        .to_owned(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The adapter half of [`Self::check_used`], for sources that always state the
+    /// training settings (a moro.yaml's `training:` section has defaults of its own).
+    ///
+    /// # Errors
+    /// The first adapter setting given for a full fine-tune or inference.
+    pub fn check_adapters_used(&self) -> Result<(), JobError> {
+        let Some(method) = self.method else {
+            return Ok(());
+        };
+        if !method.is_peft() {
+            let adapter = [
+                ("lora_rank", self.lora_rank.is_some()),
+                ("lora_alpha", self.lora_alpha.is_some()),
+                ("lora_dropout", self.lora_dropout.is_some()),
+                ("target_modules", self.target_modules.is_some()),
+                ("dora", self.dora == Some(true)),
+                ("peft", self.peft.is_some_and(|p| p != PeftKind::Lora)),
+                ("feedforward_modules", self.feedforward_modules.is_some()),
+                ("virtual_tokens", self.virtual_tokens.is_some()),
+            ];
+            if let Some((field, _)) = adapter.iter().find(|(_, given)| *given) {
+                let what = if method == Method::Full {
+                    "a full fine-tune trains every weight, with no adapters"
+                } else {
+                    "inference trains nothing"
+                };
+                return Err(JobError {
+                    field,
+                    message: format!(
+                        "applies to adapter methods (lora, qlora); {what}: drop it or choose \
+                         method lora"
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// The job, with every setting that was not given at its default.
     ///
     /// # Errors

@@ -137,16 +137,18 @@ fn jobs() -> Vec<Job> {
             quantization,
             ..d.clone()
         });
-        // Non-default LoRA settings on a full fine-tune survive too.
-        v.push(Job {
-            method: m,
-            quantization,
-            lora: LoraConfig {
-                rank: 8,
-                ..LoraConfig::default()
-            },
-            ..d.clone()
-        });
+        // Non-default LoRA settings survive on the methods that train adapters.
+        if m.is_peft() {
+            v.push(Job {
+                method: m,
+                quantization,
+                lora: LoraConfig {
+                    rank: 8,
+                    ..LoraConfig::default()
+                },
+                ..d.clone()
+            });
+        }
     }
     for q in Quantization::ALL {
         v.push(Job {
@@ -253,6 +255,26 @@ fn job_recipe_job_is_the_identity() {
         let back = ok(&y);
         assert_eq!(back, r, "{y}");
         assert_eq!(back.to_job().as_ref(), Ok(&job), "{y}");
+    }
+}
+
+/// A full fine-tune or inference job writes no adapter settings (they would be refused when
+/// read back: `JobSettings::check_adapters_used`).
+#[test]
+fn jobs_without_adapters_write_no_adapter_settings() {
+    for method in [Method::Full, Method::Inference] {
+        let job = Job {
+            method,
+            lora: LoraConfig {
+                rank: 8,
+                ..LoraConfig::default()
+            },
+            ..Job::default()
+        };
+        let r = Recipe::from_job("t", "Qwen/Qwen2.5-0.5B", &job, TrainingExtras::default());
+        let y = to_yaml(&r, "");
+        assert!(!y.contains("lora_") && !y.contains("target_modules"), "{y}");
+        assert_eq!(r.settings().expect("settings").check_adapters_used(), Ok(()));
     }
 }
 

@@ -56,11 +56,8 @@ struct Report<'a> {
 
 /// Runs `moro recipe export`.
 pub(crate) fn run_export(args: &ExportArgs) -> Result<ExitCode> {
-    let source = args.recipe.display().to_string();
-    let bytes =
-        std::fs::read(&args.recipe).map_err(|e| user(format!("cannot read {source}: {e}")))?;
-    let recipe = moro_recipe::parse_bytes(&bytes)
-        .map_err(|e| user(e.with_source(source.clone()).to_string()))?;
+    let loaded = super::recipe::load(&args.recipe)?;
+    let (source, recipe) = (loaded.path, loaded.recipe);
 
     let model = catalog::find(&recipe.model.base).and_then(|e| catalog::load(e).ok());
     if model.is_none() {

@@ -154,12 +154,17 @@ impl LoadedRecipe {
         let settings = recipe
             .settings()
             .map_err(|e| user(e.with_source(&shown).to_string()))?;
-        Ok(Self {
+        let loaded = Self {
             path: shown,
             text,
             recipe,
             settings,
-        })
+        };
+        loaded
+            .settings
+            .check_adapters_used()
+            .map_err(|e| loaded.job_error(&e))?;
+        Ok(loaded)
     }
 
     /// A job error of this recipe at its line and column.
