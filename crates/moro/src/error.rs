@@ -46,9 +46,25 @@ pub(crate) fn user_hint(message: impl Into<String>, hint: impl Into<String>) -> 
     anyhow::Error::new(UserError::new(message).hint(hint))
 }
 
-/// Prints the error and returns its exit code (2 unless it says otherwise).
-pub(crate) fn report(e: &anyhow::Error) -> ExitCode {
+/// Prints the error and returns its exit code (2 unless it says otherwise): as words on
+/// stderr, or, for a command asked for `--json`, as
+/// `{"error": {"message", "causes", "hint", "exit_code"}}` on stdout, where the script
+/// reads its data.
+pub(crate) fn report(e: &anyhow::Error, json: bool) -> ExitCode {
     use std::io::Write;
+    let user = e.downcast_ref::<UserError>();
+    let code = user.map_or(2, |u| u.code);
+    if json {
+        let causes: Vec<String> = e.chain().skip(1).map(ToString::to_string).collect();
+        let value = serde_json::json!({"error": {
+            "message": e.to_string(),
+            "causes": causes,
+            "hint": user.and_then(|u| u.hint.as_deref()),
+            "exit_code": code,
+        }});
+        let _ = writeln!(std::io::stdout(), "{value}");
+        return ExitCode::from(code);
+    }
     let mut err = anstream::stderr();
     let red = anstyle::Style::new()
         .bold()
@@ -60,12 +76,8 @@ pub(crate) fn report(e: &anyhow::Error) -> ExitCode {
     for cause in e.chain().skip(1) {
         let _ = writeln!(err, "  caused by: {cause}");
     }
-    let mut code = 2;
-    if let Some(u) = e.downcast_ref::<UserError>() {
-        code = u.code;
-        if let Some(h) = &u.hint {
-            let _ = writeln!(err, "\n{cyan}hint{cyan:#}: {h}");
-        }
+    if let Some(h) = user.and_then(|u| u.hint.as_ref()) {
+        let _ = writeln!(err, "\n{cyan}hint{cyan:#}: {h}");
     }
     ExitCode::from(code)
 }

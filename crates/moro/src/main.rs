@@ -83,6 +83,26 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
-        Err(e) => error::report(&e),
+        Err(e) => error::report(&e, cli.command.json()),
+    }
+}
+
+impl Command {
+    /// Whether the command was asked for JSON (its errors are JSON too).
+    const fn json(&self) -> bool {
+        match self {
+            Self::Estimate(a) => a.json,
+            Self::Validate(a) => a.json,
+            Self::Models(a) => a.json,
+            Self::Hardware(a) => a.json,
+            Self::Recipe(RecipeCommand::Export(a)) => a.json,
+            Self::Recipe(RecipeCommand::Generate(a)) => a.json,
+            Self::Recipe(RecipeCommand::Check(a)) => a.json,
+            Self::Calibrate(a) => a.json,
+            Self::Tiers(a) => a.json,
+            Self::Fit(a) => a.json,
+            Self::Gguf(a) => a.json,
+            Self::Run(_) => false,
+        }
     }
 }

@@ -327,16 +327,18 @@ fn a_gated_repo_needs_a_token_that_is_never_printed() {
     let args = ["estimate", "--model", "org/gated", "--json"];
     let o = moro(&server.url(), home.path(), &[], &args);
     assert_eq!(o.code, 2, "{}", o.stderr);
-    assert!(o.stderr.contains("gated"), "{}", o.stderr);
+    // Under --json the error is one JSON object on stdout.
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).expect("a JSON error");
+    let e = &v["error"];
+    let message = e["message"].as_str().unwrap_or_default();
+    let hint = e["hint"].as_str().unwrap_or_default();
+    assert!(message.contains("gated"), "{e}");
     assert!(
-        o.stderr.contains("HF_TOKEN") && o.stderr.contains("huggingface-cli login"),
-        "{}",
-        o.stderr
+        format!("{message} {hint}").contains("HF_TOKEN")
+            && format!("{message} {hint}").contains("huggingface-cli login"),
+        "{e}"
     );
-    assert_eq!(
-        o.stderr.lines().filter(|l| l.starts_with("error")).count(),
-        1
-    );
+    assert!(o.stderr.is_empty(), "{}", o.stderr);
 
     let o = moro(&server.url(), home.path(), &[("HF_TOKEN", SECRET)], &args);
     let v = o.json();
@@ -367,7 +369,7 @@ fn a_gated_repo_needs_a_token_that_is_never_printed() {
         &args,
     );
     assert_eq!(o.code, 2);
-    assert!(o.stderr.contains("no access"), "{}", o.stderr);
+    assert!(o.stdout.contains("no access"), "{}", o.stdout);
     assert!(!o.stderr.contains("hf_wrong"), "{}", o.stderr);
 }
 

@@ -21,7 +21,7 @@ pub(crate) const NO_GPU: &str = "no GPU found (CPU only); name hardware by hand 
 pub(crate) struct HardwareArgs {
     /// Print a JSON array of devices (sizes in bytes) instead of a table.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
     /// Read AMD sysfs under this root instead of /sys (tests).
     #[arg(long, hide = true, value_name = "PATH")]
     sysfs_root: Option<PathBuf>,
