@@ -8,6 +8,8 @@ use std::process::ExitCode;
 pub(crate) struct UserError {
     pub(crate) message: String,
     pub(crate) hint: Option<String>,
+    /// The setting the error is about, as the job names it (`lora_rank`), where known.
+    pub(crate) field: Option<String>,
     pub(crate) code: u8,
 }
 
@@ -17,6 +19,7 @@ impl UserError {
         Self {
             message: message.into(),
             hint: None,
+            field: None,
             code: 2,
         }
     }
@@ -41,6 +44,13 @@ pub(crate) fn user(message: impl Into<String>) -> anyhow::Error {
     anyhow::Error::new(UserError::new(message))
 }
 
+/// A job's error, naming its field.
+pub(crate) fn job(e: &moro_core::job::JobError, message: impl Into<String>) -> anyhow::Error {
+    let mut u = UserError::new(message);
+    u.field = Some(e.field.to_owned());
+    anyhow::Error::new(u)
+}
+
 /// Shorthand for a [`UserError`] with a hint.
 pub(crate) fn user_hint(message: impl Into<String>, hint: impl Into<String>) -> anyhow::Error {
     anyhow::Error::new(UserError::new(message).hint(hint))
@@ -48,7 +58,7 @@ pub(crate) fn user_hint(message: impl Into<String>, hint: impl Into<String>) -> 
 
 /// Prints the error and returns its exit code (2 unless it says otherwise): as words on
 /// stderr, or, for a command asked for `--json`, as
-/// `{"error": {"message", "causes", "hint", "exit_code"}}` on stdout, where the script
+/// `{"error": {"message", "field", "causes", "hint", "exit_code"}}` on stdout, where the script
 /// reads its data.
 pub(crate) fn report(e: &anyhow::Error, json: bool) -> ExitCode {
     use std::io::Write;
@@ -58,6 +68,7 @@ pub(crate) fn report(e: &anyhow::Error, json: bool) -> ExitCode {
         let causes: Vec<String> = e.chain().skip(1).map(ToString::to_string).collect();
         let value = serde_json::json!({"error": {
             "message": e.to_string(),
+            "field": user.and_then(|u| u.field.as_deref()),
             "causes": causes,
             "hint": user.and_then(|u| u.hint.as_deref()),
             "exit_code": code,

@@ -51,6 +51,14 @@ enum Command {
     /// What llama.cpp allocates to run a GGUF model: GPU and host weights, KV cache, compute
     /// buffer.
     Gguf(commands::gguf::GgufArgs),
+    Completions(CompletionsArgs),
+}
+
+/// Print a shell completion script (e.g. `moro completions bash > ~/.local/share/bash-completion/completions/moro`).
+#[derive(Debug, clap::Args)]
+struct CompletionsArgs {
+    /// The shell: bash, zsh, fish, powershell or elvish.
+    shell: clap_complete::Shell,
 }
 
 /// `moro recipe ...`.
@@ -80,6 +88,11 @@ fn main() -> ExitCode {
         Command::Tiers(a) => commands::tiers::run(a),
         Command::Fit(a) => commands::fit::run(a),
         Command::Gguf(a) => commands::gguf::run(a),
+        Command::Completions(a) => {
+            use clap::CommandFactory;
+            clap_complete::generate(a.shell, &mut Cli::command(), "moro", &mut std::io::stdout());
+            Ok(ExitCode::SUCCESS)
+        }
     };
     match result {
         Ok(code) => code,
@@ -102,7 +115,7 @@ impl Command {
             Self::Tiers(a) => a.json,
             Self::Fit(a) => a.json,
             Self::Gguf(a) => a.json,
-            Self::Run(_) => false,
+            Self::Run(_) | Self::Completions(_) => false,
         }
     }
 }

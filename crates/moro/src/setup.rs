@@ -93,12 +93,15 @@ pub(crate) fn resolve(inputs: JobInputs<'_>) -> Result<JobSetup> {
             .map_err(|e| user(format!("{}: field `model.base`: {e}", r.path)))?,
         _ => resolve::model_with(model_arg, inputs.hub)?,
     };
-    inputs.flags.check_used().map_err(|e| user(e.to_string()))?;
+    inputs
+        .flags
+        .check_used()
+        .map_err(|e| crate::error::job(&e, e.to_string()))?;
     let target = inputs.target();
     let settings = inputs.settings(target.as_ref());
     let job_error = |e: &moro_core::job::JobError| match inputs.recipe {
         Some(r) => r.job_error(e),
-        None => user(e.to_string()),
+        None => crate::error::job(e, e.to_string()),
     };
     let mut job = settings.resolve().map_err(|e| job_error(&e))?;
     job.lora.targets = moro_core::targets::resolve(&model.spec, &job.lora.targets);

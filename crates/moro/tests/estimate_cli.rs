@@ -274,6 +274,17 @@ fn errors_are_json_when_json_is_asked_for() {
             .is_some_and(|h| h.contains("Qwen/")),
         "{v}"
     );
+    // A job's error names its field.
+    let args = [
+        "estimate",
+        "--model",
+        "Qwen/Qwen2.5-0.5B",
+        "--method",
+        "full",
+    ];
+    let o = run(&[&args[..], &["--lora-rank", "8", "--json"]].concat());
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).expect("json");
+    assert_eq!(v["error"]["field"], "lora_rank", "{v}");
 }
 
 #[test]
@@ -789,4 +800,17 @@ fn settings_are_checked_against_the_hardware() {
     .concat());
     assert_eq!(o.code, 0);
     assert!(!o.stderr.contains("warning"), "{}", o.stderr);
+}
+
+/// `moro completions SHELL` prints a script that knows the subcommands and their flags.
+#[test]
+fn completions_cover_the_commands() {
+    for shell in ["bash", "zsh", "fish", "powershell"] {
+        let o = run(&["completions", shell]);
+        assert_eq!(o.code, 0, "{shell}: {}", o.stderr);
+        for word in ["estimate", "recipe", "lora-rank", "hardware"] {
+            assert!(o.stdout.contains(word), "{shell} lacks {word}");
+        }
+    }
+    assert_eq!(run(&["completions", "tcsh"]).code, 2);
 }

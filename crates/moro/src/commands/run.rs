@@ -380,6 +380,7 @@ fn supervise_error(e: moro_supervise::Error) -> anyhow::Error {
         moro_supervise::Error::Spawn { .. } => anyhow::Error::new(UserError {
             message: e.to_string(),
             hint: None,
+            field: None,
             code: 127,
         }),
         moro_supervise::Error::NoConfig => user_hint(
