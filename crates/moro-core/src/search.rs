@@ -299,22 +299,38 @@ impl Layout {
     /// The strategy in words: `DDP`, `ZeRO-3 + optimizer offload`, `FSDP FULL_SHARD`, ...
     #[must_use]
     pub fn strategy_text(&self) -> String {
-        let s = match (self.gpus, self.sharding) {
-            (1, Sharding::None) => "one GPU",
-            (_, Sharding::None) => "DDP",
-            (_, Sharding::Zero1) => "ZeRO-1",
-            (_, Sharding::Zero2) => "ZeRO-2",
-            (_, Sharding::Zero3) => "ZeRO-3",
-            (_, Sharding::FsdpFullShard) => "FSDP FULL_SHARD",
-            (_, Sharding::FsdpShardGradOp) => "FSDP SHARD_GRAD_OP",
-            (_, Sharding::FsdpHybridShard) => "FSDP HYBRID_SHARD",
+        self.strategy_words(false)
+    }
+
+    /// [`Self::strategy_text`] in fewer letters, for narrow tables: `FSDP full + offload`.
+    #[must_use]
+    pub fn strategy_short(&self) -> String {
+        self.strategy_words(true)
+    }
+
+    fn strategy_words(&self, short: bool) -> String {
+        let s = match (self.gpus, self.sharding, short) {
+            (1, Sharding::None, _) => "one GPU",
+            (_, Sharding::None, _) => "DDP",
+            (_, Sharding::Zero1, _) => "ZeRO-1",
+            (_, Sharding::Zero2, _) => "ZeRO-2",
+            (_, Sharding::Zero3, _) => "ZeRO-3",
+            (_, Sharding::FsdpFullShard, false) => "FSDP FULL_SHARD",
+            (_, Sharding::FsdpShardGradOp, false) => "FSDP SHARD_GRAD_OP",
+            (_, Sharding::FsdpHybridShard, false) => "FSDP HYBRID_SHARD",
+            (_, Sharding::FsdpFullShard, true) => "FSDP full",
+            (_, Sharding::FsdpShardGradOp, true) => "FSDP grad-op",
+            (_, Sharding::FsdpHybridShard, true) => "FSDP hybrid",
         };
-        let off = match (self.offload, self.is_deepspeed()) {
-            (Offload::None, _) => "",
-            (Offload::Optimizer, true) => " + optimizer offload",
-            (Offload::OptimizerAndParams, true) => " + optimizer and parameter offload",
+        let off = match (self.offload, self.is_deepspeed(), short) {
+            (Offload::None, _, _) => "",
+            (Offload::Optimizer, true, false) => " + optimizer offload",
+            (Offload::OptimizerAndParams, true, false) => " + optimizer and parameter offload",
+            (Offload::Optimizer, true, true) => " + opt. offload",
+            (Offload::OptimizerAndParams, true, true) => " + offload",
             // FSDP's CPUOffload moves parameters, gradients and the optimizer step together.
-            (_, false) => " + CPU offload",
+            (_, false, false) => " + CPU offload",
+            (_, false, true) => " + offload",
         };
         format!("{s}{off}")
     }
@@ -1146,6 +1162,34 @@ pub fn search(model: &ModelSpec, space: &Space, caps: &Caps) -> Outcome {
         evaluated,
         usable_bytes: caps.usable_bytes,
     }
+}
+
+/// Whether any configuration of `space` can fit `caps`: a necessary condition, cheap next
+/// to [`search`] when nothing fits (which then estimates every rest to find the closest).
+///
+/// Memory grows with the LoRA rank and the sequence length, checkpointing only lowers it,
+/// and among accumulating micro batches the smallest needs least, so each layout, method,
+/// target set, precision, optimizer and attention is probed at the smallest rank and
+/// sequence length, with checkpointing where the space allows it, at micro batch 1 and
+/// without accumulation (which can need less than accumulating: ZeRO's offload keeps
+/// accumulation buffers). If none of those fits, nothing does.
+#[must_use]
+pub fn can_fit(model: &ModelSpec, space: &Space, caps: &Caps) -> bool {
+    let (Some(&seq_len), Some(&rank)) = (space.seq_lens.iter().min(), space.ranks.iter().min())
+    else {
+        return false;
+    };
+    let checkpointing = space.checkpointing.iter().any(|&c| c);
+    space.rests(seq_len).into_iter().any(|r| {
+        if r.gradient_checkpointing != checkpointing || (r.method.is_peft() && r.rank != rank) {
+            return false;
+        }
+        let whole = space.micro_batches(&r.layout).first().copied().unwrap_or(1);
+        [1, whole].into_iter().any(|micro_batch| {
+            let c = Config { micro_batch, ..r };
+            evaluate_with(model, space, caps, c, false).is_ok_and(|c| c.fits())
+        })
+    })
 }
 
 /// Adds a fitting candidate to the best-per-shape list (sorted, best first, at most

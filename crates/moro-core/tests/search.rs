@@ -351,6 +351,12 @@ fn check_brute_force(model_id: &str, hw: &str, request: &Request) {
             best = Some(*c);
         }
     }
+    // The cheap pre-check `moro fit` uses agrees with the brute force on whether anything fits.
+    assert_eq!(
+        moro_core::search::can_fit(&spec, &space, &caps),
+        best.is_some(),
+        "{model_id} on {hw}: can_fit"
+    );
     match (&out.best, best) {
         (Some(got), Some(want)) => {
             assert!(got.fits());

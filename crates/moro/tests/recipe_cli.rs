@@ -613,3 +613,41 @@ fn check_says_uncertain_between_prediction_and_bound() {
     let v = check(p - 1, 1);
     assert_eq!(v["verdict"], "does_not_fit", "{v}");
 }
+
+/// `moro fit`'s table fits a 100-column terminal; `--wide` adds the offload alternative and
+/// the whole recipe.
+#[test]
+fn fit_table_fits_100_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let o = moro(d)
+        .args(["fit", "--model-size", "70B"])
+        .assert()
+        .code(0)
+        .get_output()
+        .clone();
+    let text = String::from_utf8_lossy(&o.stdout);
+    // The first line names the model; the table and notes follow.
+    for line in text.lines().skip(1) {
+        assert!(
+            line.chars().count() <= 100,
+            "{} columns: {line}",
+            line.chars().count()
+        );
+    }
+    assert!(
+        text.contains("at most") && !text.contains("with offload"),
+        "{text}"
+    );
+    let o = moro(d)
+        .args(["fit", "--model-size", "70B", "--wide"])
+        .assert()
+        .code(0)
+        .get_output()
+        .clone();
+    let wide = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        wide.contains("with offload") && wide.contains("GiB/GPU"),
+        "{wide}"
+    );
+}

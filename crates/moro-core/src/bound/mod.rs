@@ -246,10 +246,20 @@ impl Table {
         }
     }
 
+    /// The factor (‰) of the band of `class` at `level`, without its words (the search asks
+    /// for it once per configuration).
+    #[must_use]
+    pub fn upper_permille(&self, level: Metric, class: JobClass) -> u64 {
+        self.cell(level, class)
+            .map_or(DEFAULT_UPPER_PERMILLE[usize::from(class.sharded)], |c| {
+                c.upper_permille
+            })
+    }
+
     /// `predicted` raised by the band of `class` at `level`.
     #[must_use]
     pub fn upper(&self, level: Metric, class: JobClass, predicted: u64) -> u64 {
-        scale_permille(predicted, self.band(level, class).upper_permille)
+        scale_permille(predicted, self.upper_permille(level, class))
     }
 
     /// The bound on a predicted device peak of a job of `class`, never less than

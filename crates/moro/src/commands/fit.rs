@@ -12,7 +12,7 @@ use moro_core::search::{MethodChoice, Objective, Request};
 use serde::Serialize;
 
 use crate::commands::recipe::{
-    FIT_GPU_COUNTS, caps_of, describe, exact_cluster, layout_of, run_search,
+    FIT_GPU_COUNTS, best_fitting, caps_of, describe, exact_cluster, layout_of,
 };
 use crate::error::{user, user_hint};
 use crate::hw::Target;
@@ -126,6 +126,10 @@ pub(crate) struct FitArgs {
     /// Print one JSON object (sizes in bytes) instead of the table.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Add the offload alternative and the whole recipe to the table (wider than 100
+    /// columns).
+    #[arg(long)]
+    pub(crate) wide: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -226,7 +230,7 @@ fn fit_preset(
             parallel: moro_core::job::Parallel::single(),
             ..request.clone()
         };
-        run_search(spec, &req, &caps).and_then(|o| o.best)
+        best_fitting(spec, &req, &caps)
     };
     for &n in counts {
         if let Some(b) = best(n, false) {
@@ -399,35 +403,87 @@ pub(crate) fn run(args: &FitArgs) -> Result<ExitCode> {
         stdout(&out)?;
         return Ok(ExitCode::from(1));
     }
-    let mut t = Table::new(
-        &[
-            "gpu",
-            "GPUs",
-            "GiB/GPU",
-            "$/h",
-            "strategy",
-            "peak GiB/GPU",
-            "host GiB/node",
-            "with offload",
-            "recipe",
-        ],
-        &[false, true, true, true, false, true, true, false, false],
-    );
-    for r in &fits {
-        t.row(vec![
-            r.preset.clone(),
-            r.gpus.to_string(),
-            gib(r.memory_bytes),
+    out.push_str(&table(
+        &fits,
+        args.wide,
+        matches!(args.method, MethodChoice::Only(_)),
+    ));
+    out.push_str(&format!(
+        "\n{} GPU classes fit, {} do not even as 64. Cheapest first (GPUs × $/GPU-hour; unpriced\n\
+         classes by total memory; classes that need CPU offload last). Strategy: the least\n\
+         communication that fits without CPU offload. Fits: the upper bound (`at most`, 95 % of\n\
+         measured runs like it) within the usable memory. n: GPUs; sizes in GiB per GPU; host:\n\
+         RAM per node.{}\n",
+        fits.len(),
+        not.len(),
+        if args.wide {
+            ""
+        } else {
+            " --wide adds the offload alternative and the whole recipe."
+        }
+    ));
+    stdout(&out)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The table of `moro fit`: within 100 columns (the recipe in short), or `wide` with the
+/// offload alternative and the whole recipe.
+fn table(fits: &[FitRow], wide: bool, method_fixed: bool) -> String {
+    // Narrow: the card's memory is in its name, and the host column only where a row
+    // offloads.
+    let host = wide || fits.iter().any(|r| r.host_bytes > 0);
+    let mut heads = vec!["gpu", if wide { "GPUs" } else { "n" }];
+    let mut right = vec![false, true];
+    if wide {
+        heads.push("GiB/GPU");
+        right.push(true);
+    }
+    heads.extend(["$/h", "strategy", "peak", "at most"]);
+    right.extend([true, false, true, true]);
+    if host {
+        heads.push("host");
+        right.push(true);
+    }
+    if wide {
+        heads.push("with offload");
+        right.push(false);
+    }
+    heads.push("recipe");
+    right.push(false);
+    // Narrow: one decimal is 0.1 GiB, finer than the bound's width.
+    let size = |b: u64| {
+        if wide {
+            gib(b)
+        } else {
+            format!("{:.1}", moro_core::units::gib(b))
+        }
+    };
+    let mut t = Table::new(&heads, &right);
+    for r in fits {
+        let mut row = vec![r.preset.clone(), r.gpus.to_string()];
+        if wide {
+            row.push(gib(r.memory_bytes));
+        }
+        row.extend([
             r.total_usd_per_hour
                 .map_or("-".to_owned(), |p| format!("{p:.2}")),
-            r.strategy.clone(),
-            gib(r.peak_device_bytes),
-            if r.host_bytes == 0 {
+            if wide {
+                r.strategy.clone()
+            } else {
+                layout_of(&r.job).strategy_short()
+            },
+            size(r.peak_device_bytes),
+            size(r.peak_upper_bytes),
+        ]);
+        if host {
+            row.push(if r.host_bytes == 0 {
                 "-".to_owned()
             } else {
-                gib(r.host_bytes)
-            },
-            r.with_offload.as_ref().map_or("-".to_owned(), |o| {
+                size(r.host_bytes)
+            });
+        }
+        if wide {
+            row.push(r.with_offload.as_ref().map_or("-".to_owned(), |o| {
                 format!(
                     "{} GPUs, {}, {} GiB/GPU + {} GiB host/node",
                     o.gpus,
@@ -435,21 +491,31 @@ pub(crate) fn run(args: &FitArgs) -> Result<ExitCode> {
                     gib(o.peak_device_bytes),
                     gib(o.host_bytes)
                 )
-            }),
-            r.configuration.clone(),
-        ]);
+            }));
+            row.push(r.configuration.clone());
+        } else {
+            row.push(short_recipe(&r.job, !method_fixed));
+        }
+        t.row(row);
     }
-    out.push_str(&t.render());
-    out.push_str(&format!(
-        "\n{} GPU classes fit, {} do not even as 64; cheapest first (GPUs × $/GPU-hour, unpriced \
-         classes by total memory; classes that need CPU offload last); strategy: the least communication that fits without CPU \
-         offload (`with offload`: fewer GPUs when the host has the RAM); fits = the upper bound (95 % \
-         of measured runs like it) within the usable memory\n",
-        fits.len(),
-        not.len()
-    ));
-    stdout(&out)?;
-    Ok(ExitCode::SUCCESS)
+    t.render()
+}
+
+/// A recipe in a few words: the method (unless the request fixed it), the rank, micro batch
+/// × accumulation, checkpointing.
+fn short_recipe(job: &moro_core::job::Job, with_method: bool) -> String {
+    let mut words = Vec::new();
+    if with_method {
+        words.push(job.method.as_str().to_owned());
+    }
+    if job.method.is_peft() {
+        words.push(format!("r{}", job.lora.rank));
+    }
+    words.push(format!("{}×{}", job.micro_batch_size, job.grad_accum));
+    if job.gradient_checkpointing {
+        words.push("ckpt".to_owned());
+    }
+    words.join(" ")
 }
 
 #[cfg(test)]

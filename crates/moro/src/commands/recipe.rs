@@ -649,6 +649,20 @@ pub(crate) fn run_search(spec: &ModelSpec, request: &Request, caps: &Caps) -> Op
     Some(search(spec, &space, caps))
 }
 
+/// The best configuration of `request` on `caps`, or `None` at once when nothing can fit
+/// (no closest configuration is looked for: `moro fit` only needs the ones that fit).
+pub(crate) fn best_fitting(
+    spec: &ModelSpec,
+    request: &Request,
+    caps: &Caps,
+) -> Option<moro_core::search::Candidate> {
+    let space = Space::new(spec, request, caps).ok()?;
+    if !moro_core::search::can_fit(spec, &space, caps) {
+        return None;
+    }
+    search(spec, &space, caps).best
+}
+
 /// Catalog models of the same family as `model_id`/`spec` with fewer parameters, largest
 /// first. Family: the same organisation (id prefix) and the same `model_type`.
 pub(crate) fn smaller_family_models(
