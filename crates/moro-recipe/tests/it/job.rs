@@ -274,7 +274,10 @@ fn jobs_without_adapters_write_no_adapter_settings() {
         let r = Recipe::from_job("t", "Qwen/Qwen2.5-0.5B", &job, TrainingExtras::default());
         let y = to_yaml(&r, "");
         assert!(!y.contains("lora_") && !y.contains("target_modules"), "{y}");
-        assert_eq!(r.settings().expect("settings").check_adapters_used(), Ok(()));
+        assert_eq!(
+            r.settings().expect("settings").check_adapters_used(),
+            Ok(())
+        );
     }
 }
 

@@ -521,6 +521,7 @@ fn short_recipe(job: &moro_core::job::Job, with_method: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::commands::recipe::run_search;
 
     #[test]
     fn sizes() {
