@@ -12,7 +12,9 @@ Usage: python3 validation/oracle_to_rows.py ../shared/oracle/results.jsonl \
 
 `validation/oracle-traces/` keeps the traces run since (their `env` names the versions), with
 the per-tensor listings stripped. A config cut to fewer layers (`...-L4.json`) becomes a row
-with `model_overrides`.
+with `model_overrides`. Rank traces of sharded jobs (`fsdp-*.jsonl`, from
+`calibration/shard_trace.py`: one process as rank r of a fake process group) become rows with
+`num_gpus` = the world size and the rank in the id; the event-list fixture is skipped.
 """
 import json
 import sys
@@ -26,20 +28,59 @@ MODELS = {
     "Qwen--Qwen3-8B.json": "Qwen/Qwen3-8B",
     "Qwen--Qwen3-8B-L4.json": "Qwen/Qwen3-8B",
     "Qwen--Qwen2.5-7B-L4.json": "Qwen/Qwen2.5-7B",
+    "meta-llama--Llama-2-7b-hf.json": "meta-llama/Llama-2-7b-hf",
+    "meta-llama--Llama-2-70b-hf.json": "meta-llama/Llama-2-70b-hf",
 }
+
+
+# Layers of the full configs, to tell a trace cut to fewer layers.
+MODEL_LAYERS = {
+    "meta-llama/Llama-3.2-1B-Instruct": 16,
+    "meta-llama/Llama-2-7b-hf": 32,
+    "meta-llama/Llama-2-70b-hf": 80,
+}
+
+
+def sharding_fields(r):
+    """The row fields of a rank trace's sharding (`dist`), or None for a one-GPU trace."""
+    d = r.get("dist")
+    if not d:
+        return None
+    stack = d.get("stack", "hf")
+    version = "FSDP2 fully_shard" if d.get("fsdp_version") == 2 else "FSDP1"
+    # The tracer's torchtune-style runs shard an HF model the way torchtune's distributed
+    # recipes do (FSDP2 per layer, pure bf16, no autocast) but keep the HF model and its loss:
+    # moro's hf stack at bf16 is that job.
+    framework = {
+        "hf": "HF Trainer + accelerate %s (fake-CUDA rank trace)" % version,
+        "torchtune": "HF transformers model, %s per layer then root, pure bf16 without "
+                     "autocast (fake-CUDA rank trace)" % version,
+    }.get(stack)
+    if framework is None:
+        return None
+    sharding = "FSDP %s (%s, %s loading%s)" % (
+        d.get("sharding_strategy", "FULL_SHARD"), version, d.get("loading_path", "?"),
+        ", CPU offload" if d.get("cpu_offload") else "")
+    return {
+        "num_gpus": d["world_size"],
+        "sharding": sharding,
+        "cpu_offload": "params" if d.get("cpu_offload") else None,
+        "framework": framework,
+        "rank": d["rank"],
+    }
 
 
 def convert(r):
     job = r["job"]
     model = MODELS.get(r["config_name"])
-    if model is None or any("override" in a for a in r.get("argv", [])):
+    if model is None or (not r.get("dist") and any("override" in a for a in r.get("argv", []))):
         return None
     if job["method"] == "qlora" and (job.get("qlora") or {}).get("kbit_prepare") is False:
         return None
     if "no-kbit-prep" in r.get("label", ""):
         return None
     precision = {"bf16-mixed": "bf16 AMP (bf16-mixed: fp32 trainable, autocast)",
-                 "bf16": "bf16 (pure)", "fp32": "fp32"}[job["precision"]]
+                 "bf16": "bf16 (pure)", "fp32": "fp32"}[job["precision"].split()[0]]
     lora = None
     if job["method"] in ("lora", "qlora"):
         l = job["lora"]
@@ -54,6 +95,20 @@ def convert(r):
     overrides = None
     if r["config_name"].endswith("-L4.json"):
         overrides = {"num_hidden_layers": r["config"]["num_hidden_layers"]}
+    shard = sharding_fields(r)
+    if r.get("dist") and shard is None:
+        return None
+    # A transformer-only wrap that puts the adapters in the layers' flat parameters (not
+    # PEFT's policy, which the HF Trainer applies) is a variant moro does not describe.
+    if shard is not None and "wrap-transformer" in r["label"]:
+        return None
+    if shard is not None:
+        base = r["config"].get("num_hidden_layers")
+        full = (MODEL_LAYERS.get(model) or base)
+        if base != full:
+            overrides = {"num_hidden_layers": base}
+        if r["dist"].get("stack") == "torchtune":
+            precision = "bf16 (pure)"
     row = {
         "id": "oracle-" + r["label"].replace("/", "-"),
         "source_key": "oracle-fake-cuda",
@@ -85,6 +140,16 @@ def convert(r):
     }
     if overrides:
         row["model_overrides"] = overrides
+    if shard is not None:
+        row["id"] = "oracle-%s-w%d-r%d" % (r["label"].replace("/", "-"), shard["num_gpus"], shard["rank"])
+        row["source_key"] = "oracle-fake-cuda-sharded"
+        row["num_gpus"] = shard["num_gpus"]
+        row["sharding"] = shard["sharding"]
+        row["cpu_offload"] = shard["cpu_offload"]
+        row["framework"] = shard["framework"]
+        row["framework_version"] += ", accelerate %s" % r["env"].get("accelerate", "?")
+        row["metric"] = "torch.cuda.max_memory_allocated equivalent on rank %d (fake-tensor allocation trace)" % shard["rank"]
+        row["notes"] = "simulated by calibration/shard_trace.py (one rank of a fake process group), not a GPU measurement"
     return row
 
 
