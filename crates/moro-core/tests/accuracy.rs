@@ -75,6 +75,39 @@ fn qwen3_without_checkpointing_matches_its_traces() {
     }
 }
 
+/// Sharded jobs, rank by rank: `calibration/shard_trace.py` runs one process as rank r of a
+/// fake process group (torch 2.15, transformers 5.24, PEFT 0.21, accelerate 1.15) on fake
+/// CUDA tensors: FSDP1 as the HF Trainer and accelerate configure it, FSDP2 per layer,
+/// FSDP + QLoRA, world sizes 2 and 4, Llama-3.2-1B, Llama-2-7B (cut to fewer layers) and
+/// Llama-2-70B QLoRA (4, 8 and 80 layers), `validation/oracle-traces/fsdp-*.jsonl`. Per rank
+/// at the allocated level: the median within 3 %, none more than 3 % under or 10 % over. The
+/// 70B QLoRA traces are the exception on the high side: the one-GPU QLoRA layer's backward
+/// working set is over by about 1.5 GiB at 2 × 4096 tokens and a hidden size of 8192 (the
+/// published one-GPU rows of the same model are 5 % over), so those rows are only held to
+/// never being under by more than 3 %.
+#[test]
+fn sharded_rank_traces_are_reproduced() {
+    let r = report("oracle-sharded.jsonl");
+    print_summary("oracle, sharded", &r);
+    assert!(r.summary.covered >= 50, "covered {}", r.summary.covered);
+    let mut close = Vec::new();
+    for row in &r.rows {
+        let e = row
+            .error
+            .unwrap_or_else(|| panic!("{}: {:?}", row.id, row.reason));
+        assert!(e >= -0.03, "{}: {:+.1} %", row.id, e * 100.0);
+        if row.id.contains("Llama-2-70b") {
+            assert!(e <= 0.30, "{}: {:+.1} %", row.id, e * 100.0);
+        } else {
+            assert!(e <= 0.10, "{}: {:+.1} %", row.id, e * 100.0);
+            close.push(e.abs());
+        }
+    }
+    close.sort_by(f64::total_cmp);
+    let median = close[close.len() / 2];
+    assert!(median <= 0.03, "median {median}");
+}
+
 #[test]
 fn measured_rows_do_not_regress() {
     let r = report("measured.jsonl");

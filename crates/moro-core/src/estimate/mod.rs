@@ -501,7 +501,12 @@ fn training_phases(
             (Component::LogitsLoss, head.after_backward),
             (
                 Component::Transients,
-                cublas + acts.layer_backward_transient + dequant + comm_bwd + unit,
+                cublas
+                    + acts.layer_backward_transient
+                    + dequant
+                    + comm_bwd
+                    + par.unit_grad_assembly
+                    + unit,
             ),
         ]),
     });
@@ -517,25 +522,63 @@ fn training_phases(
     } else {
         0
     };
-    phases.push(PhaseBytes {
-        phase: Phase::BackwardEnd,
-        components: base(vec![
+    // autocast's weight copies are saved by each layer's matmuls and released as backward
+    // passes them: none are left at the end.
+    let first_layer_moment = |grads: u64, tied: u64| {
+        vec![
             (Component::Gradients, grads),
-            // autocast's weight copies are saved by each layer's matmuls and released as
-            // backward passes them: none are left at the end.
             (Component::Activations, first_layer + acts.checkpoint_one),
             (
                 Component::Transients,
                 cublas
-                    + acts
-                        .layer_backward_transient
-                        .max(tied_add)
-                        .max(par.root_grad_assembly)
+                    + acts.layer_backward_transient.max(tied)
                     + dequant
                     + comm_bwd
+                    + par.unit_grad_assembly
                     + unit,
             ),
-        ]),
+        ]
+    };
+    let end = if par.root_grads > 0 {
+        // FSDP, full fine-tuning: the root unit's sharded gradient exists only after its
+        // reduce-scatter, which follows its assembly; until then lm_head's gradient waits
+        // unsharded (`head_grads`). The first layer's backward, then the root's: the layers
+        // are resharded and their activations freed, the root still gathered; a tied
+        // embedding's two gradients, their sum and the waiting lm_head piece coexist
+        // (`add.Tensor` at the peak of the rank traces), then the root's flat gradient is
+        // concatenated.
+        let layer_grads = grads.saturating_sub(par.root_grads);
+        let in_layer = first_layer_moment(layer_grads + par.head_grads, 0);
+        // The tied sum is of two 16-bit V·h gradients, each one lm_head piece.
+        let tied_root = if model.tie_word_embeddings {
+            2 * par.head_grads
+        } else {
+            0
+        };
+        let in_root = vec![
+            (Component::Gradients, layer_grads + par.head_grads),
+            (
+                Component::Transients,
+                cublas
+                    + par.gathered_root
+                    + par
+                        .root_grad_assembly
+                        .saturating_sub(par.head_grads)
+                        .max(tied_root),
+            ),
+        ];
+        let sum = |v: &[(Component, u64)]| v.iter().map(|(_, b)| b).sum::<u64>();
+        if sum(&in_root) > sum(&in_layer) {
+            in_root
+        } else {
+            in_layer
+        }
+    } else {
+        first_layer_moment(grads, tied_add.max(par.root_grad_assembly))
+    };
+    phases.push(PhaseBytes {
+        phase: Phase::BackwardEnd,
+        components: base(end),
     });
     // Optimizer step.
     phases.push(PhaseBytes {

@@ -24,6 +24,12 @@ pub struct Sharded {
     /// FSDP, full fine-tuning: the root unit's gradient as autograd assembles it at the end
     /// of backward ([`fsdp_root_grad`]); 0 otherwise.
     pub root_grad_assembly: u64,
+    /// FSDP, full fine-tuning: the root unit's share of `grads`, which its reduce-scatter
+    /// makes only after that assembly (until then it is not in `.grad`); 0 otherwise.
+    pub root_grads: u64,
+    /// FSDP: the other ranks' shares of the root unit, gathered from forward to the end of
+    /// backward (part of `gathered_params`); 0 otherwise.
+    pub gathered_root: u64,
     /// Optimizer states (and fp32 master weights) on this GPU.
     pub states_on_gpu: u64,
     /// Temporaries of the optimizer step.
@@ -36,6 +42,9 @@ pub struct Sharded {
     /// `ipg_buffer`s, allocated at the start of every `backward()` and released after it
     /// (`stage_1_and_2.py` `backward` / `_release_ipg_buffers`).
     pub backward_buffers: u64,
+    /// FSDP: a unit's gradient as autograd assembles it (its pieces and their
+    /// concatenation), in the layers' backward only — not yet in the loss's.
+    pub unit_grad_assembly: u64,
     /// Parameters gathered from other shards (ZeRO-3 / FSDP units, current + prefetched).
     pub gathered_params: u64,
     /// Parameters gathered at the end of forward and in the loss's backward: ZeRO-3 keeps
@@ -146,6 +155,9 @@ impl Sharded {
             grads,
             head_grads,
             root_grad_assembly: 0,
+            root_grads: 0,
+            gathered_root: 0,
+            unit_grad_assembly: 0,
             states_on_gpu: states,
             step_transient,
             step_comm: 0,
@@ -287,6 +299,15 @@ impl Sharded {
                     n
                 };
                 let offload = !matches!(p.offload, Offload::None);
+                // Under FSDP's MixedPrecision (accelerate's bf16/fp16) a full fine-tune's
+                // units are gathered, and their gradients computed and reduce-scattered, in
+                // 16-bit; the sharded fp32 gradient is made from the reduced one
+                // (`_reduce_grad`: `_cast_grad_to_param_dtype`). fp32 jobs stay fp32.
+                let gather_bytes = if job.precision == crate::job::Precision::Fp32 {
+                    4
+                } else {
+                    2
+                };
                 // Flat parameters in their load dtype, sharded; FSDP's MixedPrecision
                 // all-gathers a unit in bf16 (current + prefetched unit).
                 // The all-gathered unit holds the layer as stored: bf16 under FSDP's
@@ -297,10 +318,12 @@ impl Sharded {
                         s.weights = base + adapters;
                     }
                     _ => {
+                        // 4-bit quantization states are not parameters: not sharded.
+                        let states = super::weights::bnb4_quant_state_bytes(model, job) / tp;
                         s.weights = if offload {
-                            0
+                            states
                         } else {
-                            (base + adapters) / group
+                            (base.saturating_sub(states) + adapters) / group + states
                         };
                     }
                 }
@@ -325,19 +348,33 @@ impl Sharded {
                     // backward.
                     s.weights +=
                         base.saturating_sub(model.layer_params() * pb / tp) * (group - 1) / group;
-                } else if !full && sharding != Sharding::FsdpShardGradOp && !offload {
+                } else if sharding != Sharding::FsdpShardGradOp && !offload {
                     // The root unit (embeddings, final norm, lm_head) is never resharded after
                     // forward (torch 2.4 `_runtime_utils.py` `_post_forward_reshard`:
-                    // `free_unsharded_flat_param = not state._is_root and …`). Frozen under
-                    // PEFT, it has no AccumulateGrad hook, and its post-backward reshard-only
-                    // hook waits on forward inputs that require grad, which the root has none
-                    // of (token ids): only `_catch_all_reshard` in
-                    // `_post_backward_final_callback` frees it, at the end of backward. So the
-                    // other ranks' shares of it are alive from forward to backward's end.
-                    // Weights are as loaded: the root is never quantized.
-                    let root = non_layer * r.unquantized_bytes / tp;
-                    s.gathered_params += root * (group - 1) / group;
+                    // `free_unsharded_flat_param = not state._is_root and …`); its backward
+                    // runs at both ends of the backward pass (lm_head first, the embedding
+                    // last), so it stays gathered throughout. Frozen under PEFT, it has no
+                    // AccumulateGrad hook, and its post-backward reshard-only hook waits on
+                    // forward inputs that require grad, which the root has none of (token
+                    // ids): only `_catch_all_reshard` in `_post_backward_final_callback` frees
+                    // it. So the other ranks' shares of it are alive from forward to
+                    // backward's end (the rank traces of `validation/oracle-traces/fsdp-*`
+                    // list it unsharded at the peak, full and PEFT). Gathered in the
+                    // MixedPrecision dtype (16-bit) for full fine-tuning; as loaded under
+                    // PEFT: the root is never quantized. The all-gather fills a new buffer of
+                    // the whole unit (`_alloc_storage(unsharded_flat_param)`; FSDP2's
+                    // all-gather output), the local shard kept beside it.
+                    let bytes = if full {
+                        gather_bytes
+                    } else {
+                        r.unquantized_bytes
+                    };
+                    s.gathered_root = non_layer * bytes / tp;
+                    s.gathered_params += s.gathered_root;
                 }
+                // At the loss the rank traces of torch 2.15 hold one layer unit (the last,
+                // prefetched) beside the root; two are kept here, as in the layers, since
+                // the published FSDP1 rows (torch 2.4) come out under without them.
                 s.gathered_at_loss = s.gathered_params;
                 s.states_on_gpu = if offload { 0 } else { states / group };
                 // A unit's gradient as autograd assembles it, in backward only: its modules
@@ -352,7 +389,7 @@ impl Sharded {
                 // requires grad as a whole, pytorch/pytorch#104690) the whole unit too, in
                 // the param dtype; else the adapters' share.
                 s.comm_buffers = 0;
-                s.backward_buffers = 2 * if full {
+                s.unit_grad_assembly = 2 * if full {
                     layer_params * 2
                 } else if job.stack == crate::job::Stack::Litgpt {
                     layer_params * r.frozen_bytes
@@ -361,9 +398,14 @@ impl Sharded {
                 };
                 if full {
                     // lm_head's gradient waits, unsharded, for the rest of the root unit's.
-                    let (piece, assembly) = fsdp_root_grad(model, tb, tp);
+                    let (piece, assembly) = fsdp_root_grad(model, gather_bytes, tp);
                     s.head_grads = piece;
                     s.root_grad_assembly = assembly;
+                    // Under litgpt's `no_sync` accumulation every unit's gradient is already
+                    // whole in `.grad`: no reduce-scatter to wait for.
+                    if !(job.stack == crate::job::Stack::Litgpt && job.grad_accum > 1) {
+                        s.root_grads = non_layer * tb / tp / group;
+                    }
                 } else {
                     s.head_grads = head_grads / group;
                 }

@@ -108,6 +108,28 @@ pub fn base_weight_bytes(model: &ModelSpec, job: &Job, r: &Regime) -> u64 {
     quant + (total - quantized_params.min(total)) * r.unquantized_bytes
 }
 
+/// Bytes of the bitsandbytes 4-bit quantization states of the base (absmax, its double
+/// quantization, the codes): the part of [`base_weight_bytes`] that is not the packed
+/// weight. They are not parameters — `Linear4bit` keeps `quant_state` on the module and
+/// restores it onto its weight (`fix_4bit_weight_quant_state_from_module`, bitsandbytes
+/// 0.50) — so FSDP does not shard them: every rank holds all of them (the rank traces of
+/// `validation/oracle-traces/fsdp-*` list them whole). 0 for other storage.
+#[must_use]
+pub fn bnb4_quant_state_bytes(model: &ModelSpec, job: &Job) -> u64 {
+    let q = job.quantization;
+    if job.method == Method::Full || !q.is_bnb4() || job.stack == crate::job::Stack::Torchtune {
+        return 0;
+    }
+    model
+        .linears()
+        .map(|(layers, l)| {
+            layers
+                * l.count
+                * quantized_linear_bytes(l, q).saturating_sub(l.weight_numel().div_ceil(2))
+        })
+        .sum()
+}
+
 /// Parameters of the PEFT-library adapters ([`lora_tensors`]): LoRA's `r·(in + out)` per
 /// adapted copy (plus DoRA's magnitude), or another PEFT method's tensors.
 #[must_use]
