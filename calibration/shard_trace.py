@@ -31,7 +31,7 @@ Examples (from the repository root; PY = the oracle venv's python):
   $PY calibration/shard_trace.py --builtin tiny-llama --fsdp 1 --method lora --world 2 --ranks 0,1
   $PY calibration/shard_trace.py --config ../shared/models/meta-llama--Llama-2-7b-hf.json \\
       --fsdp 2 --stack torchtune --method full --world 4 --rank 0 --batch 2 --seq 512 --grad-ckpt
-  $PY calibration/shard_trace.py --matrix tiny      # regenerates validation/oracle-traces/fsdp-tiny.jsonl
+  $PY calibration/shard_trace.py --matrix tiny-fsdp1   # regenerates validation/oracle-traces/fsdp-tiny-fsdp1.jsonl
 
 See calibration/README.md ("Sharded training on fake tensors") for what is and is
 not measured.
@@ -45,7 +45,6 @@ import functools
 import gc
 import itertools
 import json
-import math
 import os
 import subprocess
 import sys
@@ -583,7 +582,6 @@ def _make_tracker_class():
             if rec.nbytes == 0:  # a fresh allocation into an old storage object
                 sid = self._stream_id()
                 cat = self.default_cat(resize_growth=True)
-                self.by_cat[rec.cat] -= 0
                 rec.cat, rec.stream = cat, sid
                 rec.recorded = False
             self._add(rec, delta)
@@ -850,6 +848,12 @@ def run(args) -> dict:
     args.load_resolved = load
     if stack == "torchtune" and load != "meta":
         raise SystemExit("--stack torchtune loads on meta (its recipe's init)")
+    if stack == "torchtune" and args.cpu_offload:
+        raise SystemExit("--stack torchtune --cpu-offload is not supported (the recipe materialises the "
+                         "offloaded shards on the host; not emulated)")
+    if fsdp_v == 2 and load == "rank0-cpu":
+        raise SystemExit("--fsdp 2 --load rank0-cpu cannot run on fake tensors: accelerate moves the model to "
+                         "meta (model.to('meta')), and a fake host tensor cannot be swapped for a meta one")
     load_dtype = torch.bfloat16 if args.load_dtype == "bf16" else torch.float32
 
     Tracker = _make_tracker_class()
@@ -872,7 +876,6 @@ def run(args) -> dict:
 
     dist_info = {"world_size": args.world, "rank": args.rank, "fsdp_version": fsdp_v, "stack": stack,
                  "loading_path": load, "cpu_offload": bool(args.cpu_offload)}
-    job_info = {}
     n_total = n_train = 0
     with fm, tracker:
         # ------------------------------------------------------------ load
@@ -907,9 +910,7 @@ def run(args) -> dict:
             # cpu/meta ("sharded QLoRA"); HF Trainer alone never calls it.
             kbit_prepare = {"auto": dev == "cuda", "on": True, "off": False}[args.kbit_prepare]
             if kbit_prepare:
-                from peft import prepare_model_for_kbit_training
-
-                model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+                model = kbit_prepare_emulated(model)
                 notes.append("qlora: peft.prepare_model_for_kbit_training (non-4-bit params -> fp32)")
         if args.grad_ckpt and stack == "hf" and args.ckpt_impl == "hf":
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": bool(args.ckpt_reentrant)})
@@ -922,12 +923,7 @@ def run(args) -> dict:
         elif method == "full":
             for p in model.parameters():
                 p.requires_grad_(True)
-        for p in model.parameters():
-            tracker.retag(p, "params_loaded")
-        for b in model.buffers():
-            tracker.retag(b, "buffers")
-        for t in quant_state_tensors(model):
-            tracker.retag(t, "quant_state")
+        register_loaded(tracker, model)  # (in a function: no loop variable may keep an old tensor alive)
         n_total, n_train = count_params(model, method)
         tracker.set_phase("load", "after_load")
         after_load = tracker.current
@@ -991,7 +987,6 @@ def run(args) -> dict:
         B, S = args.batch, args.seq
         vocab = hf_cfg.vocab_size
         root_fwd = model
-        step_notes = []
         with contextlib.ExitStack() as es:
             for step in range(1, args.steps + 1):
                 if fmt is not None and step == 2:
@@ -1028,8 +1023,8 @@ def run(args) -> dict:
 
     TRACKER = None
     wall = time.time() - t0
-    return build_row(args, tracker, cfg_name, cfg_dict, hf_cfg, method, load, dist_info, units, notes + step_notes,
-                     after_load, after_wrap, n_total, n_train, sdpa, fmt, wall, kbit_prepare, job_info)
+    return build_row(args, tracker, cfg_name, cfg_dict, hf_cfg, method, load, dist_info, units, notes,
+                     after_load, after_wrap, n_total, n_train, sdpa, fmt, wall, kbit_prepare)
 
 
 def shift_contiguous_causal_lm_loss(logits, labels, vocab_size, num_items_in_batch=None, ignore_index=-100, **kw):
@@ -1044,6 +1039,34 @@ def shift_contiguous_causal_lm_loss(logits, labels, vocab_size, num_items_in_bat
     if reduction == "sum":
         loss = loss / num_items_in_batch
     return loss
+
+
+def register_loaded(tracker, model):
+    for p in model.parameters():
+        tracker.retag(p, "params_loaded")
+    for b in model.buffers():
+        tracker.retag(b, "buffers")
+    for t in quant_state_tensors(model):
+        tracker.retag(t, "quant_state")
+
+
+def kbit_prepare_emulated(model):
+    """peft.prepare_model_for_kbit_training. PEFT leaves Params4bit alone by class name;
+    the emulated 4-bit weights are plain Parameters, so they are hidden (an empty uint8
+    stand-in) while PEFT casts the other parameters to fp32."""
+    from peft import prepare_model_for_kbit_training
+
+    hidden = []
+    for m in model.modules():
+        w = m._parameters.get("weight")
+        if w is not None and getattr(w, "bnb_quantized", False):
+            hidden.append((m, w))
+            m._parameters["weight"] = torch.nn.Parameter(torch.empty(0, dtype=torch.uint8, device="meta"),
+                                                         requires_grad=False)
+    model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    for m, w in hidden:
+        m._parameters["weight"] = w
+    return model
 
 
 def loc(p):
@@ -1475,7 +1498,7 @@ def memtracker_summary(fmt):
 
 
 def build_row(args, tracker, cfg_name, cfg_dict, hf_cfg, method, load, dist_info, units, notes,
-              after_load, after_wrap, n_total, n_train, sdpa, fmt, wall, kbit_prepare, job_info):
+              after_load, after_wrap, n_total, n_train, sdpa, fmt, wall, kbit_prepare):
     def gb(x):
         return round(x / GiB, 4)
 
@@ -1611,7 +1634,7 @@ def build_parser():
     src.add_argument("--builtin", help="built-in tiny config of the oracle (tiny-llama, ...)")
     p.add_argument("--override", action="append", help="config override KEY=JSON (repeatable)")
     p.add_argument("--table", nargs="+", help="print a markdown table of these fixture files")
-    p.add_argument("--matrix", help="run a named fixture matrix (tiny, llama1b, llama7b, llama70b-qlora, all)")
+    p.add_argument("--matrix", help="run a named fixture matrix (tiny-fsdp1, tiny-fsdp2, tiny-events, llama1b, llama7b, llama70b-qlora, all)")
     p.add_argument("--fsdp", type=int, choices=[1, 2], default=1)
     p.add_argument("--stack", choices=["hf", "torchtune"], default="hf")
     p.add_argument("--method", choices=["full", "lora", "qlora"], default="full")
