@@ -814,3 +814,21 @@ fn completions_cover_the_commands() {
     }
     assert_eq!(run(&["completions", "tcsh"]).code, 2);
 }
+
+/// The README's count of the embedded catalog is the catalog's (it had drifted: 84 for 85).
+#[test]
+fn readme_catalog_count_is_the_catalogs() {
+    let readme = include_str!("../../../README.md");
+    let at = readme
+        .find(" HF configs, exact parameter counts")
+        .expect("the README names the catalog's size");
+    let said: usize = readme[..at]
+        .rsplit(|c: char| !c.is_ascii_digit())
+        .next()
+        .and_then(|n| n.parse().ok())
+        .expect("a number before ` HF configs`");
+    let o = run(&["models", "--json"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let models: serde_json::Value = serde_json::from_str(&o.stdout).expect("json");
+    assert_eq!(said, models.as_array().expect("a list").len());
+}
