@@ -45,7 +45,13 @@ pub(crate) fn user(message: impl Into<String>) -> anyhow::Error {
 }
 
 /// A job's error, naming its field.
-pub(crate) fn job(e: &moro_core::job::JobError, message: impl Into<String>) -> anyhow::Error {
+pub(crate) fn job(e: &moro_core::job::JobError) -> anyhow::Error {
+    job_at(e, e.to_string())
+}
+
+/// A job's error with its own words (a recipe's, with file, line and column), naming its
+/// field.
+pub(crate) fn job_at(e: &moro_core::job::JobError, message: impl Into<String>) -> anyhow::Error {
     let mut u = UserError::new(message);
     u.field = Some(e.field.to_owned());
     anyhow::Error::new(u)

@@ -96,12 +96,12 @@ pub(crate) fn resolve(inputs: JobInputs<'_>) -> Result<JobSetup> {
     inputs
         .flags
         .check_used()
-        .map_err(|e| crate::error::job(&e, e.to_string()))?;
+        .map_err(|e| crate::error::job(&e))?;
     let target = inputs.target();
     let settings = inputs.settings(target.as_ref());
     let job_error = |e: &moro_core::job::JobError| match inputs.recipe {
         Some(r) => r.job_error(e),
-        None => crate::error::job(e, e.to_string()),
+        None => crate::error::job(e),
     };
     let mut job = settings.resolve().map_err(|e| job_error(&e))?;
     job.lora.targets = moro_core::targets::resolve(&model.spec, &job.lora.targets);

@@ -27,8 +27,8 @@ pub struct Sharded {
     /// FSDP, full fine-tuning: the root unit's share of `grads`, which its reduce-scatter
     /// makes only after that assembly (until then it is not in `.grad`); 0 otherwise.
     pub root_grads: u64,
-    /// FSDP: the other ranks' shares of the root unit, gathered from forward to the end of
-    /// backward (part of `gathered_params`); 0 otherwise.
+    /// FSDP: the root unit as gathered (the whole unit, beside the local shard), from
+    /// forward to the end of backward (part of `gathered_params`); 0 otherwise.
     pub gathered_root: u64,
     /// Optimizer states (and fp32 master weights) on this GPU.
     pub states_on_gpu: u64,
@@ -357,9 +357,9 @@ impl Sharded {
                     // AccumulateGrad hook, and its post-backward reshard-only hook waits on
                     // forward inputs that require grad, which the root has none of (token
                     // ids): only `_catch_all_reshard` in `_post_backward_final_callback` frees
-                    // it. So the other ranks' shares of it are alive from forward to
-                    // backward's end (the rank traces of `validation/oracle-traces/fsdp-*`
-                    // list it unsharded at the peak, full and PEFT). Gathered in the
+                    // it. So it is gathered from forward to backward's end (the rank traces
+                    // of `validation/oracle-traces/fsdp-*` list it unsharded at the peak,
+                    // full and PEFT). Gathered in the
                     // MixedPrecision dtype (16-bit) for full fine-tuning; as loaded under
                     // PEFT: the root is never quantized. The all-gather fills a new buffer of
                     // the whole unit (`_alloc_storage(unsharded_flat_param)`; FSDP2's

@@ -169,7 +169,7 @@ impl LoadedRecipe {
 
     /// A job error of this recipe at its line and column.
     pub(crate) fn job_error(&self, e: &moro_core::job::JobError) -> anyhow::Error {
-        crate::error::job(
+        crate::error::job_at(
             e,
             moro_recipe::job_error(e, Some(&self.text))
                 .with_source(&self.path)
