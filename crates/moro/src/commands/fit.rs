@@ -429,74 +429,103 @@ pub(crate) fn run(args: &FitArgs) -> Result<ExitCode> {
 /// The table of `moro fit`: within 100 columns (the recipe in short), or `wide` with the
 /// offload alternative and the whole recipe.
 fn table(fits: &[FitRow], wide: bool, method_fixed: bool) -> String {
-    // Narrow: the card's memory is in its name, and the host column only where a row
-    // offloads.
-    let host = wide || fits.iter().any(|r| r.host_bytes > 0);
-    let mut heads = vec!["gpu", if wide { "GPUs" } else { "n" }];
-    let mut right = vec![false, true];
-    if wide {
-        heads.push("GiB/GPU");
-        right.push(true);
-    }
-    heads.extend(["$/h", "strategy", "peak", "at most"]);
-    right.extend([true, false, true, true]);
-    if host {
-        heads.push("host");
-        right.push(true);
-    }
-    if wide {
-        heads.push("with offload");
-        right.push(false);
-    }
-    heads.push("recipe");
-    right.push(false);
-    // Narrow: one decimal is 0.1 GiB, finer than the bound's width.
-    let size = |b: u64| {
+    // Narrow: one decimal (0.1 GiB is finer than the bound's width).
+    let size = move |b: u64| {
         if wide {
             gib(b)
         } else {
             format!("{:.1}", moro_core::units::gib(b))
         }
     };
-    let mut t = Table::new(&heads, &right);
-    for r in fits {
-        let mut row = vec![r.preset.clone(), r.gpus.to_string()];
-        if wide {
-            row.push(gib(r.memory_bytes));
-        }
-        row.extend([
+    type Cell<'a> = Box<dyn Fn(&FitRow) -> String + 'a>;
+    // (heading, right-aligned, cell); narrow tables leave out the card's memory (it is in
+    // its name) and the host column unless a row offloads.
+    let mut cols: Vec<(&str, bool, Cell)> = vec![
+        ("gpu", false, Box::new(|r: &FitRow| r.preset.clone())),
+        (
+            if wide { "GPUs" } else { "n" },
+            true,
+            Box::new(|r: &FitRow| r.gpus.to_string()),
+        ),
+    ];
+    if wide {
+        cols.push(("GiB/GPU", true, Box::new(|r: &FitRow| gib(r.memory_bytes))));
+    }
+    cols.push((
+        "$/h",
+        true,
+        Box::new(|r: &FitRow| {
             r.total_usd_per_hour
-                .map_or("-".to_owned(), |p| format!("{p:.2}")),
+                .map_or("-".to_owned(), |p| format!("{p:.2}"))
+        }),
+    ));
+    cols.push((
+        "strategy",
+        false,
+        Box::new(move |r: &FitRow| {
             if wide {
                 r.strategy.clone()
             } else {
                 layout_of(&r.job).strategy_short()
-            },
-            size(r.peak_device_bytes),
-            size(r.peak_upper_bytes),
-        ]);
-        if host {
-            row.push(if r.host_bytes == 0 {
-                "-".to_owned()
-            } else {
-                size(r.host_bytes)
-            });
-        }
-        if wide {
-            row.push(r.with_offload.as_ref().map_or("-".to_owned(), |o| {
-                format!(
-                    "{} GPUs, {}, {} GiB/GPU + {} GiB host/node",
-                    o.gpus,
-                    o.strategy,
-                    gib(o.peak_device_bytes),
-                    gib(o.host_bytes)
-                )
-            }));
-            row.push(r.configuration.clone());
-        } else {
-            row.push(short_recipe(&r.job, !method_fixed));
-        }
-        t.row(row);
+            }
+        }),
+    ));
+    cols.push((
+        "peak",
+        true,
+        Box::new(move |r: &FitRow| size(r.peak_device_bytes)),
+    ));
+    cols.push((
+        "at most",
+        true,
+        Box::new(move |r: &FitRow| size(r.peak_upper_bytes)),
+    ));
+    if wide || fits.iter().any(|r| r.host_bytes > 0) {
+        cols.push((
+            "host",
+            true,
+            Box::new(move |r: &FitRow| {
+                if r.host_bytes == 0 {
+                    "-".to_owned()
+                } else {
+                    size(r.host_bytes)
+                }
+            }),
+        ));
+    }
+    if wide {
+        cols.push((
+            "with offload",
+            false,
+            Box::new(|r: &FitRow| {
+                r.with_offload.as_ref().map_or("-".to_owned(), |o| {
+                    format!(
+                        "{} GPUs, {}, {} GiB/GPU + {} GiB host/node",
+                        o.gpus,
+                        o.strategy,
+                        gib(o.peak_device_bytes),
+                        gib(o.host_bytes)
+                    )
+                })
+            }),
+        ));
+        cols.push((
+            "recipe",
+            false,
+            Box::new(|r: &FitRow| r.configuration.clone()),
+        ));
+    } else {
+        cols.push((
+            "recipe",
+            false,
+            Box::new(move |r: &FitRow| short_recipe(&r.job, !method_fixed)),
+        ));
+    }
+    let heads: Vec<&str> = cols.iter().map(|c| c.0).collect();
+    let right: Vec<bool> = cols.iter().map(|c| c.1).collect();
+    let mut t = Table::new(&heads, &right);
+    for r in fits {
+        t.row(cols.iter().map(|c| (c.2)(r)).collect());
     }
     t.render()
 }
