@@ -1,0 +1,223 @@
+//! Rows of a dataset file, streamed one at a time so a 20 GB file is never held whole: JSON
+//! Lines, a JSON array of objects, and CSV with a header row.
+
+use std::io::BufRead;
+use std::ops::ControlFlow;
+
+use serde::de::{Deserializer as _, SeqAccess, Visitor};
+use serde_json::Value;
+
+use crate::{DataError, Position};
+
+/// How a dataset file is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FileFormat {
+    /// One JSON object per line (`.jsonl`, `.ndjson`).
+    Jsonl,
+    /// One JSON array of objects (`.json`).
+    Json,
+    /// Comma-separated values with a header row (`.csv`), or tab-separated (`.tsv`).
+    Csv { tab: bool },
+}
+
+impl FileFormat {
+    /// The format a file name's extension says, if it says one.
+    pub fn from_name(name: &str) -> Option<Self> {
+        let ext = name.rsplit_once('.')?.1.to_ascii_lowercase();
+        match ext.as_str() {
+            "jsonl" | "ndjson" => Some(Self::Jsonl),
+            "json" => Some(Self::Json),
+            "csv" => Some(Self::Csv { tab: false }),
+            "tsv" => Some(Self::Csv { tab: true }),
+            _ => None,
+        }
+    }
+
+    /// The format the first bytes of a file show: `[` a JSON array, `{` JSON Lines.
+    pub fn sniff(head: &[u8]) -> Option<Self> {
+        let first = head
+            .iter()
+            .copied()
+            .find(|b| !(b.is_ascii_whitespace() || *b == 0xEF || *b == 0xBB || *b == 0xBF))?;
+        match first {
+            b'[' => Some(Self::Json),
+            b'{' => Some(Self::Jsonl),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Jsonl => "JSON Lines",
+            Self::Json => "JSON",
+            Self::Csv { tab: false } => "CSV",
+            Self::Csv { tab: true } => "TSV",
+        }
+    }
+}
+
+/// One row: a JSON object (a CSV row becomes one with string values), and where it is.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    pub at: Position,
+    pub value: Value,
+}
+
+/// Calls `each` with every row of `reader` in order, or with the error of a row that cannot
+/// be read (a malformed line) so the caller decides whether it is fatal; stops early when
+/// `each` breaks. A file that cannot be read on at all (an I/O error, a broken JSON array)
+/// is the returned error.
+pub fn read_rows<R: BufRead>(
+    format: FileFormat,
+    reader: R,
+    mut each: impl FnMut(Result<Row, DataError>) -> ControlFlow<()>,
+) -> Result<(), DataError> {
+    match format {
+        FileFormat::Jsonl => read_jsonl(reader, &mut each),
+        FileFormat::Json => read_json_array(reader, &mut each),
+        FileFormat::Csv { tab } => read_csv(reader, tab, &mut each),
+    }
+}
+
+fn io_error(e: &std::io::Error) -> DataError {
+    DataError::new(format!("cannot read: {e}"))
+}
+
+fn read_jsonl<R: BufRead>(
+    mut reader: R,
+    each: &mut impl FnMut(Result<Row, DataError>) -> ControlFlow<()>,
+) -> Result<(), DataError> {
+    let mut buf = Vec::new();
+    let mut line = 0u64;
+    loop {
+        buf.clear();
+        let n = reader
+            .read_until(b'\n', &mut buf)
+            .map_err(|e| io_error(&e).at(Position::Line(line + 1)))?;
+        if n == 0 {
+            return Ok(());
+        }
+        line += 1;
+        let mut text: &[u8] = &buf;
+        if line == 1 {
+            text = text.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(text);
+        }
+        if text.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let at = Position::Line(line);
+        let row = match serde_json::from_slice::<Value>(text) {
+            Ok(value) => Ok(Row { at, value }),
+            Err(e) => Err(DataError::new(format!("not JSON: {}", json_reason(&e))).at(at)),
+        };
+        if each(row).is_break() {
+            return Ok(());
+        }
+    }
+}
+
+/// serde_json's message without its own " at line 1 column N" (the line is ours).
+fn json_reason(e: &serde_json::Error) -> String {
+    let s = e.to_string();
+    match s.rfind(" at line ") {
+        Some(i) => s[..i].to_owned(),
+        None => s,
+    }
+}
+
+fn read_json_array<R: BufRead>(
+    reader: R,
+    each: &mut impl FnMut(Result<Row, DataError>) -> ControlFlow<()>,
+) -> Result<(), DataError> {
+    struct Records<'a, F>(&'a mut F);
+    impl<'de, F: FnMut(Result<Row, DataError>) -> ControlFlow<()>> Visitor<'de> for Records<'_, F> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON array of records")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            let mut record = 0u64;
+            while let Some(value) = seq.next_element::<Value>()? {
+                record += 1;
+                let row = Row {
+                    at: Position::Record(record),
+                    value,
+                };
+                if (self.0)(Ok(row)).is_break() {
+                    // The rest is not read; a caller that stops early wants no more.
+                    return Err(serde::de::Error::custom(STOPPED));
+                }
+            }
+            Ok(())
+        }
+    }
+    const STOPPED: &str = "moro: stopped early";
+    let mut de = serde_json::Deserializer::from_reader(reader);
+    match de.deserialize_seq(Records(each)) {
+        Ok(()) => Ok(()),
+        Err(e) if e.to_string().starts_with(STOPPED) => Ok(()),
+        Err(e) if e.is_io() => Err(DataError::new(format!("cannot read: {e}"))),
+        Err(e) => Err(
+            DataError::new(format!("not a JSON array of records: {}", json_reason(&e)))
+                .at(Position::Line(e.line() as u64))
+                .hint(
+                    "a .json dataset is one array `[{...}, {...}]`; one object per line is .jsonl",
+                ),
+        ),
+    }
+}
+
+fn read_csv<R: BufRead>(
+    reader: R,
+    tab: bool,
+    each: &mut impl FnMut(Result<Row, DataError>) -> ControlFlow<()>,
+) -> Result<(), DataError> {
+    let mut rdr = csv::ReaderBuilder::new()
+        .delimiter(if tab { b'\t' } else { b',' })
+        .flexible(false)
+        .from_reader(reader);
+    let headers = match rdr.headers() {
+        Ok(h) => h.clone(),
+        Err(e) => {
+            return Err(DataError::new(format!("no header row: {e}")).at(Position::Line(1)));
+        }
+    };
+    let mut record = csv::StringRecord::new();
+    loop {
+        match rdr.read_record(&mut record) {
+            Ok(false) => return Ok(()),
+            Ok(true) => {
+                let line = record.position().map_or(0, csv::Position::line);
+                let value: serde_json::Map<String, Value> = headers
+                    .iter()
+                    .zip(record.iter())
+                    .map(|(k, v)| (k.to_owned(), Value::String(v.to_owned())))
+                    .collect();
+                let row = Row {
+                    at: Position::Line(line),
+                    value: Value::Object(value),
+                };
+                if each(Ok(row)).is_break() {
+                    return Ok(());
+                }
+            }
+            Err(e) => {
+                let line = e.position().map_or(0, csv::Position::line);
+                if let csv::ErrorKind::Io(io) = e.kind() {
+                    return Err(io_error(io).at(Position::Line(line)));
+                }
+                let row = Err(DataError::new(format!("bad CSV row: {e}")).at(Position::Line(line)));
+                if each(row).is_break() {
+                    return Ok(());
+                }
+                if !matches!(
+                    e.kind(),
+                    csv::ErrorKind::UnequalLengths { .. } | csv::ErrorKind::Utf8 { .. }
+                ) {
+                    return Ok(());
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! The chat templates and tokenizers of five model families give the token ids transformers
+//! gives (`tests/chat_templates/reference_ids.json`, made by `make_reference.py` with
+//! transformers 5.24 from the files `fetch_tokenizers.sh` brings from the npm registry).
+
+use std::path::PathBuf;
+
+use moro_data::{Date, ModelTokenizer};
+use serde_json::Value;
+
+const DAY: Date = Date {
+    year: 2026,
+    month: 12,
+    day: 2,
+};
+
+fn here() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/chat_templates")
+}
+
+fn tokenizers_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os("MORO_TOKENIZERS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/tokenizers")
+        });
+    if dir.join("llama3_2/tokenizer.json").is_file() {
+        return Some(dir);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "no tokenizer files in {}: CI runs crates/moro-data/tests/chat_templates/fetch_tokenizers.sh first",
+        dir.display()
+    );
+    eprintln!(
+        "skipped: no tokenizer files in {} (run crates/moro-data/tests/chat_templates/fetch_tokenizers.sh)",
+        dir.display()
+    );
+    None
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .expect("ids")
+        .iter()
+        .map(|x| u32::try_from(x.as_u64().expect("id")).expect("u32"))
+        .collect()
+}
+
+#[test]
+fn five_families_render_and_tokenize_as_transformers() {
+    let Some(dir) = tokenizers_dir() else {
+        return;
+    };
+    let reference: Value =
+        serde_json::from_slice(&std::fs::read(here().join("reference_ids.json")).unwrap()).unwrap();
+    let conversations: Value =
+        serde_json::from_slice(&std::fs::read(here().join("conversations.json")).unwrap()).unwrap();
+    let families = reference["families"].as_object().unwrap();
+    assert!(families.len() >= 5, "five families");
+    let mut compared = 0;
+    for (family, want) in families {
+        let tok = ModelTokenizer::from_bytes(
+            &std::fs::read(dir.join(family).join("tokenizer.json")).unwrap(),
+            Some(&std::fs::read(dir.join(family).join("tokenizer_config.json")).unwrap()),
+            None,
+            DAY,
+        )
+        .unwrap_or_else(|e| panic!("{family}: {e}"));
+        for (case, conv) in want["conversations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(conversations.as_array().unwrap())
+        {
+            let name = case["name"].as_str().unwrap();
+            let messages = conv["messages"].as_array().unwrap();
+            let tools = conv.get("tools");
+            let last = messages.iter().rposition(|m| m["role"] == "assistant");
+            let mut check = |what: &str, got: Result<Vec<u32>, String>, want: &Value| {
+                if let Some(w) = want.get("ids") {
+                    let got = got.unwrap_or_else(|e| panic!("{family} / {name} / {what}: {e}"));
+                    assert_eq!(got, ids(w), "{family} / {name} / {what}");
+                    compared += 1;
+                } else {
+                    let err = want["error"].as_str().unwrap();
+                    if let Some(raised) = err.strip_prefix("TemplateError: ") {
+                        let got = got.expect_err(&format!("{family} / {name} / {what} raises"));
+                        assert_eq!(got, format!("the chat template raised: {raised}"));
+                        compared += 1;
+                    }
+                }
+            };
+            check(
+                "whole",
+                tok.chat_ids(messages, tools, false),
+                &case["whole"],
+            );
+            if let Some(i) = last.filter(|&i| i > 0) {
+                check(
+                    "prompt",
+                    tok.chat_ids(&messages[..i], tools, true),
+                    &case["prompt"],
+                );
+            }
+        }
+        for t in want["texts"].as_array().unwrap() {
+            let got = tok.encode(t["text"].as_str().unwrap(), true).unwrap();
+            assert_eq!(got, ids(&t["ids"]), "{family}: text {}", t["text"]);
+            compared += 1;
+        }
+    }
+    assert!(compared >= 60, "{compared} comparisons");
+}

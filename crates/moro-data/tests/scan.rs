@@ -1,0 +1,252 @@
+//! A dataset whose length distribution is known by construction (a word-level tokenizer: one
+//! token per word) comes out exact: counts, percentiles to the token, truncation and packing
+//! by hand.
+
+use std::io::Cursor;
+
+use moro_data::stats::{histogram, packing, truncation};
+use moro_data::{
+    Date, FileFormat, LengthSummary, ModelTokenizer, Position, ScanOptions, Shape, scan,
+};
+use serde_json::json;
+
+const DAY: Date = Date {
+    year: 2026,
+    month: 12,
+    day: 2,
+};
+
+/// One token per whitespace-separated word ("w"), `</s>` as EOS, a ChatML-like template.
+fn word_tokenizer(template: Option<&str>) -> ModelTokenizer {
+    let tokenizer = json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": [{"id": 2, "content": "</s>", "single_word": false, "lstrip": false,
+                           "rstrip": false, "normalized": false, "special": true}],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "WhitespaceSplit"},
+        "post_processor": null,
+        "decoder": null,
+        "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "w": 1, "</s>": 2, "<t>": 3}, "unk_token": "[UNK]"}
+    });
+    let mut config = json!({"eos_token": "</s>"});
+    if let Some(t) = template {
+        config["chat_template"] = json!(t);
+    }
+    ModelTokenizer::from_bytes(
+        tokenizer.to_string().as_bytes(),
+        Some(config.to_string().as_bytes()),
+        None,
+        DAY,
+    )
+    .unwrap()
+}
+
+fn words(n: u32) -> String {
+    vec!["w"; n as usize].join(" ")
+}
+
+/// Lengths 1..=1000 in a scrambled order (a fixed permutation: 7919 is prime to 1000).
+fn lengths() -> Vec<u32> {
+    (0..1000u32).map(|i| (i * 7919) % 1000 + 1).collect()
+}
+
+#[test]
+fn text_lengths_are_exact() {
+    // Each row is k − 1 words; TRL appends the EOS, so the sample is k tokens.
+    let file: String = lengths()
+        .iter()
+        .map(|&k| format!("{}\n", json!({"text": words(k - 1)})))
+        .collect();
+    let tok = word_tokenizer(None);
+    let s = scan(
+        Cursor::new(file),
+        FileFormat::Jsonl,
+        &tok,
+        &ScanOptions::default(),
+        |_| {},
+    )
+    .unwrap();
+    assert_eq!(
+        s.shape,
+        Shape::Text {
+            field: "text".into()
+        }
+    );
+    assert_eq!(s.malformed_count, 0);
+    let sum = LengthSummary::of(&s.tokens).unwrap();
+    // Nearest rank over 1..=1000: the p-th percentile is 10·p.
+    assert_eq!(
+        (
+            sum.count, sum.min, sum.p50, sum.p90, sum.p95, sum.p99, sum.max
+        ),
+        (1000, 1, 500, 900, 950, 990, 1000)
+    );
+    assert_eq!(sum.total_tokens, 500_500);
+    assert!((sum.mean - 500.5).abs() < 1e-9);
+    // At 512: the 488 samples of 513…1000 tokens lose 1 + 2 + … + 488 = 119,316 tokens.
+    let t = truncation(&s.tokens, None, 512);
+    assert_eq!(
+        (t.samples, t.tokens_cut, t.loss_tokens_cut),
+        (488, 119_316, 119_316)
+    );
+    // Wrapped: ceil(500,500 / 1024) = 489 sequences. Best fit decreasing: 1000…513 open 488
+    // sequences with 24…511 tokens free, 512 opens one more, 511…24 each fill the sequence
+    // with exactly their room, and 23 + 22 + … + 1 = 276 go into 512's: 489.
+    let p = packing(&s.tokens, 1024);
+    assert_eq!((p.wrapped, p.best_fit), (489, 489));
+    let mut sorted = s.tokens.clone();
+    sorted.sort_unstable();
+    let h = histogram(&sorted);
+    // ≤ 64: 64 samples; (64, 128]: 64; (128, 256]: 128; (256, 512]: 256; (512, 1024]: 488.
+    let bars: Vec<u64> = h.iter().map(|b| b.samples).collect();
+    assert_eq!(bars, vec![64, 64, 128, 256, 488]);
+}
+
+#[test]
+fn conversations_split_prompt_and_completion() {
+    // The template writes each message as its words followed by <t>; the generation prompt is
+    // one <t>. A user turn of u words and an answer of a words: whole = u + 1 + a + 1 tokens,
+    // prompt = u + 1 + 1.
+    let template = "{% for m in messages %}{{ m.content }} <t> {% endfor %}{% if add_generation_prompt %}<t>{% endif %}";
+    let tok = word_tokenizer(Some(template));
+    let rows = [(3, 5), (10, 1), (1, 40)];
+    let file: String = rows
+        .iter()
+        .map(|&(u, a)| {
+            let m = json!({"messages": [{"role": "user", "content": words(u)}, {"role": "assistant", "content": words(a)}]});
+            format!("{m}\n")
+        })
+        .collect();
+    let s = scan(
+        Cursor::new(file),
+        FileFormat::Jsonl,
+        &tok,
+        &ScanOptions::default(),
+        |_| {},
+    )
+    .unwrap();
+    assert_eq!(
+        s.shape,
+        Shape::Messages {
+            field: "messages".into()
+        }
+    );
+    assert_eq!(s.tokens, vec![3 + 5 + 2, 10 + 1 + 2, 1 + 40 + 2]);
+    assert_eq!(s.prompt.unwrap(), vec![3 + 2, 10 + 2, 1 + 2]);
+}
+
+#[test]
+fn alpaca_and_sharegpt_are_recognised() {
+    let template = "{% for m in messages %}{{ m.content }} <t> {% endfor %}{% if add_generation_prompt %}<t>{% endif %}";
+    let tok = word_tokenizer(Some(template));
+    let alpaca = format!(
+        "{}\n",
+        json!({"instruction": words(2), "input": words(3), "output": words(4)})
+    );
+    let s = scan(
+        Cursor::new(alpaca),
+        FileFormat::Jsonl,
+        &tok,
+        &ScanOptions::default(),
+        |_| {},
+    )
+    .unwrap();
+    assert_eq!(s.shape, Shape::Alpaca);
+    // user = instruction "\n" input (5 words), then <t>; answer 4 words and <t>.
+    assert_eq!(
+        (s.tokens[0], s.prompt.as_ref().unwrap()[0]),
+        (5 + 1 + 4 + 1, 5 + 1 + 1)
+    );
+    let sharegpt = json!([{"conversations": [{"from": "human", "value": words(2)}, {"from": "gpt", "value": words(6)}]}]).to_string();
+    let s = scan(
+        Cursor::new(sharegpt),
+        FileFormat::Json,
+        &tok,
+        &ScanOptions::default(),
+        |_| {},
+    )
+    .unwrap();
+    assert_eq!(
+        s.shape,
+        Shape::ShareGpt {
+            field: "conversations".into()
+        }
+    );
+    assert_eq!(s.tokens, vec![2 + 1 + 6 + 1]);
+}
+
+#[test]
+fn preference_pairs_take_the_longer_answer() {
+    let tok = word_tokenizer(None);
+    let row = json!({"prompt": words(4), "chosen": words(2), "rejected": words(7)});
+    let s = scan(
+        Cursor::new(format!("{row}\n")),
+        FileFormat::Jsonl,
+        &tok,
+        &ScanOptions::default(),
+        |_| {},
+    )
+    .unwrap();
+    assert_eq!(s.shape, Shape::Preference);
+    // prompt 4, the rejected answer 7 + EOS.
+    assert_eq!((s.tokens[0], s.prompt.unwrap()[0]), (4 + 8, 4));
+}
+
+#[test]
+fn malformed_rows_are_reported_with_their_line_and_fatal_under_strict() {
+    let tok = word_tokenizer(None);
+    let file = "{\"text\": \"w w\"}\n\n{\"text\": 3}\n{not json\n{\"text\": \"w\"}\n";
+    let s = scan(
+        Cursor::new(file),
+        FileFormat::Jsonl,
+        &tok,
+        &ScanOptions::default(),
+        |_| {},
+    )
+    .unwrap();
+    assert_eq!(s.tokens, vec![3, 2]);
+    assert_eq!(s.malformed_count, 2);
+    assert_eq!(s.malformed[0].at, Position::Line(3));
+    assert_eq!(s.malformed[0].message, "`text` is a number, not a string");
+    assert_eq!(s.malformed[1].at, Position::Line(4));
+    let strict = ScanOptions {
+        strict: true,
+        ..ScanOptions::default()
+    };
+    let e = scan(Cursor::new(file), FileFormat::Jsonl, &tok, &strict, |_| {}).unwrap_err();
+    assert_eq!(e.to_string(), "line 3: `text` is a number, not a string");
+}
+
+#[test]
+fn an_unknown_shape_names_the_keys() {
+    let tok = word_tokenizer(None);
+    let e = scan(
+        Cursor::new("{\"question\": \"w\", \"answer\": \"w\"}\n"),
+        FileFormat::Jsonl,
+        &tok,
+        &ScanOptions::default(),
+        |_| {},
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "line 1: cannot tell the dataset's shape from its first row (keys: question, answer)"
+    );
+    assert!(e.hint.unwrap().contains("--format"));
+    let csv = "question,answer\nw w,w\n";
+    let opts = ScanOptions {
+        field: Some("question".into()),
+        ..ScanOptions::default()
+    };
+    let s = scan(
+        Cursor::new(csv),
+        FileFormat::Csv { tab: false },
+        &tok,
+        &opts,
+        |_| {},
+    )
+    .unwrap();
+    assert_eq!(s.tokens, vec![3]);
+}
