@@ -110,6 +110,7 @@ impl Recipe {
             parallel,
             hardware: None,
             prediction: None,
+            data: None,
         }
     }
 

@@ -34,8 +34,8 @@ mod yaml;
 pub use convert::{TrainingExtras, job_error, job_field_path};
 pub use error::{RecipeError, RecipeErrorKind};
 pub use recipe::{
-    Components, HardwareSection, LibraryVersions, ModelSection, ParallelSection, PredictionSection,
-    Recipe, TargetModules, TrainingSection,
+    Components, DataSection, HardwareSection, LibraryVersions, ModelSection, ParallelSection,
+    PredictionSection, Recipe, TargetModules, TrainingSection,
 };
 #[cfg(feature = "schema")]
 pub use schema::json_schema;

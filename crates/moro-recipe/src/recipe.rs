@@ -43,6 +43,10 @@ pub struct Recipe {
     /// What moro predicted when it wrote the recipe (informational when read back).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prediction: Option<PredictionSection>,
+    /// The dataset `max_seq_length` was sized from, and its token lengths (`moro run` reads
+    /// the p99 for the heal ladder).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<DataSection>,
 }
 
 /// `model:` — the base model and the adaptation method.
@@ -512,6 +516,37 @@ impl Default for HardwareSection {
             detected: false,
         }
     }
+}
+
+/// `data:` — the dataset's token lengths with the model's tokenizer (`moro data stats`), and
+/// the percentile `training.max_seq_length` was sized from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(deny_unknown_fields)]
+pub struct DataSection {
+    /// The dataset file, as given.
+    pub path: String,
+    /// Its shape (`messages`, `alpaca`, `sharegpt`, `prompt-completion`, `preference`,
+    /// `text`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shape: Option<String>,
+    /// Samples counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples: Option<u64>,
+    /// The percentile `max_seq_length` was sized from (99 = all but the longest 1 %).
+    #[cfg_attr(feature = "schema", schemars(range(min = 0.1, max = 100.0)))]
+    pub percentile: f64,
+    /// Nearest-rank percentiles and the longest sample, in tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p90_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub p95_tokens: Option<u64>,
+    pub p99_tokens: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    /// Samples longer than `max_seq_length`, which training truncates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncated_samples: Option<u64>,
 }
 
 /// `prediction:` — moro's prediction when it wrote the recipe, all sizes in bytes.

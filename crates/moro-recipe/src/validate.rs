@@ -229,6 +229,20 @@ impl Recipe {
             }
             range("hardware.count", h.count, MAX_GPUS, "")?;
         }
+        if let Some(d) = &self.data {
+            if !(d.percentile > 0.0 && d.percentile <= 100.0) {
+                return Err(RecipeError::value(
+                    "data.percentile",
+                    format!(
+                        "{} is not a percentage above 0 and at most 100",
+                        d.percentile
+                    ),
+                ));
+            }
+            if d.path.trim().is_empty() {
+                return Err(RecipeError::value("data.path", "is empty"));
+            }
+        }
         Ok(())
     }
 }

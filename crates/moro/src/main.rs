@@ -13,6 +13,7 @@ mod output;
 mod profile;
 mod resolve;
 mod setup;
+mod tokenizer;
 mod verdict;
 
 use std::process::ExitCode;
@@ -27,6 +28,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Predict the peak memory of a job, broken down by component.
@@ -51,6 +54,9 @@ enum Command {
     /// What llama.cpp allocates to run a GGUF model: GPU and host weights, KV cache, compute
     /// buffer.
     Gguf(commands::gguf::GgufArgs),
+    /// Read a fine-tuning dataset: its token lengths with the model's tokenizer.
+    #[command(subcommand)]
+    Data(commands::data::DataCommand),
     Completions(CompletionsArgs),
 }
 
@@ -88,6 +94,7 @@ fn main() -> ExitCode {
         Command::Tiers(a) => commands::tiers::run(a),
         Command::Fit(a) => commands::fit::run(a),
         Command::Gguf(a) => commands::gguf::run(a),
+        Command::Data(c) => commands::data::run(c),
         Command::Completions(a) => {
             use clap::CommandFactory;
             clap_complete::generate(a.shell, &mut Cli::command(), "moro", &mut std::io::stdout());
@@ -115,6 +122,7 @@ impl Command {
             Self::Tiers(a) => a.json,
             Self::Fit(a) => a.json,
             Self::Gguf(a) => a.json,
+            Self::Data(c) => c.json(),
             Self::Run(_) | Self::Completions(_) => false,
         }
     }

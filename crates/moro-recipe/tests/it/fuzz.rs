@@ -5,8 +5,8 @@
 
 use moro_recipe::choices::{Optimizer, Quantization, Stack};
 use moro_recipe::{
-    Components, HardwareSection, ModelSection, PredictionSection, Recipe, TargetModules,
-    TrainingSection, parse, parse_bytes, to_yaml,
+    Components, DataSection, HardwareSection, ModelSection, PredictionSection, Recipe,
+    TargetModules, TrainingSection, parse, parse_bytes, to_yaml,
 };
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
@@ -235,6 +235,7 @@ prop_compose! {
         dataset in proptest::option::of("[ -~]*[!-~][ -~]*"),
         hw in proptest::option::of((proptest::option::of(text()), proptest::option::of(1u64..u64::MAX), 1u64..=65_536)),
         pred in proptest::option::of((any::<u64>(), any::<i64>(), proptest::collection::vec((prop_oneof!["[a-z_]{1,12}", text()], any::<u64>()), 0..6))),
+        dataset_lengths in proptest::option::of((1u64..1_000_000, any::<u64>())),
     ) -> Recipe {
         let mut components: Vec<(String, u64)> = Vec::new();
         for (n, b) in pred.as_ref().map(|p| p.2.clone()).unwrap_or_default() {
@@ -281,6 +282,17 @@ prop_compose! {
                 headroom_bytes: Some(headroom),
                 components: Components(components),
                 ..PredictionSection::default()
+            }),
+            data: dataset_lengths.map(|(p99, truncated)| DataSection {
+                path: "data/train.jsonl".to_owned(),
+                shape: Some("messages".to_owned()),
+                samples: Some(p99 * 3),
+                percentile: 99.5,
+                p90_tokens: Some(p99 / 2),
+                p95_tokens: None,
+                p99_tokens: p99,
+                max_tokens: Some(p99 * 2),
+                truncated_samples: Some(truncated),
             }),
         }
     }

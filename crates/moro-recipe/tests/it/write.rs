@@ -1,7 +1,9 @@
 //! Writing moro.yaml: the `$schema` line, the header comment, quoting of YAML 1.1 hazards,
 //! and recipe → YAML → recipe.
 
-use moro_recipe::{HardwareSection, ModelSection, Recipe, SCHEMA_URL, TrainingSection, to_yaml};
+use moro_recipe::{
+    DataSection, HardwareSection, ModelSection, Recipe, SCHEMA_URL, TrainingSection, to_yaml,
+};
 
 use crate::{FULL, PRODUCT, ok};
 
@@ -83,6 +85,17 @@ fn with_strings(s: &str) -> Recipe {
             ..HardwareSection::default()
         }),
         prediction: None,
+        data: Some(DataSection {
+            path: format!("{s}.jsonl"),
+            shape: None,
+            samples: None,
+            percentile: 99.0,
+            p90_tokens: None,
+            p95_tokens: None,
+            p99_tokens: 1,
+            max_tokens: None,
+            truncated_samples: None,
+        }),
     }
 }
 

@@ -36,6 +36,15 @@ pub(crate) struct EstimateArgs {
     pub(crate) json: bool,
     #[command(flatten)]
     pub(crate) hub: resolve::HubArgs,
+    /// Estimate at the sequence length of this dataset's --percentile (tokenized with the
+    /// model's tokenizer and chat template) instead of --seq-len.
+    #[arg(long, value_name = "FILE", conflicts_with = "seq_len")]
+    pub(crate) dataset: Option<std::path::PathBuf>,
+    /// The percentile of the dataset's lengths to estimate at.
+    #[arg(long, default_value = "99", value_name = "P", requires = "dataset")]
+    pub(crate) percentile: f64,
+    #[command(flatten)]
+    pub(crate) data: crate::commands::data::DatasetArgs,
 }
 
 /// The JSON document of `moro estimate --json`.
@@ -113,10 +122,29 @@ pub(crate) fn run(args: &EstimateArgs) -> Result<ExitCode> {
         return crate::commands::gguf::from_estimate(args, m);
     }
     let given = crate::hw::resolve(args.hardware.as_deref(), args.memory.as_deref())?;
+    let mut flags = args.job.settings();
+    if let Some(path) = &args.dataset {
+        let model = model_arg.ok_or_else(|| {
+            crate::error::user(
+                "--dataset needs --model (or a recipe): whose tokenizer counts the tokens",
+            )
+        })?;
+        let p = crate::commands::data::parse_percentile(args.percentile)?;
+        let m = crate::commands::data::measure(path, model, &args.data, &args.hub)?;
+        let tokens = m.at(p).max(1);
+        let longer = m.sorted.len() - m.sorted.partition_point(|&l| l <= tokens);
+        crate::output::note(&format!(
+            "seq_len {tokens}: the p{} of {} ({} samples, {longer} longer)",
+            p.percent_label(),
+            path.display(),
+            m.sorted.len()
+        ));
+        flags.seq_len = Some(u64::from(tokens));
+    }
     let setup = crate::setup::resolve(crate::setup::JobInputs {
         recipe: loaded.as_ref(),
         model: args.model.as_deref(),
-        flags: &args.job.settings(),
+        flags: &flags,
         target: given.as_ref(),
         hub: &args.hub,
     })?;

@@ -1,6 +1,7 @@
 //! One module per subcommand; each owns its clap `Args` and a `run` function.
 
 pub(crate) mod calibrate;
+pub(crate) mod data;
 pub(crate) mod estimate;
 pub(crate) mod export;
 pub(crate) mod fit;

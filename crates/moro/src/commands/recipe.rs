@@ -85,9 +85,19 @@ pub(crate) struct GenerateArgs {
     /// Method: auto (full, LoRA or QLoRA, whichever ranks best and fits), full, lora, qlora.
     #[arg(long, default_value = "auto", value_parser = parse_method_choice)]
     pub(crate) method: MethodChoice,
-    /// Sequence length in tokens; without it the longest of 8192, 4096, 2048, 1024 that fits.
-    #[arg(long, visible_alias = "max-seq-length", value_parser = parse_positive)]
+    /// Sequence length in tokens; without it (and without --dataset) the longest of 8192,
+    /// 4096, 2048, 1024 that fits.
+    #[arg(long, visible_alias = "max-seq-length", value_parser = parse_positive, conflicts_with = "dataset")]
     pub(crate) seq_len: Option<u64>,
+    /// Size the sequence length from this dataset (.jsonl, .json, .csv), tokenized with the
+    /// model's tokenizer and chat template: `max_seq_length` is its --percentile length.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) dataset: Option<PathBuf>,
+    /// The percentile of the dataset's lengths `max_seq_length` is set to.
+    #[arg(long, default_value = "99", value_name = "P", requires = "dataset")]
+    pub(crate) percentile: f64,
+    #[command(flatten)]
+    pub(crate) data: crate::commands::data::DatasetArgs,
     /// Sequences per optimizer step (micro batch × gradient accumulation) [default: 16].
     #[arg(long, value_parser = parse_positive)]
     pub(crate) effective_batch: Option<u64>,
@@ -839,9 +849,15 @@ pub(crate) fn run_generate(args: &GenerateArgs) -> Result<ExitCode> {
     if let Some(n) = crate::setup::machine_profile(target.hardware.devices.first()).1 {
         note(&n);
     }
+    let sized = match &args.dataset {
+        Some(path) => Some(size_from_data(args, path)?),
+        None => None,
+    };
     let request = Request {
         method: args.method,
-        seq_len: args.seq_len,
+        seq_len: sized
+            .as_ref()
+            .map_or(args.seq_len, |d| Some(d.p99_tokens_or_chosen())),
         effective_batch: args.effective_batch,
         stack: args.stack,
         parallel: moro_core::job::Parallel::single(),
@@ -869,11 +885,16 @@ pub(crate) fn run_generate(args: &GenerateArgs) -> Result<ExitCode> {
     let Some(best) = &outcome.best else {
         return nothing_fits(args, &model, &target, &caps, &request, &outcome);
     };
-    let recipe = build_recipe(&model.id, &target, best, caps.usable_bytes);
-    let yaml = moro_recipe::to_yaml(
-        &recipe,
-        &header(&model, &target, &request, best, caps.usable_bytes),
-    );
+    let mut recipe = build_recipe(&model.id, &target, best, caps.usable_bytes);
+    let mut head = header(&model, &target, &request, best, caps.usable_bytes);
+    if let Some(d) = &sized {
+        if recipe.training.dataset.is_none() {
+            recipe.training.dataset = Some(d.section.path.clone());
+        }
+        head.push_str(&format!("\n{}", d.header_line()));
+        recipe.data = Some(d.section.clone());
+    }
+    let yaml = moro_recipe::to_yaml(&recipe, &head);
     if let Some(out) = &args.output {
         write_atomic(out, yaml.as_bytes())
             .map_err(|e| user(format!("cannot write `{}`: {e}", out.display())))?;
@@ -909,6 +930,69 @@ pub(crate) fn run_generate(args: &GenerateArgs) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `max_seq_length` from a dataset: its lengths and the percentile chosen.
+struct SizedFromData {
+    section: moro_recipe::DataSection,
+    chosen: u64,
+}
+
+impl SizedFromData {
+    fn p99_tokens_or_chosen(&self) -> u64 {
+        self.chosen
+    }
+
+    fn header_line(&self) -> String {
+        let d = &self.section;
+        format!(
+            "max_seq_length {}: the p{} of {} ({} samples; {} longer are truncated). Sort the \
+             longest batch first so an out-of-memory shows at step 1, not step 300.",
+            self.chosen,
+            d.percentile,
+            d.path,
+            d.samples.unwrap_or(0),
+            d.truncated_samples.unwrap_or(0),
+        )
+    }
+}
+
+fn size_from_data(args: &GenerateArgs, path: &std::path::Path) -> Result<SizedFromData> {
+    use moro_data::Permille;
+    let p = crate::commands::data::parse_percentile(args.percentile)?;
+    let m = crate::commands::data::measure(
+        path,
+        &args.model,
+        &args.data,
+        &resolve::HubArgs::default(),
+    )?;
+    let chosen = m.at(p);
+    let truncated = m.sorted.len() - m.sorted.partition_point(|&l| l <= chosen);
+    let at = |q: Permille| u64::from(m.at(q));
+    let section = moro_recipe::DataSection {
+        path: path.display().to_string(),
+        shape: Some(m.scan.shape.name().to_owned()),
+        samples: Some(m.sorted.len() as u64),
+        percentile: f64::from(p.tenths()) / 10.0,
+        p90_tokens: Some(at(Permille::P90)),
+        p95_tokens: Some(at(Permille::P95)),
+        p99_tokens: at(Permille::P99),
+        max_tokens: m.sorted.last().map(|&l| u64::from(l)),
+        truncated_samples: Some(truncated as u64),
+    };
+    let sized = SizedFromData {
+        section,
+        chosen: u64::from(chosen.max(1)),
+    };
+    note(&sized.header_line());
+    if m.scan.malformed_count > 0 {
+        note(&format!(
+            "warning: {} malformed rows of {} not counted (`moro data stats` lists them)",
+            m.scan.malformed_count,
+            path.display()
+        ));
+    }
+    Ok(sized)
 }
 
 fn summary_text(best: &Candidate, outcome: &Outcome, usable: u64) -> String {

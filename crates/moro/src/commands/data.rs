@@ -1,0 +1,491 @@
+//! `moro data stats`: the token lengths of a dataset, tokenized as training will tokenize it,
+//! and what they mean for `max_seq_length`.
+
+use std::fs::File;
+use std::io::{BufReader, IsTerminal, Read};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Args, Subcommand};
+use moro_data::stats::{Bucket, histogram, packing, percentile, truncation};
+use moro_data::{
+    Date, FileFormat, LengthSummary, Malformed, Packing, Permille, Scan, ScanOptions, Shape,
+    Truncation,
+};
+use serde::Serialize;
+
+use crate::error::{user, user_hint};
+use crate::output::{Table, bar, json, note, stdout};
+use crate::resolve::HubArgs;
+
+/// `moro data ...`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum DataCommand {
+    /// Token lengths of a dataset with the model's tokenizer and chat template: percentiles,
+    /// a histogram, what a `--max-seq-length` truncates and how the data packs.
+    Stats(StatsArgs),
+}
+
+impl DataCommand {
+    pub(crate) const fn json(&self) -> bool {
+        match self {
+            Self::Stats(a) => a.json,
+        }
+    }
+}
+
+/// How to read a dataset and with which tokenizer (shared by `data stats`, `estimate
+/// --dataset`, `recipe generate --dataset`).
+#[derive(Debug, Clone, Args)]
+pub(crate) struct DatasetArgs {
+    /// The row layout: text, alpaca, sharegpt, messages, prompt-completion or preference
+    /// (default: recognised from the first row).
+    #[arg(long, value_name = "SHAPE")]
+    pub(crate) format: Option<String>,
+    /// The field holding the text or the conversation.
+    #[arg(long, value_name = "NAME")]
+    pub(crate) field: Option<String>,
+    /// A chat template file that replaces the tokenizer's.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) chat_template: Option<PathBuf>,
+    /// A malformed row is an error (exit 2) rather than counted and listed.
+    #[arg(long)]
+    pub(crate) strict: bool,
+    /// Read only the first N rows.
+    #[arg(long, value_name = "N")]
+    pub(crate) limit: Option<u64>,
+}
+
+/// Arguments of `moro data stats`.
+#[derive(Debug, Args)]
+pub(crate) struct StatsArgs {
+    /// The dataset: a .jsonl, .json (an array of records), .csv or .tsv file.
+    pub(crate) dataset: PathBuf,
+    /// Whose tokenizer: a Hub id, a model directory or a tokenizer.json.
+    #[arg(long, short = 'm')]
+    pub(crate) model: String,
+    #[command(flatten)]
+    pub(crate) data: DatasetArgs,
+    /// Report what this length truncates (and, with --packing, how the data packs into it).
+    #[arg(long, value_name = "TOKENS")]
+    pub(crate) max_seq_length: Option<u32>,
+    /// How many sequences of --max-seq-length (else the percentile's length) the data packs
+    /// into.
+    #[arg(long)]
+    pub(crate) packing: bool,
+    /// The percentile `max_seq_length` is sized from.
+    #[arg(long, default_value = "99", value_name = "P")]
+    pub(crate) percentile: f64,
+    #[command(flatten)]
+    pub(crate) hub: HubArgs,
+    /// Print JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// A dataset's lengths with where they came from.
+pub(crate) struct Measured {
+    pub(crate) path: PathBuf,
+    pub(crate) format: FileFormat,
+    pub(crate) tokenizer_source: String,
+    pub(crate) chat_template: bool,
+    pub(crate) scan: Scan,
+    /// The lengths, sorted.
+    pub(crate) sorted: Vec<u32>,
+}
+
+impl Measured {
+    /// The length the percentile asks for.
+    pub(crate) fn at(&self, p: Permille) -> u32 {
+        percentile(&self.sorted, p).unwrap_or(0)
+    }
+}
+
+/// A `--percentile` as the stats take it.
+pub(crate) fn parse_percentile(p: f64) -> Result<Permille> {
+    Permille::from_percent(p).ok_or_else(|| {
+        user_hint(
+            format!(
+                "--percentile {p} is not a percentage above 0 and at most 100 (one decimal at most)"
+            ),
+            "99 sizes for all but the longest 1 % of samples",
+        )
+    })
+}
+
+/// Reads and tokenizes the dataset with `model`'s tokenizer.
+pub(crate) fn measure(
+    path: &Path,
+    model: &str,
+    args: &DatasetArgs,
+    hub: &HubArgs,
+) -> Result<Measured> {
+    let shape = match &args.format {
+        Some(name) => Some(
+            Shape::from_name(name, args.field.as_deref()).ok_or_else(|| {
+                user_hint(
+                    format!("--format `{name}` is not a dataset shape"),
+                    format!("one of {}", Shape::NAMES.join(", ")),
+                )
+            })?,
+        ),
+        None => None,
+    };
+    let (format, reader) = open(path)?;
+    let (tokenizer, source) =
+        crate::tokenizer::load(model, args.chat_template.as_deref(), hub, today())?;
+    let options = ScanOptions {
+        shape,
+        field: args.field.clone(),
+        strict: args.strict,
+        limit: args.limit,
+    };
+    let show = std::io::stderr().is_terminal();
+    let scan = moro_data::scan(reader, format, &tokenizer, &options, |rows| {
+        if show {
+            eprint!("\rtokenizing {}: {rows} rows", path.display());
+        }
+    });
+    if show {
+        eprint!("\r\x1b[2K");
+    }
+    let scan = scan.map_err(|e| {
+        let message = format!("{}: {e}", path.display());
+        match e.hint {
+            Some(h) => user_hint(message, h),
+            None => user(message),
+        }
+    })?;
+    let mut sorted = scan.tokens.clone();
+    sorted.sort_unstable();
+    Ok(Measured {
+        path: path.to_path_buf(),
+        format,
+        tokenizer_source: source,
+        chat_template: tokenizer.has_chat_template(),
+        scan,
+        sorted,
+    })
+}
+
+fn open(path: &Path) -> Result<(FileFormat, BufReader<File>)> {
+    if path.is_dir() {
+        return Err(user_hint(
+            format!("{}: a directory, not a dataset file", path.display()),
+            "give one .jsonl, .json, .csv or .tsv file (Parquet and Arrow are not read yet)",
+        ));
+    }
+    let mut file = File::open(path).map_err(|e| user(format!("{}: {e}", path.display())))?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let format = match FileFormat::from_name(&name) {
+        Some(f) => f,
+        None => {
+            let mut head = [0u8; 64];
+            let n = file
+                .read(&mut head)
+                .map_err(|e| user(format!("{}: {e}", path.display())))?;
+            let f = FileFormat::sniff(&head[..n]).ok_or_else(|| {
+                user_hint(
+                    format!(
+                        "{}: not a dataset moro reads (neither JSON Lines, JSON nor CSV)",
+                        path.display()
+                    ),
+                    "name it .jsonl, .json, .csv or .tsv; Parquet and Arrow are not read yet",
+                )
+            })?;
+            file = File::open(path).map_err(|e| user(format!("{}: {e}", path.display())))?;
+            f
+        }
+    };
+    Ok((format, BufReader::with_capacity(1 << 20, file)))
+}
+
+/// Today in UTC, for templates that print the date.
+fn today() -> Date {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    civil(i64::try_from(secs / 86_400).unwrap_or(0))
+}
+
+/// The calendar date of a day count since 1970-01-01 (Hinnant's `civil_from_days`).
+fn civil(days: i64) -> Date {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    Date {
+        year: i32::try_from(year).unwrap_or(1970),
+        month: u8::try_from(month).unwrap_or(1),
+        day: u8::try_from(day).unwrap_or(1),
+    }
+}
+
+#[derive(Serialize)]
+struct Report<'a> {
+    dataset: String,
+    file_format: &'static str,
+    shape: &'static str,
+    shape_description: String,
+    tokenizer: &'a str,
+    chat_template: bool,
+    samples: u64,
+    sequence: LengthSummary,
+    prompt: Option<LengthSummary>,
+    completion: Option<LengthSummary>,
+    percentile: Sized,
+    histogram: Vec<Bucket>,
+    truncation: Option<Truncation>,
+    packing: Option<Packing>,
+    malformed_count: u64,
+    malformed: &'a [Malformed],
+}
+
+#[derive(Serialize)]
+struct Sized {
+    percent: f64,
+    max_seq_length: u32,
+    truncated_samples: u64,
+}
+
+pub(crate) fn run(cmd: &DataCommand) -> Result<ExitCode> {
+    match cmd {
+        DataCommand::Stats(a) => run_stats(a),
+    }
+}
+
+fn run_stats(args: &StatsArgs) -> Result<ExitCode> {
+    let p = parse_percentile(args.percentile)?;
+    if args.max_seq_length == Some(0) {
+        return Err(user("--max-seq-length must be at least 1"));
+    }
+    let m = measure(&args.dataset, &args.model, &args.data, &args.hub)?;
+    let s = &m.scan;
+    let sequence = LengthSummary::of_sorted(&m.sorted).ok_or_else(|| user("no samples"))?;
+    let (prompt, completion) = match &s.prompt {
+        Some(p) => {
+            let completion: Vec<u32> = s
+                .tokens
+                .iter()
+                .zip(p)
+                .map(|(t, p)| t.saturating_sub(*p))
+                .collect();
+            (LengthSummary::of(p), LengthSummary::of(&completion))
+        }
+        None => (None, None),
+    };
+    let sized = m.at(p);
+    let cut = truncation(&s.tokens, s.prompt.as_deref(), sized);
+    let trunc = args
+        .max_seq_length
+        .map(|l| truncation(&s.tokens, s.prompt.as_deref(), l));
+    let pack = args
+        .packing
+        .then(|| packing(&s.tokens, args.max_seq_length.unwrap_or(sized)));
+    let report = Report {
+        dataset: m.path.display().to_string(),
+        file_format: m.format.name(),
+        shape: s.shape.name(),
+        shape_description: s.shape.describe(),
+        tokenizer: &m.tokenizer_source,
+        chat_template: m.chat_template,
+        samples: sequence.count,
+        sequence,
+        prompt,
+        completion,
+        percentile: Sized {
+            percent: f64::from(p.tenths()) / 10.0,
+            max_seq_length: sized,
+            truncated_samples: cut.samples,
+        },
+        histogram: histogram(&m.sorted),
+        truncation: trunc,
+        packing: pack,
+        malformed_count: s.malformed_count,
+        malformed: &s.malformed,
+    };
+    if args.json {
+        stdout(&json(&report)?)?;
+    } else {
+        stdout(&render(&report, p))?;
+    }
+    if s.malformed_count > 0 && !args.json {
+        note(&format!(
+            "warning: {} malformed row{} not counted (listed above; --strict makes them an error)",
+            s.malformed_count,
+            if s.malformed_count == 1 { "" } else { "s" }
+        ));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn count(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn percent(part: u64, whole: u64) -> String {
+    format!("{:.1} %", 100.0 * part as f64 / whole.max(1) as f64)
+}
+
+fn render(r: &Report<'_>, p: Permille) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "dataset    {} ({}, {} samples)",
+        r.dataset,
+        r.file_format,
+        count(r.samples)
+    );
+    let _ = writeln!(out, "shape      {}", r.shape_description);
+    let template = if r.chat_template {
+        "with its chat template"
+    } else {
+        "no chat template"
+    };
+    let _ = writeln!(out, "tokenizer  {} ({template})", r.tokenizer);
+    let _ = writeln!(out);
+    let mut t = Table::new(
+        &["tokens", "mean", "p50", "p90", "p95", "p99", "max"],
+        &[false, true, true, true, true, true, true],
+    );
+    let mut row = |name: &str, s: &LengthSummary| {
+        t.row(vec![
+            name.to_owned(),
+            format!("{:.1}", s.mean),
+            count(u64::from(s.p50)),
+            count(u64::from(s.p90)),
+            count(u64::from(s.p95)),
+            count(u64::from(s.p99)),
+            count(u64::from(s.max)),
+        ]);
+    };
+    row("sequence", &r.sequence);
+    if let Some(s) = &r.prompt {
+        row("prompt", s);
+    }
+    if let Some(s) = &r.completion {
+        row("completion", s);
+    }
+    out.push_str(&t.render());
+    let _ = writeln!(out);
+    let most = r.histogram.iter().map(|b| b.samples).max().unwrap_or(1);
+    #[allow(clippy::cast_precision_loss)]
+    for b in &r.histogram {
+        let _ = writeln!(
+            out,
+            "  ≤ {:>7}  {}  {}",
+            count(u64::from(b.upto)),
+            bar(b.samples as f64 / most.max(1) as f64, 30),
+            count(b.samples)
+        );
+    }
+    let _ = writeln!(out);
+    let longer = match r.percentile.truncated_samples {
+        0 => "no sample is longer".to_owned(),
+        1 => format!(
+            "1 sample ({}) is longer and is truncated",
+            percent(1, r.samples)
+        ),
+        n => format!(
+            "{} samples ({}) are longer and are truncated",
+            count(n),
+            percent(n, r.samples)
+        ),
+    };
+    let _ = writeln!(
+        out,
+        "max_seq_length {} (p{}): {longer}",
+        count(u64::from(r.percentile.max_seq_length)),
+        p.percent_label(),
+    );
+    if let Some(t) = &r.truncation {
+        let _ = writeln!(
+            out,
+            "at {} tokens: {} samples ({}) truncated, {} tokens cut ({} of them with loss)",
+            count(u64::from(t.max_seq_length)),
+            count(t.samples),
+            percent(t.samples, r.samples),
+            count(t.tokens_cut),
+            count(t.loss_tokens_cut),
+        );
+    }
+    if let Some(pk) = &r.packing {
+        let _ = writeln!(
+            out,
+            "packed into {} tokens: {} sequences best-fit ({:.1} % full), {} wrapped",
+            count(u64::from(pk.max_seq_length)),
+            count(pk.best_fit),
+            100.0 * pk.best_fit_fill,
+            count(pk.wrapped),
+        );
+    }
+    if r.malformed_count > 0 {
+        let _ = writeln!(out);
+        let _ = writeln!(out, "malformed rows: {}", count(r.malformed_count));
+        for m in r.malformed.iter().take(10) {
+            let _ = writeln!(out, "  {}: {}", m.at, m.message);
+        }
+        if r.malformed_count > 10 {
+            let _ = writeln!(
+                out,
+                "  … and {} more (--json lists {})",
+                r.malformed_count - 10,
+                r.malformed.len()
+            );
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn civil_dates_by_hand() {
+        // 2026-12-02 is day 20,789 since 1970-01-01; 2000-03-01 is day 11,017.
+        assert_eq!(
+            civil(20_789),
+            Date {
+                year: 2026,
+                month: 12,
+                day: 2
+            }
+        );
+        assert_eq!(
+            civil(11_017),
+            Date {
+                year: 2000,
+                month: 3,
+                day: 1
+            }
+        );
+        assert_eq!(
+            civil(0),
+            Date {
+                year: 1970,
+                month: 1,
+                day: 1
+            }
+        );
+    }
+}

@@ -1,0 +1,360 @@
+//! `moro data stats`, `recipe generate --dataset` and `estimate --dataset` on datasets whose
+//! token lengths are known by construction: a word-level tokenizer counts one token per word
+//! and TRL appends one EOS, so a row of k − 1 words is k tokens.
+
+mod common;
+
+use std::path::Path;
+
+use common::{json_of, moro};
+use serde_json::json;
+
+/// A model directory: Qwen2.5-0.5B's config.json (from the catalog) and a word-level
+/// tokenizer with `</s>` as EOS and a template that ends each message with `<t>`.
+fn model_dir(dir: &Path, template: &str) -> std::path::PathBuf {
+    let m = dir.join("model");
+    std::fs::create_dir_all(&m).unwrap();
+    let config = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../data/models/Qwen--Qwen2.5-0.5B.json"
+    );
+    std::fs::copy(config, m.join("config.json")).unwrap();
+    let tokenizer = json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [{"id": 2, "content": "</s>", "single_word": false, "lstrip": false,
+                           "rstrip": false, "normalized": false, "special": true}],
+        "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"},
+        "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "w": 1, "</s>": 2, "<t>": 3}, "unk_token": "[UNK]"}
+    });
+    std::fs::write(m.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let config = json!({"eos_token": "</s>", "chat_template": template});
+    std::fs::write(m.join("tokenizer_config.json"), config.to_string()).unwrap();
+    m
+}
+
+const TEMPLATE: &str = "{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}{{ m.content }} <t> {% endfor %}{% if add_generation_prompt %}<t>{% endif %}";
+
+fn words(n: usize) -> String {
+    vec!["w"; n].join(" ")
+}
+
+/// 990 samples of 100 tokens and a tail of 10 of 5,000: the p99 is 100.
+fn long_tail(dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("tail.jsonl");
+    let mut text = String::new();
+    for i in 0..1000 {
+        let k = if i % 100 == 37 { 5000 } else { 100 };
+        text.push_str(&format!("{}\n", json!({"text": words(k - 1)})));
+    }
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn stats_are_exact_to_the_token() {
+    let dir = tempfile::tempdir().unwrap();
+    model_dir(dir.path(), TEMPLATE);
+    long_tail(dir.path());
+    let out = moro(dir.path())
+        .args([
+            "data",
+            "stats",
+            "tail.jsonl",
+            "--model",
+            "model",
+            "--max-seq-length",
+            "1000",
+            "--packing",
+            "--json",
+        ])
+        .assert()
+        .code(0)
+        .get_output()
+        .stdout
+        .clone();
+    let v = json_of(&out);
+    assert_eq!(v["shape"], "text");
+    assert_eq!(v["samples"], 1000);
+    let s = &v["sequence"];
+    assert_eq!(
+        (s["p50"].as_u64(), s["p99"].as_u64(), s["max"].as_u64()),
+        (Some(100), Some(100), Some(5000))
+    );
+    // 990 × 100 + 10 × 5,000.
+    assert_eq!(s["total_tokens"], 149_000);
+    assert_eq!(v["percentile"]["max_seq_length"], 100);
+    assert_eq!(v["percentile"]["truncated_samples"], 10);
+    // At 1,000: ten samples lose 4,000 tokens each.
+    assert_eq!(v["truncation"]["samples"], 10);
+    assert_eq!(v["truncation"]["tokens_cut"], 40_000);
+    // Packed into 1,000: ten truncated samples fill ten sequences, the 990 of 100 pack ten to
+    // a sequence (99); wrapped: ceil(149,000 / 1,000) = 149.
+    assert_eq!(v["packing"]["best_fit"], 109);
+    assert_eq!(v["packing"]["wrapped"], 149);
+}
+
+#[test]
+fn stats_text_names_the_shape_and_the_percentile() {
+    let dir = tempfile::tempdir().unwrap();
+    model_dir(dir.path(), TEMPLATE);
+    let rows = [(3, 5), (10, 1)];
+    let text: String = rows
+        .iter()
+        .map(|&(u, a)| format!("{}\n", json!({"messages": [{"role": "user", "content": words(u)}, {"role": "assistant", "content": words(a)}]})))
+        .collect();
+    std::fs::write(dir.path().join("chat.jsonl"), text).unwrap();
+    let out = moro(dir.path())
+        .args(["data", "stats", "chat.jsonl", "--model", "model"])
+        .assert()
+        .code(0)
+        .get_output()
+        .stdout
+        .clone();
+    let out = String::from_utf8(out).unwrap();
+    assert!(
+        out.contains("shape      chat messages (field `messages`)"),
+        "{out}"
+    );
+    // whole = u + a + 2, prompt = u + 2: sequences 10 and 13, prompts 5 and 12.
+    assert!(
+        out.contains("sequence    11.5   10   13   13   13   13"),
+        "{out}"
+    );
+    assert!(
+        out.contains("prompt       8.5    5   12   12   12   12"),
+        "{out}"
+    );
+    assert!(
+        out.contains("max_seq_length 13 (p99): no sample is longer"),
+        "{out}"
+    );
+}
+
+#[test]
+fn recipe_generate_sizes_max_seq_length_from_the_data() {
+    let dir = tempfile::tempdir().unwrap();
+    model_dir(dir.path(), TEMPLATE);
+    long_tail(dir.path());
+    let out = moro(dir.path())
+        .args([
+            "recipe",
+            "generate",
+            "--model",
+            "model",
+            "--hardware",
+            "rtx-4090",
+            "--dataset",
+            "tail.jsonl",
+            "-o",
+            "moro.yaml",
+        ])
+        .assert()
+        .code(0)
+        .get_output()
+        .clone();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "max_seq_length 100: the p99 of tail.jsonl (1000 samples; 10 longer are truncated)"
+        ),
+        "{err}"
+    );
+    assert!(err.contains("Sort the longest batch first"), "{err}");
+    let yaml = std::fs::read_to_string(dir.path().join("moro.yaml")).unwrap();
+    assert!(yaml.contains("  max_seq_length: 100\n"), "{yaml}");
+    assert!(
+        yaml.contains(
+            "data:\n  path: tail.jsonl\n  shape: text\n  samples: 1000\n  percentile: 99.0\n"
+        ),
+        "{yaml}"
+    );
+    assert!(
+        yaml.contains("  p99_tokens: 100\n  max_tokens: 5000\n  truncated_samples: 10\n"),
+        "{yaml}"
+    );
+    // The recipe reads back, and `recipe check` accepts the data section.
+    moro(dir.path())
+        .args(["recipe", "check", "moro.yaml"])
+        .assert()
+        .code(0);
+    // At p100 the tail is the length.
+    let v = json_of(
+        &moro(dir.path())
+            .args([
+                "recipe",
+                "generate",
+                "--model",
+                "model",
+                "--hardware",
+                "rtx-4090",
+                "--dataset",
+                "tail.jsonl",
+                "--percentile",
+                "100",
+                "--json",
+            ])
+            .assert()
+            .code(0)
+            .get_output()
+            .stdout,
+    );
+    assert_eq!(v["recipe"]["training"]["max_seq_length"], 5000);
+    assert_eq!(v["recipe"]["data"]["truncated_samples"], 0);
+}
+
+#[test]
+fn estimate_at_the_datas_percentile() {
+    let dir = tempfile::tempdir().unwrap();
+    model_dir(dir.path(), TEMPLATE);
+    long_tail(dir.path());
+    let at = |p: &str| {
+        let v = json_of(
+            &moro(dir.path())
+                .args([
+                    "estimate",
+                    "--model",
+                    "model",
+                    "--method",
+                    "lora",
+                    "--dataset",
+                    "tail.jsonl",
+                    "--percentile",
+                    p,
+                    "--json",
+                ])
+                .assert()
+                .code(0)
+                .get_output()
+                .stdout,
+        );
+        v["job"]["seq_len"].as_u64().unwrap()
+    };
+    assert_eq!(at("99"), 100);
+    assert_eq!(at("99.5"), 5000);
+    moro(dir.path())
+        .args([
+            "estimate",
+            "--model",
+            "model",
+            "--dataset",
+            "tail.jsonl",
+            "--seq-len",
+            "512",
+        ])
+        .assert()
+        .code(2);
+}
+
+#[test]
+fn malformed_rows_are_listed_and_strict_makes_them_fatal() {
+    let dir = tempfile::tempdir().unwrap();
+    model_dir(dir.path(), TEMPLATE);
+    std::fs::write(
+        dir.path().join("d.jsonl"),
+        "{\"text\": \"w w\"}\n{\"text\": 3}\n{broken\n",
+    )
+    .unwrap();
+    let out = moro(dir.path())
+        .args(["data", "stats", "d.jsonl", "--model", "model"])
+        .assert()
+        .code(0)
+        .get_output()
+        .clone();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(
+            "malformed rows: 2\n  line 2: `text` is a number, not a string\n  line 3: not JSON"
+        ),
+        "{stdout}"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("2 malformed rows not counted"));
+    let out = moro(dir.path())
+        .args([
+            "data", "stats", "d.jsonl", "--model", "model", "--strict", "--json",
+        ])
+        .assert()
+        .code(2)
+        .get_output()
+        .stdout
+        .clone();
+    let v = json_of(&out);
+    assert_eq!(
+        v["error"]["message"],
+        "d.jsonl: line 2: `text` is a number, not a string"
+    );
+}
+
+#[test]
+fn a_template_that_raises_is_named_with_the_row() {
+    let dir = tempfile::tempdir().unwrap();
+    model_dir(dir.path(), TEMPLATE);
+    let row = json!({"messages": [{"role": "system", "content": "w"}, {"role": "user", "content": "w"}, {"role": "assistant", "content": "w"}]});
+    std::fs::write(dir.path().join("d.jsonl"), format!("{row}\n")).unwrap();
+    let out = moro(dir.path())
+        .args(["data", "stats", "d.jsonl", "--model", "model", "--strict"])
+        .assert()
+        .code(2)
+        .get_output()
+        .stderr
+        .clone();
+    let err = String::from_utf8_lossy(&out);
+    assert!(
+        err.contains("error: d.jsonl: line 1: the chat template raised: System role not supported"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_input_is_one_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model_dir(dir.path(), TEMPLATE);
+    let run = |args: &[&str]| {
+        let out = moro(dir.path())
+            .args(args)
+            .assert()
+            .code(2)
+            .get_output()
+            .stderr
+            .clone();
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    std::fs::write(dir.path().join("blob.bin"), [0u8, 159, 146, 150]).unwrap();
+    let e = run(&["data", "stats", "blob.bin", "--model", "model"]);
+    assert!(
+        e.contains("error: blob.bin: not a dataset moro reads"),
+        "{e}"
+    );
+    std::fs::write(
+        dir.path().join("qa.jsonl"),
+        "{\"question\": \"w\", \"answer\": \"w\"}\n",
+    )
+    .unwrap();
+    let e = run(&["data", "stats", "qa.jsonl", "--model", "model"]);
+    assert!(e.contains("error: qa.jsonl: line 1: cannot tell the dataset's shape from its first row (keys: question, answer)"), "{e}");
+    assert!(e.contains("hint: choose it with --format"), "{e}");
+    let e = run(&[
+        "data", "stats", "qa.jsonl", "--model", "model", "--format", "tabular",
+    ]);
+    assert!(
+        e.contains("error: --format `tabular` is not a dataset shape"),
+        "{e}"
+    );
+    let e = run(&["data", "stats", "missing.jsonl", "--model", "model"]);
+    assert!(e.contains("error: missing.jsonl: "), "{e}");
+    std::fs::write(m.join("tokenizer.json"), "{\"model\": 1}").unwrap();
+    let e = run(&["data", "stats", "qa.jsonl", "--model", "model"]);
+    assert!(e.contains("tokenizer.json does not load"), "{e}");
+    let e = run(&[
+        "data",
+        "stats",
+        "qa.jsonl",
+        "--model",
+        "model",
+        "--percentile",
+        "0",
+    ]);
+    assert!(e.contains("--percentile 0 is not a percentage"), "{e}");
+    let e = run(&["data", "stats", "qa.jsonl", "--model", "Qwen/Qwen2.5-7B"]);
+    assert!(e.contains("not in the Hugging Face cache"), "{e}");
+}
