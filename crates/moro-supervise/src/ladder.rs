@@ -16,9 +16,11 @@
 //!    change that keeps training the same data at the same length; it changes what is
 //!    trained, which the heal message says plainly;
 //! 5. cut `max_seq_length` to the smallest power of two ≥ the dataset's p99 length when that is
-//!    known and shorter, else halve it (never below [`MIN_SEQ_LEN`]), and halve the LoRA rank
-//!    (never below 1). This level may repeat; once the length is below the dataset's p99 the
-//!    message warns that longer samples are truncated.
+//!    known and shorter, else to the longest of the dataset's lower percentile lengths (p95,
+//!    p90, from a recipe sized on the data) that is shorter, else halve it (never below
+//!    [`MIN_SEQ_LEN`]), and halve the LoRA rank (never below 1). This level may repeat; once
+//!    the length is below the dataset's p99 the message warns that longer samples are
+//!    truncated.
 //!
 //! [`next_heal`] walks these steps cumulatively from the job that failed: the first step is
 //! applied, then the next on top of it, and so on; each candidate is re-estimated and the
@@ -50,6 +52,9 @@ pub struct LadderContext<'a> {
     pub margin: u64,
     /// The dataset's 99th-percentile sample length in tokens, when known.
     pub dataset_p99: Option<u64>,
+    /// Lengths at the dataset's lower percentiles (p95, p90), where known: the cuts level 5
+    /// makes before it halves blindly.
+    pub dataset_shorter: &'a [u64],
 }
 
 impl LadderContext<'_> {
@@ -268,7 +273,7 @@ pub fn next_heal(job: &Job, ctx: &LadderContext<'_>) -> Result<Heal, NoHeal> {
     let mut cur = job.clone();
     let mut first: Option<(Job, Option<u64>)> = None;
     let mut passed_over = 0;
-    while let Some(next) = single_step(&cur, ctx.dataset_p99) {
+    while let Some(next) = single_step(&cur, ctx.dataset_p99, ctx.dataset_shorter) {
         cur = next;
         let pred = ctx.predict(&cur);
         if first.is_none() {
@@ -408,7 +413,7 @@ fn on_off(b: bool) -> String {
 
 /// The least harmful single change to `job`, or `None` when every level is at its floor.
 #[must_use]
-pub fn single_step(job: &Job, dataset_p99: Option<u64>) -> Option<Job> {
+pub fn single_step(job: &Job, dataset_p99: Option<u64>, dataset_shorter: &[u64]) -> Option<Job> {
     let mut j = job.clone();
     // Level 1 (not with the optimizer step in backward, which cannot accumulate).
     if j.micro_batch_size > 1 && !j.optimizer_in_backward {
@@ -448,8 +453,14 @@ pub fn single_step(job: &Job, dataset_p99: Option<u64>) -> Option<Job> {
         return Some(j);
     }
     // Level 5.
-    let seq = match dataset_p99.map(u64::next_power_of_two) {
-        Some(t) if t < j.seq_len && t >= MIN_SEQ_LEN => t,
+    let shorter = dataset_shorter
+        .iter()
+        .copied()
+        .filter(|&t| t < j.seq_len && t >= MIN_SEQ_LEN)
+        .max();
+    let seq = match (dataset_p99.map(u64::next_power_of_two), shorter) {
+        (Some(t), _) if t < j.seq_len && t >= MIN_SEQ_LEN => t,
+        (_, Some(t)) => t,
         _ if j.seq_len / 2 >= MIN_SEQ_LEN => j.seq_len / 2,
         _ => j.seq_len,
     };
@@ -515,6 +526,7 @@ mod tests {
             budget,
             margin: 0,
             dataset_p99: None,
+            dataset_shorter: &[],
         }
     }
 
@@ -561,7 +573,7 @@ mod tests {
             optimizer_in_backward: true,
             ..Job::default()
         };
-        let n = single_step(&j, None).expect("a step exists");
+        let n = single_step(&j, None, &[]).expect("a step exists");
         assert_eq!((n.micro_batch_size, n.grad_accum), (4, 1));
         assert!(n.gradient_checkpointing);
     }
@@ -577,7 +589,7 @@ mod tests {
                 };
                 let eff = mb * accum;
                 while j.micro_batch_size > 1 {
-                    let Some(n) = single_step(&j, None) else {
+                    let Some(n) = single_step(&j, None, &[]) else {
                         panic!("no step at mb {mb}")
                     };
                     assert!(n.micro_batch_size < j.micro_batch_size);
@@ -604,9 +616,9 @@ mod tests {
             grad_accum: 1,
             ..job()
         };
-        let a = single_step(&j, None).unwrap_or_else(|| panic!("step"));
+        let a = single_step(&j, None, &[]).unwrap_or_else(|| panic!("step"));
         assert_eq!((a.micro_batch_size, a.grad_accum), (3, 2));
-        let b = single_step(&a, None).unwrap_or_else(|| panic!("step"));
+        let b = single_step(&a, None, &[]).unwrap_or_else(|| panic!("step"));
         assert_eq!((b.micro_batch_size, b.grad_accum), (1, 6));
     }
 
@@ -677,6 +689,7 @@ mod tests {
             budget: None,
             margin: 0,
             dataset_p99: Some(700),
+            dataset_shorter: &[],
         };
         let h = next_heal(&j, &c).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(h.level, 5);
@@ -689,6 +702,40 @@ mod tests {
                 .as_deref()
                 .is_some_and(|w| w.contains("truncated"))
         );
+    }
+
+    #[test]
+    fn level_five_cuts_to_the_datasets_lower_percentiles_before_halving() {
+        // A recipe sized at the data's p99 (1,234 tokens): the power of two above the p99 is
+        // longer, so the cuts are the p95 (900), the p90 (610), then halves of 610.
+        let j = Job {
+            micro_batch_size: 1,
+            gradient_checkpointing: true,
+            optimizer: Optimizer::PagedAdamw8bit,
+            method: Method::Qlora,
+            quantization: Quantization::Nf4Dq,
+            seq_len: 1234,
+            ..job()
+        };
+        let shorter = [900, 610];
+        let c = LadderContext {
+            estimate: &unknown,
+            budget: None,
+            margin: 0,
+            dataset_p99: Some(1234),
+            dataset_shorter: &shorter,
+        };
+        let h = next_heal(&j, &c).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(h.short(), "max_seq_length 1234→900, LoRA rank 16→8");
+        assert!(
+            h.warning
+                .as_deref()
+                .is_some_and(|w| w.contains("p99 of 1234"))
+        );
+        let h = next_heal(&h.job, &c).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(h.short(), "max_seq_length 900→610, LoRA rank 8→4");
+        let h = next_heal(&h.job, &c).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(h.short(), "max_seq_length 610→305, LoRA rank 4→2");
     }
 
     #[test]

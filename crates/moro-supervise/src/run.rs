@@ -146,6 +146,8 @@ pub struct RunOptions {
     pub budget: Option<u64>,
     /// The dataset's p99 sample length in tokens, when known (ladder level 5).
     pub dataset_p99: Option<u64>,
+    /// Lengths at the dataset's lower percentiles (p95, p90), where known (ladder level 5).
+    pub dataset_shorter: Vec<u64>,
     /// Most heals before giving up (0: detect and report only).
     pub max_heals: u32,
     /// The heal journal (default `.moro/heal.jsonl` beside the recipe).
@@ -179,6 +181,7 @@ impl RunOptions {
             output_dir: None,
             budget: None,
             dataset_p99: None,
+            dataset_shorter: Vec::new(),
             max_heals: 5,
             journal,
             correction: None,
@@ -551,6 +554,7 @@ pub fn run(opts: RunOptions, hooks: Hooks<'_>) -> Result<RunReport, Error> {
             budget: opts.budget,
             margin,
             dataset_p99: opts.dataset_p99,
+            dataset_shorter: &opts.dataset_shorter,
         };
         let predicted = ctx_pred.predict(&job);
         let miss = prediction_miss(predicted, opts.budget, &oom);
@@ -611,6 +615,7 @@ pub fn run(opts: RunOptions, hooks: Hooks<'_>) -> Result<RunReport, Error> {
             budget: opts.budget,
             margin,
             dataset_p99: opts.dataset_p99,
+            dataset_shorter: &opts.dataset_shorter,
         };
         let heal = match next_heal(&job, &ctx) {
             Ok(h) => h,

@@ -70,7 +70,8 @@ pub(crate) struct RunArgs {
     /// `training.output_dir`, else (with --to) the export's.
     #[arg(long, value_name = "DIR")]
     pub(crate) output_dir: Option<PathBuf>,
-    /// The dataset's 99th-percentile sample length in tokens (where to cut max_seq_length).
+    /// The dataset's 99th-percentile sample length in tokens (where to cut max_seq_length)
+    /// [default: the recipe's `data.p99_tokens`, from `recipe generate --dataset`].
     #[arg(long, value_name = "TOKENS")]
     pub(crate) dataset_p99: Option<u64>,
     /// How the trainer resumes from a checkpoint: hf (`--resume_from_checkpoint DIR`),
@@ -128,7 +129,11 @@ pub(crate) fn run(args: &RunArgs) -> Result<ExitCode> {
     opts.resume = resume;
     opts.output_dir = output_dir.as_deref().map(PathBuf::from);
     opts.budget = prepared.budget;
-    opts.dataset_p99 = args.dataset_p99;
+    let data = prepared.recipe.data.as_ref();
+    opts.dataset_p99 = args.dataset_p99.or_else(|| data.map(|d| d.p99_tokens));
+    opts.dataset_shorter = data
+        .map(|d| [d.p95_tokens, d.p90_tokens].into_iter().flatten().collect())
+        .unwrap_or_default();
     opts.max_heals = max_heals;
     opts.correction =
         crate::profile::config_dir().map(|d| d.join(crate::profile::CORRECTIONS_FILE));
@@ -432,5 +437,27 @@ fn say_plan(args: &RunArgs, p: &Prepared, opts: &RunOptions) {
         (Some(d), _) => format!("; resumes from checkpoints in `{}`", d.display()),
         (None, _) => "; no --output-dir, so heals restart from the start".to_owned(),
     };
-    say(&mut err, &format!("{heal}{resume}"));
+    let data = match (opts.dataset_p99, opts.max_heals) {
+        (Some(p99), 1..) => {
+            let lower: Vec<String> = opts.dataset_shorter.iter().map(u64::to_string).collect();
+            let source = if args.dataset_p99.is_some() {
+                "--dataset-p99"
+            } else {
+                "the recipe's data:"
+            };
+            if lower.is_empty() {
+                format!(
+                    "; a shorter max_seq_length keeps the dataset's p99 of {p99} tokens ({source})"
+                )
+            } else {
+                format!(
+                    "; a shorter max_seq_length keeps the dataset's p99 of {p99} tokens, then its \
+                     p95/p90 lengths {} ({source})",
+                    lower.join("/")
+                )
+            }
+        }
+        _ => String::new(),
+    };
+    say(&mut err, &format!("{heal}{resume}{data}"));
 }
