@@ -51,7 +51,7 @@ fn chat_rows(n: usize) -> String {
         .collect()
 }
 
-#[divan::bench(args = [10_000, 40_000])]
+#[divan::bench(args = [10_000, 40_000], sample_count = 10)]
 fn text(bencher: divan::Bencher, rows: usize) {
     let tok = tokenizer();
     let data = text_rows(rows);
@@ -69,7 +69,7 @@ fn text(bencher: divan::Bencher, rows: usize) {
         });
 }
 
-#[divan::bench(args = [10_000, 40_000])]
+#[divan::bench(args = [10_000, 40_000], sample_count = 10)]
 fn chat(bencher: divan::Bencher, rows: usize) {
     let tok = tokenizer();
     let data = chat_rows(rows);

@@ -14,7 +14,7 @@ pub mod tokenizer;
 
 pub use error::{DataError, Position};
 pub use rows::{FileFormat, Row};
-pub use scan::{Malformed, Scan, ScanOptions, scan};
+pub use scan::{Malformed, RowSink, Scan, ScanOptions, scan, scan_rows};
 pub use shape::{Part, Sample, Shape};
 pub use stats::{Bucket, LengthSummary, Packing, Permille, Truncation};
 pub use template::{ChatTemplate, Date, SpecialTokens};

@@ -19,6 +19,9 @@ pub enum FileFormat {
     Json,
     /// Comma-separated values with a header row (`.csv`), or tab-separated (`.tsv`).
     Csv { tab: bool },
+    /// Apache Parquet (`.parquet`), the format of the Hub's dataset repositories; read with
+    /// [`read_parquet`], which needs a seekable file rather than a stream.
+    Parquet,
 }
 
 impl FileFormat {
@@ -30,12 +33,16 @@ impl FileFormat {
             "json" => Some(Self::Json),
             "csv" => Some(Self::Csv { tab: false }),
             "tsv" => Some(Self::Csv { tab: true }),
+            "parquet" => Some(Self::Parquet),
             _ => None,
         }
     }
 
     /// The format the first bytes of a file show: `[` a JSON array, `{` JSON Lines.
     pub fn sniff(head: &[u8]) -> Option<Self> {
+        if head.starts_with(b"PAR1") {
+            return Some(Self::Parquet);
+        }
         let first = head
             .iter()
             .copied()
@@ -53,6 +60,7 @@ impl FileFormat {
             Self::Json => "JSON",
             Self::Csv { tab: false } => "CSV",
             Self::Csv { tab: true } => "TSV",
+            Self::Parquet => "Parquet",
         }
     }
 }
@@ -77,7 +85,39 @@ pub fn read_rows<R: BufRead>(
         FileFormat::Jsonl => read_jsonl(reader, &mut each),
         FileFormat::Json => read_json_array(reader, &mut each),
         FileFormat::Csv { tab } => read_csv(reader, tab, &mut each),
+        FileFormat::Parquet => Err(DataError::new(
+            "a Parquet file is read from a file, not a stream (read_parquet)",
+        )),
     }
+}
+
+/// Every row of a Parquet file, row group by row group (parquet's record reader), as JSON:
+/// nested lists and structs (a `messages` column) become lists and objects.
+pub fn read_parquet<R: parquet::file::reader::ChunkReader + 'static>(
+    file: R,
+    mut each: impl FnMut(Result<Row, DataError>) -> ControlFlow<()>,
+) -> Result<(), DataError> {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let reader = SerializedFileReader::new(file)
+        .map_err(|e| DataError::new(format!("not a Parquet file moro can read: {e}")))?;
+    let rows = reader
+        .get_row_iter(None)
+        .map_err(|e| DataError::new(format!("cannot read the Parquet rows: {e}")))?;
+    for (i, row) in rows.enumerate() {
+        let at = Position::Record(i as u64 + 1);
+        let row = match row {
+            Ok(r) => Ok(Row {
+                at,
+                value: r.to_json_value(),
+            }),
+            Err(e) => Err(DataError::new(format!("cannot read the row: {e}")).at(at)),
+        };
+        let failed = row.is_err();
+        if each(row).is_break() || failed {
+            return Ok(());
+        }
+    }
+    Ok(())
 }
 
 fn io_error(e: &std::io::Error) -> DataError {

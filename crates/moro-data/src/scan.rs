@@ -54,6 +54,24 @@ pub fn scan<R: BufRead>(
     format: FileFormat,
     tokenizer: &ModelTokenizer,
     options: &ScanOptions,
+    progress: impl FnMut(u64),
+) -> Result<Scan, DataError> {
+    scan_rows(
+        |each| read_rows(format, reader, each),
+        tokenizer,
+        options,
+        progress,
+    )
+}
+
+/// A row source: calls its argument with every row in order until told to stop.
+pub type RowSink<'a> = dyn FnMut(Result<crate::Row, DataError>) -> ControlFlow<()> + 'a;
+
+/// [`scan`] over any source of rows (a Parquet file, a reader of another format).
+pub fn scan_rows(
+    source: impl FnOnce(&mut RowSink<'_>) -> Result<(), DataError>,
+    tokenizer: &ModelTokenizer,
+    options: &ScanOptions,
     mut progress: impl FnMut(u64),
 ) -> Result<Scan, DataError> {
     let mut state = State {
@@ -68,7 +86,7 @@ pub fn scan<R: BufRead>(
     // Rows and unreadable lines in file order, so malformed rows are listed in order.
     let mut chunk: Vec<(Position, Result<Value, String>)> = Vec::with_capacity(CHUNK);
     let mut read = 0u64;
-    read_rows(format, reader, |row| {
+    source(&mut |row| {
         if options.limit.is_some_and(|l| read >= l) {
             return ControlFlow::Break(());
         }

@@ -250,3 +250,49 @@ fn an_unknown_shape_names_the_keys() {
     .unwrap();
     assert_eq!(s.tokens, vec![3]);
 }
+
+fn parquet(name: &str, tok: &ModelTokenizer) -> moro_data::Scan {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
+    let file = std::fs::File::open(path).unwrap();
+    moro_data::scan_rows(
+        |each| moro_data::rows::read_parquet(file, each),
+        tok,
+        &ScanOptions::default(),
+        |_| {},
+    )
+    .unwrap()
+}
+
+#[test]
+fn parquet_files_as_pyarrow_writes_them() {
+    // tests/fixtures/make_parquet.py: text rows of k − 1 words for k = 1…200 (snappy, row
+    // groups of 64), chat messages as a list of structs (zstd), alpaca with a null input.
+    let tok = word_tokenizer(None);
+    let s = parquet("text.parquet", &tok);
+    assert_eq!(
+        s.shape,
+        Shape::Text {
+            field: "text".into()
+        }
+    );
+    let sum = LengthSummary::of(&s.tokens).unwrap();
+    // Nearest rank over 1…200: p50 is the 100th, p99 the 198th.
+    assert_eq!((sum.count, sum.p50, sum.p99, sum.max), (200, 100, 198, 200));
+    let template = "{% for m in messages %}{{ m.content }} <t> {% endfor %}{% if add_generation_prompt %}<t>{% endif %}";
+    let tok = word_tokenizer(Some(template));
+    let s = parquet("messages.parquet", &tok);
+    assert_eq!(
+        s.shape,
+        Shape::Messages {
+            field: "messages".into()
+        }
+    );
+    assert_eq!(s.tokens, vec![10, 13, 43]);
+    let s = parquet("alpaca.parquet", &tok);
+    assert_eq!(s.shape, Shape::Alpaca);
+    // "w w\nw w w" + <t> + 4 + <t>; "w w w w" + <t> + 1 + <t>.
+    assert_eq!(s.tokens, vec![11, 7]);
+    assert_eq!(s.prompt.unwrap(), vec![7, 6]);
+}

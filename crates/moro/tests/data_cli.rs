@@ -358,3 +358,49 @@ fn bad_input_is_one_clear_error() {
     let e = run(&["data", "stats", "qa.jsonl", "--model", "Qwen/Qwen2.5-7B"]);
     assert!(e.contains("not in the Hugging Face cache"), "{e}");
 }
+
+#[test]
+fn a_dataset_repository_in_the_hub_cache_is_read_by_its_train_split() {
+    let dir = tempfile::tempdir().unwrap();
+    model_dir(dir.path(), TEMPLATE);
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../moro-data/tests/fixtures");
+    let repo = dir.path().join("hub/datasets--org--chat");
+    let snap = repo.join("snapshots/0123abc/data");
+    std::fs::create_dir_all(&snap).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), "0123abc").unwrap();
+    // train: 200 text rows of 1…200 tokens (make_parquet.py); test: not read.
+    std::fs::copy(
+        fixtures.join("text.parquet"),
+        snap.join("train-00000-of-00001.parquet"),
+    )
+    .unwrap();
+    std::fs::copy(
+        fixtures.join("alpaca.parquet"),
+        snap.join("test-00000-of-00001.parquet"),
+    )
+    .unwrap();
+    let v = json_of(
+        &moro(dir.path())
+            .env("HF_HUB_CACHE", dir.path().join("hub"))
+            .args(["data", "stats", "org/chat", "--model", "model", "--json"])
+            .assert()
+            .code(0)
+            .get_output()
+            .stdout,
+    );
+    assert_eq!(v["file_format"], "Parquet");
+    assert_eq!(v["samples"], 200);
+    assert_eq!(v["sequence"]["p99"], 198);
+    let e = moro(dir.path())
+        .env("HF_HUB_CACHE", dir.path().join("hub"))
+        .args(["data", "stats", "org/absent", "--model", "model"])
+        .assert()
+        .code(2)
+        .get_output()
+        .stderr
+        .clone();
+    assert!(
+        String::from_utf8_lossy(&e).contains("no dataset `org/absent` in the Hugging Face cache")
+    );
+}

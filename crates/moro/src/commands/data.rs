@@ -60,7 +60,8 @@ pub(crate) struct DatasetArgs {
 /// Arguments of `moro data stats`.
 #[derive(Debug, Args)]
 pub(crate) struct StatsArgs {
-    /// The dataset: a .jsonl, .json (an array of records), .csv or .tsv file.
+    /// The dataset: a .jsonl, .json (an array of records), .csv, .tsv or .parquet file, or
+    /// a dataset repository in the Hugging Face cache (`org/name`).
     pub(crate) dataset: PathBuf,
     /// Whose tokenizer: a Hub id, a model directory or a tokenizer.json.
     #[arg(long, short = 'm')]
@@ -114,14 +115,15 @@ pub(crate) fn parse_percentile(p: f64) -> Result<Permille> {
     })
 }
 
-/// Reads and tokenizes the dataset with `model`'s tokenizer.
+/// Reads and tokenizes the dataset with `model`'s tokenizer: one file, or the data files of a
+/// dataset repository in the Hugging Face cache (`org/name`).
 pub(crate) fn measure(
     path: &Path,
     model: &str,
     args: &DatasetArgs,
     hub: &HubArgs,
 ) -> Result<Measured> {
-    let shape = match &args.format {
+    let mut shape = match &args.format {
         Some(name) => Some(
             Shape::from_name(name, args.field.as_deref()).ok_or_else(|| {
                 user_hint(
@@ -132,31 +134,74 @@ pub(crate) fn measure(
         ),
         None => None,
     };
-    let (format, reader) = open(path)?;
+    let files = dataset_files(path)?;
     let (tokenizer, source) =
         crate::tokenizer::load(model, args.chat_template.as_deref(), hub, today())?;
-    let options = ScanOptions {
-        shape,
-        field: args.field.clone(),
-        strict: args.strict,
-        limit: args.limit,
-    };
     let show = std::io::stderr().is_terminal();
-    let scan = moro_data::scan(reader, format, &tokenizer, &options, |rows| {
+    let mut merged: Option<Scan> = None;
+    let mut format = FileFormat::Jsonl;
+    let mut left = args.limit;
+    for file in &files {
+        if left == Some(0) {
+            break;
+        }
+        let options = ScanOptions {
+            shape: shape.clone(),
+            field: args.field.clone(),
+            strict: args.strict,
+            limit: left,
+        };
+        let progress = |rows: u64| {
+            if show {
+                eprint!("\rtokenizing {}: {rows} rows", file.display());
+            }
+        };
+        let (f, opened) = open(file)?;
+        format = f;
+        let scan = match opened {
+            Opened::Stream(reader) => moro_data::scan(reader, f, &tokenizer, &options, progress),
+            Opened::Parquet(file) => moro_data::scan_rows(
+                |each| moro_data::rows::read_parquet(file, each),
+                &tokenizer,
+                &options,
+                progress,
+            ),
+        };
         if show {
-            eprint!("\rtokenizing {}: {rows} rows", path.display());
+            eprint!("\r\x1b[2K");
         }
-    });
-    if show {
-        eprint!("\r\x1b[2K");
+        let mut scan = scan.map_err(|e| {
+            let message = format!("{}: {e}", file.display());
+            match e.hint {
+                Some(h) => user_hint(message, h),
+                None => user(message),
+            }
+        })?;
+        shape = Some(scan.shape.clone());
+        left = left.map(|l| l.saturating_sub(scan.tokens.len() as u64 + scan.malformed_count));
+        if files.len() > 1 {
+            for m in &mut scan.malformed {
+                m.message = format!("{}: {}", file.display(), m.message);
+            }
+        }
+        merged = Some(match merged {
+            None => scan,
+            Some(mut all) => {
+                all.prompt = match (all.prompt, scan.prompt) {
+                    (Some(mut a), Some(b)) => {
+                        a.extend(b);
+                        Some(a)
+                    }
+                    _ => None,
+                };
+                all.tokens.extend(scan.tokens);
+                all.malformed_count += scan.malformed_count;
+                all.malformed.extend(scan.malformed);
+                all
+            }
+        });
     }
-    let scan = scan.map_err(|e| {
-        let message = format!("{}: {e}", path.display());
-        match e.hint {
-            Some(h) => user_hint(message, h),
-            None => user(message),
-        }
-    })?;
+    let scan = merged.ok_or_else(|| user(format!("{}: no data files", path.display())))?;
     let mut sorted = scan.tokens.clone();
     sorted.sort_unstable();
     Ok(Measured {
@@ -169,11 +214,103 @@ pub(crate) fn measure(
     })
 }
 
-fn open(path: &Path) -> Result<(FileFormat, BufReader<File>)> {
+/// The files of a dataset argument: the file itself, or a dataset repository in the Hugging
+/// Face cache (`org/name`: `datasets--org--name/snapshots/<refs/main>/`), whose train split
+/// files (named `train…` or under `train/`) are read when it has them, else all its data files.
+fn dataset_files(path: &Path) -> Result<Vec<PathBuf>> {
+    if path.exists() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let id = path.to_string_lossy();
+    let looks_like_repo = id.split('/').count() == 2 && !id.starts_with('.') && !id.ends_with('/');
+    if !looks_like_repo {
+        return Err(user(format!("{}: no such file", path.display())));
+    }
+    let cache = moro_hub::HubSettings::from_process_env().hub_cache;
+    let root = cache.join(format!("datasets--{}", id.replace('/', "--")));
+    let snapshot = std::fs::read_to_string(root.join("refs/main"))
+        .ok()
+        .map(|sha| root.join("snapshots").join(sha.trim()))
+        .filter(|p| p.is_dir())
+        .or_else(|| newest_dir(&root.join("snapshots")));
+    let Some(snapshot) = snapshot else {
+        return Err(user_hint(
+            format!(
+                "{}: no such file, and no dataset `{id}` in the Hugging Face cache ({})",
+                path.display(),
+                cache.display()
+            ),
+            "give a local .jsonl/.json/.csv/.parquet file, or download the dataset first (`hf download --repo-type dataset ID`)",
+        ));
+    };
+    let mut files = Vec::new();
+    collect_data_files(&snapshot, &mut files);
+    files.sort();
+    let train: Vec<PathBuf> = files
+        .iter()
+        .filter(|f| {
+            f.strip_prefix(&snapshot)
+                .map(|rel| {
+                    rel.components()
+                        .any(|c| c.as_os_str().to_string_lossy().starts_with("train"))
+                })
+                .unwrap_or(false)
+        })
+        .cloned()
+        .collect();
+    let chosen = if train.is_empty() { files } else { train };
+    if chosen.is_empty() {
+        return Err(user(format!(
+            "dataset `{id}` in the Hugging Face cache has no .parquet, .jsonl, .json or .csv files ({})",
+            snapshot.display()
+        )));
+    }
+    Ok(chosen)
+}
+
+fn newest_dir(dir: &Path) -> Option<PathBuf> {
+    std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().is_dir())
+        .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok())
+        .map(|e| e.path())
+}
+
+fn collect_data_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.filter_map(|e| e.ok()) {
+        let p = e.path();
+        if p.is_dir() {
+            collect_data_files(&p, out);
+        } else if p
+            .file_name()
+            .and_then(|n| FileFormat::from_name(&n.to_string_lossy()))
+            .is_some()
+            && !p
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+            && p.file_name()
+                .is_some_and(|n| n != "dataset_info.json" && n != "dataset_infos.json")
+        {
+            out.push(p);
+        }
+    }
+}
+
+/// An opened dataset file: a stream, or a Parquet file (read by row groups, so seekable).
+enum Opened {
+    Stream(BufReader<File>),
+    Parquet(File),
+}
+
+fn open(path: &Path) -> Result<(FileFormat, Opened)> {
     if path.is_dir() {
         return Err(user_hint(
             format!("{}: a directory, not a dataset file", path.display()),
-            "give one .jsonl, .json, .csv or .tsv file (Parquet and Arrow are not read yet)",
+            "give one .jsonl, .json, .csv, .tsv or .parquet file, or a dataset id in the Hugging Face cache",
         ));
     }
     let mut file = File::open(path).map_err(|e| user(format!("{}: {e}", path.display())))?;
@@ -190,18 +327,21 @@ fn open(path: &Path) -> Result<(FileFormat, BufReader<File>)> {
                 .map_err(|e| user(format!("{}: {e}", path.display())))?;
             let f = FileFormat::sniff(&head[..n]).ok_or_else(|| {
                 user_hint(
-                    format!(
-                        "{}: not a dataset moro reads (neither JSON Lines, JSON nor CSV)",
-                        path.display()
-                    ),
-                    "name it .jsonl, .json, .csv or .tsv; Parquet and Arrow are not read yet",
+                    format!("{}: not a dataset moro reads (neither JSON Lines, JSON, CSV nor Parquet)", path.display()),
+                    "name it .jsonl, .json, .csv, .tsv or .parquet; the Arrow files of a `datasets` cache are not read yet",
                 )
             })?;
             file = File::open(path).map_err(|e| user(format!("{}: {e}", path.display())))?;
             f
         }
     };
-    Ok((format, BufReader::with_capacity(1 << 20, file)))
+    Ok(match format {
+        FileFormat::Parquet => (format, Opened::Parquet(file)),
+        _ => (
+            format,
+            Opened::Stream(BufReader::with_capacity(1 << 20, file)),
+        ),
+    })
 }
 
 /// Today in UTC, for templates that print the date.
