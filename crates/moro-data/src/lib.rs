@@ -4,6 +4,7 @@
 //! `tokenizer.json`. [`stats`] turns the lengths into the figures `max_seq_length` is sized
 //! from. Files and paths stay with the caller; everything here reads from readers and bytes.
 
+mod contain;
 mod error;
 pub mod rows;
 pub mod scan;

@@ -22,6 +22,9 @@ pub enum FileFormat {
     /// Apache Parquet (`.parquet`), the format of the Hub's dataset repositories; read with
     /// [`read_parquet`], which needs a seekable file rather than a stream.
     Parquet,
+    /// Arrow IPC (`.arrow`), as the `datasets` library caches what `load_dataset` read: the
+    /// streaming format it writes, or the file format.
+    Arrow,
 }
 
 impl FileFormat {
@@ -34,6 +37,7 @@ impl FileFormat {
             "csv" => Some(Self::Csv { tab: false }),
             "tsv" => Some(Self::Csv { tab: true }),
             "parquet" => Some(Self::Parquet),
+            "arrow" => Some(Self::Arrow),
             _ => None,
         }
     }
@@ -42,6 +46,9 @@ impl FileFormat {
     pub fn sniff(head: &[u8]) -> Option<Self> {
         if head.starts_with(b"PAR1") {
             return Some(Self::Parquet);
+        }
+        if head.starts_with(b"ARROW1") || head.starts_with(&[0xFF, 0xFF, 0xFF, 0xFF]) {
+            return Some(Self::Arrow);
         }
         let first = head
             .iter()
@@ -61,6 +68,7 @@ impl FileFormat {
             Self::Csv { tab: false } => "CSV",
             Self::Csv { tab: true } => "TSV",
             Self::Parquet => "Parquet",
+            Self::Arrow => "Arrow",
         }
     }
 }
@@ -85,17 +93,91 @@ pub fn read_rows<R: BufRead>(
         FileFormat::Jsonl => read_jsonl(reader, &mut each),
         FileFormat::Json => read_json_array(reader, &mut each),
         FileFormat::Csv { tab } => read_csv(reader, tab, &mut each),
+        FileFormat::Arrow => read_arrow(reader, &mut each),
         FileFormat::Parquet => Err(DataError::new(
             "a Parquet file is read from a file, not a stream (read_parquet)",
         )),
     }
 }
 
+/// Every row of an Arrow IPC stream (or file), batch by batch, as JSON objects (arrow-json;
+/// null fields left out).
+fn read_arrow<R: BufRead>(
+    mut reader: R,
+    each: &mut impl FnMut(Result<Row, DataError>) -> ControlFlow<()>,
+) -> Result<(), DataError> {
+    let head = reader.fill_buf().map_err(|e| io_error(&e))?;
+    if head.starts_with(b"ARROW1") {
+        // The file format: its footer indexes the batches, so it needs the whole file.
+        let mut bytes = Vec::new();
+        reader.read_to_end(&mut bytes).map_err(|e| io_error(&e))?;
+        let file = arrow_ipc::reader::FileReader::try_new(std::io::Cursor::new(bytes), None)
+            .map_err(|e| DataError::new(format!("not an Arrow file moro can read: {e}")))?;
+        return arrow_batches(file, each);
+    }
+    let stream = arrow_ipc::reader::StreamReader::try_new(reader, None)
+        .map_err(|e| DataError::new(format!("not an Arrow stream moro can read: {e}")))?;
+    arrow_batches(stream, each)
+}
+
+fn arrow_batches(
+    batches: impl Iterator<Item = Result<arrow_array::RecordBatch, arrow_schema::ArrowError>>,
+    each: &mut impl FnMut(Result<Row, DataError>) -> ControlFlow<()>,
+) -> Result<(), DataError> {
+    let mut record = 0u64;
+    for batch in batches {
+        let batch = batch.map_err(|e| {
+            DataError::new(format!("cannot read the Arrow batch: {e}"))
+                .at(Position::Record(record + 1))
+        })?;
+        let mut w = arrow_json::ArrayWriter::new(Vec::new());
+        w.write_batches(&[&batch])
+            .and_then(|()| w.finish())
+            .map_err(|e| {
+                DataError::new(format!("cannot convert the Arrow batch: {e}"))
+                    .at(Position::Record(record + 1))
+            })?;
+        let bytes = w.into_inner();
+        let rows: Vec<Value> = if bytes.is_empty() {
+            Vec::new()
+        } else {
+            serde_json::from_slice(&bytes)
+                .map_err(|e| DataError::new(format!("cannot convert the Arrow batch: {e}")))?
+        };
+        for value in rows {
+            record += 1;
+            if each(Ok(Row {
+                at: Position::Record(record),
+                value,
+            }))
+            .is_break()
+            {
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Every row of a Parquet file, row group by row group (parquet's record reader), as JSON:
 /// nested lists and structs (a `messages` column) become lists and objects.
+///
+/// The parquet crate asserts on some inconsistent metadata (negative column offsets) instead
+/// of returning an error; such a panic is caught, silently, and is a corrupt-file error.
 pub fn read_parquet<R: parquet::file::reader::ChunkReader + 'static>(
     file: R,
     mut each: impl FnMut(Result<Row, DataError>) -> ControlFlow<()>,
+) -> Result<(), DataError> {
+    crate::contain::contained(|| read_parquet_rows(file, &mut each)).unwrap_or_else(|| {
+        Err(DataError::new(
+            "the Parquet file is corrupt (its metadata is inconsistent)",
+        ))
+    })
+}
+
+fn read_parquet_rows<R: parquet::file::reader::ChunkReader + 'static>(
+    file: R,
+    each: &mut impl FnMut(Result<Row, DataError>) -> ControlFlow<()>,
 ) -> Result<(), DataError> {
     use parquet::file::reader::{FileReader, SerializedFileReader};
     let reader = SerializedFileReader::new(file)

@@ -149,16 +149,17 @@ fn without_generation_tags(source: &str) -> String {
     let mut out = String::with_capacity(source.len());
     let mut rest = source;
     while let Some(start) = rest.find("{%") {
-        let Some(len) = rest[start..].find("%}") else {
+        let body = start + 2;
+        let Some(len) = rest[body..].find("%}") else {
             break;
         };
-        let tag = &rest[start + 2..start + len];
+        let tag = &rest[body..body + len];
         let word = tag.trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
         out.push_str(&rest[..start]);
         if word != "generation" && word != "endgeneration" {
-            out.push_str(&rest[start..start + len + 2]);
+            out.push_str(&rest[start..body + len + 2]);
         }
-        rest = &rest[start + len + 2..];
+        rest = &rest[body + len + 2..];
     }
     out.push_str(rest);
     out
@@ -401,6 +402,14 @@ mod tests {
     fn generation_tags_are_dropped_keeping_their_content() {
         let out = render("a{% generation %}b{%- endgeneration %}c", &json!([]));
         assert_eq!(out.unwrap(), "abc");
+    }
+
+    #[test]
+    fn a_tag_that_closes_where_it_opens_is_left_to_the_parser() {
+        // Found by the chat_template fuzz target: `{%}` once sliced a string backwards.
+        assert_eq!(without_generation_tags("a{%}b"), "a{%}b");
+        assert_eq!(without_generation_tags("{% generation %}{%}"), "{%}");
+        assert!(render("a{%}b", &json!([])).is_err());
     }
 
     #[test]

@@ -51,7 +51,7 @@ impl ModelTokenizer {
         template: Option<&str>,
         today: Date,
     ) -> Result<Self, DataError> {
-        let mut tokenizer = Tokenizer::from_bytes(tokenizer_json).map_err(|e| {
+        let mut tokenizer = load_tokenizer(tokenizer_json).map_err(|e| {
             DataError::new(format!("tokenizer.json does not load: {e}"))
                 .hint("it should be the tokenizer.json of a Hugging Face fast tokenizer")
         })?;
@@ -263,6 +263,16 @@ impl ModelTokenizer {
             }
             _ => Err("the prompt and the answers are not both strings or both messages".to_owned()),
         }
+    }
+}
+
+/// `Tokenizer::from_bytes`, whose deserializers (tokenizers 0.22 `decoders/mod.rs`) unwrap
+/// some malformed values instead of returning an error: such a panic is caught, silently, and
+/// is an error.
+fn load_tokenizer(bytes: &[u8]) -> Result<Tokenizer, String> {
+    match crate::contain::contained(|| Tokenizer::from_bytes(bytes)) {
+        Some(r) => r.map_err(|e| e.to_string()),
+        None => Err("a malformed field (the tokenizers library could not read it)".to_owned()),
     }
 }
 

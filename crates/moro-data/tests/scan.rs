@@ -267,7 +267,7 @@ fn parquet(name: &str, tok: &ModelTokenizer) -> moro_data::Scan {
 
 #[test]
 fn parquet_files_as_pyarrow_writes_them() {
-    // tests/fixtures/make_parquet.py: text rows of k − 1 words for k = 1…200 (snappy, row
+    // tests/fixtures/make_fixtures.py: text rows of k − 1 words for k = 1…200 (snappy, row
     // groups of 64), chat messages as a list of structs (zstd), alpaca with a null input.
     let tok = word_tokenizer(None);
     let s = parquet("text.parquet", &tok);
@@ -295,4 +295,73 @@ fn parquet_files_as_pyarrow_writes_them() {
     // "w w\nw w w" + <t> + 4 + <t>; "w w w w" + <t> + 1 + <t>.
     assert_eq!(s.tokens, vec![11, 7]);
     assert_eq!(s.prompt.unwrap(), vec![7, 6]);
+}
+
+fn arrow(name: &str, tok: &ModelTokenizer) -> moro_data::Scan {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
+    let file = std::io::BufReader::new(std::fs::File::open(path).unwrap());
+    scan(
+        file,
+        FileFormat::Arrow,
+        tok,
+        &ScanOptions::default(),
+        |_| {},
+    )
+    .unwrap()
+}
+
+#[test]
+fn arrow_as_the_datasets_cache_writes_it() {
+    // The messages of make_fixtures.py as an IPC stream in batches of 2, the 200 text rows as
+    // an Arrow file.
+    let template = "{% for m in messages %}{{ m.content }} <t> {% endfor %}{% if add_generation_prompt %}<t>{% endif %}";
+    let tok = word_tokenizer(Some(template));
+    let s = arrow("messages.arrow", &tok);
+    assert_eq!(
+        s.shape,
+        Shape::Messages {
+            field: "messages".into()
+        }
+    );
+    assert_eq!(s.tokens, vec![10, 13, 43]);
+    let s = arrow("text-file.arrow", &word_tokenizer(None));
+    let sum = LengthSummary::of(&s.tokens).unwrap();
+    assert_eq!((sum.count, sum.p50, sum.p99, sum.max), (200, 100, 198, 200));
+}
+
+#[test]
+fn a_corrupt_parquet_file_is_an_error_not_a_panic() {
+    // Found by the dataset_rows fuzz target: metadata with a negative column offset, on which
+    // parquet 60 asserts.
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/fuzz/parquet-negative-column-offset.parquet");
+    let bytes = std::fs::read(path).unwrap();
+    let r = moro_data::rows::read_parquet(bytes::Bytes::from(bytes), |_| {
+        std::ops::ControlFlow::Continue(())
+    });
+    let e = r.unwrap_err();
+    assert!(
+        e.message.starts_with("the Parquet file is corrupt")
+            || e.message.starts_with("cannot read"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_malformed_tokenizer_json_is_an_error_not_a_panic() {
+    // Found by the tokenizer_files fuzz target (first byte: the config's length, then the
+    // config, then tokenizer.json): a decoder tokenizers 0.22 unwraps.
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/fuzz/tokenizer-malformed-decoder.bin");
+    let data = std::fs::read(path).unwrap();
+    let at = usize::from(data[0]).min(data.len() - 1);
+    let (config, tokenizer) = data[1..].split_at(at);
+    let e = ModelTokenizer::from_bytes(tokenizer, Some(config), None, DAY).unwrap_err();
+    assert!(
+        e.message.starts_with("tokenizer.json does not load")
+            || e.message.starts_with("tokenizer_config.json"),
+        "{e}"
+    );
 }

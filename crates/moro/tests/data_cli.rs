@@ -404,3 +404,36 @@ fn a_dataset_repository_in_the_hub_cache_is_read_by_its_train_split() {
         String::from_utf8_lossy(&e).contains("no dataset `org/absent` in the Hugging Face cache")
     );
 }
+
+#[test]
+fn a_dataset_in_the_datasets_cache_is_read_from_its_arrow_files() {
+    let dir = tempfile::tempdir().unwrap();
+    model_dir(dir.path(), TEMPLATE);
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../moro-data/tests/fixtures");
+    let prepared = dir.path().join("datasets/org___chat/default/0.0.0/4f3c2a");
+    std::fs::create_dir_all(&prepared).unwrap();
+    // make_fixtures.py's messages (10, 13 and 43 tokens) as the train split's stream.
+    std::fs::copy(
+        fixtures.join("messages.arrow"),
+        prepared.join("chat-train.arrow"),
+    )
+    .unwrap();
+    std::fs::copy(
+        fixtures.join("messages.arrow"),
+        prepared.join("chat-test.arrow"),
+    )
+    .unwrap();
+    let v = json_of(
+        &moro(dir.path())
+            .env("HF_HUB_CACHE", dir.path().join("hub"))
+            .env("HF_DATASETS_CACHE", dir.path().join("datasets"))
+            .args(["data", "stats", "org/chat", "--model", "model", "--json"])
+            .assert()
+            .code(0)
+            .get_output()
+            .stdout,
+    );
+    assert_eq!(v["file_format"], "Arrow");
+    assert_eq!(v["samples"], 3);
+    assert_eq!(v["sequence"]["max"], 43);
+}

@@ -60,8 +60,8 @@ pub(crate) struct DatasetArgs {
 /// Arguments of `moro data stats`.
 #[derive(Debug, Args)]
 pub(crate) struct StatsArgs {
-    /// The dataset: a .jsonl, .json (an array of records), .csv, .tsv or .parquet file, or
-    /// a dataset repository in the Hugging Face cache (`org/name`).
+    /// The dataset: a .jsonl, .json (an array of records), .csv, .tsv, .parquet or .arrow
+    /// file, or a dataset id (`org/name`) in the Hugging Face Hub cache or the `datasets` cache.
     pub(crate) dataset: PathBuf,
     /// Whose tokenizer: a Hub id, a model directory or a tokenizer.json.
     #[arg(long, short = 'm')]
@@ -234,13 +234,19 @@ fn dataset_files(path: &Path) -> Result<Vec<PathBuf>> {
         .filter(|p| p.is_dir())
         .or_else(|| newest_dir(&root.join("snapshots")));
     let Some(snapshot) = snapshot else {
+        if let Some(files) = datasets_cache_files(&id) {
+            return Ok(files);
+        }
         return Err(user_hint(
             format!(
-                "{}: no such file, and no dataset `{id}` in the Hugging Face cache ({})",
+                "{}: no such file, and no dataset `{id}` in the Hugging Face cache ({}) or the \
+                 `datasets` cache ({})",
                 path.display(),
-                cache.display()
+                cache.display(),
+                datasets_cache().display()
             ),
-            "give a local .jsonl/.json/.csv/.parquet file, or download the dataset first (`hf download --repo-type dataset ID`)",
+            "give a local .jsonl/.json/.csv/.parquet file, or download the dataset first \
+             (`hf download --repo-type dataset ID`)",
         ));
     };
     let mut files = Vec::new();
@@ -266,6 +272,48 @@ fn dataset_files(path: &Path) -> Result<Vec<PathBuf>> {
         )));
     }
     Ok(chosen)
+}
+
+/// Where the `datasets` library caches what `load_dataset` prepared: `HF_DATASETS_CACHE`, else
+/// `$HF_HOME/datasets`, else `$XDG_CACHE_HOME/huggingface/datasets` or
+/// `~/.cache/huggingface/datasets` (`datasets/config.py`).
+fn datasets_cache() -> PathBuf {
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    env("HF_DATASETS_CACHE")
+        .or_else(|| env("HF_HOME").map(|h| h.join("datasets")))
+        .or_else(|| env("XDG_CACHE_HOME").map(|c| c.join("huggingface/datasets")))
+        .or_else(|| env("HOME").map(|h| h.join(".cache/huggingface/datasets")))
+        .unwrap_or_else(|| PathBuf::from(".cache/huggingface/datasets"))
+}
+
+/// The train split's Arrow files of `org/name` in the `datasets` cache
+/// (`org___name/<config>/<version>/<hash>/name-train[-00000-of-0000N].arrow`), from the most
+/// recently prepared version.
+fn datasets_cache_files(id: &str) -> Option<Vec<PathBuf>> {
+    let root = datasets_cache().join(id.replace('/', "___"));
+    let mut arrows = Vec::new();
+    collect_data_files(&root, &mut arrows);
+    arrows.retain(|p| p.extension().is_some_and(|e| e == "arrow"));
+    let train = |p: &PathBuf| {
+        p.file_name()
+            .is_some_and(|n| n.to_string_lossy().contains("-train"))
+    };
+    let newest = arrows
+        .iter()
+        .filter(|p| train(p))
+        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())?
+        .parent()?
+        .to_path_buf();
+    let mut files: Vec<PathBuf> = arrows
+        .into_iter()
+        .filter(|p| train(p) && p.parent() == Some(newest.as_path()))
+        .collect();
+    files.sort();
+    Some(files)
 }
 
 fn newest_dir(dir: &Path) -> Option<PathBuf> {
@@ -327,8 +375,11 @@ fn open(path: &Path) -> Result<(FileFormat, Opened)> {
                 .map_err(|e| user(format!("{}: {e}", path.display())))?;
             let f = FileFormat::sniff(&head[..n]).ok_or_else(|| {
                 user_hint(
-                    format!("{}: not a dataset moro reads (neither JSON Lines, JSON, CSV nor Parquet)", path.display()),
-                    "name it .jsonl, .json, .csv, .tsv or .parquet; the Arrow files of a `datasets` cache are not read yet",
+                    format!(
+                        "{}: not a dataset moro reads (neither JSON Lines, JSON, CSV nor Parquet)",
+                        path.display()
+                    ),
+                    "name it .jsonl, .json, .csv, .tsv, .parquet or .arrow",
                 )
             })?;
             file = File::open(path).map_err(|e| user(format!("{}: {e}", path.display())))?;
@@ -337,6 +388,7 @@ fn open(path: &Path) -> Result<(FileFormat, Opened)> {
     };
     Ok(match format {
         FileFormat::Parquet => (format, Opened::Parquet(file)),
+        // The `datasets` cache keeps each shard as one Arrow stream.
         _ => (
             format,
             Opened::Stream(BufReader::with_capacity(1 << 20, file)),
