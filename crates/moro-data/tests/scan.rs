@@ -43,6 +43,18 @@ fn word_tokenizer(template: Option<&str>) -> ModelTokenizer {
     .unwrap()
 }
 
+/// The scan of JSON Lines `text` with the default options.
+fn jsonl(text: impl AsRef<[u8]>, tok: &ModelTokenizer) -> moro_data::Scan {
+    scan(
+        Cursor::new(text.as_ref()),
+        FileFormat::Jsonl,
+        tok,
+        &ScanOptions::default(),
+        |_| {},
+    )
+    .unwrap()
+}
+
 fn words(n: u32) -> String {
     vec!["w"; n as usize].join(" ")
 }
@@ -60,14 +72,7 @@ fn text_lengths_are_exact() {
         .map(|&k| format!("{}\n", json!({"text": words(k - 1)})))
         .collect();
     let tok = word_tokenizer(None);
-    let s = scan(
-        Cursor::new(file),
-        FileFormat::Jsonl,
-        &tok,
-        &ScanOptions::default(),
-        |_| {},
-    )
-    .unwrap();
+    let s = jsonl(file, &tok);
     assert_eq!(
         s.shape,
         Shape::Text {
@@ -119,14 +124,7 @@ fn conversations_split_prompt_and_completion() {
             format!("{m}\n")
         })
         .collect();
-    let s = scan(
-        Cursor::new(file),
-        FileFormat::Jsonl,
-        &tok,
-        &ScanOptions::default(),
-        |_| {},
-    )
-    .unwrap();
+    let s = jsonl(file, &tok);
     assert_eq!(
         s.shape,
         Shape::Messages {
@@ -145,14 +143,7 @@ fn alpaca_and_sharegpt_are_recognised() {
         "{}\n",
         json!({"instruction": words(2), "input": words(3), "output": words(4)})
     );
-    let s = scan(
-        Cursor::new(alpaca),
-        FileFormat::Jsonl,
-        &tok,
-        &ScanOptions::default(),
-        |_| {},
-    )
-    .unwrap();
+    let s = jsonl(alpaca, &tok);
     assert_eq!(s.shape, Shape::Alpaca);
     // user = instruction "\n" input (5 words), then <t>; answer 4 words and <t>.
     assert_eq!(
@@ -181,14 +172,7 @@ fn alpaca_and_sharegpt_are_recognised() {
 fn preference_pairs_take_the_longer_answer() {
     let tok = word_tokenizer(None);
     let row = json!({"prompt": words(4), "chosen": words(2), "rejected": words(7)});
-    let s = scan(
-        Cursor::new(format!("{row}\n")),
-        FileFormat::Jsonl,
-        &tok,
-        &ScanOptions::default(),
-        |_| {},
-    )
-    .unwrap();
+    let s = jsonl(format!("{row}\n"), &tok);
     assert_eq!(s.shape, Shape::Preference);
     // prompt 4, the rejected answer 7 + EOS.
     assert_eq!((s.tokens[0], s.prompt.unwrap()[0]), (4 + 8, 4));
@@ -198,14 +182,7 @@ fn preference_pairs_take_the_longer_answer() {
 fn malformed_rows_are_reported_with_their_line_and_fatal_under_strict() {
     let tok = word_tokenizer(None);
     let file = "{\"text\": \"w w\"}\n\n{\"text\": 3}\n{not json\n{\"text\": \"w\"}\n";
-    let s = scan(
-        Cursor::new(file),
-        FileFormat::Jsonl,
-        &tok,
-        &ScanOptions::default(),
-        |_| {},
-    )
-    .unwrap();
+    let s = jsonl(file, &tok);
     assert_eq!(s.tokens, vec![3, 2]);
     assert_eq!(s.malformed_count, 2);
     assert_eq!(s.malformed[0].at, Position::Line(3));
