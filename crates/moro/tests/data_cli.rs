@@ -156,7 +156,7 @@ fn recipe_generate_sizes_max_seq_length_from_the_data() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains(
-            "max_seq_length 100: the p99 of tail.jsonl (1000 samples; 10 longer are truncated)"
+            "max_seq_length 100: the p99 of tail.jsonl; 1000 samples, 10 longer are truncated"
         ),
         "{err}"
     );
@@ -436,4 +436,42 @@ fn a_dataset_in_the_datasets_cache_is_read_from_its_arrow_files() {
     assert_eq!(v["file_format"], "Arrow");
     assert_eq!(v["samples"], 3);
     assert_eq!(v["sequence"]["max"], 43);
+}
+
+#[test]
+fn recipe_generate_cuts_the_datas_length_to_the_models_context() {
+    // The same long tail on a model of 1,024 positions: p100 is 5,000 tokens, beyond them.
+    let dir = tempfile::tempdir().unwrap();
+    let m = model_dir(dir.path(), TEMPLATE);
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(m.join("config.json")).unwrap()).unwrap();
+    config["max_position_embeddings"] = json!(1024);
+    std::fs::write(m.join("config.json"), config.to_string()).unwrap();
+    long_tail(dir.path());
+    let out = moro(dir.path())
+        .args([
+            "recipe",
+            "generate",
+            "--model",
+            "model",
+            "--hardware",
+            "rtx-4090",
+            "--dataset",
+            "tail.jsonl",
+            "--percentile",
+            "100",
+            "--json",
+        ])
+        .assert()
+        .code(0)
+        .get_output()
+        .clone();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("max_seq_length 1024: the model's 1024 positions, below the p100 of tail.jsonl (5000 tokens); 1000 samples, 10 longer are truncated"),
+        "{err}"
+    );
+    let v = json_of(&out.stdout);
+    assert_eq!(v["recipe"]["training"]["max_seq_length"], 1024);
+    assert_eq!(v["recipe"]["data"]["truncated_samples"], 10);
 }

@@ -850,7 +850,11 @@ pub(crate) fn run_generate(args: &GenerateArgs) -> Result<ExitCode> {
         note(&n);
     }
     let sized = match &args.dataset {
-        Some(path) => Some(size_from_data(args, path)?),
+        Some(path) => Some(size_from_data(
+            args,
+            path,
+            model.spec.max_position_embeddings,
+        )?),
         None => None,
     };
     let request = Request {
@@ -936,6 +940,10 @@ pub(crate) fn run_generate(args: &GenerateArgs) -> Result<ExitCode> {
 struct SizedFromData {
     section: moro_recipe::DataSection,
     chosen: u64,
+    /// The model's context, when the percentile's length is beyond it and was cut to it.
+    capped_at: Option<u64>,
+    /// The percentile's length before that cut.
+    uncapped: u64,
 }
 
 impl SizedFromData {
@@ -945,19 +953,31 @@ impl SizedFromData {
 
     fn header_line(&self) -> String {
         let d = &self.section;
+        let sized = match self.capped_at {
+            Some(n) => format!(
+                "the model's {n} positions, below the p{} of {} ({} tokens)",
+                d.percentile, d.path, self.uncapped
+            ),
+            None => format!("the p{} of {}", d.percentile, d.path),
+        };
         format!(
-            "max_seq_length {}: the p{} of {} ({} samples; {} longer are truncated). Sort the \
+            "max_seq_length {}: {sized}; {} samples, {} longer are truncated. Sort the \
              longest batch first so an out-of-memory shows at step 1, not step 300.",
             self.chosen,
-            d.percentile,
-            d.path,
             d.samples.unwrap_or(0),
             d.truncated_samples.unwrap_or(0),
         )
     }
 }
 
-fn size_from_data(args: &GenerateArgs, path: &std::path::Path) -> Result<SizedFromData> {
+/// The percentile's length of the dataset, cut to the model's context `positions` (0: not
+/// known) when it is longer: a trainer truncates there anyway, and past it the model was not
+/// trained.
+fn size_from_data(
+    args: &GenerateArgs,
+    path: &std::path::Path,
+    positions: u64,
+) -> Result<SizedFromData> {
     use moro_data::Permille;
     let p = crate::commands::data::parse_percentile(args.percentile)?;
     let m = crate::commands::data::measure(
@@ -966,7 +986,13 @@ fn size_from_data(args: &GenerateArgs, path: &std::path::Path) -> Result<SizedFr
         &args.data,
         &resolve::HubArgs::default(),
     )?;
-    let chosen = m.at(p);
+    let uncapped = m.at(p).max(1);
+    let cap = u32::try_from(positions).unwrap_or(u32::MAX);
+    let chosen = if positions > 0 {
+        uncapped.min(cap)
+    } else {
+        uncapped
+    };
     let truncated = m.sorted.len() - m.sorted.partition_point(|&l| l <= chosen);
     let at = |q: Permille| u64::from(m.at(q));
     let section = moro_recipe::DataSection {
@@ -982,7 +1008,9 @@ fn size_from_data(args: &GenerateArgs, path: &std::path::Path) -> Result<SizedFr
     };
     let sized = SizedFromData {
         section,
-        chosen: u64::from(chosen.max(1)),
+        chosen: u64::from(chosen),
+        capped_at: (chosen < uncapped).then_some(positions),
+        uncapped: u64::from(uncapped),
     };
     note(&sized.header_line());
     if m.scan.malformed_count > 0 {
