@@ -355,6 +355,15 @@ fn bad_input_is_one_clear_error() {
         "0",
     ]);
     assert!(e.contains("--percentile 0 is not a percentage"), "{e}");
+    let e = run(&[
+        "data",
+        "stats",
+        "qa.jsonl",
+        "--model",
+        "model",
+        "--exact-weights",
+    ]);
+    assert!(e.contains("--exact-weights applies to estimates"), "{e}");
     let e = run(&["data", "stats", "qa.jsonl", "--model", "Qwen/Qwen2.5-7B"]);
     assert!(e.contains("not in the Hugging Face cache"), "{e}");
 }

@@ -59,6 +59,11 @@ pub(crate) struct DatasetArgs {
 
 /// Arguments of `moro data stats`.
 #[derive(Debug, Args)]
+#[command(
+    after_help = "Example:\n  moro data stats train.jsonl --model Qwen/Qwen2.5-7B-Instruct --max-seq-length 4096 \
+    --packing\n\nExit codes: 0 read (malformed rows are listed and counted), 2 invalid input: not a \
+    dataset, an unknown shape, a tokenizer that does not load, a malformed row under --strict."
+)]
 pub(crate) struct StatsArgs {
     /// The dataset: a .jsonl, .json (an array of records), .csv, .tsv, .parquet or .arrow
     /// file, or a dataset id (`org/name`) in the Hugging Face Hub cache or the `datasets` cache.
@@ -456,6 +461,11 @@ pub(crate) fn run(cmd: &DataCommand) -> Result<ExitCode> {
 }
 
 fn run_stats(args: &StatsArgs) -> Result<ExitCode> {
+    if args.hub.exact_weights {
+        return Err(user(
+            "--exact-weights applies to estimates; `moro data stats` reads only the tokenizer",
+        ));
+    }
     let p = parse_percentile(args.percentile)?;
     if args.max_seq_length == Some(0) {
         return Err(user("--max-seq-length must be at least 1"));
