@@ -177,7 +177,8 @@ pub fn rfc3339(t: SystemTime) -> String {
 }
 
 /// Days since 1970-01-01 → (year, month, day), proleptic Gregorian (H. Hinnant's algorithm).
-const fn civil_from_days(z: i64) -> (i64, u32, u32) {
+#[must_use]
+pub const fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let z = z + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);
@@ -194,6 +195,14 @@ const fn civil_from_days(z: i64) -> (i64, u32, u32) {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn civil_dates_by_hand() {
+        // 2026-12-02 is day 20,789 since 1970-01-01; 2000-03-01 is day 11,017.
+        assert_eq!(civil_from_days(20_789), (2026, 12, 2));
+        assert_eq!(civil_from_days(11_017), (2000, 3, 1));
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+    }
 
     #[test]
     fn rfc3339_known_dates() {

@@ -408,13 +408,13 @@ fn hub_error(e: &HubError, repo: &RepoRef, endpoint: &str) -> anyhow::Error {
 }
 
 /// The Hub settings from the environment and the flags.
-fn settings(opts: &HubArgs) -> HubSettings {
+pub(crate) fn settings(opts: &HubArgs) -> HubSettings {
     let mut s = HubSettings::from_process_env();
     s.offline |= opts.offline;
     s
 }
 
-fn client(s: HubSettings) -> HubClient {
+pub(crate) fn client(s: HubSettings) -> HubClient {
     let c = HubClient::new(s);
     match progress_line() {
         Some(p) => c.with_progress(p),

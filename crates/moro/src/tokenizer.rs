@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use moro_data::{Date, ModelTokenizer};
-use moro_hub::{HubClient, HubError, HubSettings, RepoRef};
+use moro_hub::{HubError, RepoRef};
 
 use crate::error::{user, user_hint};
 use crate::resolve::HubArgs;
@@ -30,7 +30,9 @@ pub(crate) fn load(
     let files = if Path::new(model).exists() {
         local(Path::new(model))?
     } else {
-        hub_files(model, hub)?
+        let files = hub_files(model, hub);
+        crate::resolve::clear_progress();
+        files?
     };
     let template = match chat_template {
         Some(p) => Some(
@@ -112,8 +114,7 @@ fn hub_files(model: &str, hub: &HubArgs) -> Result<Files> {
             "give a Hub id (`org/name`), a model directory or a tokenizer.json",
         )
     })?;
-    let mut settings = HubSettings::from_process_env();
-    settings.offline |= hub.offline;
+    let settings = crate::resolve::settings(hub);
     let cached = moro_hub::find_cached_lenient(&settings.hub_cache, &repo, "tokenizer.json");
     if let Some(path) = cached {
         let mut f = local(&path)?;
@@ -121,7 +122,7 @@ fn hub_files(model: &str, hub: &HubArgs) -> Result<Files> {
         return Ok(f);
     }
     let offline = settings.offline;
-    let client = HubClient::new(settings);
+    let client = crate::resolve::client(settings);
     let tokenizer = client.fetch_file(&repo, "tokenizer.json").map_err(|e| {
         let hint = match (&e, offline) {
             (HubError::Offline { .. }, _) | (_, true) => {

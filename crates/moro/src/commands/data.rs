@@ -106,6 +106,11 @@ impl Measured {
     pub(crate) fn at(&self, p: Permille) -> u32 {
         percentile(&self.sorted, p).unwrap_or(0)
     }
+
+    /// Samples longer than `tokens` (truncated at that length).
+    pub(crate) fn longer_than(&self, tokens: u32) -> u64 {
+        (self.sorted.len() - self.sorted.partition_point(|&l| l <= tokens)) as u64
+    }
 }
 
 /// A `--percentile` as the stats take it.
@@ -406,20 +411,8 @@ fn today() -> Date {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    civil(i64::try_from(secs / 86_400).unwrap_or(0))
-}
-
-/// The calendar date of a day count since 1970-01-01 (Hinnant's `civil_from_days`).
-fn civil(days: i64) -> Date {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (year, month, day) =
+        moro_supervise::journal::civil_from_days(i64::try_from(secs / 86_400).unwrap_or(0));
     Date {
         year: i32::try_from(year).unwrap_or(1970),
         month: u8::try_from(month).unwrap_or(1),
@@ -486,7 +479,6 @@ fn run_stats(args: &StatsArgs) -> Result<ExitCode> {
         None => (None, None),
     };
     let sized = m.at(p);
-    let cut = truncation(&s.tokens, s.prompt.as_deref(), sized);
     let trunc = args
         .max_seq_length
         .map(|l| truncation(&s.tokens, s.prompt.as_deref(), l));
@@ -507,7 +499,7 @@ fn run_stats(args: &StatsArgs) -> Result<ExitCode> {
         percentile: Sized {
             percent: f64::from(p.tenths()) / 10.0,
             max_seq_length: sized,
-            truncated_samples: cut.samples,
+            truncated_samples: m.longer_than(sized),
         },
         histogram: histogram(&m.sorted),
         truncation: trunc,
@@ -656,38 +648,4 @@ fn render(r: &Report<'_>, p: Permille) -> String {
         }
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn civil_dates_by_hand() {
-        // 2026-12-02 is day 20,789 since 1970-01-01; 2000-03-01 is day 11,017.
-        assert_eq!(
-            civil(20_789),
-            Date {
-                year: 2026,
-                month: 12,
-                day: 2
-            }
-        );
-        assert_eq!(
-            civil(11_017),
-            Date {
-                year: 2000,
-                month: 3,
-                day: 1
-            }
-        );
-        assert_eq!(
-            civil(0),
-            Date {
-                year: 1970,
-                month: 1,
-                day: 1
-            }
-        );
-    }
 }

@@ -132,7 +132,7 @@ pub(crate) fn run(args: &EstimateArgs) -> Result<ExitCode> {
         let p = crate::commands::data::parse_percentile(args.percentile)?;
         let m = crate::commands::data::measure(path, model, &args.data, &args.hub)?;
         let tokens = m.at(p).max(1);
-        let longer = m.sorted.len() - m.sorted.partition_point(|&l| l <= tokens);
+        let longer = m.longer_than(tokens);
         crate::output::note(&format!(
             "seq_len {tokens}: the p{} of {} ({} samples, {longer} longer)",
             p.percent_label(),

@@ -859,9 +859,7 @@ pub(crate) fn run_generate(args: &GenerateArgs) -> Result<ExitCode> {
     };
     let request = Request {
         method: args.method,
-        seq_len: sized
-            .as_ref()
-            .map_or(args.seq_len, |d| Some(d.p99_tokens_or_chosen())),
+        seq_len: sized.as_ref().map_or(args.seq_len, |d| Some(d.chosen)),
         effective_batch: args.effective_batch,
         stack: args.stack,
         parallel: moro_core::job::Parallel::single(),
@@ -947,10 +945,6 @@ struct SizedFromData {
 }
 
 impl SizedFromData {
-    fn p99_tokens_or_chosen(&self) -> u64 {
-        self.chosen
-    }
-
     fn header_line(&self) -> String {
         let d = &self.section;
         let sized = match self.capped_at {
@@ -993,7 +987,7 @@ fn size_from_data(
     } else {
         uncapped
     };
-    let truncated = m.sorted.len() - m.sorted.partition_point(|&l| l <= chosen);
+    let truncated = m.longer_than(chosen);
     let at = |q: Permille| u64::from(m.at(q));
     let section = moro_recipe::DataSection {
         path: path.display().to_string(),
@@ -1004,7 +998,7 @@ fn size_from_data(
         p95_tokens: Some(at(Permille::P95)),
         p99_tokens: at(Permille::P99),
         max_tokens: m.sorted.last().map(|&l| u64::from(l)),
-        truncated_samples: Some(truncated as u64),
+        truncated_samples: Some(truncated),
     };
     let sized = SizedFromData {
         section,
