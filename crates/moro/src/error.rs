@@ -10,6 +10,8 @@ pub(crate) struct UserError {
     pub(crate) hint: Option<String>,
     /// The setting the error is about, as the job names it (`lora_rank`), where known.
     pub(crate) field: Option<String>,
+    /// What was named does not exist (a model): the names closest to it, best first.
+    pub(crate) missing: Option<Vec<String>>,
     pub(crate) code: u8,
 }
 
@@ -20,6 +22,7 @@ impl UserError {
             message: message.into(),
             hint: None,
             field: None,
+            missing: None,
             code: 2,
         }
     }
@@ -62,6 +65,24 @@ pub(crate) fn user_hint(message: impl Into<String>, hint: impl Into<String>) -> 
     anyhow::Error::new(UserError::new(message).hint(hint))
 }
 
+/// The error as `--json` prints it: `{"error": {"message", "field", "causes", "hint",
+/// "exit_code"}}`, with `closest` (names near the one that does not exist) when known.
+pub(crate) fn to_json(e: &anyhow::Error) -> serde_json::Value {
+    let user = e.downcast_ref::<UserError>();
+    let causes: Vec<String> = e.chain().skip(1).map(ToString::to_string).collect();
+    let mut value = serde_json::json!({"error": {
+        "message": e.to_string(),
+        "field": user.and_then(|u| u.field.as_deref()),
+        "causes": causes,
+        "hint": user.and_then(|u| u.hint.as_deref()),
+        "exit_code": user.map_or(2, |u| u.code),
+    }});
+    if let Some(closest) = user.and_then(|u| u.missing.as_ref()) {
+        value["error"]["closest"] = serde_json::json!(closest);
+    }
+    value
+}
+
 /// Prints the error and returns its exit code (2 unless it says otherwise): as words on
 /// stderr, or, for a command asked for `--json`, as
 /// `{"error": {"message", "field", "causes", "hint", "exit_code"}}` on stdout, where the script
@@ -71,15 +92,7 @@ pub(crate) fn report(e: &anyhow::Error, json: bool) -> ExitCode {
     let user = e.downcast_ref::<UserError>();
     let code = user.map_or(2, |u| u.code);
     if json {
-        let causes: Vec<String> = e.chain().skip(1).map(ToString::to_string).collect();
-        let value = serde_json::json!({"error": {
-            "message": e.to_string(),
-            "field": user.and_then(|u| u.field.as_deref()),
-            "causes": causes,
-            "hint": user.and_then(|u| u.hint.as_deref()),
-            "exit_code": code,
-        }});
-        let _ = writeln!(std::io::stdout(), "{value}");
+        let _ = writeln!(std::io::stdout(), "{}", to_json(e));
         return ExitCode::from(code);
     }
     let mut err = anstream::stderr();

@@ -5,6 +5,7 @@
 //! fit" or "uncertain" (the prediction fits, its bound does not) / no configuration fits, 2
 //! invalid input or a runtime error. `moro run` exits with the child's final exit code.
 
+mod charts;
 mod commands;
 mod error;
 mod hw;
@@ -12,6 +13,7 @@ mod jobargs;
 mod output;
 mod profile;
 mod resolve;
+mod serve;
 mod setup;
 mod tokenizer;
 mod verdict;
@@ -57,6 +59,8 @@ enum Command {
     /// Read a fine-tuning dataset: its token lengths with the model's tokenizer.
     #[command(subcommand)]
     Data(commands::data::DataCommand),
+    /// The calculator as a local web page (and its JSON API), on 127.0.0.1.
+    Serve(serve::ServeArgs),
     Completions(CompletionsArgs),
 }
 
@@ -95,6 +99,7 @@ fn main() -> ExitCode {
         Command::Fit(a) => commands::fit::run(a),
         Command::Gguf(a) => commands::gguf::run(a),
         Command::Data(c) => commands::data::run(c),
+        Command::Serve(a) => serve::run(a),
         Command::Completions(a) => {
             use clap::CommandFactory;
             clap_complete::generate(a.shell, &mut Cli::command(), "moro", &mut std::io::stdout());
@@ -123,7 +128,7 @@ impl Command {
             Self::Fit(a) => a.json,
             Self::Gguf(a) => a.json,
             Self::Data(c) => c.json(),
-            Self::Run(_) | Self::Completions(_) => false,
+            Self::Run(_) | Self::Serve(_) | Self::Completions(_) => false,
         }
     }
 }

@@ -1,12 +1,44 @@
 //! Printing: plain tables and bars for terminals (colour only when stdout is a terminal and
 //! `NO_COLOR` is unset, via anstream), JSON for scripts.
 
+use std::cell::RefCell;
 use std::io::Write;
 
 use moro_core::units::human;
 
+thread_local! {
+    /// While [`captured`] runs a command on this thread: what it would have printed.
+    static CAPTURE: RefCell<Option<Captured>> = const { RefCell::new(None) };
+}
+
+/// What a command printed while [`captured`] ran it.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct Captured {
+    /// Its stdout: the data.
+    pub(crate) stdout: String,
+    /// Its notes and warnings, one per line, as stderr would have shown them.
+    pub(crate) notes: Vec<String>,
+}
+
+/// Runs `f` with [`stdout`] and [`note`] collected instead of printed (`moro serve` answers
+/// with exactly what the command prints).
+pub(crate) fn captured<R>(f: impl FnOnce() -> R) -> (R, Captured) {
+    let outer = CAPTURE.with(|c| c.replace(Some(Captured::default())));
+    let r = f();
+    let got = CAPTURE.with(|c| c.replace(outer)).unwrap_or_default();
+    (r, got)
+}
+
+/// Appends to the capture when one is running; `false` when none is.
+fn capture(f: impl FnOnce(&mut Captured)) -> bool {
+    CAPTURE.with(|c| c.borrow_mut().as_mut().map(f).is_some())
+}
+
 /// Writes `s` to stdout; a closed pipe (`moro … | head`) ends quietly.
 pub(crate) fn stdout(s: &str) -> anyhow::Result<()> {
+    if capture(|c| c.stdout.push_str(s)) {
+        return Ok(());
+    }
     let mut out = anstream::stdout();
     match out.write_all(s.as_bytes()).and_then(|()| out.flush()) {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
@@ -16,6 +48,9 @@ pub(crate) fn stdout(s: &str) -> anyhow::Result<()> {
 
 /// Writes a line to stderr (progress, notes).
 pub(crate) fn note(s: &str) {
+    if capture(|c| c.notes.extend(s.lines().map(str::to_owned))) {
+        return;
+    }
     let mut err = anstream::stderr();
     let _ = writeln!(err, "{s}");
 }
@@ -113,4 +148,14 @@ pub(crate) fn gib(bytes: u64) -> String {
 /// Human size.
 pub(crate) fn size(bytes: u64) -> String {
     human(bytes)
+}
+
+/// Writes `bytes` to a temporary file beside `path`, then renames it over `path`: a reader
+/// never sees half a file, and a failed write leaves the old one.
+pub(crate) use moro_supervise::journal::write_atomic;
+
+/// [`write_atomic`] with an error naming the file.
+pub(crate) fn write_file(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
+    write_atomic(path, bytes)
+        .map_err(|e| crate::error::user(format!("cannot write `{}`: {e}", path.display())))
 }

@@ -11,9 +11,8 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use moro_core::estimate::DeviceProfile;
 use serde::{Deserialize, Serialize};
@@ -212,7 +211,7 @@ pub(crate) fn save(dir: &Path, profile: &Profile) -> io::Result<PathBuf> {
     let path = profile_path(dir, &profile.gpu_name);
     let mut bytes = serde_json::to_vec_pretty(profile).map_err(io::Error::other)?;
     bytes.push(b'\n');
-    write_atomic(&path, &bytes)?;
+    crate::output::write_atomic(&path, &bytes)?;
     Ok(path)
 }
 
@@ -381,37 +380,6 @@ pub(crate) fn signed_size(b: i64) -> String {
     format!("{sign}{}", moro_core::units::human(b.unsigned_abs()))
 }
 
-/// Writes `bytes` to `path` through a temporary file in the same directory and a rename.
-pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .ok_or_else(|| io::Error::other("path has no file name"))?;
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(name);
-    tmp_name.push(format!(".tmp-{}-{nanos}", std::process::id()));
-    let tmp = dir.join(tmp_name);
-    let result = (|| {
-        let mut f = fs::File::options()
-            .write(true)
-            .create_new(true)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
-}
-
 /// A time as RFC 3339 in UTC with second precision (`2026-11-29T19:12:14Z`).
 pub(crate) use moro_supervise::journal::rfc3339;
 
@@ -449,6 +417,7 @@ mod tests {
 
     #[test]
     fn dates() {
+        use std::time::UNIX_EPOCH;
         assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00Z");
         let t = UNIX_EPOCH + std::time::Duration::from_secs(1_709_528_767);
         assert_eq!(rfc3339(t), "2024-03-04T05:06:07Z");

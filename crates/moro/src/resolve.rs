@@ -362,10 +362,17 @@ fn not_found(full: &str, offline: bool) -> anyhow::Error {
     } else {
         ""
     };
-    user_hint(
-        format!("model `{full}` is not in the local cache or the embedded catalog{offline}"),
-        hint,
-    )
+    let mut e = crate::error::UserError::new(format!(
+        "model `{full}` is not in the local cache or the embedded catalog{offline}"
+    ))
+    .hint(hint);
+    e.missing = Some(
+        catalog::suggest(bare, 5)
+            .into_iter()
+            .map(str::to_owned)
+            .collect(),
+    );
+    anyhow::Error::new(e)
 }
 
 /// A Hub failure as a one-line error with a hint (never the token).
@@ -407,10 +414,18 @@ fn hub_error(e: &HubError, repo: &RepoRef, endpoint: &str) -> anyhow::Error {
     user_hint(e.to_string(), hint)
 }
 
+/// Set once by `moro serve --offline`: no request reaches the Hub, whatever its flags say.
+static PROCESS_OFFLINE: AtomicBool = AtomicBool::new(false);
+
+/// Keeps every later model lookup of this process off the network.
+pub(crate) fn stay_offline() {
+    PROCESS_OFFLINE.store(true, Ordering::Relaxed);
+}
+
 /// The Hub settings from the environment and the flags.
 pub(crate) fn settings(opts: &HubArgs) -> HubSettings {
     let mut s = HubSettings::from_process_env();
-    s.offline |= opts.offline;
+    s.offline |= opts.offline || PROCESS_OFFLINE.load(Ordering::Relaxed);
     s
 }
 

@@ -45,6 +45,11 @@ pub(crate) struct EstimateArgs {
     pub(crate) percentile: f64,
     #[command(flatten)]
     pub(crate) data: crate::commands::data::DatasetArgs,
+    /// Also draw the estimate as an SVG picture into FILE (written atomically): the
+    /// components against the GPU's memory, and the peak against sequence length (flash vs
+    /// eager attention) and micro batch.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) svg: Option<std::path::PathBuf>,
 }
 
 /// The JSON document of `moro estimate --json`.
@@ -107,20 +112,48 @@ pub(crate) fn headroom(est: &Estimate, memory: u64) -> i64 {
 }
 
 pub(crate) fn run(args: &EstimateArgs) -> Result<ExitCode> {
-    let loaded = args
-        .recipe
-        .as_deref()
-        .map(crate::commands::recipe::load)
-        .transpose()?;
-    let model_arg = args
-        .model
-        .as_deref()
-        .or_else(|| loaded.as_ref().map(|l| l.recipe.model.base.as_str()));
-    if let Some(m) = model_arg
+    let loaded = load_recipe(args)?;
+    if let Some(m) = model_arg(args, loaded.as_ref())
         && resolve::is_gguf(m)
     {
+        if args.svg.is_some() {
+            return Err(crate::error::user(
+                "--svg: a GGUF model's llama.cpp allocation is not drawn; leave out --svg",
+            ));
+        }
         return crate::commands::gguf::from_estimate(args, m);
     }
+    let setup = setup_of(args, loaded.as_ref())?;
+    let est = setup.estimate()?;
+    if let Some(path) = &args.svg {
+        crate::output::write_file(path, crate::charts::estimate_svg(&setup, &est).as_bytes())?;
+    }
+    print(args, &setup, &est)
+}
+
+fn load_recipe(args: &EstimateArgs) -> Result<Option<crate::commands::recipe::LoadedRecipe>> {
+    args.recipe
+        .as_deref()
+        .map(crate::commands::recipe::load)
+        .transpose()
+}
+
+fn model_arg<'a>(
+    args: &'a EstimateArgs,
+    loaded: Option<&'a crate::commands::recipe::LoadedRecipe>,
+) -> Option<&'a str> {
+    args.model
+        .as_deref()
+        .or_else(|| loaded.map(|l| l.recipe.model.base.as_str()))
+}
+
+/// The job `args` describe, resolved once (flags over the recipe, the dataset's length),
+/// with its notes printed.
+pub(crate) fn setup_of(
+    args: &EstimateArgs,
+    loaded: Option<&crate::commands::recipe::LoadedRecipe>,
+) -> Result<crate::setup::JobSetup> {
+    let model_arg = model_arg(args, loaded);
     let given = crate::hw::resolve(args.hardware.as_deref(), args.memory.as_deref())?;
     let mut flags = args.job.settings();
     if let Some(path) = &args.dataset {
@@ -142,7 +175,7 @@ pub(crate) fn run(args: &EstimateArgs) -> Result<ExitCode> {
         flags.seq_len = Some(u64::from(tokens));
     }
     let setup = crate::setup::resolve(crate::setup::JobInputs {
-        recipe: loaded.as_ref(),
+        recipe: loaded,
         model: args.model.as_deref(),
         flags: &flags,
         target: given.as_ref(),
@@ -151,10 +184,15 @@ pub(crate) fn run(args: &EstimateArgs) -> Result<ExitCode> {
     if let Some(n) = &setup.notes {
         crate::output::note(n);
     }
-    let est = setup.estimate()?;
+    Ok(setup)
+}
+
+/// Prints the estimate (table or JSON) with suggestions when it does not fit; the exit code
+/// says the verdict.
+fn print(args: &EstimateArgs, setup: &crate::setup::JobSetup, est: &Estimate) -> Result<ExitCode> {
     let (model, job, target) = (&setup.model, &setup.job, setup.target.as_ref());
     let memory = target.and_then(crate::hw::Target::memory_bytes);
-    let verdict = judge(&est, job, memory).verdict;
+    let verdict = judge(est, job, memory).verdict;
     let suggestions = match (verdict, target) {
         (Some(Verdict::Uncertain | Verdict::DoesNotFit), Some(t)) => {
             crate::commands::suggest::suggest(&model.id, &model.spec, job, t)
@@ -163,11 +201,11 @@ pub(crate) fn run(args: &EstimateArgs) -> Result<ExitCode> {
     };
 
     if args.json {
-        let mut doc = to_json(model, job, &est, memory);
+        let mut doc = to_json(model, job, est, memory);
         doc.suggestions = suggestions;
         stdout(&json(&doc)?)?;
     } else {
-        let mut out = render(model, job, &est, target);
+        let mut out = render(model, job, est, target);
         if let Some(s) = &suggestions {
             out.push_str(&crate::commands::suggest::text(s));
         }

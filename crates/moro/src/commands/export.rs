@@ -5,7 +5,6 @@
 //! refuses to overwrite files without `--force`, writes every file atomically (temporary file
 //! in the same directory, then rename) and prints warnings on stderr.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -39,7 +38,7 @@ pub(crate) struct ExportArgs {
     pub(crate) json: bool,
 }
 
-fn parse_format(s: &str) -> Result<Format, String> {
+pub(crate) fn parse_format(s: &str) -> Result<Format, String> {
     Format::parse(s).ok_or_else(|| {
         let names: Vec<&str> = Format::ALL.iter().map(|f| f.as_str()).collect();
         format!("unknown format `{s}`; expected one of {}", names.join(", "))
@@ -57,23 +56,8 @@ struct Report<'a> {
 /// Runs `moro recipe export`.
 pub(crate) fn run_export(args: &ExportArgs) -> Result<ExitCode> {
     let loaded = super::recipe::load(&args.recipe)?;
-    let (source, recipe) = (loaded.path, loaded.recipe);
-
-    let model = catalog::find(&recipe.model.base).and_then(|e| catalog::load(e).ok());
-    if model.is_none() {
-        note(&format!(
-            "note: `{}` is not in moro's catalog; LoRA target names are not checked against the model",
-            recipe.model.base
-        ));
-    }
-
     let (dir, main_name) = destination(args.output.as_deref(), args.to);
-    let options = Options {
-        main_file_name: Some(main_name),
-    };
-    let export = moro_export::export(args.to, &recipe, model.as_ref(), &options)
-        .map_err(|e| user(format!("{source}: {e}")))?;
-
+    let export = export_as(&loaded, args.to, Some(main_name))?;
     let paths: Vec<PathBuf> = export.files.iter().map(|f| dir.join(&f.name)).collect();
     if !args.force
         && let Some(p) = paths.iter().find(|p| p.exists())
@@ -88,10 +72,32 @@ pub(crate) fn run_export(args: &ExportArgs) -> Result<ExitCode> {
             .map_err(|e| user(format!("cannot create {}: {e}", dir.display())))?;
     }
     for (f, path) in export.files.iter().zip(&paths) {
-        write_atomic(path, f.content.as_bytes())
+        crate::output::write_atomic(path, f.content.as_bytes())
             .map_err(|e| user(format!("cannot write {}: {e}", path.display())))?;
     }
     report(&export, &paths, args.json)
+}
+
+/// `loaded` in `format`, its main file named `main_name` (default: the format's own name);
+/// the base model is looked up in the catalog for LoRA target checks and FSDP wrap classes.
+pub(crate) fn export_as(
+    loaded: &super::recipe::LoadedRecipe,
+    format: Format,
+    main_name: Option<String>,
+) -> Result<Export> {
+    let recipe = &loaded.recipe;
+    let model = catalog::find(&recipe.model.base).and_then(|e| catalog::load(e).ok());
+    if model.is_none() {
+        note(&format!(
+            "note: `{}` is not in moro's catalog; LoRA target names are not checked against the model",
+            recipe.model.base
+        ));
+    }
+    let options = Options {
+        main_file_name: main_name,
+    };
+    moro_export::export(format, recipe, model.as_ref(), &options)
+        .map_err(|e| user(format!("{}: {e}", loaded.path)))
 }
 
 /// The directory and main file name for `--output`.
@@ -109,24 +115,6 @@ fn destination(output: Option<&Path>, format: Format) -> (PathBuf, String) {
             (p.parent().map(Path::to_path_buf).unwrap_or_default(), name)
         }
     }
-}
-
-/// Writes `bytes` to a temporary file beside `path`, then renames it over `path`.
-fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let name = path
-        .file_name()
-        .map_or_else(|| "export".into(), |n| n.to_string_lossy().into_owned());
-    let tmp = path.with_file_name(format!(".{name}.moro-tmp-{}", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
 }
 
 fn report(export: &Export, paths: &[PathBuf], as_json: bool) -> Result<ExitCode> {

@@ -130,6 +130,9 @@ pub(crate) struct FitArgs {
     /// columns).
     #[arg(long)]
     pub(crate) wide: bool,
+    /// Also draw the table as an SVG picture into FILE (written atomically).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) svg: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -337,7 +340,29 @@ pub(crate) fn fit_rows(
     (fits, not)
 }
 
-pub(crate) fn run(args: &FitArgs) -> Result<ExitCode> {
+/// What `moro fit` found: the model, and the classes that fit and those that do not.
+pub(crate) struct Found {
+    pub(crate) id: String,
+    pub(crate) spec: ModelSpec,
+    pub(crate) method: String,
+    pub(crate) fits: Vec<FitRow>,
+    pub(crate) not: Vec<String>,
+}
+
+impl Found {
+    /// The heading of its picture.
+    pub(crate) fn title(&self, seq_len: Option<u64>) -> String {
+        format!(
+            "{}: {}, context {}",
+            self.id,
+            self.method,
+            seq_len.map_or("8192 → 1024".to_owned(), |s| s.to_string())
+        )
+    }
+}
+
+/// Searches every GPU class for the job `args` describe.
+pub(crate) fn find(args: &FitArgs) -> Result<Found> {
     let (id, spec) = match (&args.model, args.model_size) {
         (Some(m), _) => {
             let r = resolve::model(m)?;
@@ -373,6 +398,28 @@ pub(crate) fn run(args: &FitArgs) -> Result<ExitCode> {
         MethodChoice::Auto => "auto".to_owned(),
         MethodChoice::Only(m) => m.as_str().to_owned(),
     };
+    Ok(Found {
+        id,
+        spec,
+        method,
+        fits,
+        not,
+    })
+}
+
+pub(crate) fn run(args: &FitArgs) -> Result<ExitCode> {
+    let found = find(args)?;
+    if let Some(path) = &args.svg {
+        let svg = crate::charts::fit_svg(found.title(args.seq_len), &found.fits, &found.not);
+        crate::output::write_file(path, svg.as_bytes())?;
+    }
+    let Found {
+        id,
+        spec,
+        method,
+        fits,
+        not,
+    } = found;
     if args.json {
         let doc = FitJson {
             model: &id,

@@ -54,7 +54,7 @@ pub(crate) fn run(args: &HardwareArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Stdout text and stderr lines for a detection.
-fn render(detection: &Detection, json: bool) -> anyhow::Result<(String, Vec<String>)> {
+pub(crate) fn render(detection: &Detection, json: bool) -> anyhow::Result<(String, Vec<String>)> {
     let devices = &detection.hardware.devices;
     let mut err: Vec<String> = detection
         .notes

@@ -770,22 +770,6 @@ pub(crate) fn alternatives(
 /// of 8.
 pub(crate) const FIT_GPU_COUNTS: [u64; 7] = [1, 2, 4, 8, 16, 32, 64];
 
-/// Writes `bytes` to a temporary file beside `path`, then renames it over `path`.
-pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let file = path
-        .file_name()
-        .map_or_else(|| "moro.yaml".into(), |f| f.to_string_lossy().into_owned());
-    let tmp = dir.join(format!(".{file}.{}.tmp", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })
-}
-
 #[derive(Debug, Serialize)]
 struct CandidateJson {
     configuration: String,
@@ -898,7 +882,7 @@ pub(crate) fn run_generate(args: &GenerateArgs) -> Result<ExitCode> {
     }
     let yaml = moro_recipe::to_yaml(&recipe, &head);
     if let Some(out) = &args.output {
-        write_atomic(out, yaml.as_bytes())
+        crate::output::write_atomic(out, yaml.as_bytes())
             .map_err(|e| user(format!("cannot write `{}`: {e}", out.display())))?;
     }
     if args.json {

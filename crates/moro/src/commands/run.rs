@@ -382,12 +382,11 @@ fn parse_format(s: &str) -> Result<Format> {
 fn supervise_error(e: moro_supervise::Error) -> anyhow::Error {
     match e {
         // Like a shell: a command that cannot be started is 127.
-        moro_supervise::Error::Spawn { .. } => anyhow::Error::new(UserError {
-            message: e.to_string(),
-            hint: None,
-            field: None,
-            code: 127,
-        }),
+        moro_supervise::Error::Spawn { .. } => {
+            let mut u = UserError::new(e.to_string());
+            u.code = 127;
+            anyhow::Error::new(u)
+        }
         moro_supervise::Error::NoConfig => user_hint(
             "the command uses `{config}` but no trainer format was chosen",
             "pass --to FORMAT, or use `{recipe}` for the moro.yaml itself",

@@ -85,3 +85,5 @@ pub fn write_h200_profile(cfg: &Path, device: &serde_json::Value) {
     });
     std::fs::write(cfg.join("profile-nvidia-h200.json"), p.to_string()).unwrap();
 }
+
+pub mod server;

@@ -1,0 +1,260 @@
+//! The routes: the page, and the JSON API (docs/serve.md). Every API answer is what the
+//! command prints with `--json` (or the picture `--svg` writes).
+
+use std::sync::{Arc, OnceLock};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::DefaultBodyLimit;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+
+use super::error::ApiError;
+use super::page;
+use super::request::parse;
+use crate::commands;
+use crate::output::captured;
+
+/// The largest request body, in bytes (a recipe is a few kilobytes).
+pub(crate) const MAX_BODY: usize = 256 * 1024;
+
+/// What every request shares.
+#[derive(Debug, Default)]
+pub(crate) struct State {
+    /// `moro hardware --json` of this machine, probed once.
+    detected: OnceLock<Value>,
+}
+
+impl State {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+}
+
+type Shared = axum::extract::State<Arc<State>>;
+
+/// The page and the API.
+pub(crate) fn router(state: Arc<State>) -> Router {
+    Router::new()
+        .route("/", get(page::index))
+        .route("/app.js", get(page::script))
+        .route("/style.css", get(page::style))
+        .route("/api/models", get(models))
+        .route("/api/hardware", get(hardware))
+        .route("/api/estimate", post(estimate))
+        .route("/api/estimate.svg", post(estimate_svg))
+        .route("/api/fit", post(fit))
+        .route("/api/fit.svg", post(fit_svg))
+        .route("/api/recipe", post(recipe))
+        .route("/api/recipe.yaml", post(recipe_yaml))
+        .route("/api/export", post(export))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(state)
+}
+
+async fn not_found() -> Response {
+    let mut e = ApiError::bad("no such page or API route; the API is under /api/", None);
+    e.status = StatusCode::NOT_FOUND;
+    e.into_response()
+}
+
+/// Runs `f` on the blocking pool; a panic is a 500, not a dead server.
+async fn blocking(f: impl FnOnce() -> Result<Response, ApiError> + Send + 'static) -> Response {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => e.into_response(),
+        Err(_) => {
+            let mut e = ApiError::bad(
+                "the request failed inside moro (a bug: please report it)",
+                None,
+            );
+            e.status = StatusCode::INTERNAL_SERVER_ERROR;
+            e.into_response()
+        }
+    }
+}
+
+/// The body as JSON (an empty body is `{}`).
+fn body_of(body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
+    let bytes = body.map_err(|r| {
+        let mut e = if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::bad(format!("the body is larger than {MAX_BODY} bytes"), None)
+        } else {
+            ApiError::bad(format!("cannot read the body: {}", r.body_text()), None)
+        };
+        e.status = r.status();
+        e
+    })?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(json!({}));
+    }
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad(format!("the body is not JSON: {e}"), None))
+}
+
+fn with_type(content_type: &'static str, body: String) -> Response {
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
+fn json_text(body: String) -> Response {
+    with_type("application/json", body)
+}
+
+/// Runs a command with its output collected: its stdout, or its error as an answer.
+fn command(
+    run: impl FnOnce() -> anyhow::Result<std::process::ExitCode>,
+) -> Result<String, ApiError> {
+    let (result, out) = captured(run);
+    result.map_err(|e| ApiError::from_command(&e))?;
+    Ok(out.stdout)
+}
+
+async fn models() -> Response {
+    blocking(|| {
+        let args = parse::<commands::models::ModelsArgs>("models", &json!({}), &["--json"])?;
+        command(|| commands::models::run(&args)).map(json_text)
+    })
+    .await
+}
+
+async fn hardware(state: Shared) -> Response {
+    let state = state.0.clone();
+    blocking(move || {
+        let detected = state
+            .detected
+            .get_or_init(|| {
+                let detection = moro_gpu::detect(&moro_gpu::DetectOptions::default());
+                commands::hardware::render(&detection, true)
+                    .ok()
+                    .and_then(|(out, _)| serde_json::from_str(&out).ok())
+                    .unwrap_or_else(|| json!([]))
+            })
+            .clone();
+        let presets: Vec<Value> = moro_core::hardware::presets()
+            .iter()
+            .filter_map(|p| {
+                let d = p.to_device(None)?;
+                Some(json!({
+                    "preset": p.id,
+                    "name": d.name,
+                    "vendor": p.vendor.as_str(),
+                    "memory_bytes": d.total_bytes,
+                }))
+            })
+            .collect();
+        Ok(axum::Json(json!({"detected": detected, "presets": presets})).into_response())
+    })
+    .await
+}
+
+async fn estimate(body: Result<Bytes, BytesRejection>) -> Response {
+    blocking(move || {
+        let args =
+            parse::<commands::estimate::EstimateArgs>("estimate", &body_of(body)?, &["--json"])?;
+        command(|| commands::estimate::run(&args)).map(json_text)
+    })
+    .await
+}
+
+async fn estimate_svg(body: Result<Bytes, BytesRejection>) -> Response {
+    blocking(move || {
+        let args = parse::<commands::estimate::EstimateArgs>("estimate", &body_of(body)?, &[])?;
+        let (svg, _) = captured(|| -> anyhow::Result<String> {
+            let setup = commands::estimate::setup_of(&args, None)?;
+            let est = setup.estimate()?;
+            Ok(crate::charts::estimate_svg(&setup, &est))
+        });
+        svg.map(|s| with_type("image/svg+xml", s))
+            .map_err(|e| ApiError::from_command(&e))
+    })
+    .await
+}
+
+async fn fit(body: Result<Bytes, BytesRejection>) -> Response {
+    blocking(move || {
+        let args = parse::<commands::fit::FitArgs>("fit", &body_of(body)?, &["--json"])?;
+        command(|| commands::fit::run(&args)).map(json_text)
+    })
+    .await
+}
+
+async fn fit_svg(body: Result<Bytes, BytesRejection>) -> Response {
+    blocking(move || {
+        let args = parse::<commands::fit::FitArgs>("fit", &body_of(body)?, &[])?;
+        let (found, _) = captured(|| commands::fit::find(&args));
+        let f = found.map_err(|e| ApiError::from_command(&e))?;
+        let svg = crate::charts::fit_svg(f.title(args.seq_len), &f.fits, &f.not);
+        Ok(with_type("image/svg+xml", svg))
+    })
+    .await
+}
+
+async fn recipe(body: Result<Bytes, BytesRejection>) -> Response {
+    blocking(move || {
+        let args = parse::<commands::recipe::GenerateArgs>("recipe", &body_of(body)?, &["--json"])?;
+        command(|| commands::recipe::run_generate(&args)).map(json_text)
+    })
+    .await
+}
+
+async fn recipe_yaml(body: Result<Bytes, BytesRejection>) -> Response {
+    blocking(move || {
+        let args = parse::<commands::recipe::GenerateArgs>("recipe", &body_of(body)?, &[])?;
+        command(|| commands::recipe::run_generate(&args)).map(|y| with_type("application/yaml", y))
+    })
+    .await
+}
+
+/// `{"recipe": "<moro.yaml text>", "to": "axolotl"}` → the files `moro recipe export` writes,
+/// with their text.
+async fn export(body: Result<Bytes, BytesRejection>) -> Response {
+    blocking(move || {
+        let v = body_of(body)?;
+        let text = v.get("recipe").and_then(Value::as_str).ok_or_else(|| {
+            ApiError::bad(
+                "field `recipe`: the moro.yaml text is required",
+                Some("recipe"),
+            )
+        })?;
+        let to = v.get("to").and_then(Value::as_str).ok_or_else(|| {
+            ApiError::bad("field `to`: the trainer format is required", Some("to"))
+        })?;
+        if let Some(k) = v
+            .as_object()
+            .and_then(|m| m.keys().find(|k| !["recipe", "to"].contains(&k.as_str())))
+        {
+            return Err(ApiError::bad(
+                format!("unknown field `{k}`; the fields are: recipe, to"),
+                Some(k),
+            ));
+        }
+        let format = commands::export::parse_format(to)
+            .map_err(|m| ApiError::bad(format!("field `to`: {m}"), Some("to")))?;
+        let loaded =
+            commands::recipe::LoadedRecipe::from_bytes("moro.yaml".into(), text.as_bytes())
+                .map_err(|e| {
+                    let mut a = ApiError::from_command(&e);
+                    a.detail.field = Some("recipe".into());
+                    a
+                })?;
+        let export = commands::export::export_as(&loaded, format, None)
+            .map_err(|e| ApiError::from_command(&e))?;
+        let files: Vec<Value> = export
+            .files
+            .iter()
+            .map(|f| json!({"name": f.name, "content": f.content}))
+            .collect();
+        Ok(axum::Json(json!({
+            "format": export.format,
+            "files": files,
+            "warnings": export.warnings,
+            "launch": export.launch,
+        }))
+        .into_response())
+    })
+    .await
+}

@@ -1,0 +1,293 @@
+//! `moro serve`'s JSON API: the same bytes as the CLI's `--json` for the same job, errors
+//! that name the field, limits, and loopback by default.
+
+mod common;
+
+use common::server::Server;
+use common::{json_of, moro};
+
+/// The README's job, on the API and on the command line: the very same document.
+#[test]
+fn estimate_answers_what_the_cli_prints() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &[]);
+    let (status, kind, body) = s.post(
+        "/api/estimate",
+        r#"{"model": "Qwen/Qwen2.5-7B", "method": "qlora", "seq_len": 2048,
+            "micro_batch_size": 1, "hardware": "rtx-4090"}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(kind, "application/json");
+    let cli = moro(dir.path())
+        .args([
+            "estimate",
+            "--model",
+            "Qwen/Qwen2.5-7B",
+            "--method",
+            "qlora",
+            "--seq-len",
+            "2048",
+            "--micro-batch-size",
+            "1",
+            "--hardware",
+            "rtx-4090",
+            "--json",
+        ])
+        .assert()
+        .code(0)
+        .get_output()
+        .stdout
+        .clone();
+    assert_eq!(body, String::from_utf8(cli).unwrap());
+    // The README's figures (13.04 / 14.20 / 15.10 GiB), from the API.
+    let v = json_of(body.as_bytes());
+    let gib = |k: &str| {
+        format!(
+            "{:.2}",
+            v[k].as_u64().unwrap() as f64 / f64::from(1u32 << 30)
+        )
+    };
+    assert_eq!(
+        [
+            gib("peak_allocated_bytes"),
+            gib("peak_reserved_bytes"),
+            gib("peak_device_bytes")
+        ],
+        ["13.04", "14.20", "15.10"]
+    );
+    // A CLI alias (`--batch-size`) is a field too, with the same meaning.
+    let (_, _, aliased) = s.post(
+        "/api/estimate",
+        r#"{"model": "Qwen/Qwen2.5-7B", "method": "qlora", "max_seq_length": 2048,
+            "batch_size": 1, "hardware": "rtx-4090"}"#,
+    );
+    assert_eq!(aliased, body);
+}
+
+#[test]
+fn fit_recipe_and_pictures_match_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &[]);
+    let job = [
+        "--model",
+        "Qwen/Qwen2.5-0.5B",
+        "--method",
+        "lora",
+        "--seq-len",
+        "1024",
+    ];
+    let (status, _, fit) = s.post(
+        "/api/fit",
+        r#"{"model": "Qwen/Qwen2.5-0.5B", "method": "lora", "seq_len": 1024}"#,
+    );
+    assert_eq!(status, 200, "{fit}");
+    let cli = moro(dir.path())
+        .arg("fit")
+        .args(job)
+        .arg("--json")
+        .assert()
+        .code(0);
+    assert_eq!(fit.as_bytes(), cli.get_output().stdout.as_slice());
+
+    let (status, kind, svg) = s.post(
+        "/api/fit.svg",
+        r#"{"model": "Qwen/Qwen2.5-0.5B", "method": "lora", "seq_len": 1024}"#,
+    );
+    assert_eq!((status, kind.as_str()), (200, "image/svg+xml"));
+    moro(dir.path())
+        .arg("fit")
+        .args(job)
+        .args(["--svg", "fit.svg"])
+        .assert()
+        .code(0);
+    assert_eq!(
+        svg,
+        std::fs::read_to_string(dir.path().join("fit.svg")).unwrap()
+    );
+
+    let est = r#"{"model": "Qwen/Qwen2.5-0.5B", "method": "lora", "seq_len": 1024, "hardware": "rtx-4090"}"#;
+    let (_, _, svg) = s.post("/api/estimate.svg", est);
+    moro(dir.path())
+        .args(["estimate", "--hardware", "rtx-4090", "--svg", "est.svg"])
+        .args(job)
+        .assert()
+        .code(0);
+    assert_eq!(
+        svg,
+        std::fs::read_to_string(dir.path().join("est.svg")).unwrap()
+    );
+
+    let (status, kind, yaml) = s.post(
+        "/api/recipe.yaml",
+        r#"{"model": "Qwen/Qwen2.5-0.5B", "method": "lora", "seq_len": 1024, "hardware": "rtx-4090"}"#,
+    );
+    assert_eq!((status, kind.as_str()), (200, "application/yaml"), "{yaml}");
+    let cli = moro(dir.path())
+        .args(["recipe", "generate", "--hardware", "rtx-4090"])
+        .args(job)
+        .assert()
+        .code(0);
+    assert_eq!(yaml.as_bytes(), cli.get_output().stdout.as_slice());
+
+    // The recipe exports as `moro recipe export` writes it.
+    std::fs::write(dir.path().join("moro.yaml"), &yaml).unwrap();
+    let body = serde_json::json!({"recipe": yaml, "to": "axolotl"}).to_string();
+    let (status, _, exported) = s.post("/api/export", &body);
+    assert_eq!(status, 200, "{exported}");
+    let e = json_of(exported.as_bytes());
+    moro(dir.path())
+        .args([
+            "recipe",
+            "export",
+            "moro.yaml",
+            "--to",
+            "axolotl",
+            "-o",
+            "out/",
+        ])
+        .assert()
+        .code(0);
+    let name = e["files"][0]["name"].as_str().unwrap();
+    assert_eq!(
+        e["files"][0]["content"].as_str().unwrap(),
+        std::fs::read_to_string(dir.path().join("out").join(name)).unwrap()
+    );
+}
+
+#[test]
+fn bad_input_is_a_400_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &[]);
+    let cases = [
+        (
+            r#"{"model": "Qwen/Qwen2.5-7B", "seq_len": "long"}"#,
+            Some("seq_len"),
+        ),
+        (
+            r#"{"model": "Qwen/Qwen2.5-7B", "seq_len": 0}"#,
+            Some("seq_len"),
+        ),
+        (
+            r#"{"model": "Qwen/Qwen2.5-7B", "method": "qlroa"}"#,
+            Some("method"),
+        ),
+        (
+            r#"{"model": "Qwen/Qwen2.5-7B", "lora_rank": 16.5}"#,
+            Some("lora_rank"),
+        ),
+        (
+            r#"{"model": "Qwen/Qwen2.5-7B", "seq_lenght": 4}"#,
+            Some("seq_lenght"),
+        ),
+        (
+            r#"{"model": "Qwen/Qwen2.5-7B", "svg": "/tmp/x.svg"}"#,
+            Some("svg"),
+        ),
+        (
+            r#"{"model": "Qwen/Qwen2.5-7B", "dora": "yes"}"#,
+            Some("dora"),
+        ),
+        (
+            r#"{"model": "Qwen/Qwen2.5-7B", "hardware": "rtx-9999"}"#,
+            None,
+        ),
+        (
+            r#"{"model": "Qwen/Qwen2.5-7B", "method": "qlora", "lora_rank": 4294967297}"#,
+            None,
+        ),
+        (r#"[1, 2]"#, None),
+        (r#"{"model": "#, None),
+    ];
+    for (body, field) in cases {
+        let (status, kind, text) = s.post("/api/estimate", body);
+        assert_eq!(status, 400, "{body}: {text}");
+        assert_eq!(kind, "application/json", "{body}");
+        let e = json_of(text.as_bytes());
+        let message = e["error"]["message"].as_str().unwrap();
+        assert!(
+            !message.is_empty() && !message.contains('\n'),
+            "{body}: {message}"
+        );
+        if let Some(f) = field {
+            assert_eq!(e["error"]["field"], f, "{body}: {text}");
+            assert!(message.contains(f), "{body}: {message}");
+        }
+    }
+    let (_, _, text) = s.post("/api/estimate", r#"{"modle": "x"}"#);
+    assert!(text.contains("did you mean `model`?"), "{text}");
+}
+
+#[test]
+fn an_unknown_model_is_a_404_with_the_closest_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &[]);
+    let (status, _, text) = s.post("/api/estimate", r#"{"model": "Qwen/Qwen2.5-3B-Instrcut"}"#);
+    assert_eq!(status, 404, "{text}");
+    let e = json_of(text.as_bytes());
+    let closest: Vec<&str> = e["error"]["closest"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(closest.first(), Some(&"Qwen/Qwen2.5-3B-Instruct"), "{text}");
+    let (status, _, _) = s.get("/no/such/page");
+    assert_eq!(status, 404);
+}
+
+#[test]
+fn an_oversized_body_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &[]);
+    let big = format!(r#"{{"model": "{}"}}"#, "x".repeat(300 * 1024));
+    let (status, _, text) = s.post("/api/estimate", &big);
+    assert_eq!(status, 413, "{text}");
+    assert!(
+        json_of(text.as_bytes())["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("larger than")
+    );
+}
+
+#[test]
+fn it_binds_loopback_unless_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &[]);
+    assert!(s.url.starts_with("http://127.0.0.1:"), "{}", s.banner);
+    let wide = Server::start(dir.path(), &["--host", "0.0.0.0"]);
+    assert!(wide.banner.contains("http://127.0.0.1:"), "{}", wide.banner);
+    // Only the explicit --host listens beyond loopback, and it says so.
+    let (status, _, _) = wide.get("/api/models");
+    assert_eq!(status, 200);
+    moro(dir.path())
+        .args(["serve", "--host", "not-an-address"])
+        .assert()
+        .code(2);
+}
+
+#[test]
+fn the_page_and_its_files_are_embedded() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &[]);
+    let (status, kind, html) = s.get("/");
+    assert_eq!((status, kind.as_str()), (200, "text/html; charset=utf-8"));
+    for needle in [
+        "/app.js",
+        "/style.css",
+        "id=\"fit-table\"",
+        "id=\"out-device\"",
+    ] {
+        assert!(html.contains(needle), "{needle}");
+    }
+    assert!(
+        !html.contains("http://") && !html.contains("https://"),
+        "nothing from elsewhere"
+    );
+    let (status, _, js) = s.get("/app.js");
+    assert_eq!(status, 200);
+    assert!(!js.contains("http://") && !js.contains("https://"));
+    let (_, _, models) = s.get("/api/models");
+    let cli = moro(dir.path()).args(["models", "--json"]).assert().code(0);
+    assert_eq!(models.as_bytes(), cli.get_output().stdout.as_slice());
+}
