@@ -74,8 +74,8 @@ pub(crate) fn breakdown(setup: &JobSetup, est: &Estimate) -> Panel {
     .panel()
 }
 
-/// Peak against sequence length: the job's attention and eager attention (the quadratic
-/// score matrix), unless the job is eager already.
+/// Peak against sequence length: the job's attention, flash attention and eager attention
+/// (its quadratic score matrix), each once.
 pub(crate) fn against_seq_len(setup: &JobSetup) -> Panel {
     let job = &setup.job;
     let hi = setup
@@ -86,8 +86,10 @@ pub(crate) fn against_seq_len(setup: &JobSetup) -> Panel {
         .min(job.seq_len.saturating_mul(8).max(16_384));
     let xs = doubling(512.min(job.seq_len), hi, job.seq_len);
     let mut kinds = vec![job.attention];
-    if job.attention != Attention::Eager {
-        kinds.push(Attention::Eager);
+    for other in [Attention::Flash, Attention::Eager] {
+        if !kinds.contains(&other) {
+            kinds.push(other);
+        }
     }
     let series = kinds
         .into_iter()

@@ -174,10 +174,22 @@ impl Browser {
         }
     }
 
-    fn refreshes(&self) -> u64 {
-        self.script("return Number(document.body.dataset.ready || 0)")
-            .as_u64()
-            .unwrap_or(0)
+    /// Waits until the numbers on the page are for settings that include each of `pairs`
+    /// (`seq_len=8192`): the page records them in `body[data-shown]` after each refresh.
+    fn showing(&self, pairs: &[&str]) {
+        let start = Instant::now();
+        loop {
+            let shown = self.script("return document.body.dataset.shown || ''");
+            let shown = shown.as_str().unwrap_or_default();
+            if pairs.iter().all(|p| shown.split('&').any(|kv| kv == *p)) {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(120),
+                "the page never showed {pairs:?}: {shown}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// What the page shows: the three levels, their bounds, the verdict line, the fit rows.
@@ -348,22 +360,9 @@ fn the_page_shows_the_engines_numbers() {
     browser.screenshot(1280, 1900, "serve-desktop.png");
 
     // A user makes the context longer and picks another GPU: the numbers follow.
-    let n = browser.refreshes();
     browser.type_into("#seq_len", "8192");
     browser.click("#hardware option[value='a100-sxm4-80gb']");
-    browser.settled(n + 1);
-    // Both changes may land in one refresh or two; wait for the page to match the URL.
-    let start = Instant::now();
-    let mut shown = browser.shown();
-    while !(shown["url"].as_str().unwrap().contains("seq_len=8192")
-        && shown["url"].as_str().unwrap().contains("a100-sxm4-80gb"))
-    {
-        assert!(start.elapsed() < Duration::from_secs(60), "{shown}");
-        std::thread::sleep(Duration::from_millis(200));
-        shown = browser.shown();
-    }
-    browser.settled(browser.refreshes());
-    std::thread::sleep(Duration::from_millis(500));
+    browser.showing(&["seq_len=8192", "hardware=a100-sxm4-80gb"]);
     let shown = browser.shown();
     let job = json!({"model": "Qwen/Qwen2.5-7B", "method": "qlora", "seq_len": 8192,
                      "hardware": "a100-sxm4-80gb"});
@@ -396,9 +395,8 @@ fn the_page_shows_the_engines_numbers() {
     assert_eq!(browser.shown()["levels"], json!(levels));
 
     // Bad input shows the API's message, naming the field.
-    let n = browser.refreshes();
     browser.type_into("#lora_rank", "0");
-    browser.settled(n + 1);
+    browser.showing(&["lora_rank=0"]);
     let verdict = browser.shown()["verdict"].as_str().unwrap().to_owned();
     assert!(verdict.contains("lora_rank"), "{verdict}");
 

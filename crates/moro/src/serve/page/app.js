@@ -86,6 +86,9 @@ async function refreshFit(v) {
     const more = $("fit-all");
     more.hidden = doc.fits.length <= SHOWN;
     more.textContent = `show all ${doc.fits.length} GPU classes`;
+    const not = $("fit-not");
+    not.hidden = true;
+    not.textContent = doc.does_not_fit.length ? `Does not fit on 64 GPUs of: ${doc.does_not_fit.join(", ")}.` : "";
     doc.fits.forEach((r, i) => {
       const tr = document.createElement("tr");
       const hw = r.gpus > 1 ? `${r.gpus}x${r.preset}` : r.preset;
@@ -161,7 +164,8 @@ async function refreshEstimate(v) {
 
 function recipeBody(hardware) {
   const v = values();
-  const b = { model: estimateBody(v).model, hardware, method: v.method === "inference" ? "auto" : v.method };
+  const b = { model: estimateBody(v).model, hardware, method: v.method === "inference" ? "auto" : v.method,
+    objective: $("objective").value };
   if (v.dataset) b.dataset = v.dataset; else if (v.seq_len) b.seq_len = v.seq_len;
   if (v.stack) b.stack = v.stack;
   return b;
@@ -214,9 +218,11 @@ async function exportTo() {
 
 let timer = null;
 let lastFit = "";
+let changes = 0;
 function changed() {
   clearTimeout(timer);
   timer = setTimeout(async () => {
+    const mine = ++changes;
     const v = values();
     saveUrl(v);
     const fitKey = JSON.stringify(fitBody(v));
@@ -224,6 +230,9 @@ function changed() {
     if (fitKey !== lastFit) { lastFit = fitKey; jobs.push(refreshFit(v)); }
     await Promise.all(jobs);
     await refreshEstimate(v);
+    if (mine !== changes) return; // a later change is on its way
+    // For tests and scripts: which settings the numbers on the page are for.
+    document.body.dataset.shown = new URLSearchParams(Object.entries(v).map(([k, x]) => [k, String(x)])).toString();
     document.body.dataset.ready = String(Number(document.body.dataset.ready || 0) + 1);
   }, 200);
 }
@@ -252,6 +261,7 @@ async function init() {
   $("fit-all").addEventListener("click", () => {
     for (const tr of $("fit-table").querySelectorAll("tbody tr")) tr.hidden = false;
     $("fit-all").hidden = true;
+    $("fit-not").hidden = $("fit-not").textContent === "";
   });
   $("get-recipe").addEventListener("click", () => recipe(chosenHardware(), true));
   $("get-export").addEventListener("click", exportTo);
