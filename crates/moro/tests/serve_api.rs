@@ -291,3 +291,78 @@ fn the_page_and_its_files_are_embedded() {
     let cli = moro(dir.path()).args(["models", "--json"]).assert().code(0);
     assert_eq!(models.as_bytes(), cli.get_output().stdout.as_slice());
 }
+
+/// What the CLI prints on stderr (a warning about the job) comes back in `moro-notes`, in the
+/// CLI's words.
+#[test]
+fn notes_and_warnings_come_back_in_a_header() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &[]);
+    // Qwen2.5-0.5B has 32,768 positions.
+    let (status, _, _, notes) = s.post_with_notes(
+        "/api/estimate",
+        r#"{"model": "Qwen/Qwen2.5-0.5B", "method": "lora", "seq_len": 65536}"#,
+    );
+    assert_eq!(status, 200);
+    assert_eq!(
+        notes,
+        "warning: max_seq_length 65536 is beyond the model's 32768 positions: the model was \
+         not trained on sequences this long"
+    );
+    let cli = moro(dir.path())
+        .args([
+            "estimate",
+            "--model",
+            "Qwen/Qwen2.5-0.5B",
+            "--method",
+            "lora",
+            "--seq-len",
+            "65536",
+        ])
+        .assert()
+        .get_output()
+        .stderr
+        .clone();
+    assert!(String::from_utf8(cli).unwrap().contains(&notes));
+    let (_, _, _, none) = s.post_with_notes(
+        "/api/estimate",
+        r#"{"model": "Qwen/Qwen2.5-0.5B", "method": "lora", "seq_len": 1024}"#,
+    );
+    assert_eq!(none, "");
+}
+
+/// A page elsewhere cannot drive the API through the user's browser: a rebound `Host` is
+/// refused on a loopback server, and so is a `POST` that is not JSON (it would need no CORS
+/// preflight).
+#[test]
+fn requests_from_elsewhere_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &[]);
+    let port = s.url.rsplit(':').next().unwrap().to_owned();
+    let raw = |request: String| {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(format!("127.0.0.1:{port}")).unwrap();
+        c.write_all(request.as_bytes()).unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).unwrap();
+        out
+    };
+    let body = r#"{"model": "Qwen/Qwen2.5-0.5B"}"#;
+    let post = |host: &str, kind: &str| {
+        raw(format!(
+            "POST /api/estimate HTTP/1.1\r\nHost: {host}\r\nContent-Type: {kind}\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ))
+    };
+    assert!(post("evil.example:80", "application/json").starts_with("HTTP/1.1 403"));
+    assert!(post(&format!("localhost:{port}"), "text/plain").starts_with("HTTP/1.1 415"));
+    for host in [
+        format!("localhost:{port}"),
+        format!("127.0.0.1:{port}"),
+        "[::1]".into(),
+    ] {
+        let answer = post(&host, "application/json");
+        assert!(answer.starts_with("HTTP/1.1 200"), "{host}: {answer}");
+    }
+}

@@ -26,11 +26,16 @@ pub(crate) const MAX_BODY: usize = 256 * 1024;
 pub(crate) struct State {
     /// `moro hardware --json` of this machine, probed once.
     detected: OnceLock<Value>,
+    /// The server listens on loopback only: requests must name this machine.
+    loopback: bool,
 }
 
 impl State {
-    pub(crate) fn new() -> Arc<Self> {
-        Arc::new(Self::default())
+    pub(crate) fn new(loopback: bool) -> Arc<Self> {
+        Arc::new(Self {
+            detected: OnceLock::new(),
+            loopback,
+        })
     }
 }
 
@@ -53,7 +58,61 @@ pub(crate) fn router(state: Arc<State>) -> Router {
         .route("/api/export", post(export))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            same_machine,
+        ))
         .with_state(state)
+}
+
+/// Refuses what a web page elsewhere could make the user's browser send: a `Host` that is not
+/// this machine's, on a loopback server (DNS rebinding), and a `POST` that is not JSON (a
+/// cross-site form or `text/plain` fetch needs no CORS preflight; JSON does, and none is
+/// granted).
+async fn same_machine(
+    state: Shared,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if state.loopback && !loopback_host(request.headers().get(header::HOST)) {
+        let mut e = ApiError::bad(
+            "the Host header does not name this machine (127.0.0.1, localhost or [::1])",
+            None,
+        );
+        e.status = StatusCode::FORBIDDEN;
+        return e.into_response();
+    }
+    let json = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("application/json")
+        });
+    if request.method() == axum::http::Method::POST && !json {
+        let mut e = ApiError::bad("send the body as `Content-Type: application/json`", None);
+        e.status = StatusCode::UNSUPPORTED_MEDIA_TYPE;
+        return e.into_response();
+    }
+    next.run(request).await
+}
+
+/// Whether a `Host` header names this machine: `127.0.0.1`, `[::1]` or `localhost`, with
+/// any port.
+fn loopback_host(host: Option<&header::HeaderValue>) -> bool {
+    let Some(h) = host.and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let name = match h.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or_default(),
+        None => h.rsplit_once(':').map_or(h, |(n, _)| n),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 async fn not_found() -> Response {
@@ -100,23 +159,49 @@ fn with_type(content_type: &'static str, body: String) -> Response {
     ([(header::CONTENT_TYPE, content_type)], body).into_response()
 }
 
-fn json_text(body: String) -> Response {
-    with_type("application/json", body)
+/// The header that carries what the command printed on stderr (its notes and warnings),
+/// one per line, percent-encoded as `encodeURIComponent` does.
+pub(crate) const NOTES_HEADER: &str = "moro-notes";
+
+/// `body` as `content_type`, with the command's notes in [`NOTES_HEADER`].
+fn respond(content_type: &'static str, body: String, notes: &[String]) -> Response {
+    let mut r = with_type(content_type, body);
+    if !notes.is_empty()
+        && let Ok(v) = header::HeaderValue::from_str(&percent_encode(&notes.join("\n")))
+    {
+        r.headers_mut().insert(NOTES_HEADER, v);
+    }
+    r
 }
 
-/// Runs a command with its output collected: its stdout, or its error as an answer.
+/// Percent-encoding of everything but `encodeURIComponent`'s unreserved characters.
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.!~*'()".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Runs a command with its output collected: its stdout as `content_type` with its notes,
+/// or its error as an answer.
 fn command(
+    content_type: &'static str,
     run: impl FnOnce() -> anyhow::Result<std::process::ExitCode>,
-) -> Result<String, ApiError> {
+) -> Result<Response, ApiError> {
     let (result, out) = captured(run);
     result.map_err(|e| ApiError::from_command(&e))?;
-    Ok(out.stdout)
+    Ok(respond(content_type, out.stdout, &out.notes))
 }
 
 async fn models() -> Response {
     blocking(|| {
         let args = parse::<commands::models::ModelsArgs>("models", &json!({}), &["--json"])?;
-        command(|| commands::models::run(&args)).map(json_text)
+        command("application/json", || commands::models::run(&args))
     })
     .await
 }
@@ -155,7 +240,7 @@ async fn estimate(body: Result<Bytes, BytesRejection>) -> Response {
     blocking(move || {
         let args =
             parse::<commands::estimate::EstimateArgs>("estimate", &body_of(body)?, &["--json"])?;
-        command(|| commands::estimate::run(&args)).map(json_text)
+        command("application/json", || commands::estimate::run(&args))
     })
     .await
 }
@@ -163,12 +248,12 @@ async fn estimate(body: Result<Bytes, BytesRejection>) -> Response {
 async fn estimate_svg(body: Result<Bytes, BytesRejection>) -> Response {
     blocking(move || {
         let args = parse::<commands::estimate::EstimateArgs>("estimate", &body_of(body)?, &[])?;
-        let (svg, _) = captured(|| -> anyhow::Result<String> {
+        let (svg, out) = captured(|| -> anyhow::Result<String> {
             let setup = commands::estimate::setup_of(&args, None)?;
             let est = setup.estimate()?;
             Ok(crate::charts::estimate_svg(&setup, &est))
         });
-        svg.map(|s| with_type("image/svg+xml", s))
+        svg.map(|s| respond("image/svg+xml", s, &out.notes))
             .map_err(|e| ApiError::from_command(&e))
     })
     .await
@@ -177,7 +262,7 @@ async fn estimate_svg(body: Result<Bytes, BytesRejection>) -> Response {
 async fn fit(body: Result<Bytes, BytesRejection>) -> Response {
     blocking(move || {
         let args = parse::<commands::fit::FitArgs>("fit", &body_of(body)?, &["--json"])?;
-        command(|| commands::fit::run(&args)).map(json_text)
+        command("application/json", || commands::fit::run(&args))
     })
     .await
 }
@@ -196,7 +281,7 @@ async fn fit_svg(body: Result<Bytes, BytesRejection>) -> Response {
 async fn recipe(body: Result<Bytes, BytesRejection>) -> Response {
     blocking(move || {
         let args = parse::<commands::recipe::GenerateArgs>("recipe", &body_of(body)?, &["--json"])?;
-        command(|| commands::recipe::run_generate(&args)).map(json_text)
+        command("application/json", || commands::recipe::run_generate(&args))
     })
     .await
 }
@@ -204,7 +289,7 @@ async fn recipe(body: Result<Bytes, BytesRejection>) -> Response {
 async fn recipe_yaml(body: Result<Bytes, BytesRejection>) -> Response {
     blocking(move || {
         let args = parse::<commands::recipe::GenerateArgs>("recipe", &body_of(body)?, &[])?;
-        command(|| commands::recipe::run_generate(&args)).map(|y| with_type("application/yaml", y))
+        command("application/yaml", || commands::recipe::run_generate(&args))
     })
     .await
 }

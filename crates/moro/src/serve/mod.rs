@@ -83,7 +83,7 @@ async fn serve(args: &ServeArgs) -> Result<ExitCode> {
     if args.open {
         open_browser(&url);
     }
-    let app = api::router(api::State::new());
+    let app = api::router(api::State::new(bound.ip().is_loopback()));
     axum::serve(listener, app)
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;

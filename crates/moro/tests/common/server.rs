@@ -61,13 +61,27 @@ impl Server {
 
     /// `POST path` with `body`: (status, content type, body text).
     pub fn post(&self, path: &str, body: &str) -> (u16, String, String) {
+        let (status, kind, text, _) = self.post_with_notes(path, body);
+        (status, kind, text)
+    }
+
+    /// `POST path` with `body`: (status, content type, body text, the `moro-notes` header
+    /// percent-decoded).
+    pub fn post_with_notes(&self, path: &str, body: &str) -> (u16, String, String, String) {
         let mut r = self
             .agent
             .post(format!("{}{path}", self.url))
             .header("content-type", "application/json")
             .send(body)
             .expect("the server answers");
-        Self::parts(&mut r)
+        let notes = r
+            .headers()
+            .get("moro-notes")
+            .and_then(|v| v.to_str().ok())
+            .map(percent_decode)
+            .unwrap_or_default();
+        let (status, kind, text) = Self::parts(&mut r);
+        (status, kind, text, notes)
     }
 
     /// `GET path`: (status, content type, body text).
@@ -102,4 +116,25 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `%XX` escapes decoded (as the page's `decodeURIComponent`).
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%'
+            && let Some(v) = s
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+        {
+            out.push(v);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).expect("UTF-8 notes")
 }

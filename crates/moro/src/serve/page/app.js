@@ -10,6 +10,7 @@ const SIZE = /^\s*\d+(\.\d+)?\s*[bBmM]\s*$/;
 const GIB = 1024 ** 3;
 const gib = (b) => (b / GIB).toFixed(2);
 const seq = {};
+const lastNotes = {}; // what each route's command printed on stderr, last time
 const SHOWN = 8; // fit rows shown before "show all"
 
 function values() {
@@ -38,6 +39,9 @@ function loadUrl() {
 async function call(path, body) {
   const r = await fetch(path, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
   const text = await r.text();
+  const notes = r.headers.get("moro-notes");
+  if (notes) lastNotes[path] = decodeURIComponent(notes).split("\n");
+  else delete lastNotes[path];
   if (!r.ok) {
     let msg = text;
     try { const e = JSON.parse(text).error; msg = e.message + (e.hint ? " — " + e.hint : ""); } catch (_) { /* plain text */ }
@@ -146,6 +150,7 @@ async function refreshEstimate(v) {
     $("out-reserved-max").textContent = gib(d.upper.reserved);
     $("out-device-max").textContent = gib(d.upper.device);
     $("estimate-chart").innerHTML = got[1];
+    $("notes").textContent = (lastNotes["/api/estimate"] || []).join("\n");
     if (d.memory_bytes == null) {
       status(el, `peak ${gib(d.peak_device_bytes)} GiB at ${d.peak_phase}; choose a GPU to see whether it fits.`);
     } else if (d.verdict === "fits") {
@@ -157,6 +162,7 @@ async function refreshEstimate(v) {
     }
   } catch (e) {
     for (const id of ["out-allocated", "out-reserved", "out-device"]) $(id).textContent = "–";
+    $("notes").textContent = "";
     $("estimate-chart").replaceChildren();
     status(el, e.message, "bad");
   }
