@@ -651,3 +651,73 @@ fn fit_table_fits_100_columns() {
         "{wide}"
     );
 }
+
+/// `moro fit --method inference`: Llama-3.1-70B's bf16 weights are 70.55 B × 2 B = 141.1 GB,
+/// more than one 80 GB card holds and less than one B200's 192 GB: so an H100 row needs at
+/// least two GPUs (tensor parallel), a B200 row one, and each GPU's peak holds at least its
+/// share of the weights.
+#[test]
+fn fit_serves_inference_tensor_parallel() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = moro(dir.path())
+        .args([
+            "fit",
+            "--model",
+            "meta-llama/Llama-3.1-70B",
+            "--method",
+            "inference",
+            "--seq-len",
+            "8192",
+            "--json",
+        ])
+        .assert()
+        .code(0)
+        .get_output()
+        .stdout
+        .clone();
+    let v = json_of(&out);
+    assert_eq!(v["method"], "inference");
+    let row = |preset: &str| {
+        v["fits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["preset"] == preset)
+            .unwrap_or_else(|| panic!("{preset} serves it: {v}"))
+            .clone()
+    };
+    let weights = 70_553_706_496u64 * 2;
+    for (preset, at_least) in [("h100-sxm", 2), ("a100-sxm4-80gb", 2), ("b200", 1)] {
+        let r = row(preset);
+        let n = r["gpus"].as_u64().unwrap();
+        assert!(n >= at_least, "{preset}: {r}");
+        assert_eq!(r["job"]["method"], "inference");
+        assert_eq!(r["job"]["seq_len"], 8192);
+        assert!(
+            r["peak_device_bytes"].as_u64().unwrap() >= weights / n,
+            "{preset}: {r}"
+        );
+        assert!(r["peak_upper_bytes"].as_u64().unwrap() <= r["memory_bytes"].as_u64().unwrap());
+        let strategy = r["strategy"].as_str().unwrap();
+        assert_eq!(strategy == "one GPU", n == 1, "{strategy}");
+    }
+    assert_eq!(row("b200")["gpus"], 1);
+    // Text: the table says what it is.
+    let text = moro(dir.path())
+        .args([
+            "fit",
+            "--model",
+            "meta-llama/Llama-3.1-70B",
+            "--method",
+            "inference",
+        ])
+        .assert()
+        .code(0)
+        .get_output()
+        .stdout
+        .clone();
+    let text = String::from_utf8(text).unwrap();
+    assert!(text.contains("tensor parallel ×"), "{text}");
+    assert!(text.contains("do not even as 8"), "{text}");
+    assert!(!text.contains("DDP"), "{text}");
+}

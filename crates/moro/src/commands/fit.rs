@@ -37,6 +37,14 @@ pub(crate) const PRICES_USD_PER_HOUR: &[(&str, f64)] = &[
     ("h100-sxm", 4.29),
 ];
 
+/// US$ per GPU-hour of a preset, where [`PRICES_USD_PER_HOUR`] has it.
+pub(crate) fn price_of(preset: &str) -> Option<f64> {
+    PRICES_USD_PER_HOUR
+        .iter()
+        .find(|(id, _)| *id == preset)
+        .map(|(_, v)| *v)
+}
+
 /// Catalog families `--model-size` picks from: the dense Llama-style architectures.
 const SIZE_MODEL_TYPES: [&str; 2] = ["qwen2", "llama"];
 
@@ -46,8 +54,9 @@ fn parse_method_choice(s: &str) -> Result<MethodChoice, String> {
         "full" => Ok(MethodChoice::Only(moro_core::job::Method::Full)),
         "lora" | "peft" => Ok(MethodChoice::Only(moro_core::job::Method::Lora)),
         "qlora" => Ok(MethodChoice::Only(moro_core::job::Method::Qlora)),
+        "inference" => Ok(MethodChoice::Only(moro_core::job::Method::Inference)),
         _ => Err(format!(
-            "unknown method `{s}`; use auto, full, lora or qlora"
+            "unknown method `{s}`; use auto, full, lora, qlora or inference"
         )),
     }
 }
@@ -107,7 +116,8 @@ pub(crate) struct FitArgs {
     /// Or just a size (`7B`, `1.5B`): the catalog's Qwen2/Llama-architecture model nearest it.
     #[arg(long, value_parser = parse_model_size)]
     pub(crate) model_size: Option<u64>,
-    /// Full fine-tuning or PEFT: auto, full, lora, qlora.
+    /// Full fine-tuning or PEFT: auto, full, lora, qlora; or inference (one sequence of the
+    /// context, tensor parallel over up to 8 GPUs).
     #[arg(long, default_value = "auto", value_parser = parse_method_choice)]
     pub(crate) method: MethodChoice,
     /// Context in tokens [default: the longest of 8192, 4096, 2048, 1024 that fits].
@@ -221,10 +231,7 @@ fn fit_preset(
     } else {
         &FIT_GPU_COUNTS
     };
-    let price = PRICES_USD_PER_HOUR
-        .iter()
-        .find(|(id, _)| *id == p.id)
-        .map(|(_, v)| *v);
+    let price = price_of(&p.id);
     let mut offloaded: Option<(u64, moro_core::search::Candidate)> = None;
     let mut resident: Option<(u64, moro_core::search::Candidate)> = None;
     let best = |n: u64, offload: bool| {
@@ -322,6 +329,13 @@ pub(crate) fn fit_rows(
             None => not.push(id),
         }
     }
+    order(&mut fits);
+    (fits, not)
+}
+
+/// Cheapest first: GPU-resident before CPU offload, then by total $/hour where priced, then
+/// the unpriced by total memory.
+fn order(fits: &mut [FitRow]) {
     fits.sort_by(|a, b| {
         (a.host_bytes > 0).cmp(&(b.host_bytes > 0)).then_with(|| {
             match (a.total_usd_per_hour, b.total_usd_per_hour) {
@@ -337,7 +351,6 @@ pub(crate) fn fit_rows(
             }
         })
     });
-    (fits, not)
 }
 
 /// What `moro fit` found: the model, and the classes that fit and those that do not.
@@ -389,6 +402,17 @@ pub(crate) fn find(args: &FitArgs) -> Result<Found> {
         cluster: None,
         objective: Objective::Quality,
     };
+    if args.method == MethodChoice::Only(moro_core::job::Method::Inference) {
+        let (mut fits, not) = crate::commands::fit_inference::rows(&spec, args.seq_len, args.stack);
+        order(&mut fits);
+        return Ok(Found {
+            id,
+            spec,
+            method: "inference".to_owned(),
+            fits,
+            not,
+        });
+    }
     // Reject an invalid request once, with its field, before searching every preset.
     let any = moro_core::hardware::Device::generic(80 * moro_core::units::GIB);
     moro_core::search::Space::new(&spec, &request, &moro_core::search::Caps::of_device(&any))
@@ -444,9 +468,11 @@ pub(crate) fn run(args: &FitArgs) -> Result<ExitCode> {
             .map_or("8192 → 1024".to_owned(), |s| s.to_string())
     );
     if fits.is_empty() {
-        out.push_str(
-            "not even 64 GPUs of any catalog class fit; try --method qlora or a shorter --seq-len\n",
-        );
+        out.push_str(if method == "inference" {
+            "not even 8 GPUs of any catalog class serve it; try a shorter --seq-len\n"
+        } else {
+            "not even 64 GPUs of any catalog class fit; try --method qlora or a shorter --seq-len\n"
+        });
         stdout(&out)?;
         return Ok(ExitCode::from(1));
     }
@@ -455,6 +481,18 @@ pub(crate) fn run(args: &FitArgs) -> Result<ExitCode> {
         args.wide,
         matches!(args.method, MethodChoice::Only(_)),
     ));
+    if method == "inference" {
+        out.push_str(&format!(
+            "\n{} GPU classes serve it, {} do not even as 8. Cheapest first (GPUs × $/GPU-hour;\n\
+             unpriced classes by total memory). Strategy: the fewest GPUs, tensor parallel within\n\
+             one node; the longest context tried that fits them. Fits: the upper bound (`at\n\
+             most`) within the usable memory; sizes in GiB per GPU.\n",
+            fits.len(),
+            not.len()
+        ));
+        stdout(&out)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     out.push_str(&format!(
         "\n{} GPU classes fit, {} do not even as 64. Cheapest first (GPUs × $/GPU-hour; unpriced\n\
          classes by total memory; classes that need CPU offload last). Strategy: the least\n\
@@ -510,7 +548,7 @@ fn table(fits: &[FitRow], wide: bool, method_fixed: bool) -> String {
         "strategy",
         false,
         Box::new(move |r: &FitRow| {
-            if wide {
+            if wide || r.job.method == moro_core::job::Method::Inference {
                 r.strategy.clone()
             } else {
                 layout_of(&r.job).strategy_short()
@@ -580,6 +618,9 @@ fn table(fits: &[FitRow], wide: bool, method_fixed: bool) -> String {
 /// A recipe in a few words: the method (unless the request fixed it), the rank, micro batch
 /// × accumulation, checkpointing.
 fn short_recipe(job: &moro_core::job::Job, with_method: bool) -> String {
+    if job.method == moro_core::job::Method::Inference {
+        return format!("{} tokens, batch {}", job.seq_len, job.micro_batch_size);
+    }
     let mut words = Vec::new();
     if with_method {
         words.push(job.method.as_str().to_owned());

@@ -5,6 +5,7 @@ pub(crate) mod data;
 pub(crate) mod estimate;
 pub(crate) mod export;
 pub(crate) mod fit;
+pub(crate) mod fit_inference;
 pub(crate) mod gguf;
 pub(crate) mod hardware;
 pub(crate) mod models;

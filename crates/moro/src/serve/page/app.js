@@ -68,7 +68,7 @@ function status(el, text, cls) {
 }
 
 function fitBody(v) {
-  const b = { method: v.method === "inference" ? "auto" : v.method, seq_len: v.seq_len };
+  const b = { method: v.method, seq_len: v.seq_len };
   if (SIZE.test(v.model || "")) b.model_size = v.model.replace(/\s/g, ""); else b.model = v.model;
   if (v.stack) b.stack = v.stack;
   return b;
