@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{export_json, generate_70b_full, json_of, moro};
+use common::{export_json, generate_70b_full, json_of, moro, stdout_of};
 
 #[test]
 fn generate_writes_a_recipe_that_estimate_and_check_agree_with() {
@@ -659,8 +659,9 @@ fn fit_table_fits_100_columns() {
 #[test]
 fn fit_serves_inference_tensor_parallel() {
     let dir = tempfile::tempdir().unwrap();
-    let out = moro(dir.path())
-        .args([
+    let out = stdout_of(
+        dir.path(),
+        &[
             "fit",
             "--model",
             "meta-llama/Llama-3.1-70B",
@@ -669,12 +670,9 @@ fn fit_serves_inference_tensor_parallel() {
             "--seq-len",
             "8192",
             "--json",
-        ])
-        .assert()
-        .code(0)
-        .get_output()
-        .stdout
-        .clone();
+        ],
+        0,
+    );
     let v = json_of(&out);
     assert_eq!(v["method"], "inference");
     let row = |preset: &str| {
@@ -703,19 +701,17 @@ fn fit_serves_inference_tensor_parallel() {
     }
     assert_eq!(row("b200")["gpus"], 1);
     // Text: the table says what it is.
-    let text = moro(dir.path())
-        .args([
+    let text = stdout_of(
+        dir.path(),
+        &[
             "fit",
             "--model",
             "meta-llama/Llama-3.1-70B",
             "--method",
             "inference",
-        ])
-        .assert()
-        .code(0)
-        .get_output()
-        .stdout
-        .clone();
+        ],
+        0,
+    );
     let text = String::from_utf8(text).unwrap();
     assert!(text.contains("tensor parallel ×"), "{text}");
     assert!(text.contains("do not even as 8"), "{text}");

@@ -4,7 +4,7 @@
 mod common;
 
 use common::server::Server;
-use common::{json_of, moro};
+use common::{json_of, moro, stdout_of};
 
 /// The README's job, on the API and on the command line: the very same document.
 #[test]
@@ -18,8 +18,9 @@ fn estimate_answers_what_the_cli_prints() {
     );
     assert_eq!(status, 200, "{body}");
     assert_eq!(kind, "application/json");
-    let cli = moro(dir.path())
-        .args([
+    let cli = stdout_of(
+        dir.path(),
+        &[
             "estimate",
             "--model",
             "Qwen/Qwen2.5-7B",
@@ -32,12 +33,9 @@ fn estimate_answers_what_the_cli_prints() {
             "--hardware",
             "rtx-4090",
             "--json",
-        ])
-        .assert()
-        .code(0)
-        .get_output()
-        .stdout
-        .clone();
+        ],
+        0,
+    );
     assert_eq!(body, String::from_utf8(cli).unwrap());
     // The README's figures (13.04 / 14.20 / 15.10 GiB), from the API.
     let v = json_of(body.as_bytes());

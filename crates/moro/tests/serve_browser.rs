@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::server::Server;
-use common::{json_of, moro};
+use common::{json_of, moro, stdout_of};
 use serde_json::{Value, json};
 
 /// Chromium's flags for a closed, headless machine (no sandbox as root, no background
@@ -328,8 +328,9 @@ fn the_page_shows_the_engines_numbers() {
     assert_eq!(shown["charts"], 1, "the estimate's picture is on the page");
 
     // The fit table is `moro fit --json`'s rows, cheapest first.
-    let fit = moro(dir.path())
-        .args([
+    let fit = stdout_of(
+        dir.path(),
+        &[
             "fit",
             "--model",
             "Qwen/Qwen2.5-7B",
@@ -338,12 +339,9 @@ fn the_page_shows_the_engines_numbers() {
             "--seq-len",
             "2048",
             "--json",
-        ])
-        .assert()
-        .code(0)
-        .get_output()
-        .stdout
-        .clone();
+        ],
+        0,
+    );
     let fit = json_of(&fit);
     let first = &fit["fits"][0];
     assert_eq!(

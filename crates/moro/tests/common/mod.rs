@@ -21,6 +21,17 @@ pub fn moro(dir: &Path) -> Command {
     c
 }
 
+/// `moro ARGS` in `dir`: asserts the exit code, returns stdout.
+pub fn stdout_of(dir: &Path, args: &[&str], code: i32) -> Vec<u8> {
+    moro(dir)
+        .args(args)
+        .assert()
+        .code(code)
+        .get_output()
+        .stdout
+        .clone()
+}
+
 /// Parses stdout as JSON, showing it when it is not.
 pub fn json_of(out: &[u8]) -> serde_json::Value {
     serde_json::from_slice(out)
