@@ -364,3 +364,34 @@ fn requests_from_elsewhere_are_refused() {
         assert!(answer.starts_with("HTTP/1.1 200"), "{host}: {answer}");
     }
 }
+
+/// The server keeps its last fit searches: the same settings in another order get the same
+/// answer, and other settings their own.
+#[test]
+fn kept_fit_searches_answer_only_their_own_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &[]);
+    let lora = r#"{"model": "Qwen/Qwen2.5-0.5B", "method": "lora", "seq_len": 1024}"#;
+    let again = r#"{"seq_len": 1024, "method": "lora", "model": "Qwen/Qwen2.5-0.5B"}"#;
+    let full = r#"{"model": "Qwen/Qwen2.5-0.5B", "method": "full", "seq_len": 1024}"#;
+    let (_, _, a) = s.post("/api/fit", lora);
+    let (_, _, b) = s.post("/api/fit", again);
+    let (_, _, c) = s.post("/api/fit", full);
+    assert_eq!(a, b);
+    assert_eq!(json_of(c.as_bytes())["method"], "full");
+    let cli = stdout_of(
+        dir.path(),
+        &[
+            "fit",
+            "--model",
+            "Qwen/Qwen2.5-0.5B",
+            "--method",
+            "full",
+            "--seq-len",
+            "1024",
+            "--json",
+        ],
+        0,
+    );
+    assert_eq!(c.as_bytes(), cli.as_slice());
+}

@@ -195,12 +195,12 @@ pub(crate) struct FitOffload {
 struct FitJson<'a> {
     model: &'a str,
     parameters: u64,
-    method: String,
+    method: &'a str,
     seq_len: Option<u64>,
     gpu_counts: [u64; 7],
     order: &'static str,
-    fits: Vec<FitRow>,
-    does_not_fit: Vec<String>,
+    fits: &'a [FitRow],
+    does_not_fit: &'a [String],
 }
 
 /// The fewest GPUs of one preset ([`FIT_GPU_COUNTS`]; Apple Silicon: one) on which the job
@@ -354,6 +354,7 @@ fn order(fits: &mut [FitRow]) {
 }
 
 /// What `moro fit` found: the model, and the classes that fit and those that do not.
+#[derive(Debug)]
 pub(crate) struct Found {
     pub(crate) id: String,
     pub(crate) spec: ModelSpec,
@@ -437,6 +438,11 @@ pub(crate) fn run(args: &FitArgs) -> Result<ExitCode> {
         let svg = crate::charts::fit_svg(found.title(args.seq_len), &found.fits, &found.not);
         crate::output::write_file(path, svg.as_bytes())?;
     }
+    print(args, &found)
+}
+
+/// Prints what [`find`] found, as a table or as JSON.
+pub(crate) fn print(args: &FitArgs, found: &Found) -> Result<ExitCode> {
     let Found {
         id,
         spec,
@@ -446,7 +452,7 @@ pub(crate) fn run(args: &FitArgs) -> Result<ExitCode> {
     } = found;
     if args.json {
         let doc = FitJson {
-            model: &id,
+            model: id,
             parameters: spec.total_params(),
             method,
             seq_len: args.seq_len,
@@ -477,7 +483,7 @@ pub(crate) fn run(args: &FitArgs) -> Result<ExitCode> {
         return Ok(ExitCode::from(1));
     }
     out.push_str(&table(
-        &fits,
+        fits,
         args.wide,
         matches!(args.method, MethodChoice::Only(_)),
     ));

@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 
 use super::error::ApiError;
 use super::page;
+use super::recent::{Recent, key_of};
 use super::request::parse;
 use crate::commands;
 use crate::output::captured;
@@ -22,12 +23,14 @@ use crate::output::captured;
 pub(crate) const MAX_BODY: usize = 256 * 1024;
 
 /// What every request shares.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct State {
     /// `moro hardware --json` of this machine, probed once.
     detected: OnceLock<Value>,
     /// The server listens on loopback only: requests must name this machine.
     loopback: bool,
+    /// The last fit searches, with the notes they printed.
+    fits: Recent<Arc<(commands::fit::Found, Vec<String>)>>,
 }
 
 impl State {
@@ -35,6 +38,7 @@ impl State {
         Arc::new(Self {
             detected: OnceLock::new(),
             loopback,
+            fits: Recent::new(32),
         })
     }
 }
@@ -259,21 +263,41 @@ async fn estimate_svg(body: Result<Bytes, BytesRejection>) -> Response {
     .await
 }
 
-async fn fit(body: Result<Bytes, BytesRejection>) -> Response {
+/// The fit search of `body`, from the last few when it was made already.
+fn found(
+    state: &State,
+    body: &Value,
+    args: &commands::fit::FitArgs,
+) -> Result<Arc<(commands::fit::Found, Vec<String>)>, ApiError> {
+    state.fits.get_or(key_of(body), || {
+        let (found, out) = captured(|| commands::fit::find(args));
+        let f = found.map_err(|e| ApiError::from_command(&e))?;
+        Ok(Arc::new((f, out.notes)))
+    })
+}
+
+async fn fit(state: Shared, body: Result<Bytes, BytesRejection>) -> Response {
+    let state = state.0.clone();
     blocking(move || {
-        let args = parse::<commands::fit::FitArgs>("fit", &body_of(body)?, &["--json"])?;
-        command("application/json", || commands::fit::run(&args))
+        let v = body_of(body)?;
+        let args = parse::<commands::fit::FitArgs>("fit", &v, &["--json"])?;
+        let kept = found(&state, &v, &args)?;
+        let (result, out) = captured(|| commands::fit::print(&args, &kept.0));
+        result.map_err(|e| ApiError::from_command(&e))?;
+        Ok(respond("application/json", out.stdout, &kept.1))
     })
     .await
 }
 
-async fn fit_svg(body: Result<Bytes, BytesRejection>) -> Response {
+async fn fit_svg(state: Shared, body: Result<Bytes, BytesRejection>) -> Response {
+    let state = state.0.clone();
     blocking(move || {
-        let args = parse::<commands::fit::FitArgs>("fit", &body_of(body)?, &[])?;
-        let (found, _) = captured(|| commands::fit::find(&args));
-        let f = found.map_err(|e| ApiError::from_command(&e))?;
+        let v = body_of(body)?;
+        let args = parse::<commands::fit::FitArgs>("fit", &v, &[])?;
+        let kept = found(&state, &v, &args)?;
+        let f = &kept.0;
         let svg = crate::charts::fit_svg(f.title(args.seq_len), &f.fits, &f.not);
-        Ok(with_type("image/svg+xml", svg))
+        Ok(respond("image/svg+xml", svg, &kept.1))
     })
     .await
 }

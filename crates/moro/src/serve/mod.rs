@@ -10,6 +10,7 @@
 mod api;
 mod error;
 mod page;
+mod recent;
 mod request;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
