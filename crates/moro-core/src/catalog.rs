@@ -110,6 +110,36 @@ pub const ALIASES: &[(&str, &str)] = &[
     ),
 ];
 
+/// Old Hub id → today's: repositories renamed on the Hub, which redirects the old URL (Meta
+/// dropped the `Meta-` prefix of its Llama 3.1 repositories; listed in oumi-ai/oumi#1357 and
+/// LiveCodeBench/LiveCodeBench#105). Only renames whose new id the catalog knows are here.
+pub const RENAMED: &[(&str, &str)] = &[
+    ("meta-llama/Meta-Llama-3.1-8B", "meta-llama/Llama-3.1-8B"),
+    (
+        "meta-llama/Meta-Llama-3.1-8B-Instruct",
+        "meta-llama/Llama-3.1-8B-Instruct",
+    ),
+    ("meta-llama/Meta-Llama-3.1-70B", "meta-llama/Llama-3.1-70B"),
+    (
+        "meta-llama/Meta-Llama-3.1-70B-Instruct",
+        "meta-llama/Llama-3.1-70B-Instruct",
+    ),
+    (
+        "meta-llama/Meta-Llama-3.1-405B-Instruct",
+        "meta-llama/Llama-3.1-405B-Instruct",
+    ),
+];
+
+/// Today's id of a repository renamed on the Hub ([`RENAMED`]), for an old id.
+#[must_use]
+pub fn renamed(id: &str) -> Option<&'static str> {
+    let id = normalize(id);
+    RENAMED
+        .iter()
+        .find(|(old, _)| old.eq_ignore_ascii_case(&id))
+        .map(|(_, new)| *new)
+}
+
 /// All embedded entries, sorted by id.
 #[must_use]
 pub fn entries() -> &'static [CatalogEntry] {
@@ -158,6 +188,9 @@ pub fn find(id: &str) -> Option<&'static CatalogEntry> {
     }
     if let Some((_, target)) = ALIASES.iter().find(|(a, _)| a.eq_ignore_ascii_case(&id)) {
         return by_id(target);
+    }
+    if let Some(new) = renamed(&id) {
+        return find(new);
     }
     if id.contains('/') {
         return None;
@@ -270,6 +303,22 @@ mod tests {
             assert!(by_id(target).is_some(), "{alias} -> {target} missing");
             assert!(by_id(alias).is_none(), "{alias} is also an entry");
             assert_eq!(find(alias).map(|e| e.id), Some(*target));
+        }
+    }
+
+    #[test]
+    fn renamed_repositories_resolve_to_their_new_ids() {
+        assert_eq!(
+            super::renamed("https://huggingface.co/meta-llama/meta-llama-3.1-8b"),
+            Some("meta-llama/Llama-3.1-8B")
+        );
+        for (old, new) in RENAMED {
+            let today = find(new).unwrap_or_else(|| panic!("{new} is known"));
+            assert_eq!(find(old).map(|e| e.id), Some(today.id), "{old}");
+            assert!(
+                by_id(old).is_none() && alias(old).is_none(),
+                "{old} is also known"
+            );
         }
     }
 

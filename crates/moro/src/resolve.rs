@@ -312,8 +312,17 @@ fn with_revision(arg: &str, revision: Option<&str>) -> Result<String> {
 }
 
 /// The catalog entry `asked` resolved to; an alias keeps its own name and says whose config
-/// stands in for it.
+/// stands in for it; a renamed repository takes today's name and says so.
 fn from_catalog(entry: &catalog::CatalogEntry, asked: &str) -> Result<Resolved> {
+    if let Some(new) = catalog::renamed(asked) {
+        let mut r = from_catalog(entry, new)?;
+        r.source = format!(
+            "{}; `{asked}` is `{new}` since the Hub renamed it",
+            r.source
+        );
+        r.id = new.to_owned();
+        return Ok(r);
+    }
     let spec =
         catalog::load(entry).map_err(|e| user(format!("catalog entry `{}`: {e}", entry.id)))?;
     let (id, source) = match catalog::alias(asked) {

@@ -832,3 +832,21 @@ fn readme_catalog_count_is_the_catalogs() {
     let models: serde_json::Value = serde_json::from_str(&o.stdout).expect("json");
     assert_eq!(said, models.as_array().expect("a list").len());
 }
+
+/// A repository the Hub renamed (`Meta-Llama-3.1-8B` → `Llama-3.1-8B`) resolves offline to
+/// today's id, says so, and estimates the same bytes.
+#[test]
+fn renamed_repositories_resolve_with_a_note() {
+    let est = |model: &str| json(&["estimate", "--model", model, "--method", "qlora", "--json"]);
+    let old = est("meta-llama/Meta-Llama-3.1-8B");
+    let new = est("meta-llama/Llama-3.1-8B");
+    assert_eq!(old["model"]["id"], "meta-llama/Llama-3.1-8B");
+    assert!(
+        old["model"]["source"]
+            .as_str()
+            .unwrap()
+            .contains("since the Hub renamed it"),
+        "{old}"
+    );
+    assert_eq!(old["peak_device_bytes"], new["peak_device_bytes"]);
+}
