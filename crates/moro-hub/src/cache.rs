@@ -111,15 +111,46 @@ pub(crate) fn check_file_name(file: &str) -> Result<(), HubError> {
 /// The commit a revision points to in the cache (`refs/{rev}`, or the revision itself when
 /// it is a sha).
 fn cached_commit(cache: &Path, repo: &RepoRef) -> Option<String> {
-    if is_commit_sha(&repo.revision) {
-        return Some(repo.revision.clone());
+    commit_in(&cache.join(repo.cache_folder()), &repo.revision)
+}
+
+/// The commit `revision` names in the repository folder `root`.
+fn commit_in(root: &Path, revision: &str) -> Option<String> {
+    if is_commit_sha(revision) {
+        return Some(revision.to_owned());
     }
-    let refs = cache
-        .join(repo.cache_folder())
-        .join("refs")
-        .join(&repo.revision);
-    let sha = fs::read_to_string(refs).ok()?.trim().to_owned();
+    let sha = fs::read_to_string(root.join("refs").join(revision))
+        .ok()?
+        .trim()
+        .to_owned();
     is_commit_sha(&sha).then_some(sha)
+}
+
+/// The snapshot folder of the dataset repository `id` (`org/name[@revision]`) in the cache
+/// (`datasets--{org}--{name}/snapshots/{commit}`, as `hf download --repo-type dataset`
+/// writes it), with [`find_cached_lenient`]'s tolerance: a revision naming a snapshot folder,
+/// and, for `main` without `refs/main`, the most recently modified snapshot.
+#[must_use]
+pub fn find_cached_dataset(hub_cache: &Path, id: &str) -> Option<PathBuf> {
+    let repo = RepoRef::parse(id).ok()?;
+    let root = hub_cache.join(format!("datasets--{}", repo.id.replace('/', "--")));
+    let snapshots = root.join("snapshots");
+    let named = |name: &str| Some(snapshots.join(name)).filter(|p| p.is_dir());
+    if let Some(p) = commit_in(&root, &repo.revision).and_then(|sha| named(&sha)) {
+        return Some(p);
+    }
+    if let Some(p) = named(&repo.revision) {
+        return Some(p);
+    }
+    if repo.revision != "main" {
+        return None;
+    }
+    fs::read_dir(&snapshots)
+        .ok()?
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok())
+        .map(|e| e.path())
 }
 
 /// The cached path of `file` at the repo's revision, if present.
@@ -275,6 +306,34 @@ mod tests {
         ] {
             assert!(RepoRef::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn dataset_snapshots_by_ref_name_or_newest() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("datasets--org--data");
+        let sha = "0123456789abcdef0123456789abcdef01234567";
+        assert_eq!(find_cached_dataset(dir.path(), "org/data"), None);
+        fs::create_dir_all(root.join("snapshots").join(sha)).unwrap();
+        fs::create_dir_all(root.join("snapshots/handmade")).unwrap();
+        // No refs/main: the newest snapshot; a revision naming a folder: that folder.
+        assert!(find_cached_dataset(dir.path(), "org/data").is_some());
+        assert_eq!(
+            find_cached_dataset(dir.path(), "org/data@handmade"),
+            Some(root.join("snapshots/handmade"))
+        );
+        fs::create_dir_all(root.join("refs")).unwrap();
+        fs::write(root.join("refs/main"), format!("{sha}\n")).unwrap();
+        assert_eq!(
+            find_cached_dataset(dir.path(), "org/data"),
+            Some(root.join("snapshots").join(sha))
+        );
+        assert_eq!(find_cached_dataset(dir.path(), "org/data@v2"), None);
+        assert_eq!(
+            find_cached_dataset(dir.path(), "../x"),
+            None,
+            "ids are checked"
+        );
     }
 
     #[test]

@@ -23,7 +23,7 @@ mod settings;
 
 use std::path::PathBuf;
 
-pub use cache::{RepoRef, find_cached, find_cached_lenient, store_in_cache};
+pub use cache::{RepoRef, find_cached, find_cached_dataset, find_cached_lenient, store_in_cache};
 pub use client::{HubClient, RemoteSafetensors};
 pub use local::{LocalModel, model_dir_files};
 pub use settings::{DEFAULT_ENDPOINT, DEFAULT_TIMEOUT_SECS, HubSettings, Token};

@@ -237,13 +237,7 @@ fn dataset_files(path: &Path) -> Result<Vec<PathBuf>> {
         return Err(user(format!("{}: no such file", path.display())));
     }
     let cache = moro_hub::HubSettings::from_process_env().hub_cache;
-    let root = cache.join(format!("datasets--{}", id.replace('/', "--")));
-    let snapshot = std::fs::read_to_string(root.join("refs/main"))
-        .ok()
-        .map(|sha| root.join("snapshots").join(sha.trim()))
-        .filter(|p| p.is_dir())
-        .or_else(|| newest_dir(&root.join("snapshots")));
-    let Some(snapshot) = snapshot else {
+    let Some(snapshot) = moro_hub::find_cached_dataset(&cache, &id) else {
         if let Some(files) = datasets_cache_files(&id) {
             return Ok(files);
         }
@@ -324,15 +318,6 @@ fn datasets_cache_files(id: &str) -> Option<Vec<PathBuf>> {
         .collect();
     files.sort();
     Some(files)
-}
-
-fn newest_dir(dir: &Path) -> Option<PathBuf> {
-    std::fs::read_dir(dir)
-        .ok()?
-        .filter_map(|e| e.ok())
-        .filter(|e| e.path().is_dir())
-        .max_by_key(|e| e.metadata().and_then(|m| m.modified()).ok())
-        .map(|e| e.path())
 }
 
 fn collect_data_files(dir: &Path, out: &mut Vec<PathBuf>) {
