@@ -23,10 +23,19 @@ pub(crate) struct Captured {
 /// Runs `f` with [`stdout`] and [`note`] collected instead of printed (`moro serve` answers
 /// with exactly what the command prints).
 pub(crate) fn captured<R>(f: impl FnOnce() -> R) -> (R, Captured) {
-    let outer = CAPTURE.with(|c| c.replace(Some(Captured::default())));
+    /// Puts the outer capture back even when `f` panics (a server thread lives on).
+    struct Restore(Option<Option<Captured>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            if let Some(outer) = self.0.take() {
+                CAPTURE.with(|c| c.replace(outer));
+            }
+        }
+    }
+    let mut restore = Restore(Some(CAPTURE.with(|c| c.replace(Some(Captured::default())))));
     let r = f();
-    let got = CAPTURE.with(|c| c.replace(outer)).unwrap_or_default();
-    (r, got)
+    let got = CAPTURE.with(|c| c.replace(restore.0.take().unwrap_or_default()));
+    (r, got.unwrap_or_default())
 }
 
 /// Appends to the capture when one is running; `false` when none is.
@@ -158,4 +167,27 @@ pub(crate) use moro_supervise::journal::write_atomic;
 pub(crate) fn write_file(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
     write_atomic(path, bytes)
         .map_err(|e| crate::error::user(format!("cannot write `{}`: {e}", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn captures_nest_and_survive_a_panic() {
+        let (_, outer) = captured(|| {
+            stdout("a").unwrap();
+            let (_, inner) = captured(|| note("n"));
+            assert_eq!(inner.notes, ["n"]);
+            let caught = std::panic::catch_unwind(|| captured(|| panic!("inside")));
+            assert!(caught.is_err());
+            stdout("b").unwrap();
+        });
+        assert_eq!(outer.stdout, "ab");
+        assert!(outer.notes.is_empty());
+        assert!(
+            !capture(|_| {}),
+            "nothing is captured after the outermost ends"
+        );
+    }
 }

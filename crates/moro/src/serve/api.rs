@@ -79,12 +79,12 @@ async fn same_machine(
     next: axum::middleware::Next,
 ) -> Response {
     if state.loopback && !loopback_host(request.headers().get(header::HOST)) {
-        let mut e = ApiError::bad(
+        return ApiError::bad(
             "the Host header does not name this machine (127.0.0.1, localhost or [::1])",
             None,
-        );
-        e.status = StatusCode::FORBIDDEN;
-        return e.into_response();
+        )
+        .with_status(StatusCode::FORBIDDEN)
+        .into_response();
     }
     let json = request
         .headers()
@@ -96,9 +96,9 @@ async fn same_machine(
                 .starts_with("application/json")
         });
     if request.method() == axum::http::Method::POST && !json {
-        let mut e = ApiError::bad("send the body as `Content-Type: application/json`", None);
-        e.status = StatusCode::UNSUPPORTED_MEDIA_TYPE;
-        return e.into_response();
+        return ApiError::bad("send the body as `Content-Type: application/json`", None)
+            .with_status(StatusCode::UNSUPPORTED_MEDIA_TYPE)
+            .into_response();
     }
     next.run(request).await
 }
@@ -120,9 +120,9 @@ fn loopback_host(host: Option<&header::HeaderValue>) -> bool {
 }
 
 async fn not_found() -> Response {
-    let mut e = ApiError::bad("no such page or API route; the API is under /api/", None);
-    e.status = StatusCode::NOT_FOUND;
-    e.into_response()
+    ApiError::bad("no such page or API route; the API is under /api/", None)
+        .with_status(StatusCode::NOT_FOUND)
+        .into_response()
 }
 
 /// Runs `f` on the blocking pool; a panic is a 500, not a dead server.
@@ -130,27 +130,24 @@ async fn blocking(f: impl FnOnce() -> Result<Response, ApiError> + Send + 'stati
     match tokio::task::spawn_blocking(f).await {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => e.into_response(),
-        Err(_) => {
-            let mut e = ApiError::bad(
-                "the request failed inside moro (a bug: please report it)",
-                None,
-            );
-            e.status = StatusCode::INTERNAL_SERVER_ERROR;
-            e.into_response()
-        }
+        Err(_) => ApiError::bad(
+            "the request failed inside moro (a bug: please report it)",
+            None,
+        )
+        .with_status(StatusCode::INTERNAL_SERVER_ERROR)
+        .into_response(),
     }
 }
 
 /// The body as JSON (an empty body is `{}`).
 fn body_of(body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
     let bytes = body.map_err(|r| {
-        let mut e = if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::bad(format!("the body is larger than {MAX_BODY} bytes"), None)
+        let message = if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            format!("the body is larger than {MAX_BODY} bytes")
         } else {
-            ApiError::bad(format!("cannot read the body: {}", r.body_text()), None)
+            format!("cannot read the body: {}", r.body_text())
         };
-        e.status = r.status();
-        e
+        ApiError::bad(message, None).with_status(r.status())
     })?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(json!({}));

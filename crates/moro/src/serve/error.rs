@@ -39,6 +39,12 @@ impl ApiError {
         }
     }
 
+    /// The same error answered with `status`.
+    pub(crate) fn with_status(mut self, status: StatusCode) -> Self {
+        self.status = status;
+        self
+    }
+
     /// A command's error: 404 for something named that does not exist, 400 for other input
     /// the user can fix, 500 for the rest.
     pub(crate) fn from_command(e: &anyhow::Error) -> Self {
