@@ -292,6 +292,14 @@ const CATALOG: &[Row] = &[
     ),
     row!("Qwen--Qwen2.5-72B", 72_706_203_648, 70_214_787_072, None),
     row!("Qwen--Qwen2.5-7B", 7_615_616_512, 6_525_621_760, None),
+    // The Instruct model has the base's shapes (its own context and eos differ), so the base
+    // model's independent count holds.
+    row!(
+        "Qwen--Qwen2.5-7B-Instruct",
+        7_615_616_512,
+        6_525_621_760,
+        None
+    ),
     row!("Qwen--Qwen3-0.6B", 596_049_920, 440_467_456, None),
     row!("Qwen--Qwen3-1.7B", 1_720_574_976, 1_409_410_048, None),
     row!("Qwen--Qwen3-14B", 14_768_307_200, 13_212_482_560, None),
