@@ -112,6 +112,7 @@ const CATALOG: &[Row] = &[
     row!("EleutherAI--pythia-70m", 70_426_624, 18_915_328, None),
     row!("google--gemma-2-27b", 27_227_128_320, 26_047_480_320, None),
     row!("google--gemma-2-2b", 2_614_341_888, 2_024_517_888, None),
+    row!("google--gemma-2-2b-it", 2_614_341_888, 2_024_517_888, None),
     row!("google--gemma-2-9b", 9_241_705_984, 8_324_201_984, None),
     row!(
         "google--gemma-3-12b-it",
@@ -281,6 +282,12 @@ const CATALOG: &[Row] = &[
     ),
     row!("Qwen--Qwen2.5-0.5B", 494_032_768, 357_898_112, None),
     row!("Qwen--Qwen2.5-1.5B", 1_543_714_304, 1_310_340_608, None),
+    row!(
+        "Qwen--Qwen2.5-1.5B-Instruct",
+        1_543_714_304,
+        1_310_340_608,
+        None
+    ),
     row!("Qwen--Qwen2.5-14B", 14_770_033_664, 13_212_898_304, None),
     row!("Qwen--Qwen2.5-32B", 32_763_876_352, 31_206_740_992, None),
     row!("Qwen--Qwen2.5-3B", 3_085_938_688, 2_774_773_760, None),
@@ -291,9 +298,15 @@ const CATALOG: &[Row] = &[
         None
     ),
     row!("Qwen--Qwen2.5-72B", 72_706_203_648, 70_214_787_072, None),
+    row!(
+        "Qwen--Qwen2.5-72B-Instruct",
+        72_706_203_648,
+        70_214_787_072,
+        None
+    ),
     row!("Qwen--Qwen2.5-7B", 7_615_616_512, 6_525_621_760, None),
-    // The Instruct model has the base's shapes (its own context and eos differ), so the base
-    // model's independent count holds.
+    // Instruct / Base / -it variants below have their base's shapes (context, eos, stored
+    // dtype differ: docs/model-params.md), so the base model's independent count holds.
     row!(
         "Qwen--Qwen2.5-7B-Instruct",
         7_615_616_512,
@@ -318,6 +331,7 @@ const CATALOG: &[Row] = &[
     row!("Qwen--Qwen3-32B", 32_762_123_264, 31_206_298_624, None),
     row!("Qwen--Qwen3-4B", 4_022_468_096, 3_633_511_936, None),
     row!("Qwen--Qwen3-8B", 8_190_735_360, 6_946_075_648, None),
+    row!("Qwen--Qwen3-8B-Base", 8_190_735_360, 6_946_075_648, None),
     row!("tiiuae--falcon-7b", 6_921_720_704, 6_626_251_648, None),
     row!(
         "TinyLlama--TinyLlama-1.1B-Chat-v1.0",
@@ -597,6 +611,26 @@ fn defaults_for_absent_keys() {
     // Gemma 2 has no tie key: ties by default.
     assert!(catalog_spec("google--gemma-2-2b").tie_word_embeddings);
     assert_eq!(catalog_spec("google--gemma-2-2b").load_dtype, Dtype::F32);
+    // Variants keep their own differences: the -it upload stores bf16, the Instruct models
+    // have 32k positions where their bases have 128k, Qwen3-8B-Base 32k where Qwen3-8B 40k.
+    assert_eq!(
+        catalog_spec("google--gemma-2-2b-it").load_dtype,
+        Dtype::Bf16
+    );
+    for (variant, positions) in [
+        ("Qwen--Qwen2.5-7B-Instruct", 32_768),
+        ("Qwen--Qwen2.5-72B-Instruct", 32_768),
+        ("Qwen--Qwen2.5-1.5B-Instruct", 32_768),
+        ("Qwen--Qwen2.5-7B", 131_072),
+        ("Qwen--Qwen3-8B-Base", 32_768),
+        ("Qwen--Qwen3-8B", 40_960),
+    ] {
+        assert_eq!(
+            catalog_spec(variant).max_position_embeddings,
+            positions,
+            "{variant}"
+        );
+    }
     // Falcon-7B: FalconConfig ties by default; multi_query → one KV head.
     let falcon = catalog_spec("tiiuae--falcon-7b");
     assert!(falcon.tie_word_embeddings);
