@@ -11,11 +11,23 @@ use crate::verdict::judge;
 /// The most points a sweep draws.
 const SWEEP_POINTS: usize = 9;
 
-/// The device peak of `job` on `setup`'s model and profile; `None` where the job is refused.
-fn peak_of(setup: &JobSetup, job: &Job) -> Option<u64> {
-    job.validate(&setup.model.spec).ok()?;
-    let est = moro_core::estimate::estimate(&setup.model.spec, job, &setup.profile).ok()?;
-    Some(crate::resolve::apply_stored(&setup.model, job, &setup.profile, est).peak_device_bytes)
+/// The device peak of `job`, a variation of `setup`'s job whose estimate is `est`: `est`'s
+/// own peak for the job itself, else a new estimate; `None` where the job is refused, by the
+/// model or by the hardware (FlashAttention on a GPU without it), as [`crate::setup`] refuses
+/// it.
+fn peak_of(setup: &JobSetup, est: &Estimate, job: &Job) -> Option<u64> {
+    if *job == setup.job {
+        return Some(est.peak_device_bytes);
+    }
+    let spec = &setup.model.spec;
+    job.validate(spec).ok()?;
+    let device = setup
+        .target
+        .as_ref()
+        .and_then(|t| t.hardware.devices.first());
+    moro_core::job::against::check(job, spec, device).ok()?;
+    let e = moro_core::estimate::estimate(spec, job, &setup.profile).ok()?;
+    Some(crate::resolve::apply_stored(&setup.model, job, &setup.profile, e).peak_device_bytes)
 }
 
 /// Powers of two from `lo` up to `hi` with `at` among them, at most [`SWEEP_POINTS`].
@@ -34,9 +46,9 @@ fn doubling(lo: u64, hi: u64, at: u64) -> Vec<u64> {
 }
 
 /// Where a sweep's axis ends: twice the larger of the GPU's memory and the job's own peak.
-fn ceiling(setup: &JobSetup, own: Option<u64>) -> Option<u64> {
+fn ceiling(setup: &JobSetup, est: &Estimate) -> Option<u64> {
     let gpu = capacity(setup).map_or(0, |c| c.1);
-    Some(gpu.max(own.unwrap_or(0)).saturating_mul(2)).filter(|c| *c > 0)
+    Some(gpu.max(est.peak_device_bytes).saturating_mul(2)).filter(|c| *c > 0)
 }
 
 /// The GPU's name and memory, when the job names one.
@@ -76,7 +88,7 @@ pub(crate) fn breakdown(setup: &JobSetup, est: &Estimate) -> Panel {
 
 /// Peak against sequence length: the job's attention, flash attention and eager attention
 /// (its quadratic score matrix), each once.
-pub(crate) fn against_seq_len(setup: &JobSetup) -> Panel {
+pub(crate) fn against_seq_len(setup: &JobSetup, est: &Estimate) -> Panel {
     let job = &setup.job;
     let hi = setup
         .model
@@ -101,12 +113,12 @@ pub(crate) fn against_seq_len(setup: &JobSetup) -> Panel {
                     let mut j = job.clone();
                     j.seq_len = x;
                     j.attention = a;
-                    (x, peak_of(setup, &j))
+                    (x, peak_of(setup, est, &j))
                 })
                 .collect(),
         })
+        .filter(|s: &Series| s.points.iter().any(|p| p.1.is_some()))
         .collect();
-    let own = peak_of(setup, job);
     LineChart {
         title: "peak (device) against sequence length".into(),
         x_label: if job.method == Method::Inference {
@@ -117,13 +129,13 @@ pub(crate) fn against_seq_len(setup: &JobSetup) -> Panel {
         series,
         capacity: capacity(setup),
         marked: Some(job.seq_len),
-        ceiling: ceiling(setup, own),
+        ceiling: ceiling(setup, est),
     }
     .panel()
 }
 
 /// Peak against micro batch, 1 to 64.
-pub(crate) fn against_micro_batch(setup: &JobSetup) -> Panel {
+pub(crate) fn against_micro_batch(setup: &JobSetup, est: &Estimate) -> Panel {
     let job = &setup.job;
     let xs = doubling(1, 64.max(job.micro_batch_size), job.micro_batch_size);
     let points = xs
@@ -131,10 +143,9 @@ pub(crate) fn against_micro_batch(setup: &JobSetup) -> Panel {
         .map(|&x| {
             let mut j = job.clone();
             j.micro_batch_size = x;
-            (x, peak_of(setup, &j))
+            (x, peak_of(setup, est, &j))
         })
         .collect();
-    let own = peak_of(setup, job);
     LineChart {
         title: "peak (device) against micro batch".into(),
         x_label: if job.method == Method::Inference {
@@ -148,7 +159,7 @@ pub(crate) fn against_micro_batch(setup: &JobSetup) -> Panel {
         }],
         capacity: capacity(setup),
         marked: Some(job.micro_batch_size),
-        ceiling: ceiling(setup, own),
+        ceiling: ceiling(setup, est),
     }
     .panel()
 }
@@ -157,8 +168,8 @@ pub(crate) fn against_micro_batch(setup: &JobSetup) -> Panel {
 pub(crate) fn estimate_svg(setup: &JobSetup, est: &Estimate) -> String {
     moro_chart::document(&[
         breakdown(setup, est),
-        against_seq_len(setup),
-        against_micro_batch(setup),
+        against_seq_len(setup, est),
+        against_micro_batch(setup, est),
     ])
 }
 

@@ -850,3 +850,32 @@ fn renamed_repositories_resolve_with_a_note() {
     );
     assert_eq!(old["peak_device_bytes"], new["peak_device_bytes"]);
 }
+
+/// `--svg`'s sweeps refuse what the job itself would be refused: a V100 has no
+/// FlashAttention 2 (compute capability 7.0), so no flash line is drawn for it; an A100 has one.
+#[test]
+fn svg_sweeps_draw_only_what_the_hardware_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = |hardware: &str| {
+        let path = dir.path().join(format!("{hardware}.svg"));
+        let out = run(&[
+            "estimate",
+            "--model",
+            "Qwen/Qwen2.5-0.5B",
+            "--method",
+            "lora",
+            "--seq-len",
+            "1024",
+            "--hardware",
+            hardware,
+            "--svg",
+            path.to_str().unwrap(),
+        ]);
+        assert!(out.code == 0 || out.code == 1, "{}", out.stderr);
+        std::fs::read_to_string(path).unwrap()
+    };
+    let v100 = svg("v100-sxm2-32gb");
+    assert!(!v100.contains("flash attention"), "no flash on a V100");
+    assert!(v100.contains("sdpa attention") && v100.contains("eager attention"));
+    assert!(svg("a100-sxm4-80gb").contains("flash attention"));
+}

@@ -353,6 +353,11 @@ fn order(fits: &mut [FitRow]) {
     });
 }
 
+/// The context asked, or the lengths tried without one.
+fn context_text(seq_len: Option<u64>) -> String {
+    seq_len.map_or("8192 → 1024".to_owned(), |s| s.to_string())
+}
+
 /// What `moro fit` found: the model, and the classes that fit and those that do not.
 #[derive(Debug)]
 pub(crate) struct Found {
@@ -370,7 +375,7 @@ impl Found {
             "{}: {}, context {}",
             self.id,
             self.method,
-            seq_len.map_or("8192 → 1024".to_owned(), |s| s.to_string())
+            context_text(seq_len)
         )
     }
 }
@@ -470,8 +475,7 @@ pub(crate) fn print(args: &FitArgs, found: &Found) -> Result<ExitCode> {
     let b = spec.total_params() as f64 / 1e9;
     let mut out = format!(
         "{id} ({b:.2}B parameters), method {method}, context {}\n\n",
-        args.seq_len
-            .map_or("8192 → 1024".to_owned(), |s| s.to_string())
+        context_text(args.seq_len)
     );
     if fits.is_empty() {
         out.push_str(if method == "inference" {

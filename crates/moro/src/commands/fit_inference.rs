@@ -9,8 +9,7 @@ use moro_core::job::{JobSettings, Method, Stack};
 use moro_core::model::ModelSpec;
 
 use super::fit::{FitRow, price_of};
-use crate::commands::recipe::caps_of;
-use crate::hw::Target;
+use crate::commands::recipe::caps_of_device;
 
 /// Tensor-parallel degrees tried, within one node.
 const TP_DEGREES: [u64; 4] = [1, 2, 4, 8];
@@ -76,15 +75,8 @@ fn serve_on(
     let job = settings.resolve().ok()?;
     job.validate(spec).ok()?;
     moro_core::job::against::check(&job, spec, Some(device)).ok()?;
-    let target = Target {
-        hardware: moro_core::hardware::Hardware {
-            devices: vec![device.clone()],
-        },
-        detected: false,
-        spec: p.id.clone(),
-    };
-    let usable = caps_of(&target)?.usable_bytes;
-    let (profile, _) = crate::setup::machine_profile(Some(device));
+    let caps = caps_of_device(device);
+    let (usable, profile) = (caps.usable_bytes, caps.profile);
     let est = moro_core::estimate::estimate(spec, &job, &profile).ok()?;
     let judged = crate::verdict::judge(&est, &job, Some(usable));
     if judged.verdict != Some(Verdict::Fits) {
