@@ -30,6 +30,9 @@ MODELS = {
     "Qwen--Qwen2.5-7B-L4.json": "Qwen/Qwen2.5-7B",
     "meta-llama--Llama-2-7b-hf.json": "meta-llama/Llama-2-7b-hf",
     "meta-llama--Llama-2-70b-hf.json": "meta-llama/Llama-2-70b-hf",
+    "meta-llama--Llama-3.2-3B.json": "meta-llama/Llama-3.2-3B",
+    "google--gemma-2-2b.json": "google/gemma-2-2b",
+    "EleutherAI--pythia-410m.json": "EleutherAI/pythia-410m",
 }
 
 
@@ -82,10 +85,22 @@ def convert(r):
     precision = {"bf16-mixed": "bf16 AMP (bf16-mixed: fp32 trainable, autocast)",
                  "bf16": "bf16 (pure)", "fp32": "fp32"}[job["precision"].split()[0]]
     lora = None
+    method = job["method"]
     if job["method"] in ("lora", "qlora"):
         l = job["lora"]
         lora = {"r": l["r"], "alpha": l["alpha"], "dropout": l["dropout"],
                 "target_modules": l["targets"]}
+        # calibration/peft_trace.py: the PEFT config that replaced the oracle's LoraConfig.
+        peft = dict(job.get("peft") or {})
+        kind = peft.pop("peft_type", "LORA")
+        if kind == "LORA":
+            lora["use_dora"] = bool(peft.get("use_dora"))
+        else:
+            method = kind.lower()
+            lora = {"peft_type": kind, **peft}
+            if kind == "LOKR":
+                lora.setdefault("dropout", l["dropout"])
+                lora.setdefault("target_modules", l["targets"])
     quant = None
     if job["method"] == "qlora":
         q = job.get("qlora") or {}
@@ -110,11 +125,11 @@ def convert(r):
         if r["dist"].get("stack") == "torchtune":
             precision = "bf16 (pure)"
     row = {
-        "id": "oracle-" + r["label"].replace("/", "-"),
+        "id": "oracle-" + r["label"].replace("/", "-").replace(" ", "-"),
         "source_key": "oracle-fake-cuda",
         "model_hf_id": model,
         "arch": r["config"].get("model_type", ""),
-        "method": job["method"],
+        "method": method,
         "quantization": quant,
         "lora": lora,
         "optimizer": "torch.optim.AdamW(%s)" % ("fused" if "fused" in job["optimizer"] else "foreach"),
@@ -138,6 +153,10 @@ def convert(r):
         "confidence": "high",
         "notes": "simulated by ../shared/oracle (oracle.py), not a GPU measurement",
     }
+    if job.get("peft"):
+        row["trainable_params"] = r["params"]["trainable"]
+        row["notes"] = ("simulated by calibration/peft_trace.py (the oracle with PEFT's own "
+                        "config for the method), not a GPU measurement")
     if overrides:
         row["model_overrides"] = overrides
     if shard is not None:
