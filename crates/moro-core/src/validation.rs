@@ -191,8 +191,8 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         _ if peft.is_adapter() || peft.is_other_peft() => Method::Lora,
         other => {
             return Err(format!(
-                "PEFT method `{other}` is not modelled (LoRA/QLoRA, IA³, VeRA, AdaLoRA, LoHa, OFT, LN \
-                 tuning, prompt tuning and lit-gpt's adapters only)"
+                "PEFT method `{other}` is not modelled (LoRA/QLoRA, DoRA, IA³, VeRA, AdaLoRA, LoHa, \
+                 LoKr, OFT, LN tuning, prompt and prefix tuning and lit-gpt's adapters only)"
             ));
         }
     };
@@ -377,6 +377,24 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         if let Some(n) = num(l, "num_virtual_tokens") {
             lora.virtual_tokens = n;
         }
+        lora.dora = truthy(l, "use_dora").unwrap_or(false);
+        if peft == PeftKind::LoKr {
+            // PEFT's -1 (and any non-positive factor) searches near the square root.
+            lora.decompose_factor = l
+                .get("decompose_factor")
+                .and_then(Value::as_i64)
+                .and_then(|f| u64::try_from(f).ok())
+                .filter(|f| *f > 0);
+            if truthy(l, "decompose_both") == Some(true) {
+                return Err("LoKr with `decompose_both` (w1 factored too) is not modelled".into());
+            }
+        }
+        if peft == PeftKind::PrefixTuning && truthy(l, "prefix_projection") == Some(true) {
+            return Err(
+                "prefix tuning with `prefix_projection` (an MLP over the prefix) is not modelled"
+                    .into(),
+            );
+        }
         if let Some(Value::Array(a)) = l.get("feedforward_modules") {
             lora.feedforward = Some(Targets::Names(
                 a.iter()
@@ -386,7 +404,7 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
             ));
         }
     }
-    if matches!(peft, PeftKind::LnTuning | PeftKind::PromptTuning) {
+    if peft == PeftKind::LnTuning || peft.uses_virtual_tokens() {
         // Their targets are norms or none: no Linear carries their tensors.
         lora.targets = Targets::AllLinear;
     }

@@ -138,12 +138,16 @@ choice! {
         AdaLora = "adalora" => AdaLora,
         /// PEFT's LoHa (`LoHaConfig`).
         LoHa = "loha" => LoHa,
+        /// PEFT's LoKr (`LoKrConfig`), with `decompose_factor`.
+        LoKr = "lokr" => LoKr,
         /// PEFT's OFT (`OFTConfig`), `lora_rank` is its number of blocks.
         Oft = "oft" => Oft,
         /// PEFT's LN tuning (`LNTuningConfig`).
         LnTuning = "ln-tuning" | "ln_tuning" => LnTuning,
         /// PEFT's prompt tuning (`PromptTuningConfig`), `virtual_tokens` long.
         PromptTuning = "prompt-tuning" | "prompt_tuning" => PromptTuning,
+        /// PEFT's prefix tuning (`PrefixTuningConfig`), `virtual_tokens` long.
+        PrefixTuning = "prefix-tuning" | "prefix_tuning" => PrefixTuning,
         /// lit-gpt's LLaMA-Adapter (`stack: litgpt`).
         LlamaAdapter = "adapter" | "adapter-v1" | "llama-adapter" => LlamaAdapter,
         /// lit-gpt's LLaMA-Adapter v2 (`stack: litgpt`).

@@ -67,7 +67,11 @@ impl Recipe {
             feedforward_modules: (job.peft == PeftKind::Ia3)
                 .then(|| lora.feedforward.clone().map(Into::into))
                 .flatten(),
-            virtual_tokens: (job.peft == PeftKind::PromptTuning).then_some(lora.virtual_tokens),
+            virtual_tokens: (write_lora && job.peft.uses_virtual_tokens())
+                .then_some(lora.virtual_tokens),
+            decompose_factor: (write_lora && job.peft == PeftKind::LoKr)
+                .then_some(lora.decompose_factor)
+                .flatten(),
         };
         let training = TrainingSection {
             micro_batch_size: job.micro_batch_size,
@@ -152,6 +156,7 @@ impl Recipe {
             dora: m.dora,
             feedforward_modules: m.feedforward_modules.clone().map(Into::into),
             virtual_tokens: m.virtual_tokens,
+            decompose_factor: m.decompose_factor,
             micro_batch_size: Some(t.micro_batch_size),
             seq_len: Some(t.max_seq_length),
             grad_accum: Some(t.gradient_accumulation_steps),
@@ -228,6 +233,7 @@ pub fn job_field_path(field: &str) -> String {
         | "base"
         | "peft"
         | "virtual_tokens"
+        | "decompose_factor"
         | "feedforward_modules" => {
             format!("model.{field}")
         }

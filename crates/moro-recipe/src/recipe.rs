@@ -82,7 +82,8 @@ pub struct ModelSection {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dora: Option<bool>,
     /// The parameter-efficient method of a `lora`/`qlora` job: `lora`, PEFT's `ia3`, `vera`,
-    /// `adalora`, `loha`, `oft`, `ln-tuning`, `prompt-tuning`, or lit-gpt's `adapter` /
+    /// `adalora`, `loha`, `lokr`, `oft`, `ln-tuning`, `prompt-tuning`, `prefix-tuning`, or
+    /// lit-gpt's `adapter` /
     /// `adapter-v2` (`stack: litgpt`). Default: `lora`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peft: Option<Peft>,
@@ -90,10 +91,15 @@ pub struct ModelSection {
     /// MLP's down projection.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub feedforward_modules: Option<TargetModules>,
-    /// Prompt tuning's virtual tokens (PEFT `num_virtual_tokens`). Default: 20.
+    /// Prompt and prefix tuning's virtual tokens (PEFT `num_virtual_tokens`). Default: 20.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 1_048_576)))]
     pub virtual_tokens: Option<u64>,
+    /// LoKr's `decompose_factor` (PEFT `LoKrConfig`). Default: PEFT's −1, factors near the
+    /// square root of each dimension.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
+    pub decompose_factor: Option<u64>,
 }
 
 impl ModelSection {
@@ -112,6 +118,7 @@ impl ModelSection {
             peft: None,
             feedforward_modules: None,
             virtual_tokens: None,
+            decompose_factor: None,
         }
     }
 

@@ -70,9 +70,9 @@ pub(crate) struct JobArgs {
     /// Base weights: none, int8, nf4, nf4-dq, fp4, fp4-dq, gptq-int4 [qlora default: nf4-dq].
     #[arg(long, value_parser = parse_quantization, help_heading = "Job")]
     pub(crate) quantization: Option<Quantization>,
-    /// PEFT method of a lora/qlora job: lora; PEFT's ia3, vera, loha and oft (r = --lora-rank), adalora
-    /// (init_r = --lora-rank), ln-tuning, prompt-tuning; or lit-gpt's adapter / adapter-v2
-    /// (LLaMA-Adapter; implies --stack litgpt) [default: lora].
+    /// PEFT method of a lora/qlora job: lora; PEFT's ia3, vera, loha, lokr and oft (r =
+    /// --lora-rank), adalora (init_r = --lora-rank), ln-tuning, prompt-tuning, prefix-tuning;
+    /// or lit-gpt's adapter / adapter-v2 (LLaMA-Adapter; implies --stack litgpt) [default: lora].
     #[arg(long, value_parser = parse_peft, help_heading = "Job")]
     pub(crate) peft: Option<PeftKind>,
     /// LoRA rank [default: 16].
@@ -94,9 +94,12 @@ pub(crate) struct JobArgs {
     /// down projection, as PEFT].
     #[arg(long, value_delimiter = ',', help_heading = "LoRA")]
     pub(crate) feedforward_modules: Option<Vec<String>>,
-    /// Prompt tuning's virtual tokens (PEFT num_virtual_tokens) [default: 20].
+    /// Prompt and prefix tuning's virtual tokens (PEFT num_virtual_tokens) [default: 20].
     #[arg(long, value_parser = parse_count, help_heading = "LoRA")]
     pub(crate) virtual_tokens: Option<u64>,
+    /// LoKr's decompose_factor (PEFT) [default: -1, factors near the square root].
+    #[arg(long, value_parser = parse_count, help_heading = "LoRA")]
+    pub(crate) decompose_factor: Option<u64>,
     /// Micro-batch per GPU (inference: concurrent sequences) [default: 1].
     #[arg(long, visible_alias = "batch-size", value_parser = parse_count, help_heading = "Shape")]
     pub(crate) micro_batch_size: Option<u64>,
@@ -179,6 +182,7 @@ impl JobArgs {
             dora: self.dora.then_some(true),
             feedforward_modules: self.feedforward_modules.as_ref().map(names),
             virtual_tokens: self.virtual_tokens,
+            decompose_factor: self.decompose_factor,
             micro_batch_size: self.micro_batch_size,
             seq_len: self.seq_len,
             grad_accum: self.grad_accum,

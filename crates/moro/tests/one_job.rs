@@ -54,6 +54,11 @@ const SETTINGS: &[Setting] = &[
         key: "model.virtual_tokens",
     },
     Setting {
+        name: "factor",
+        flag: "--decompose-factor",
+        key: "model.decompose_factor",
+    },
+    Setting {
         name: "mbs",
         flag: "--micro-batch-size",
         key: "training.micro_batch_size",
@@ -205,10 +210,24 @@ const CASES: &[Case] = &[
         LLAMA3B,
         &["method=lora", "peft=ia3", "targets=k_proj,v_proj,down_proj"],
     ),
+    case(
+        LLAMA3B,
+        &["method=lora", "dora=true", "targets=q_proj,v_proj"],
+    ),
+    case(LLAMA8, &["method=qlora", "dora=true"]),
     case(LLAMA3B, &["method=lora", "peft=vera", "rank=256"]),
     case(LLAMA3B, &["method=lora", "peft=adalora", "rank=64"]),
     case(LLAMA3B, &["method=lora", "peft=loha", "rank=32"]),
+    case(
+        LLAMA3B,
+        &["method=lora", "peft=lokr", "rank=32", "factor=4"],
+    ),
+    case(LLAMA3B, &["method=lora", "peft=lokr", "rank=8"]),
     case(LLAMA3B, &["method=lora", "peft=oft", "rank=32"]),
+    case(
+        LLAMA3B,
+        &["method=lora", "peft=prefix-tuning", "tokens=200"],
+    ),
     case(LLAMA3B, &["method=lora", "peft=ln-tuning"]),
     case(
         LLAMA3B,
@@ -276,6 +295,11 @@ fn flags(c: &Case) -> Vec<String> {
             v.push("--padded".to_owned());
             continue;
         }
+        if name == "dora" {
+            assert_eq!(value, "true");
+            v.push("--dora".to_owned());
+            continue;
+        }
         let s = setting(name);
         if name == "gc" {
             v.push(format!("{}={value}", s.flag));
@@ -298,6 +322,8 @@ fn yaml(c: &Case) -> String {
         let (name, value) = split(kv);
         let (section, key) = if name == "packed" {
             ("training", "packing")
+        } else if name == "dora" {
+            ("model", "dora")
         } else {
             setting(name).key.split_once('.').unwrap()
         };

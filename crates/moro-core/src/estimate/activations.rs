@@ -165,6 +165,34 @@ impl Ctx<'_> {
         }
     }
 
+    /// Prefix tuning's virtual tokens (0 for every other method).
+    fn prefix_tokens(&self) -> u64 {
+        if self.job.method.is_peft() && self.job.peft == PeftKind::PrefixTuning {
+            self.job.lora.virtual_tokens
+        } else {
+            0
+        }
+    }
+
+    /// Saved bytes per sequence and layer of prefix tuning's own keys and values: the cache
+    /// concatenates them before the sequence's (`DynamicLayer.update`: `torch.cat`), and the
+    /// attention saves the result, expanded to every head by `repeat_kv` when SDPA or eager
+    /// attention gets a mask (transformers `sdpa_attention_forward` passes `enable_gqa` only
+    /// without one).
+    fn prefix_kv_per_sequence(&self) -> u64 {
+        let prefix = self.prefix_tokens();
+        if prefix == 0 {
+            return 0;
+        }
+        let tp = self.tp.max(1);
+        let width = match self.job.attention {
+            Attention::Flash => self.m.kv_width(),
+            Attention::Sdpa | Attention::Eager => self.m.q_width(),
+        } / tp;
+        let o = self.linear_out_bytes(self.r.stream_bytes);
+        2 * prefix * width * self.attn_bytes(o)
+    }
+
     /// Bytes per element of attention tensors SDPA saves (autocast casts to bf16).
     fn attn_bytes(&self, qkv_bytes: u64) -> u64 {
         if self.r.autocast { 2 } else { qkv_bytes }
@@ -319,12 +347,12 @@ impl Ctx<'_> {
                     // lora_A's output, saved by lora_B (LoHa has none: `F.linear(x, ΔW)`
                     // saves the cast input and its weight, counted per layer; nor OFT: its
                     // `einsum` saves the cast input and the blocks).
-                    if !matches!(job.peft, PeftKind::LoHa | PeftKind::Oft) {
+                    if !(job.peft.builds_delta_weight() || job.peft == PeftKind::Oft) {
                         bytes += job.lora.rank * ab * mult * l.count.min(1);
                     }
                     if job.lora.dora {
-                        // DoRA saves base_result and lora_result (§2.4).
-                        bytes += 2 * l.out_features / tp * o * mult;
+                        bytes +=
+                            super::dora::saved_per_token(job, r, l.out_features / tp, o) * mult;
                     }
                 }
             }
@@ -437,7 +465,16 @@ impl Ctx<'_> {
             NormKind::RmsNorm => 4 * h + if full { s * h } else { 0 },
             NormKind::LayerNorm => s * h,
         };
-        let mut bytes = n_norms * per_norm;
+        // A parallel-residual block (GPT-NeoX `use_parallel_residual`, Falcon's
+        // `ln_attn`/`ln_mlp`) normalizes the same layer input twice: LayerNorm's saved input is
+        // one tensor (transformers `GPTNeoXLayer.forward`: `self.mlp(
+        // self.post_attention_layernorm(hidden_states))`).
+        let shared_input = m.norm == NormKind::LayerNorm && n_norms >= 2 && parallel_residual(m);
+        let mut bytes = if shared_input {
+            (n_norms - 1) * per_norm
+        } else {
+            n_norms * per_norm
+        };
         if peft && job.peft == PeftKind::LnTuning {
             // A trainable norm weight: `self.weight * hidden_states.to(input_dtype)` saves the
             // normalized input for the weight's gradient (transformers `LlamaRMSNorm`).
@@ -457,7 +494,10 @@ impl Ctx<'_> {
         let ad = m.q_width() / tp;
         let kd = m.kv_width() / tp;
         // litgpt trains with causal attention only (no padding mask is passed to SDPA).
-        let padded = job.padding.has_mask() && !litgpt;
+        // Prefix tuning's keys outnumber the queries: transformers builds a mask
+        // (`create_causal_mask` with the cache's length) whatever the padding.
+        let prefix = self.prefix_tokens();
+        let padded = (job.padding.has_mask() || prefix > 0) && !litgpt;
         let seq = job.seq_len;
         bytes += match job.attention {
             _ if litgpt => {
@@ -488,9 +528,10 @@ impl Ctx<'_> {
                 };
                 let mut b = attn_b * (2 * ad + 2 * kv) + 4 * a;
                 if padded && job.attention == Attention::Sdpa {
-                    // mem-efficient kernel's additive mask: (b, 1, s, s) in query dtype per
-                    // layer, 2·s bytes per token [DERIVED, memory-anatomy §5].
-                    b += 2 * seq;
+                    // mem-efficient kernel's additive mask: (b, 1, s, s + prefix) in query
+                    // dtype per layer, 2·(s + prefix) bytes per token [DERIVED,
+                    // memory-anatomy §5].
+                    b += 2 * (seq + prefix);
                 }
                 if padded && job.attention == Attention::Flash {
                     // `_upad_input` / `_pad_input` copies: a second copy of out.
@@ -500,7 +541,7 @@ impl Ctx<'_> {
             }
             Attention::Eager => {
                 // q, repeat_kv-expanded k and v, fp32 softmax + bf16 probs.
-                attn_b * 3 * ad + a * seq * (4 + attn_b)
+                attn_b * 3 * ad + a * (seq + prefix) * (4 + attn_b)
             }
         };
 
@@ -950,47 +991,58 @@ impl Activations {
         let ab = r.adapter_bytes;
         let fixed = |l: &Linear| -> u64 {
             match job.peft {
-                PeftKind::LoHa => l.weight_numel() * ab,
+                PeftKind::LoHa | PeftKind::LoKr => l.weight_numel() * ab,
                 PeftKind::Oft => 4 * l.in_features * (l.in_features / job.lora.rank.max(1)) * ab,
+                PeftKind::Lora if job.lora.dora => super::dora::saved_per_module(job, r, l),
                 _ => 0,
             }
         };
-        let (delta_all, delta_one, delta_bwd) =
-            if job.method.is_peft() && matches!(job.peft, PeftKind::LoHa | PeftKind::Oft) {
-                let per_layer = |g: &LayerGroup| -> u64 {
-                    g.linears
-                        .iter()
-                        .filter(|l| job.lora.targets.matches(&l.name))
-                        .map(|l| l.count * fixed(l))
-                        .sum::<u64>()
-                        / tp.max(1)
-                };
-                let widest = model
-                    .layers
+        let per_module_saves = match job.peft {
+            PeftKind::LoHa | PeftKind::LoKr | PeftKind::Oft => true,
+            PeftKind::Lora => job.lora.dora,
+            _ => false,
+        };
+        let (delta_all, delta_one, delta_bwd) = if job.method.is_peft() && per_module_saves {
+            let per_layer = |g: &LayerGroup| -> u64 {
+                g.linears
                     .iter()
-                    .flat_map(|g| g.linears.iter())
                     .filter(|l| job.lora.targets.matches(&l.name))
-                    .map(|l| l.weight_numel() * ab / tp.max(1))
-                    .max()
-                    .unwrap_or(0);
-                let one = model.layers.iter().map(per_layer).max().unwrap_or(0);
-                let all = if job.gradient_checkpointing {
-                    0
-                } else {
-                    model.layers.iter().map(|g| g.count * per_layer(g)).sum()
-                };
-                let bwd = if job.peft == PeftKind::LoHa {
-                    4 * widest
-                } else {
-                    0
-                };
-                (all, one, bwd)
-            } else {
-                (0, 0, 0)
+                    .map(|l| l.count * fixed(l))
+                    .sum::<u64>()
+                    / tp.max(1)
             };
+            let widest = model
+                .layers
+                .iter()
+                .flat_map(|g| g.linears.iter())
+                .filter(|l| job.lora.targets.matches(&l.name))
+                .map(|l| l.weight_numel() * ab / tp.max(1))
+                .max()
+                .unwrap_or(0);
+            let one = model.layers.iter().map(per_layer).max().unwrap_or(0);
+            let all = if job.gradient_checkpointing {
+                0
+            } else {
+                model.layers.iter().map(|g| g.count * per_layer(g)).sum()
+            };
+            let bwd = match job.peft {
+                PeftKind::LoHa => 4 * widest,
+                // `kron`'s backward (`rebuild * scale`, then the two broadcast products
+                // it reduces): the incoming ΔW gradient, its scaled copy and one product.
+                PeftKind::LoKr => 3 * widest,
+                _ => 0,
+            };
+            (all, one, bwd)
+        } else {
+            (0, 0, 0)
+        };
+        // Prefix tuning's keys and values, per sequence and layer (every layer's under
+        // checkpointing too: the cache holds them until the forward ends).
+        let prefix_kv = job.micro_batch_size * ctx.prefix_kv_per_sequence();
+        let layers: u64 = model.layers.iter().map(|g| g.count).sum();
         Self {
-            all: all * t + delta_all,
-            one_layer: one * t + delta_one,
+            all: all * t + delta_all + layers * prefix_kv,
+            one_layer: one * t + delta_one + prefix_kv,
             checkpoint_one: ckpt * t,
             head: head * t + head_fixed / tp,
             autocast_weight_cache,

@@ -17,6 +17,7 @@
 //! buffers and [`parallel`] for sharding.
 
 pub mod activations;
+pub mod dora;
 pub mod inference;
 pub mod load;
 pub mod loss;
@@ -418,6 +419,14 @@ fn training_phases(
     // [DERIVED, memory-anatomy §7]
     let cublas = 2 * device.cublas_workspace_bytes;
     let dequant = weights::dequant_transient(model, job, regime);
+    // DoRA's weight-norm transient exists in each adapted module's forward, before the
+    // logits, and again in the recompute under checkpointing.
+    let dora_forward = dora::forward_transient(model, job, regime);
+    let dora_recompute = if job.gradient_checkpointing {
+        dora_forward
+    } else {
+        0
+    };
     let comm = par.comm_buffers;
     // DeepSpeed ZeRO-1/2's gradient buckets exist from `backward()` to its end only.
     let comm_bwd = comm + par.backward_buffers;
@@ -457,7 +466,12 @@ fn training_phases(
             (Component::LogitsLoss, head.forward_peak),
             (
                 Component::Transients,
-                cublas + dequant.max(head.forward_transient) + comm + unit_at_loss,
+                cublas
+                    + dequant
+                        .max(head.forward_transient)
+                        .max(dora_forward.saturating_sub(head.forward_peak))
+                    + comm
+                    + unit_at_loss,
             ),
         ]),
     });
@@ -503,7 +517,7 @@ fn training_phases(
                 Component::Transients,
                 cublas
                     + acts.layer_backward_transient
-                    + dequant
+                    + dequant.max(dora_recompute)
                     + comm_bwd
                     + par.unit_grad_assembly
                     + unit,
@@ -532,7 +546,7 @@ fn training_phases(
                 Component::Transients,
                 cublas
                     + acts.layer_backward_transient.max(tied)
-                    + dequant
+                    + dequant.max(dora_recompute)
                     + comm_bwd
                     + par.unit_grad_assembly
                     + unit,

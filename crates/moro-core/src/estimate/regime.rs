@@ -128,8 +128,13 @@ impl Regime {
         let adapter_bytes = match stack {
             // LN tuning's `deepcopy` of each norm keeps the norm's dtype: PEFT's
             // `autocast_adapter_dtype` upcast leaves it alone (checked on PEFT 0.21.2:
-            // `ln_tuning_layers.default.weight` stays bfloat16).
-            _ if method.is_peft() && job.peft == crate::job::PeftKind::LnTuning => {
+            // `ln_tuning_layers.default.weight` stays bfloat16). So do prompt and prefix
+            // tuning's embeddings: the upcast (`_cast_adapter_dtype`) visits tuner layers
+            // only (the traced prefix encoder's weight is bfloat16).
+            _ if method.is_peft()
+                && (job.peft == crate::job::PeftKind::LnTuning
+                    || job.peft.uses_virtual_tokens()) =>
+            {
                 unquantized_bytes
             }
             Stack::Litgpt | Stack::Torchtune => {

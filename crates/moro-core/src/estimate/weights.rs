@@ -169,12 +169,17 @@ pub fn ia3_feedforward(model: &ModelSpec, job: &Job, l: &Linear) -> bool {
 ///   `out` elements.
 /// - LoHa (`LoHaLayer.update_layer`): `hada_w1_a`, `hada_w2_a` (out × r), `hada_w1_b`,
 ///   `hada_w2_b` (r × in).
+/// - LoKr (`LoKrLayer.create_adapter_parameters`, `decompose_both=False`): `lokr_w1`
+///   (a × c) and `lokr_w2` (b × d), or `lokr_w2_a` (b × r) and `lokr_w2_b` (r × d) when
+///   r < max(b, d) / 2; (a, b) and (c, d) factor out and in ([`lokr_factors`]).
 /// - OFT (`OFTRotationModule`): r skew-symmetric blocks of b(b − 1)/2 parameters, b = in / r.
 /// - VeRA (`VeraLayer.update_layer`): `lambda_d` (r) and `lambda_b` (out); the shared
 ///   random A and B are frozen buffers ([`vera_buffers`]).
 /// - LN tuning (`LNTuningLayer.update_layer`: `deepcopy(layer)`): a copy of every norm's
 ///   parameters, each layer's and the final norm.
 /// - Prompt tuning (`PromptEmbedding`): `num_virtual_tokens × hidden`.
+/// - Prefix tuning (`PrefixEncoder`, `prefix_projection=False`): one embedding of
+///   `num_virtual_tokens × (layers · 2 · token_dim)`, token_dim the key/value width.
 #[must_use]
 pub fn lora_tensors(model: &ModelSpec, job: &Job) -> Vec<(u64, (u64, u64))> {
     let r = job.lora.rank;
@@ -196,6 +201,10 @@ pub fn lora_tensors(model: &ModelSpec, job: &Job) -> Vec<(u64, (u64, u64))> {
             return v;
         }
         PeftKind::PromptTuning => return vec![(1, (job.lora.virtual_tokens, h))],
+        PeftKind::PrefixTuning => {
+            let layers: u64 = model.layers.iter().map(|g| g.count).sum();
+            return vec![(1, (job.lora.virtual_tokens, layers * 2 * model.kv_width()))];
+        }
         _ => {}
     }
     let mut v = Vec::new();
@@ -227,6 +236,17 @@ pub fn lora_tensors(model: &ModelSpec, job: &Job) -> Vec<(u64, (u64, u64))> {
                 let b = l.in_features / r.max(1);
                 v.push((copies, (r, b * b.saturating_sub(1) / 2)));
             }
+            PeftKind::LoKr => {
+                let ((a, b), (c, d)) = lokr_factors(l, job.lora.decompose_factor);
+                v.push((copies, (a, c)));
+                // `use_w2 = not (r < max(b, d) / 2)`.
+                if 2 * r < b.max(d) {
+                    v.push((copies, (b, r)));
+                    v.push((copies, (r, d)));
+                } else {
+                    v.push((copies, (b, d)));
+                }
+            }
             PeftKind::LoHa => {
                 // `hada_w1_a`, `hada_w2_a` (out × r) and `hada_w1_b`, `hada_w2_b` (r × in).
                 v.push((2 * copies, (l.out_features, r)));
@@ -242,6 +262,44 @@ pub fn lora_tensors(model: &ModelSpec, job: &Job) -> Vec<(u64, (u64, u64))> {
         }
     }
     v
+}
+
+/// LoKr's factors of a Linear, `((a, b), (c, d))` with out = a·b and in = c·d
+/// (`LoKrLayer.update_layer`: `factorization(out)`, `factorization(in)`).
+#[must_use]
+pub fn lokr_factors(l: &crate::model::Linear, factor: Option<u64>) -> ((u64, u64), (u64, u64)) {
+    (
+        factorization(l.out_features, factor),
+        factorization(l.in_features, factor),
+    )
+}
+
+/// PEFT's `factorization(dimension, factor)` (`tuners/lokr/layer.py`, 0.21.2): with a factor
+/// that divides the dimension, `(factor, dimension / factor)` as is; otherwise the divisor
+/// pair `(m, n)`, m ≤ n, closest to the square root with m at most the factor.
+#[must_use]
+pub fn factorization(dimension: u64, factor: Option<u64>) -> (u64, u64) {
+    if let Some(f) = factor
+        && f > 0
+        && dimension.is_multiple_of(f)
+    {
+        return (f, dimension / f);
+    }
+    let factor = factor.unwrap_or(dimension);
+    let (mut m, mut n) = (1, dimension);
+    let length = m + n;
+    while m < n {
+        let mut new_m = m + 1;
+        while !dimension.is_multiple_of(new_m) {
+            new_m += 1;
+        }
+        let new_n = dimension / new_m;
+        if new_m + new_n > length || new_m > factor {
+            break;
+        }
+        (m, n) = (new_m, new_n);
+    }
+    if m > n { (n, m) } else { (m, n) }
 }
 
 /// VeRA's frozen shared projections (`VeraModel._init_vera_A_vera_B`): A of r × the widest

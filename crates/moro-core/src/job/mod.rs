@@ -84,6 +84,13 @@ pub enum PeftKind {
     /// and applied with `F.linear`, which saves it. `lora.rank` is LoHa's r.
     #[serde(rename = "loha")]
     LoHa,
+    /// PEFT's LoKr (`tuners/lokr/layer.py`): per targeted Linear a Kronecker product
+    /// ΔW = w1 ⊗ w2 · scale, w1 (a × c) and w2 (b × d, or w2_a · w2_b at rank r) with
+    /// out = a·b and in = c·d from `factorization(dim, decompose_factor)`, built as a full
+    /// out × in weight every forward and applied with `F.linear`, which saves it.
+    /// `lora.rank` is LoKr's r, `lora.decompose_factor` PEFT's `decompose_factor`.
+    #[serde(rename = "lokr")]
+    LoKr,
     /// PEFT's OFT (`tuners/oft/layer.py`, `OFTRotationModule`): per targeted Linear r
     /// orthogonal blocks of (in / r)², each from the b(b − 1)/2 parameters of a skew-symmetric
     /// matrix through the Cayley–Neumann series (5 terms), rotating the input before the
@@ -95,11 +102,15 @@ pub enum PeftKind {
     /// PEFT's prompt tuning (`tuners/prompt_tuning`): `lora.virtual_tokens` trainable
     /// embeddings prepended to every sequence, which the frozen model then runs over.
     PromptTuning,
+    /// PEFT's prefix tuning (`tuners/prefix_tuning`, `PrefixEncoder` without projection):
+    /// `lora.virtual_tokens` trainable keys and values per layer, passed to the frozen model
+    /// as `past_key_values`: every attention reads them after the sequence's own.
+    PrefixTuning,
 }
 
 impl PeftKind {
     /// All values.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 12] = [
         Self::Lora,
         Self::LlamaAdapter,
         Self::AdapterV2,
@@ -107,9 +118,11 @@ impl PeftKind {
         Self::Vera,
         Self::AdaLora,
         Self::LoHa,
+        Self::LoKr,
         Self::Oft,
         Self::LnTuning,
         Self::PromptTuning,
+        Self::PrefixTuning,
     ];
 
     /// The name on the command line and in JSON.
@@ -123,9 +136,11 @@ impl PeftKind {
             Self::Vera => "vera",
             Self::AdaLora => "adalora",
             Self::LoHa => "loha",
+            Self::LoKr => "lokr",
             Self::Oft => "oft",
             Self::LnTuning => "ln-tuning",
             Self::PromptTuning => "prompt-tuning",
+            Self::PrefixTuning => "prefix-tuning",
         }
     }
 
@@ -147,8 +162,9 @@ impl PeftKind {
         matches!(self, Self::LlamaAdapter | Self::AdapterV2)
     }
 
-    /// Whether this is one of PEFT's methods other than LoRA (IA³, VeRA, AdaLoRA, LoHa, OFT,
-    /// LN tuning, prompt tuning): modelled on one GPU or data parallel, without sharding.
+    /// Whether this is one of PEFT's methods other than LoRA (IA³, VeRA, AdaLoRA, LoHa, LoKr,
+    /// OFT, LN tuning, prompt and prefix tuning): modelled on one GPU or data parallel,
+    /// without sharding.
     #[must_use]
     pub const fn is_other_peft(self) -> bool {
         matches!(
@@ -157,20 +173,42 @@ impl PeftKind {
                 | Self::Vera
                 | Self::AdaLora
                 | Self::LoHa
+                | Self::LoKr
                 | Self::Oft
                 | Self::LnTuning
                 | Self::PromptTuning
+                | Self::PrefixTuning
         )
     }
 
     /// Whether the method's tensors sit on the `lora` targets (LoRA, IA³, VeRA, AdaLoRA,
-    /// LoHa, OFT).
+    /// LoHa, LoKr, OFT).
     #[must_use]
     pub const fn uses_targets(self) -> bool {
         matches!(
             self,
-            Self::Lora | Self::Ia3 | Self::Vera | Self::AdaLora | Self::LoHa | Self::Oft
+            Self::Lora
+                | Self::Ia3
+                | Self::Vera
+                | Self::AdaLora
+                | Self::LoHa
+                | Self::LoKr
+                | Self::Oft
         )
+    }
+
+    /// Whether the method builds each targeted Linear's full ΔW every forward and
+    /// `F.linear(x, ΔW)` saves it (LoHa, LoKr).
+    #[must_use]
+    pub const fn builds_delta_weight(self) -> bool {
+        matches!(self, Self::LoHa | Self::LoKr)
+    }
+
+    /// Whether the method prepends `lora.virtual_tokens` of its own (prompt and prefix
+    /// tuning).
+    #[must_use]
+    pub const fn uses_virtual_tokens(self) -> bool {
+        matches!(self, Self::PromptTuning | Self::PrefixTuning)
     }
 }
 
@@ -283,9 +321,12 @@ pub struct LoraConfig {
     /// intermediate).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub feedforward: Option<Targets>,
-    /// Prompt tuning's virtual tokens (`num_virtual_tokens`).
+    /// Prompt and prefix tuning's virtual tokens (`num_virtual_tokens`).
     #[serde(default)]
     pub virtual_tokens: u64,
+    /// LoKr's `decompose_factor`; `None` is PEFT's −1 (factors near the square root).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decompose_factor: Option<u64>,
 }
 
 impl Default for LoraConfig {
@@ -298,6 +339,7 @@ impl Default for LoraConfig {
             dora: false,
             feedforward: None,
             virtual_tokens: 20,
+            decompose_factor: None,
         }
     }
 }
@@ -947,8 +989,15 @@ impl Job {
                     ),
                 );
             }
-            if self.peft == PeftKind::PromptTuning
-                && !(1..=1 << 20).contains(&self.lora.virtual_tokens)
+            if self.peft == PeftKind::LoKr && self.lora.decompose_factor == Some(0) {
+                return err(
+                    "decompose_factor",
+                    "must be at least 1 (leave it out for PEFT's -1, factors near the square \
+                     root)"
+                        .to_owned(),
+                );
+            }
+            if self.peft.uses_virtual_tokens() && !(1..=1 << 20).contains(&self.lora.virtual_tokens)
             {
                 return err(
                     "virtual_tokens",
@@ -970,7 +1019,7 @@ impl Job {
             if r > model.hidden_size
                 && matches!(
                     self.peft,
-                    PeftKind::Lora | PeftKind::AdaLora | PeftKind::LoHa
+                    PeftKind::Lora | PeftKind::AdaLora | PeftKind::LoHa | PeftKind::LoKr
                 )
             {
                 return err(

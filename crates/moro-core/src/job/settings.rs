@@ -33,8 +33,10 @@ pub struct JobSettings {
     pub dora: Option<bool>,
     /// IA³'s `feedforward_modules`. Default: PEFT's (the MLP's down projection).
     pub feedforward_modules: Option<Targets>,
-    /// Prompt tuning's `num_virtual_tokens`. Default: 20.
+    /// Prompt and prefix tuning's `num_virtual_tokens`. Default: 20.
     pub virtual_tokens: Option<u64>,
+    /// LoKr's `decompose_factor`. Default: PEFT's −1 (factors near the square root).
+    pub decompose_factor: Option<u64>,
     /// `micro_batch_size`. Default: 1.
     pub micro_batch_size: Option<u64>,
     /// `max_seq_length`. Default: 2048.
@@ -94,7 +96,7 @@ impl JobSettings {
         let b = base;
         layer!(a, b;
             method, quantization, peft, lora_rank, lora_alpha, lora_dropout, target_modules,
-            dora, feedforward_modules, virtual_tokens, micro_batch_size, seq_len, grad_accum,
+            dora, feedforward_modules, virtual_tokens, decompose_factor, micro_batch_size, seq_len, grad_accum,
             padding, optimizer, gradient_checkpointing, optimizer_in_backward, attention,
             precision, stack, loss, kv_dtype, gpus, tensor_parallel, pipeline_parallel,
             sharding, offload, nodes, reduce_bucket, versions,
@@ -156,6 +158,7 @@ impl JobSettings {
                 ("peft", self.peft.is_some_and(|p| p != PeftKind::Lora)),
                 ("feedforward_modules", self.feedforward_modules.is_some()),
                 ("virtual_tokens", self.virtual_tokens.is_some()),
+                ("decompose_factor", self.decompose_factor.is_some()),
             ];
             if let Some((field, _)) = adapter.iter().find(|(_, given)| *given) {
                 let what = if method == Method::Full {
@@ -214,6 +217,7 @@ impl JobSettings {
             dora: self.dora.unwrap_or(d.dora),
             feedforward: self.feedforward_modules.clone(),
             virtual_tokens: self.virtual_tokens.unwrap_or(d.virtual_tokens),
+            decompose_factor: self.decompose_factor,
         };
         let parallel = self.parallel()?;
         let base = Job::default();
@@ -407,6 +411,7 @@ mod tests {
             dora: Some(job.lora.dora),
             feedforward_modules: job.lora.feedforward.clone(),
             virtual_tokens: Some(job.lora.virtual_tokens),
+            decompose_factor: job.lora.decompose_factor,
             micro_batch_size: Some(job.micro_batch_size),
             seq_len: Some(job.seq_len),
             grad_accum: Some(job.grad_accum),

@@ -240,8 +240,22 @@ fn jobs() -> Vec<Job> {
             targets: Targets::AllLinear,
             ..LoraConfig::default()
         },
-        ..d
+        ..d.clone()
     });
+    // Every PEFT method with the settings of its own.
+    for peft in PeftKind::ALL.into_iter().filter(|p| !p.is_adapter()) {
+        v.push(Job {
+            peft,
+            lora: LoraConfig {
+                rank: 8,
+                dora: peft == PeftKind::Lora,
+                virtual_tokens: if peft.uses_virtual_tokens() { 64 } else { 20 },
+                decompose_factor: (peft == PeftKind::LoKr).then_some(4),
+                ..LoraConfig::default()
+            },
+            ..d.clone()
+        });
+    }
     v
 }
 

@@ -277,13 +277,22 @@ fn describe(job: &Job) -> String {
             PeftKind::Ia3 | PeftKind::LnTuning => {
                 s.push_str(&format!(", PEFT {}", job.peft.as_str()));
             }
-            PeftKind::PromptTuning => s.push_str(&format!(
-                ", PEFT prompt-tuning, {} virtual tokens",
+            PeftKind::PromptTuning | PeftKind::PrefixTuning => s.push_str(&format!(
+                ", PEFT {}, {} virtual tokens",
+                job.peft.as_str(),
                 job.lora.virtual_tokens
+            )),
+            PeftKind::LoKr => s.push_str(&format!(
+                ", PEFT lokr r={}, decompose_factor {}",
+                job.lora.rank,
+                job.lora
+                    .decompose_factor
+                    .map_or_else(|| "-1".to_owned(), |f| f.to_string())
             )),
             PeftKind::Vera | PeftKind::AdaLora | PeftKind::LoHa | PeftKind::Oft => {
                 s.push_str(&format!(", PEFT {} r={}", job.peft.as_str(), job.lora.rank));
             }
+            _ if job.lora.dora => s.push_str(&format!(", DoRA r={}", job.lora.rank)),
             _ => s.push_str(&format!(", r={}", job.lora.rank)),
         }
     }
