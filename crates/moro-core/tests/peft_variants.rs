@@ -205,7 +205,7 @@ fn benchmark_rows_are_covered() {
         let id = format!("peft-metamathqa-{id}");
         let r = report.rows.iter().find(|r| r.id == id).expect("row");
         assert_eq!(r.status, Status::Ok, "{id}: {:?}", r.reason);
-        assert_eq!(r.method.as_deref(), Some(method), "{id}");
+        assert_eq!(r.method, Some(method), "{id}");
         let e = r.error.expect("compared");
         assert!((-0.05..0.08).contains(&e), "{id}: {e}");
     }
