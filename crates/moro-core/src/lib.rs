@@ -24,6 +24,7 @@ pub mod hardware;
 pub mod job;
 pub mod model;
 pub mod search;
+pub mod stack;
 pub mod targets;
 pub mod units;
 pub mod validation;

@@ -374,41 +374,20 @@ pub fn layouts(request: &Request) -> Vec<Layout> {
             sharding,
             offload,
         };
-        let (none, opt, all) = (
-            Offload::None,
-            Offload::Optimizer,
-            Offload::OptimizerAndParams,
+        let profile = request.stack.profile();
+        let offload = if cluster.offload {
+            profile.offload_layouts
+        } else {
+            &[]
+        };
+        out.extend(
+            profile
+                .multi_gpu_layouts
+                .iter()
+                .chain(offload)
+                .filter(|(s, _)| *s != Sharding::FsdpHybridShard || nodes > 1)
+                .map(|&(s, o)| l(s, o)),
         );
-        match request.stack {
-            Stack::Hf | Stack::Trl => {
-                out.extend([
-                    l(Sharding::None, none),
-                    l(Sharding::Zero1, none),
-                    l(Sharding::Zero2, none),
-                    l(Sharding::FsdpShardGradOp, none),
-                    l(Sharding::Zero3, none),
-                    l(Sharding::FsdpFullShard, none),
-                ]);
-                if nodes > 1 {
-                    out.push(l(Sharding::FsdpHybridShard, none));
-                }
-                if cluster.offload {
-                    out.extend([
-                        l(Sharding::Zero2, opt),
-                        l(Sharding::Zero3, opt),
-                        l(Sharding::Zero3, all),
-                        l(Sharding::FsdpFullShard, all),
-                    ]);
-                }
-            }
-            Stack::Torchtune => {
-                out.push(l(Sharding::FsdpFullShard, none));
-                if cluster.offload {
-                    out.push(l(Sharding::FsdpFullShard, all));
-                }
-            }
-            Stack::Litgpt => out.push(l(Sharding::FsdpFullShard, none)),
-        }
     }
     out.sort_by_key(|l| (l.comm_cost(), std::cmp::Reverse(l.gpus)));
     out

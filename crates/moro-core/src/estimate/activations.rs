@@ -25,8 +25,9 @@
 //! The oracle (../shared/oracle) matches the full-FT bf16 sum of these terms to the byte:
 //! `16h + 4ad + 4kd + 4a + 8I` per token per layer.
 
-use crate::job::{Attention, Job, Method, Padding, PeftKind, Stack};
+use crate::job::{Attention, Job, Method, Padding, PeftKind};
 use crate::model::{EncoderSpec, LayerGroup, Linear, LinearRole, ModelSpec, NormKind};
+use crate::stack::AttentionModule;
 
 use super::Regime;
 use super::weights::{ADAPTER_PROMPT_LENGTH, ADAPTER_START_LAYER};
@@ -239,7 +240,7 @@ impl Ctx<'_> {
         let s = r.stream_bytes;
         let full = job.method == Method::Full;
         let peft = job.method.is_peft();
-        let litgpt = job.stack == crate::job::Stack::Litgpt;
+        let litgpt = job.stack.profile().attention_module == AttentionModule::LitgptFusedQkv;
         let mut bytes = 0u64;
         let o = self.linear_out_bytes(s);
         let attn_b = self.attn_bytes(o);
@@ -457,7 +458,7 @@ impl Ctx<'_> {
         let s = r.stream_bytes;
         let full = job.method == Method::Full;
         let peft = job.method.is_peft();
-        let litgpt = job.stack == crate::job::Stack::Litgpt;
+        let litgpt = job.stack.profile().attention_module == AttentionModule::LitgptFusedQkv;
 
         // Norms.
         let n_norms = Self::norms_per_layer(g, m);
@@ -776,7 +777,9 @@ impl Ctx<'_> {
             Attention::Flash | Attention::Sdpa => 12 * ad + 4 * kd,
             // SDPA's math kernel (litgpt): the gradients of the bf16 probabilities and of
             // the scores, and of the expanded q, k, v.
-            Attention::Eager if self.job.stack == crate::job::Stack::Litgpt => {
+            Attention::Eager
+                if self.job.stack.profile().attention_module == AttentionModule::LitgptFusedQkv =>
+            {
                 let b = self.attn_bytes(o);
                 b * (3 * ad + 2 * (m.num_heads / tp) * self.job.seq_len)
             }
@@ -839,7 +842,7 @@ impl Activations {
         let mut bwd = 0u64;
         let mut retained = 0u64;
         // Only a step preceded by one of its own size meets these: not the first step.
-        let held_by_loop = job.stack == Stack::Litgpt
+        let held_by_loop = job.stack.profile().loop_keeps_previous_loss
             && r.quantized_saves_input
             && job.padding != Padding::LongestFirst;
         let adapter = job.peft.is_adapter() && job.method.is_peft();
@@ -950,11 +953,11 @@ impl Activations {
             // litgpt runs lm_head once per 128-token chunk (`lm_head_chunk_size=128`): every
             // chunk casts the frozen weight again and its `mm` saves that copy until the
             // chunk's backward, so there are as many copies as chunks.
-            let head_copies = if job.stack == Stack::Litgpt {
-                job.seq_len.div_ceil(super::loss::LITGPT_CHUNK).max(1)
-            } else {
-                1
-            };
+            let head_copies = job
+                .stack
+                .profile()
+                .lm_head_chunk_tokens
+                .map_or(1, |c| job.seq_len.div_ceil(c).max(1));
             let head_weight = if model.encoder.is_some() {
                 0
             } else {

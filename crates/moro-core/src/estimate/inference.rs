@@ -71,7 +71,7 @@ pub(super) fn phases(
     let b = job.micro_batch_size;
     let s = job.seq_len;
     let t = b * s;
-    let kv = if job.stack == crate::job::Stack::Litgpt {
+    let kv = if job.stack.profile().kv_cache == crate::stack::KvCacheLayout::Litgpt {
         litgpt_kv_cache_bytes(model, b, s, job.kv_dtype, tp)
     } else {
         kv_cache_bytes(model, b, s, job.kv_dtype, tp)
@@ -101,7 +101,7 @@ pub(super) fn phases(
     };
     // litgpt's `generate/tp.py` shards the Blocks' Linears only: `wte` and `lm_head`
     // are replicated on every device.
-    let replicated = if job.stack == crate::job::Stack::Litgpt && tp > 1 {
+    let replicated = if job.stack.profile().tp_replicates_embeddings && tp > 1 {
         let layers = model.layer_params();
         let rest = model.total_params().saturating_sub(layers);
         rest * r.frozen_bytes * (tp - 1) / tp

@@ -16,8 +16,9 @@
 //!   requests split and the next large request cannot reuse.
 
 use crate::caching_allocator::{CachingAllocator, Handle};
-use crate::job::{Job, Method, Offload, Sharding, Stack};
+use crate::job::{Job, Method, Offload, Sharding};
 use crate::model::{LinearRole, ModelSpec};
+use crate::stack::Nf4Kernel;
 
 use super::Regime;
 use super::parallel;
@@ -28,7 +29,7 @@ use super::weights::base_weight_bytes;
 /// (at their peak), replayed where a setup is followed by steps.
 #[must_use]
 pub fn load_reserved_bytes(model: &ModelSpec, job: &Job, r: &Regime, churn: &[u64]) -> u64 {
-    if job.stack == Stack::Torchtune
+    if job.stack.profile().nf4 == Nf4Kernel::Torchao
         && job.method == Method::Qlora
         && job.versions.torchao_unchunked_nf4()
     {

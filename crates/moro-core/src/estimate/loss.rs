@@ -1,7 +1,8 @@
 //! Logits and loss buffers (memory-anatomy §3).
 
-use crate::job::{Job, LossImpl, Method, Stack};
+use crate::job::{Job, LossImpl, Method};
 use crate::model::ModelSpec;
+use crate::stack::LossCode;
 
 use super::Regime;
 
@@ -67,6 +68,7 @@ impl Loss {
         } else {
             0
         };
+        let torchtune = job.stack.profile().loss_code == LossCode::Torchtune;
         match r.loss {
             // transformers `ForCausalLMLoss`: `logits.float()` then `F.cross_entropy`
             // (log_softmax saves its fp32 output). Forward: bf16 logits (2) + fp32 copy (4)
@@ -78,7 +80,7 @@ impl Loss {
             // the recipe keeps `logits = logits[..., :-1, :].contiguous().transpose(1, 2)`
             // alive through backward: shifted fp32 logits (4) + log-probs (4) in forward,
             // plus the nll and log_softmax gradients (4 + 4) in backward.
-            LossImpl::Standard if job.stack == Stack::Torchtune => Self {
+            LossImpl::Standard if torchtune => Self {
                 forward_peak: 8 * tv,
                 forward_transient: 0,
                 backward_peak: 16 * tv,
@@ -143,7 +145,7 @@ impl Loss {
             // torchtune `CEWithChunkedOutputLoss` (8 chunks): each bf16 chunk is upcast
             // (`logits.float()`) and its fp32 log-probs saved (4 B/logit); the recipe
             // `del logits` frees the bf16 list before backward.
-            LossImpl::Chunked if job.stack == Stack::Torchtune => {
+            LossImpl::Chunked if torchtune => {
                 let chunk = t.div_ceil(8) * v;
                 Self {
                     forward_peak: 6 * tv,

@@ -353,10 +353,7 @@ pub fn estimate_without_replay(
         job
     };
     let untied;
-    let model = if job.stack == crate::job::Stack::Litgpt && model.tie_word_embeddings {
-        // litgpt never ties lm_head to wte when fine-tuning (`GPT.__init__` creates both;
-        // `convert_hf_checkpoint` copies wte into lm_head; `finetune/*.py` lists
-        // `tie_embeddings` as unsupported): the model holds V·h more parameters.
+    let model = if job.stack.profile().unties_embeddings && model.tie_word_embeddings {
         untied = ModelSpec {
             tie_word_embeddings: false,
             ..model.clone()

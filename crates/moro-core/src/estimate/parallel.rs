@@ -329,7 +329,8 @@ impl Sharded {
                 }
                 s.adapters = 0;
                 s.grads = grads / group;
-                if job.stack == crate::job::Stack::Litgpt && job.grad_accum > 1 {
+                let lightning = job.stack.profile().fsdp == crate::stack::FsdpWrap::Lightning;
+                if lightning && job.grad_accum > 1 {
                     // litgpt accumulates under `fabric.no_backward_sync` (FSDP `no_sync`):
                     // "FSDP will accumulate the full model gradients (instead of gradient
                     // shards)" (torch FSDP docs). Lightning sets `use_orig_params=True`, and a
@@ -391,7 +392,7 @@ impl Sharded {
                 s.comm_buffers = 0;
                 s.unit_grad_assembly = 2 * if full {
                     layer_params * 2
-                } else if job.stack == crate::job::Stack::Litgpt {
+                } else if lightning {
                     layer_params * r.frozen_bytes
                 } else {
                     unit_trainable
@@ -403,7 +404,7 @@ impl Sharded {
                     s.root_grad_assembly = assembly;
                     // Under litgpt's `no_sync` accumulation every unit's gradient is already
                     // whole in `.grad`: no reduce-scatter to wait for.
-                    if !(job.stack == crate::job::Stack::Litgpt && job.grad_accum > 1) {
+                    if !(lightning && job.grad_accum > 1) {
                         s.root_grads = non_layer * tb / tp / group;
                     }
                 } else {

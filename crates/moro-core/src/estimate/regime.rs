@@ -6,8 +6,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::job::{Job, LossImpl, Method, Precision, Quantization, Stack};
+use crate::job::{Job, LossImpl, Method, Precision, Quantization};
 use crate::model::ModelSpec;
+use crate::stack::{AdapterDtype, KbitPrepare, Nf4Kernel};
 
 /// The resolved dtypes and switches of a job on its stack.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -69,7 +70,7 @@ impl Regime {
     #[must_use]
     pub fn resolve(model: &ModelSpec, job: &Job) -> Self {
         let precision = job.precision;
-        let stack = job.stack;
+        let profile = job.stack.profile();
         // DeepSpeed trains a 16-bit model without autocast: the HF Trainer sets
         // `native_amp = False` when DeepSpeed is enabled (memory-anatomy §9).
         let autocast =
@@ -83,10 +84,8 @@ impl Regime {
                 Precision::Bf16 => (2, 2),
                 Precision::Bf16Mixed | Precision::Fp16Mixed | Precision::Fp32 => (4, 4),
             },
-            // Lightning's `MixedPrecision` ("bf16-mixed") only adds autocast: the module,
-            // frozen base included, stays fp32 (litgpt finetune-lora docs).
             Method::Lora | Method::Qlora | Method::Inference
-                if stack == Stack::Litgpt && autocast && !quantized =>
+                if profile.autocast_keeps_fp32_module && autocast && !quantized =>
             {
                 (4, 4)
             }
@@ -110,10 +109,11 @@ impl Regime {
                 | crate::job::Sharding::FsdpShardGradOp
                 | crate::job::Sharding::Zero3
         );
-        let trl_legacy = stack == Stack::Trl && job.versions.trl_legacy_kbit();
+        let trl_legacy =
+            profile.kbit_prepare == KbitPrepare::SftTrainerLegacy && job.versions.trl_legacy_kbit();
         let kbit_prepare = method.is_peft()
             && quantized
-            && (stack == Stack::Hf || trl_legacy)
+            && (profile.kbit_prepare == KbitPrepare::Always || trl_legacy)
             && job.quantization != Quantization::Gptq4
             && !sharded_qlora;
         // Legacy TRL casts embeddings and lm_head back to bf16 after the upcast
@@ -125,7 +125,7 @@ impl Regime {
             frozen_bytes
         };
 
-        let adapter_bytes = match stack {
+        let adapter_bytes = match profile.adapter_dtype {
             // LN tuning's `deepcopy` of each norm keeps the norm's dtype: PEFT's
             // `autocast_adapter_dtype` upcast leaves it alone (checked on PEFT 0.21.2:
             // `ln_tuning_layers.default.weight` stays bfloat16). So do prompt and prefix
@@ -137,8 +137,8 @@ impl Regime {
             {
                 unquantized_bytes
             }
-            Stack::Litgpt | Stack::Torchtune => {
-                if fp32 || (stack == Stack::Litgpt && autocast) {
+            AdapterDtype::ModelDtype => {
+                if fp32 || (profile.autocast_keeps_fp32_module && autocast) {
                     4
                 } else {
                     2
@@ -146,9 +146,16 @@ impl Regime {
             }
             // Sharded QLoRA: `get_peft_model(..., autocast_adapter_dtype=False)` leaves the
             // adapters in the 4-bit layers' compute dtype (TRL v0.13 sft_trainer.py).
-            Stack::Trl | Stack::Hf if quantized && sharded_qlora => 2,
-            Stack::Trl if quantized && !trl_legacy => 2,
-            Stack::Hf | Stack::Trl => 4,
+            AdapterDtype::PeftFp32 if quantized && sharded_qlora => 2,
+            // TRL ≥ 0.26 casts the trainable parameters of quantized models to bf16.
+            AdapterDtype::PeftFp32
+                if quantized
+                    && profile.kbit_prepare == KbitPrepare::SftTrainerLegacy
+                    && !trl_legacy =>
+            {
+                2
+            }
+            AdapterDtype::PeftFp32 => 4,
         };
 
         // The residual stream takes the embedding's output dtype: fp32 when the embedding
@@ -185,13 +192,14 @@ impl Regime {
             kbit_prepare,
             // Encoders have no lm_head (a small classification head instead).
             frozen_fp32_head: kbit_prepare && !legacy_recast && model.encoder.is_none(),
-            quantize_lm_head: quantized && stack == Stack::Litgpt && model.encoder.is_none(),
+            quantize_lm_head: quantized
+                && profile.nf4 == Nf4Kernel::LightningBitsandbytes
+                && model.encoder.is_none(),
             loss: match job.loss {
                 // Older model code computes `CrossEntropyLoss` on a `.contiguous()` shifted copy
                 // of the logits in their own dtype, with no fp32 upcast: GPT-BigCode's
                 // `GPTBigCodeForCausalLM.forward` and Qwen-1's remote `modeling_qwen.py`.
-                None if (stack == Stack::Hf
-                    || (stack == Stack::Trl && !job.versions.trl_chunked_loss()))
+                None if job.loss_is_model_code()
                     && matches!(model.model_type.as_str(), "qwen" | "gpt_bigcode") =>
                 {
                     LossImpl::StandardNoUpcast
@@ -206,18 +214,18 @@ impl Regime {
             // torchao's eager `NF4Tensor.get_original_weight` builds two int64 index tensors
             // of n/2 elements (8n bytes together) plus bf16 pieces of n/2 to 2n: ~14 B per
             // element for the largest quantized Linear. [DERIVED]
-            dequant_bytes: match stack {
-                Stack::Litgpt => 4,
-                Stack::Torchtune => 14,
-                _ => compute_bytes,
+            dequant_bytes: match profile.nf4 {
+                Nf4Kernel::LightningBitsandbytes => 4,
+                Nf4Kernel::Torchao => 14,
+                Nf4Kernel::Bitsandbytes => compute_bytes,
             },
             quantized_saves_input: quantized
                 && job.quantization.is_bnb4()
                 && method != Method::Full
                 && job.versions.bnb4_saves_input(),
-            embedding_states_32bit: matches!(stack, Stack::Hf | Stack::Trl)
+            embedding_states_32bit: profile.trainer_embedding_override
                 && job.versions.trainer_embedding_override(),
-            ddp_bucket_copy: matches!(stack, Stack::Hf | Stack::Trl),
+            ddp_bucket_copy: profile.ddp_bucket_copy,
         }
     }
 }

@@ -20,7 +20,7 @@
 //! 1.0 to 8.4 GiB measured (moro's ratio: 1.0 to 2.0 GiB).
 
 use crate::caching_allocator::{CachingAllocator, Handle};
-use crate::job::{Job, LossImpl, Method, Optimizer, Sharding, Stack};
+use crate::job::{Job, LossImpl, Method, Optimizer, Sharding};
 use crate::model::{LayerGroup, ModelSpec};
 
 use super::Regime;
@@ -30,7 +30,7 @@ use super::regime::grad_bytes;
 #[must_use]
 pub fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
     job.method == Method::Full
-        && matches!(job.stack, Stack::Hf | Stack::Trl)
+        && job.stack.profile().step_replay
         && job.parallel.gpus() == 1
         && job.parallel.sharding == Sharding::None
         && model.moe.is_none()

@@ -9,7 +9,7 @@
 //! three levels the way the estimator does.
 
 use crate::formats::safetensors::StoredWeights;
-use crate::job::{Job, Method, Quantization, Stack};
+use crate::job::{Job, Method, Quantization};
 use crate::model::ModelSpec;
 
 use super::weights::base_weight_bytes;
@@ -87,7 +87,7 @@ pub fn with_stored_weights(
     loaded_bytes: u64,
 ) -> Estimate {
     let untied;
-    let model = if job.stack == Stack::Litgpt && model.tie_word_embeddings {
+    let model = if job.stack.profile().unties_embeddings && model.tie_word_embeddings {
         // As `estimate` does: litgpt unties lm_head.
         untied = ModelSpec {
             tie_word_embeddings: false,

@@ -77,7 +77,7 @@ pub fn base_weight_bytes(model: &ModelSpec, job: &Job, r: &Regime) -> u64 {
     }
     let mut quant = 0u64;
     let mut quantized_params = 0u64;
-    let torchtune = job.stack == crate::job::Stack::Torchtune && q.is_bnb4();
+    let torchtune = job.stack.profile().nf4 == crate::stack::Nf4Kernel::Torchao && q.is_bnb4();
     for (layers, l) in model.linears() {
         if torchtune {
             // torchtune quantizes only the base weight of each `LoRALinear`
@@ -117,7 +117,7 @@ pub fn base_weight_bytes(model: &ModelSpec, job: &Job, r: &Regime) -> u64 {
 #[must_use]
 pub fn bnb4_quant_state_bytes(model: &ModelSpec, job: &Job) -> u64 {
     let q = job.quantization;
-    if job.method == Method::Full || !q.is_bnb4() || job.stack == crate::job::Stack::Torchtune {
+    if job.method == Method::Full || !q.is_bnb4() || !job.stack.profile().nf4.is_bitsandbytes() {
         return 0;
     }
     model

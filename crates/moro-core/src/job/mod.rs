@@ -8,6 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::model::ModelSpec;
+use crate::stack::DefaultLoss;
 
 pub mod against;
 pub mod settings;
@@ -877,15 +878,30 @@ impl Job {
     pub fn loss_impl(&self) -> LossImpl {
         match self.loss {
             Some(l) => l,
-            None => match self.stack {
-                Stack::Hf if self.versions.shift_logits_copy() => LossImpl::StandardLegacy,
-                Stack::Hf => LossImpl::Standard,
-                Stack::Trl if self.versions.trl_chunked_loss() => LossImpl::ChunkedNll,
-                Stack::Trl if self.versions.shift_logits_copy() => LossImpl::StandardLegacy,
-                Stack::Trl => LossImpl::Standard,
-                Stack::Litgpt | Stack::Torchtune => LossImpl::Chunked,
+            None => match self.stack.profile().default_loss {
+                DefaultLoss::Chunked => LossImpl::Chunked,
+                DefaultLoss::SftTrainer if self.versions.trl_chunked_loss() => LossImpl::ChunkedNll,
+                DefaultLoss::ModelCode | DefaultLoss::SftTrainer => {
+                    if self.versions.shift_logits_copy() {
+                        LossImpl::StandardLegacy
+                    } else {
+                        LossImpl::Standard
+                    }
+                }
             },
         }
+    }
+
+    /// Whether the loss is left to the model code's own (no `loss` set, and the stack's
+    /// default is the model code's at its versions).
+    #[must_use]
+    pub fn loss_is_model_code(&self) -> bool {
+        self.loss.is_none()
+            && match self.stack.profile().default_loss {
+                DefaultLoss::ModelCode => true,
+                DefaultLoss::SftTrainer => !self.versions.trl_chunked_loss(),
+                DefaultLoss::Chunked => false,
+            }
     }
 
     /// Checks the job's values against each other and the model.
@@ -968,7 +984,7 @@ impl Job {
                 ),
             );
         }
-        if self.peft.is_adapter() && self.stack != Stack::Litgpt {
+        if self.peft.is_adapter() && !self.stack.profile().trains_llama_adapter {
             return err(
                 "peft",
                 format!(

@@ -11,6 +11,7 @@ use super::{
     Attention, Job, JobError, KvDtype, LoraConfig, LossImpl, Method, Offload, Optimizer, Padding,
     Parallel, PeftKind, Precision, Quantization, Sharding, Stack, Targets, Versions,
 };
+use crate::stack::{DefaultCheckpointing, DefaultPrecision};
 
 /// The settings of a job that were given; `None` is "not said", never a value.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -185,10 +186,12 @@ impl JobSettings {
     /// a zero degree. Everything else is checked against the model by [`Job::validate`].
     pub fn resolve(&self) -> Result<Job, JobError> {
         let peft = self.peft.unwrap_or_default();
-        let stack = self.stack.unwrap_or(if peft.is_adapter() {
-            Stack::Litgpt
-        } else {
-            Stack::Hf
+        // The LLaMA-Adapter family runs on the stack that has it.
+        let stack = self.stack.unwrap_or_else(|| {
+            Stack::ALL
+                .into_iter()
+                .find(|s| peft.is_adapter() && s.profile().trains_llama_adapter)
+                .unwrap_or(Stack::Hf)
         });
         let method = self.method.unwrap_or(match self.quantization {
             Some(q) if q != Quantization::None => Method::Qlora,
@@ -298,10 +301,8 @@ impl JobSettings {
 ///   `bf16=True` autocasts (`bf16-mixed`).
 #[must_use]
 pub const fn default_precision(stack: Stack, method: Method) -> Precision {
-    match (stack, method) {
-        (Stack::Litgpt | Stack::Torchtune, _) | (_, Method::Full | Method::Inference) => {
-            Precision::Bf16
-        }
+    match (stack.profile().default_precision, method) {
+        (DefaultPrecision::PureBf16, _) | (_, Method::Full | Method::Inference) => Precision::Bf16,
         _ => Precision::Bf16Mixed,
     }
 }
@@ -313,10 +314,12 @@ pub const fn default_precision(stack: Stack, method: Method) -> Precision {
 ///   hf stack's QLoRA runs on a bitsandbytes base (GPTQ checkpoints skip it).
 #[must_use]
 pub fn default_checkpointing(stack: Stack, method: Method, quantization: Quantization) -> bool {
-    match stack {
-        Stack::Trl => true,
-        Stack::Hf => method == Method::Qlora && quantization != Quantization::Gptq4,
-        Stack::Litgpt | Stack::Torchtune => false,
+    match stack.profile().default_checkpointing {
+        DefaultCheckpointing::On => true,
+        DefaultCheckpointing::WithKbitPrepare => {
+            method == Method::Qlora && quantization != Quantization::Gptq4
+        }
+        DefaultCheckpointing::Off => false,
     }
 }
 

@@ -1,0 +1,51 @@
+//! transformers `Trainer` + PEFT + bitsandbytes (+ accelerate).
+
+use super::{
+    AdapterDtype, AttentionModule, DefaultCheckpointing, DefaultLoss, DefaultPrecision, FsdpWrap,
+    KbitPrepare, KvCacheLayout, LossCode, Nf4Kernel, StackProfile,
+};
+use crate::job::{Offload, Sharding};
+
+/// DDP, DeepSpeed's stages and FSDP's strategies through accelerate.
+pub(super) const MULTI_GPU: &[(Sharding, Offload)] = &[
+    (Sharding::None, Offload::None),
+    (Sharding::Zero1, Offload::None),
+    (Sharding::Zero2, Offload::None),
+    (Sharding::FsdpShardGradOp, Offload::None),
+    (Sharding::Zero3, Offload::None),
+    (Sharding::FsdpFullShard, Offload::None),
+    (Sharding::FsdpHybridShard, Offload::None),
+];
+
+/// ZeRO-2/3 offload of the optimizer, ZeRO-3 and FSDP offload of parameters too.
+pub(super) const OFFLOAD: &[(Sharding, Offload)] = &[
+    (Sharding::Zero2, Offload::Optimizer),
+    (Sharding::Zero3, Offload::Optimizer),
+    (Sharding::Zero3, Offload::OptimizerAndParams),
+    (Sharding::FsdpFullShard, Offload::OptimizerAndParams),
+];
+
+/// The HF stack.
+pub(super) const PROFILE: StackProfile = StackProfile {
+    default_precision: DefaultPrecision::Trainer,
+    default_checkpointing: DefaultCheckpointing::WithKbitPrepare,
+    default_loss: DefaultLoss::ModelCode,
+    loss_code: LossCode::Transformers,
+    trains_llama_adapter: false,
+    kbit_prepare: KbitPrepare::Always,
+    adapter_dtype: AdapterDtype::PeftFp32,
+    autocast_keeps_fp32_module: false,
+    unties_embeddings: false,
+    nf4: Nf4Kernel::Bitsandbytes,
+    attention_module: AttentionModule::Transformers,
+    lm_head_chunk_tokens: None,
+    loop_keeps_previous_loss: false,
+    trainer_embedding_override: true,
+    ddp_bucket_copy: true,
+    step_replay: true,
+    kv_cache: KvCacheLayout::Transformers,
+    tp_replicates_embeddings: false,
+    fsdp: FsdpWrap::PerUnit,
+    multi_gpu_layouts: MULTI_GPU,
+    offload_layouts: OFFLOAD,
+};

@@ -1,0 +1,33 @@
+//! Lightning litgpt: its own model code (fused qkv, causal attention, chunked lm_head),
+//! Fabric's precision plugins and FSDP wrapping.
+
+use super::{
+    AdapterDtype, AttentionModule, DefaultCheckpointing, DefaultLoss, DefaultPrecision, FsdpWrap,
+    KbitPrepare, KvCacheLayout, LossCode, Nf4Kernel, StackProfile,
+};
+use crate::job::{Offload, Sharding};
+
+/// The litgpt stack.
+pub(super) const PROFILE: StackProfile = StackProfile {
+    default_precision: DefaultPrecision::PureBf16,
+    default_checkpointing: DefaultCheckpointing::Off,
+    default_loss: DefaultLoss::Chunked,
+    loss_code: LossCode::Litgpt,
+    trains_llama_adapter: true,
+    kbit_prepare: KbitPrepare::Never,
+    adapter_dtype: AdapterDtype::ModelDtype,
+    autocast_keeps_fp32_module: true,
+    unties_embeddings: true,
+    nf4: Nf4Kernel::LightningBitsandbytes,
+    attention_module: AttentionModule::LitgptFusedQkv,
+    lm_head_chunk_tokens: Some(crate::estimate::loss::LITGPT_CHUNK),
+    loop_keeps_previous_loss: true,
+    trainer_embedding_override: false,
+    ddp_bucket_copy: false,
+    step_replay: false,
+    kv_cache: KvCacheLayout::Litgpt,
+    tp_replicates_embeddings: true,
+    fsdp: FsdpWrap::Lightning,
+    multi_gpu_layouts: &[(Sharding::FsdpFullShard, Offload::None)],
+    offload_layouts: &[],
+};

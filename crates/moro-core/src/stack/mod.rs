@@ -1,0 +1,216 @@
+//! What a training stack does differently, as data: one [`StackProfile`] per stack.
+//!
+//! The same "QLoRA, bf16" means different bytes in the HF Trainer, TRL's `SFTTrainer`,
+//! Lightning's litgpt and torchtune (memory-anatomy §2.1, §2.2, §3.4; validation/README.md
+//! "Stacks differ"): which defaults apply, which dtypes the adapters and the residual stream
+//! take, which loss runs, whose model code saves what, how FSDP is wrapped, what is offered
+//! and what is refused. The formulas read these fields (through [`crate::job::Stack::profile`]
+//! and [`crate::estimate::Regime`]) and never the stack's name; a new stack is a new profile
+//! file plus whatever physics is really new. Facts that changed between releases of a stack
+//! stay version-gated in [`crate::job::Versions`]; the profile says which gate applies.
+
+mod hf;
+mod litgpt;
+mod torchtune;
+mod trl;
+
+use crate::job::{Offload, Sharding, Stack};
+
+/// The facts of one training stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StackProfile {
+    /// Precision when not told: bf16 weights without autocast for every method, or the HF
+    /// Trainer's choice ([`crate::job::settings::default_precision`]).
+    pub default_precision: DefaultPrecision,
+    /// Gradient checkpointing when not told.
+    pub default_checkpointing: DefaultCheckpointing,
+    /// The loss that runs when not told.
+    pub default_loss: DefaultLoss,
+    /// Shapes of the loss's logits buffers.
+    pub loss_code: LossCode,
+    /// The LLaMA-Adapter PEFT family (lit-gpt's `adapter.py`) is this stack's own.
+    pub trains_llama_adapter: bool,
+    /// Whether PEFT's `prepare_model_for_kbit_training` runs on a quantized base.
+    pub kbit_prepare: KbitPrepare,
+    /// Dtype of the adapters it creates.
+    pub adapter_dtype: AdapterDtype,
+    /// Under autocast the module, frozen base included, stays fp32 (Lightning's
+    /// `MixedPrecision` "bf16-mixed" only adds autocast: litgpt finetune-lora docs).
+    pub autocast_keeps_fp32_module: bool,
+    /// Fine-tuning never ties lm_head to the embedding (litgpt `GPT.__init__` creates both;
+    /// `convert_hf_checkpoint` copies wte into lm_head): the model holds V·h more parameters.
+    pub unties_embeddings: bool,
+    /// The 4-bit kernel and which Linears it quantizes.
+    pub nf4: Nf4Kernel,
+    /// Whose attention module runs the forward.
+    pub attention_module: AttentionModule,
+    /// lm_head runs once per chunk of this many tokens (litgpt `lm_head_chunk_size=128`).
+    pub lm_head_chunk_tokens: Option<u64>,
+    /// The training loop's variable `loss` keeps the previous step's graph until the next
+    /// step rebinds it after its forward (litgpt `finetune/lora.py`).
+    pub loop_keeps_previous_loss: bool,
+    /// The HF Trainer gives `nn.Embedding` 32-bit states under bnb 8-bit optimizers
+    /// (`trainer.py`: `register_module_override(module, "weight", {"optim_bits": 32})`),
+    /// where its version does ([`crate::job::Versions::trainer_embedding_override`]).
+    pub trainer_embedding_override: bool,
+    /// DDP keeps a separate copy of all gradients in its buckets
+    /// (`gradient_as_bucket_view=False`, the HF Trainer's default).
+    pub ddp_bucket_copy: bool,
+    /// The caching-allocator replay of two training steps models this stack's step
+    /// ([`crate::estimate::replay`]).
+    pub step_replay: bool,
+    /// Layout of the inference KV cache.
+    pub kv_cache: KvCacheLayout,
+    /// Tensor-parallel generation shards the blocks' Linears only: the embedding and lm_head
+    /// are replicated on every device (litgpt `generate/tp.py`).
+    pub tp_replicates_embeddings: bool,
+    /// How FSDP wraps the model.
+    pub fsdp: FsdpWrap,
+    /// Layouts on several GPUs the recipe search offers (plain DDP is `Sharding::None`); a hybrid
+    /// shard only where the GPUs span nodes.
+    pub multi_gpu_layouts: &'static [(Sharding, Offload)],
+    /// Layouts with CPU offload the search offers when the cluster allows it.
+    pub offload_layouts: &'static [(Sharding, Offload)],
+}
+
+/// Precision when the job does not say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DefaultPrecision {
+    /// bf16 weights, no autocast, for every method (litgpt `--precision bf16-true`,
+    /// torchtune's `dtype: bf16`).
+    PureBf16,
+    /// The HF Trainer's `bf16=True`: full fine-tunes train the weights in the dtype they
+    /// load in (transformers 5 `dtype="auto"`), PEFT's fp32 adapters under bf16 autocast.
+    Trainer,
+}
+
+/// Gradient checkpointing when the job does not say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DefaultCheckpointing {
+    /// Always on (TRL's `SFTConfig.gradient_checkpointing`: "Defaults to True").
+    On,
+    /// On where `prepare_model_for_kbit_training(use_gradient_checkpointing=True)` runs:
+    /// QLoRA on a bitsandbytes base (GPTQ checkpoints skip it).
+    WithKbitPrepare,
+    /// Off.
+    Off,
+}
+
+/// The loss a stack runs when the job does not say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DefaultLoss {
+    /// The model code's own loss (transformers `ForCausalLMLoss`, with the fp32 shifted copy
+    /// of 4.46–4.48; GPT-2-era model code without the upcast).
+    ModelCode,
+    /// TRL's `SFTTrainer`: `chunked_nll` from TRL 1.7, else the model code's loss.
+    SftTrainer,
+    /// The stack's own chunked cross-entropy.
+    Chunked,
+}
+
+/// The logits buffers of a stack's loss where they differ from transformers'.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LossCode {
+    /// transformers' (and TRL's) loss code.
+    Transformers,
+    /// litgpt: a list of 128-token bf16 logit chunks cast to fp32 by Fabric, then
+    /// `chunked_cross_entropy`.
+    Litgpt,
+    /// torchtune: `self.output(h).float()` for the standard loss (0.1), and
+    /// `CEWithChunkedOutputLoss` over 8 chunks.
+    Torchtune,
+}
+
+/// Whether `prepare_model_for_kbit_training` runs on a quantized base (PEFT `other.py`:
+/// non-quantized parameters upcast to fp32, checkpointing on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KbitPrepare {
+    /// Always on a bitsandbytes base, unsharded.
+    Always,
+    /// Only in TRL's releases before `SFTTrainer` stopped calling it
+    /// ([`crate::job::Versions::trl_legacy_kbit`]); later ones cast the trainable
+    /// parameters of quantized models to bf16 instead.
+    SftTrainerLegacy,
+    /// Never.
+    Never,
+}
+
+/// Dtype of the adapters a stack creates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdapterDtype {
+    /// PEFT's `autocast_adapter_dtype=True` upcast to fp32.
+    PeftFp32,
+    /// The model's own dtype (litgpt, torchtune).
+    ModelDtype,
+}
+
+/// The 4-bit kernel of a stack's QLoRA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Nf4Kernel {
+    /// bitsandbytes `Linear4bit` on every Linear but lm_head, dequantized to the compute
+    /// dtype.
+    Bitsandbytes,
+    /// Lightning's bitsandbytes plugin: every Linear, lm_head included, quantized from
+    /// `.half()`, so `dequantize_4bit(...).to(A.dtype)` makes an fp16 and a bf16 copy
+    /// (4 B per element).
+    LightningBitsandbytes,
+    /// torchao's `NF4Tensor` on the base weight of each `LoRALinear` only (torchtune
+    /// `lora.py`: `to_nf4(linear.weight) if self._quantize_base`); eager
+    /// `get_original_weight` builds int64 indices and bf16 pieces, ~14 B per element.
+    /// [DERIVED]
+    Torchao,
+}
+
+/// Whose attention module the forward runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionModule {
+    /// transformers' attention classes: separate q/k/v projections, the padding mask passed
+    /// to the kernel, eager attention as its own softmax.
+    Transformers,
+    /// litgpt's `CausalSelfAttention`: one fused qkv Linear (`LoRAQKVLinear` under LoRA),
+    /// causal only (no padding mask), and `Attention::Eager` as SDPA's math kernel.
+    LitgptFusedQkv,
+}
+
+/// Layout of the inference KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvCacheLayout {
+    /// transformers' `DynamicCache`.
+    Transformers,
+    /// litgpt's preallocated `KVCache`.
+    Litgpt,
+}
+
+/// How FSDP wraps the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FsdpWrap {
+    /// accelerate's and torchtune's: gradients reduce-scattered per unit, adapters their
+    /// own flat parameters.
+    PerUnit,
+    /// Lightning's (`use_orig_params=True`): a block's frozen and LoRA weights share one flat
+    /// parameter that requires grad as a whole (pytorch/pytorch#104690), and accumulation
+    /// runs under `fabric.no_backward_sync` (FSDP `no_sync`: whole gradients per block).
+    Lightning,
+}
+
+impl Stack {
+    /// The stack's profile.
+    #[must_use]
+    pub const fn profile(self) -> &'static StackProfile {
+        match self {
+            Self::Hf => &hf::PROFILE,
+            Self::Trl => &trl::PROFILE,
+            Self::Litgpt => &litgpt::PROFILE,
+            Self::Torchtune => &torchtune::PROFILE,
+        }
+    }
+}
+
+impl Nf4Kernel {
+    /// Whether the base is quantized by bitsandbytes (its quantization states ride beside
+    /// the packed weights).
+    #[must_use]
+    pub const fn is_bitsandbytes(self) -> bool {
+        !matches!(self, Self::Torchao)
+    }
+}

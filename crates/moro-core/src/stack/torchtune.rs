@@ -1,0 +1,32 @@
+//! torchtune: its recipes and model code, torchao's NF4 for QLoRA, FSDP full shard.
+
+use super::{
+    AdapterDtype, AttentionModule, DefaultCheckpointing, DefaultLoss, DefaultPrecision, FsdpWrap,
+    KbitPrepare, KvCacheLayout, LossCode, Nf4Kernel, StackProfile,
+};
+use crate::job::{Offload, Sharding};
+
+/// The torchtune stack.
+pub(super) const PROFILE: StackProfile = StackProfile {
+    default_precision: DefaultPrecision::PureBf16,
+    default_checkpointing: DefaultCheckpointing::Off,
+    default_loss: DefaultLoss::Chunked,
+    loss_code: LossCode::Torchtune,
+    trains_llama_adapter: false,
+    kbit_prepare: KbitPrepare::Never,
+    adapter_dtype: AdapterDtype::ModelDtype,
+    autocast_keeps_fp32_module: false,
+    unties_embeddings: false,
+    nf4: Nf4Kernel::Torchao,
+    attention_module: AttentionModule::Transformers,
+    lm_head_chunk_tokens: None,
+    loop_keeps_previous_loss: false,
+    trainer_embedding_override: false,
+    ddp_bucket_copy: false,
+    step_replay: false,
+    kv_cache: KvCacheLayout::Transformers,
+    tp_replicates_embeddings: false,
+    fsdp: FsdpWrap::PerUnit,
+    multi_gpu_layouts: &[(Sharding::FsdpFullShard, Offload::None)],
+    offload_layouts: &[(Sharding::FsdpFullShard, Offload::OptimizerAndParams)],
+};
