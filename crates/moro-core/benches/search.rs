@@ -4,7 +4,7 @@
 use moro_core::catalog;
 use moro_core::hardware::preset;
 use moro_core::model::ModelSpec;
-use moro_core::search::{Caps, Objective, Request, Space, search};
+use moro_core::search::{Caps, EstimateCache, Objective, Request, Space, search, search_cached};
 
 fn main() {
     divan::main();
@@ -54,6 +54,33 @@ fn qwen2_5_72b_rtx_3060_nothing_fits(bencher: divan::Bencher) {
     let (spec, caps) = setup("Qwen/Qwen2.5-72B", "rtx-3060-12gb");
     let request = Request::default();
     bencher.bench(|| search_once(&spec, &request, &caps));
+}
+
+/// `moro fit`'s core for Llama-3.1-8B QLoRA at 4,096 tokens: one search per GPU class of
+/// the catalog, one GPU each, with and without the estimates shared between them.
+#[divan::bench(args = [false, true], sample_count = 10)]
+fn llama_3_1_8b_qlora_every_gpu_class(bencher: divan::Bencher, shared: bool) {
+    let (spec, _) = setup("meta-llama/Llama-3.1-8B", "rtx-4090");
+    let request = Request {
+        method: moro_core::search::MethodChoice::Only(moro_core::job::Method::Qlora),
+        seq_len: Some(4096),
+        ..Request::default()
+    };
+    let caps: Vec<Caps> = moro_core::hardware::presets()
+        .iter()
+        .filter_map(|p| p.to_device(None))
+        .map(|d| Caps::of_device(&d))
+        .collect();
+    bencher.bench(|| {
+        let cache = EstimateCache::default();
+        caps.iter()
+            .map(|c| {
+                Space::new(&spec, &request, c).map_or(0, |space| {
+                    search_cached(&spec, &space, c, shared.then_some(&cache)).evaluated
+                })
+            })
+            .sum::<usize>()
+    });
 }
 
 fn search_once(spec: &ModelSpec, request: &Request, caps: &Caps) -> usize {

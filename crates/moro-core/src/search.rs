@@ -999,7 +999,7 @@ impl Shape {
 /// Most runners-up an [`Outcome`] lists.
 pub const RUNNERS_UP: usize = 5;
 
-/// Estimates one configuration.
+/// Estimates one configuration, its replayed steps included.
 ///
 /// # Errors
 /// The job is invalid for the model (e.g. a rank above the hidden size).
@@ -1009,33 +1009,162 @@ pub fn evaluate(
     caps: &Caps,
     config: Config,
 ) -> Result<Candidate, JobError> {
-    evaluate_with(model, space, caps, config, true)
+    let job = space.job(&config);
+    let mut estimate = estimate_without_replay(model, &job, &caps.profile)?;
+    add_replayed_steps(&mut estimate, model, &job, &caps.profile);
+    let room = Room::of(&Judged::of(&estimate, &job), caps);
+    Ok(Candidate {
+        config,
+        job,
+        estimate,
+        margin_bytes: room.margin,
+        headroom_bytes: room.headroom,
+        host_fits: room.host_fits,
+    })
 }
 
-/// [`evaluate`]; without `always_replay`, a configuration that does not fit on
-/// [`estimate_without_replay`] keeps that estimate (its shortfall is then a lower bound): the
-/// replayed steps only raise the reserve, so they would rule it out too, and the search
-/// probes many that do not fit.
-fn evaluate_with(
+/// What judging an estimate against a device needs of it.
+#[derive(Debug, Clone, Copy)]
+struct Judged {
+    peak_device_bytes: u64,
+    margin: u64,
+    host_bytes_per_node: u64,
+}
+
+impl Judged {
+    fn of(est: &Estimate, job: &Job) -> Self {
+        Self {
+            peak_device_bytes: est.peak_device_bytes,
+            margin: margin_bytes(est, job),
+            // The job carries its layout's node count: a node's host RAM holds its ranks'
+            // states.
+            host_bytes_per_node: est.host_bytes_per_node(job.parallel.gpus_per_node()),
+        }
+    }
+}
+
+/// Estimates kept across the searches of one model and one request on several devices
+/// and GPU counts (`moro fit`): an estimate depends on the configuration and the device
+/// profile, not on the memory it is judged against, and those searches visit many of the
+/// same configurations. Only what judging needs is kept (a few words per configuration).
+/// Sharing one cache between searches of different models or requests is a mistake: the
+/// key does not name them.
+#[derive(Debug, Default)]
+pub struct EstimateCache {
+    inner: std::sync::Mutex<CacheInner>,
+}
+
+#[derive(Debug, Default)]
+struct CacheInner {
+    /// The distinct device profiles seen, indexed by the keys.
+    profiles: Vec<DeviceProfile>,
+    entries: std::collections::HashMap<(Config, usize), Cached>,
+}
+
+/// One configuration judged before the replayed steps (`None`: not a valid job), and with
+/// them once that was needed.
+#[derive(Debug, Clone, Copy)]
+struct Cached {
+    base: Option<Judged>,
+    replayed: Option<Judged>,
+}
+
+impl EstimateCache {
+    fn key(inner: &mut CacheInner, config: Config, profile: &DeviceProfile) -> (Config, usize) {
+        let i = inner
+            .profiles
+            .iter()
+            .position(|p| p == profile)
+            .unwrap_or_else(|| {
+                inner.profiles.push(profile.clone());
+                inner.profiles.len() - 1
+            });
+        (config, i)
+    }
+
+    fn get(&self, config: Config, profile: &DeviceProfile) -> Option<Cached> {
+        let mut inner = self
+            .inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let key = Self::key(&mut inner, config, profile);
+        inner.entries.get(&key).copied()
+    }
+
+    fn put(&self, config: Config, profile: &DeviceProfile, cached: Cached) {
+        let mut inner = self
+            .inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let key = Self::key(&mut inner, config, profile);
+        inner.entries.insert(key, cached);
+    }
+}
+
+/// A configuration judged against the device, its estimate not kept.
+#[derive(Debug, Clone, Copy)]
+struct Probe {
+    config: Config,
+    headroom: i64,
+    host_fits: bool,
+}
+
+impl Probe {
+    const fn fits(&self) -> bool {
+        self.headroom >= 0 && self.host_fits
+    }
+}
+
+/// Judges one configuration: on [`estimate_without_replay`], and with the replayed steps
+/// only when that fits (they only raise the reserve, so they would rule it out too, and
+/// the search probes many that do not fit). `None`: not a valid job.
+fn probe(
     model: &ModelSpec,
     space: &Space,
     caps: &Caps,
     config: Config,
-    always_replay: bool,
-) -> Result<Candidate, JobError> {
-    let job = space.job(&config);
-    let mut est = estimate_without_replay(model, &job, &caps.profile)?;
-    let mut room = Room::of(&est, &job, caps);
-    if always_replay || room.fits() {
-        add_replayed_steps(&mut est, model, &job, &caps.profile);
-        room = Room::of(&est, &job, caps);
+    cache: Option<&EstimateCache>,
+) -> Option<Probe> {
+    let cached = cache.and_then(|c| c.get(config, &caps.profile));
+    let mut job = None;
+    let mut base_estimate = None;
+    let mut entry = cached.unwrap_or_else(|| {
+        let j = space.job(&config);
+        let est = estimate_without_replay(model, &j, &caps.profile).ok();
+        let base = est.as_ref().map(|e| Judged::of(e, &j));
+        job = Some(j);
+        base_estimate = est;
+        Cached {
+            base,
+            replayed: None,
+        }
+    });
+    let mut room = Room::of(&entry.base?, caps);
+    if room.fits() {
+        let replayed = match entry.replayed {
+            Some(r) => r,
+            None => {
+                let j = job.unwrap_or_else(|| space.job(&config));
+                let mut est = match base_estimate {
+                    Some(e) => e,
+                    None => estimate_without_replay(model, &j, &caps.profile).ok()?,
+                };
+                add_replayed_steps(&mut est, model, &j, &caps.profile);
+                let r = Judged::of(&est, &j);
+                entry.replayed = Some(r);
+                r
+            }
+        };
+        room = Room::of(&replayed, caps);
     }
-    Ok(Candidate {
+    if let Some(c) = cache
+        && cached.is_none_or(|c| c.replayed.is_none() && entry.replayed.is_some())
+    {
+        c.put(config, &caps.profile, entry);
+    }
+    Some(Probe {
         config,
-        job,
-        estimate: est,
-        margin_bytes: room.margin,
-        headroom_bytes: room.headroom,
+        headroom: room.headroom,
         host_fits: room.host_fits,
     })
 }
@@ -1049,20 +1178,15 @@ struct Room {
 }
 
 impl Room {
-    fn of(est: &Estimate, job: &Job, caps: &Caps) -> Self {
-        let margin = margin_bytes(est, job);
-        let need = est.peak_device_bytes.saturating_add(margin);
+    fn of(j: &Judged, caps: &Caps) -> Self {
+        let need = j.peak_device_bytes.saturating_add(j.margin);
         let headroom = i128::from(caps.usable_bytes) - i128::from(need);
         let headroom =
             i64::try_from(headroom).unwrap_or(if headroom < 0 { i64::MIN } else { i64::MAX });
-        // The job carries its layout's node count: a node's host RAM holds its ranks' states.
-        let host_fits = caps
-            .host_bytes
-            .is_none_or(|h| est.host_bytes_per_node(job.parallel.gpus_per_node()) <= h);
         Self {
-            margin,
+            margin: j.margin,
             headroom,
-            host_fits,
+            host_fits: caps.host_bytes.is_none_or(|h| j.host_bytes_per_node <= h),
         }
     }
 
@@ -1077,26 +1201,40 @@ impl Room {
 /// order of their best possible key (the key at their largest micro batch, which no fitting
 /// micro batch exceeds); the visit stops once [`RUNNERS_UP`] + 1 distinct recipes are held and
 /// no rest left can outrank the last of them. When nothing fits every rest is estimated, so
-/// the closest configuration is the smallest of the whole space.
+/// the closest configuration is the smallest of the whole space. Configurations are judged
+/// without keeping their estimates; the ones reported are estimated again in full.
 #[must_use]
 pub fn search(model: &ModelSpec, space: &Space, caps: &Caps) -> Outcome {
+    search_cached(model, space, caps, None)
+}
+
+/// [`search`], with estimates shared through `cache` with other searches of the same model
+/// and request.
+#[must_use]
+pub fn search_cached(
+    model: &ModelSpec,
+    space: &Space,
+    caps: &Caps,
+    cache: Option<&EstimateCache>,
+) -> Outcome {
     let mut evaluated = 0usize;
-    let mut closest: Option<Candidate> = None;
-    let mut eval = |c: Config| -> Option<Candidate> {
+    let mut closest: Option<Probe> = None;
+    let mut eval = |c: Config| -> Option<Probe> {
         evaluated += 1;
-        let cand = evaluate_with(model, space, caps, c, false).ok()?;
+        let p = probe(model, space, caps, c, cache)?;
         if closest
             .as_ref()
-            .is_none_or(|x| (cand.host_fits, cand.headroom_bytes) > (x.host_fits, x.headroom_bytes))
+            .is_none_or(|x| (p.host_fits, p.headroom) > (x.host_fits, x.headroom))
         {
-            closest = Some(cand.clone());
+            closest = Some(p);
         }
-        Some(cand)
+        Some(p)
     };
     let objective = space.objective;
-    // The best candidate of each distinct recipe, best first, at most RUNNERS_UP + 1: the
-    // same selection as sorting every fitting candidate and keeping the first of each shape.
-    let mut top: Vec<([u64; KEY_LEN], Candidate)> = Vec::new();
+    // The best configuration of each distinct recipe, best first, at most RUNNERS_UP + 1:
+    // the same selection as sorting every fitting configuration and keeping the first of
+    // each shape.
+    let mut top: Vec<([u64; KEY_LEN], Config)> = Vec::new();
     for &seq_len in &space.seq_lens {
         let mut rests: Vec<([u64; KEY_LEN], Config)> = space
             .rests(seq_len)
@@ -1119,7 +1257,7 @@ pub fn search(model: &ModelSpec, space: &Space, caps: &Caps) -> Outcome {
                 break;
             }
             if let Some(c) = largest_fitting_batch(space, rest, &mut eval) {
-                keep_top(&mut top, key(objective, &c.config), c);
+                keep_top(&mut top, key(objective, &c), c);
             }
         }
         // The sequence length is the first key of every objective.
@@ -1127,11 +1265,12 @@ pub fn search(model: &ModelSpec, space: &Space, caps: &Caps) -> Outcome {
             break;
         }
     }
-    let mut it = top.into_iter().map(|(_, c)| c);
+    let mut it = top
+        .into_iter()
+        .filter_map(|(_, c)| evaluate(model, space, caps, c).ok());
     let best = it.next();
-    // The closest was compared on bounds; report it with its replayed steps.
     let closest = match (&best, closest) {
-        (None, Some(c)) => evaluate(model, space, caps, c.config).ok(),
+        (None, Some(p)) => evaluate(model, space, caps, p.config).ok(),
         _ => None,
     };
     Outcome {
@@ -1154,6 +1293,17 @@ pub fn search(model: &ModelSpec, space: &Space, caps: &Caps) -> Outcome {
 /// accumulation buffers). If none of those fits, nothing does.
 #[must_use]
 pub fn can_fit(model: &ModelSpec, space: &Space, caps: &Caps) -> bool {
+    can_fit_cached(model, space, caps, None)
+}
+
+/// [`can_fit`], with estimates shared through `cache` ([`search_cached`]).
+#[must_use]
+pub fn can_fit_cached(
+    model: &ModelSpec,
+    space: &Space,
+    caps: &Caps,
+    cache: Option<&EstimateCache>,
+) -> bool {
     let (Some(&seq_len), Some(&rank)) = (space.seq_lens.iter().min(), space.ranks.iter().min())
     else {
         return false;
@@ -1166,16 +1316,16 @@ pub fn can_fit(model: &ModelSpec, space: &Space, caps: &Caps) -> bool {
         let whole = space.micro_batches(&r.layout).first().copied().unwrap_or(1);
         [1, whole].into_iter().any(|micro_batch| {
             let c = Config { micro_batch, ..r };
-            evaluate_with(model, space, caps, c, false).is_ok_and(|c| c.fits())
+            probe(model, space, caps, c, cache).is_some_and(|p| p.fits())
         })
     })
 }
 
 /// Adds a fitting candidate to the best-per-shape list (sorted, best first, at most
 /// [`RUNNERS_UP`] + 1 shapes).
-fn keep_top(top: &mut Vec<([u64; KEY_LEN], Candidate)>, k: [u64; KEY_LEN], c: Candidate) {
-    let shape = Shape::of(&c.config);
-    if let Some(i) = top.iter().position(|(_, x)| Shape::of(&x.config) == shape) {
+fn keep_top(top: &mut Vec<([u64; KEY_LEN], Config)>, k: [u64; KEY_LEN], c: Config) {
+    let shape = Shape::of(&c);
+    if let Some(i) = top.iter().position(|(_, x)| Shape::of(x) == shape) {
         if top[i].0 >= k {
             return;
         }
@@ -1186,7 +1336,7 @@ fn keep_top(top: &mut Vec<([u64; KEY_LEN], Candidate)>, k: [u64; KEY_LEN], c: Ca
     top.truncate(RUNNERS_UP + 1);
 }
 
-/// The largest micro batch that fits for one rest-of-configuration.
+/// The configuration with the largest micro batch that fits, for one rest-of-configuration.
 ///
 /// The micro batch equal to the effective batch (no accumulation) is tried alone; the
 /// accumulating ones are monotone in memory, so a binary search over them finds the largest
@@ -1194,35 +1344,36 @@ fn keep_top(top: &mut Vec<([u64; KEY_LEN], Candidate)>, k: [u64; KEY_LEN], c: Ca
 fn largest_fitting_batch(
     space: &Space,
     rest: Config,
-    eval: &mut impl FnMut(Config) -> Option<Candidate>,
-) -> Option<Candidate> {
+    eval: &mut impl FnMut(Config) -> Option<Probe>,
+) -> Option<Config> {
     let with = |b: u64| Config {
         micro_batch: b,
         ..rest
     };
+    let mut fits = |b: u64| eval(with(b)).is_some_and(|p| p.fits());
     let batches = &space.micro_batches(&rest.layout); // largest first
     let (&first, accumulating) = batches.split_first()?;
     // Without accumulation (micro batch = effective batch).
-    if let Some(c) = eval(with(first)).filter(Candidate::fits) {
-        return Some(c);
+    if fits(first) {
+        return Some(with(first));
     }
     // Accumulating micro batches, largest first: find the first (largest) that fits.
     // Probe the smallest first: if it does not fit, none does.
     let smallest = *accumulating.last()?;
-    let mut found = eval(with(smallest)).filter(Candidate::fits)?;
-    // Invariant: accumulating[..lo] do not fit; accumulating[hi] fits and is `found`.
+    if !fits(smallest) {
+        return None;
+    }
+    // Invariant: accumulating[..lo] do not fit; accumulating[hi] fits.
     let (mut lo, mut hi) = (0usize, accumulating.len() - 1);
     while lo < hi {
         let mid = lo + (hi - lo) / 2;
-        match eval(with(accumulating[mid])).filter(Candidate::fits) {
-            Some(c) => {
-                hi = mid;
-                found = c;
-            }
-            None => lo = mid + 1,
+        if fits(accumulating[mid]) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
         }
     }
-    Some(found)
+    Some(with(accumulating[hi]))
 }
 
 /// Every configuration of the space (all micro batches), for tests and exhaustive listings.

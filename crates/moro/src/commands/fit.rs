@@ -215,6 +215,7 @@ fn fit_preset(
     request: &Request,
     p: &moro_core::hardware::GpuModel,
     host_memory: Option<u64>,
+    cache: &moro_core::search::EstimateCache,
 ) -> Option<FitRow> {
     let d = p.to_device(None)?;
     let target = Target {
@@ -240,7 +241,7 @@ fn fit_preset(
             parallel: moro_core::job::Parallel::single(),
             ..request.clone()
         };
-        best_fitting(spec, &req, &caps)
+        best_fitting(spec, &req, &caps, cache)
     };
     for &n in counts {
         if let Some(b) = best(n, false) {
@@ -304,6 +305,9 @@ pub(crate) fn fit_rows(
         .map_or(4, std::num::NonZeroUsize::get)
         .clamp(1, 16);
     let chunk = presets.len().div_ceil(threads).max(1);
+    // Every preset searches the same model and request: their estimates are shared.
+    let cache = moro_core::search::EstimateCache::default();
+    let cache = &cache;
     let results: Vec<(String, Option<FitRow>)> = std::thread::scope(|s| {
         let handles: Vec<_> = presets
             .chunks(chunk)
@@ -311,7 +315,12 @@ pub(crate) fn fit_rows(
                 s.spawn(move || {
                     ps.iter()
                         .filter(|p| p.to_device(None).is_some())
-                        .map(|p| (p.id.clone(), fit_preset(spec, request, p, host_memory)))
+                        .map(|p| {
+                            (
+                                p.id.clone(),
+                                fit_preset(spec, request, p, host_memory, cache),
+                            )
+                        })
                         .collect::<Vec<_>>()
                 })
             })

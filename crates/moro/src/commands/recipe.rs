@@ -665,12 +665,13 @@ pub(crate) fn best_fitting(
     spec: &ModelSpec,
     request: &Request,
     caps: &Caps,
+    cache: &moro_core::search::EstimateCache,
 ) -> Option<moro_core::search::Candidate> {
     let space = Space::new(spec, request, caps).ok()?;
-    if !moro_core::search::can_fit(spec, &space, caps) {
+    if !moro_core::search::can_fit_cached(spec, &space, caps, Some(cache)) {
         return None;
     }
-    search(spec, &space, caps).best
+    moro_core::search::search_cached(spec, &space, caps, Some(cache)).best
 }
 
 /// Catalog models of the same family as `model_id`/`spec` with fewer parameters, largest
