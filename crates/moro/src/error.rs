@@ -111,3 +111,59 @@ pub(crate) fn report(e: &anyhow::Error, json: bool) -> ExitCode {
     }
     ExitCode::from(code)
 }
+
+/// A command-line error clap found: help and version as clap prints them; otherwise, for a
+/// command asked for `--json`, the error as [`to_json`] shapes it (the argument as `field`,
+/// clap's tip as `hint`, exit 2), else clap's own words on stderr.
+pub(crate) fn report_clap(e: &clap::Error, json: bool) -> ExitCode {
+    use clap::error::ErrorKind;
+    use std::io::Write;
+    if !json
+        || matches!(
+            e.kind(),
+            ErrorKind::DisplayHelp
+                | ErrorKind::DisplayVersion
+                | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+        )
+    {
+        e.exit();
+    }
+    let _ = writeln!(std::io::stdout(), "{}", clap_to_json(e));
+    ExitCode::from(2)
+}
+
+/// The JSON body of a clap error: its first line as the message, the argument it names as
+/// the field (`--seq-len <SEQ_LEN>` → `seq_len`), its tip as the hint.
+pub(crate) fn clap_to_json(e: &clap::Error) -> serde_json::Value {
+    use clap::error::{ContextKind, ContextValue};
+    let text = e.render().to_string();
+    let message = text
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .trim_start_matches("error: ")
+        .to_owned();
+    let hint = text
+        .lines()
+        .find_map(|l| l.trim_start().strip_prefix("tip: "))
+        .map(str::to_owned);
+    let field = match e.get(ContextKind::InvalidArg) {
+        Some(ContextValue::String(s)) => Some(s.clone()),
+        Some(ContextValue::Strings(v)) => v.first().cloned(),
+        _ => None,
+    }
+    .map(|arg| {
+        arg.split([' ', '='])
+            .next()
+            .unwrap_or_default()
+            .trim_start_matches('-')
+            .replace('-', "_")
+    });
+    serde_json::json!({"error": {
+        "message": message,
+        "field": field,
+        "causes": [],
+        "hint": hint,
+        "exit_code": 2,
+    }})
+}

@@ -84,7 +84,10 @@ enum RecipeCommand {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return error::report_clap(&e, json_asked(std::env::args_os())),
+    };
     let result = match &cli.command {
         Command::Estimate(a) => commands::estimate::run(a),
         Command::Validate(a) => commands::validate::run(a),
@@ -110,6 +113,14 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => error::report(&e, cli.command.json()),
     }
+}
+
+/// Whether the command line asks for `--json` (before a `--`), for an error clap finds
+/// before any command knows.
+fn json_asked(args: impl Iterator<Item = std::ffi::OsString>) -> bool {
+    args.skip(1)
+        .take_while(|a| a != "--")
+        .any(|a| a == "--json")
 }
 
 impl Command {

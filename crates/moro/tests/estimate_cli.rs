@@ -287,6 +287,61 @@ fn errors_are_json_when_json_is_asked_for() {
     assert_eq!(v["error"]["field"], "lora_rank", "{v}");
 }
 
+/// What clap refuses before any command runs is JSON too under `--json`: the argument as
+/// the field, clap's tip as the hint; without `--json`, clap's words on stderr.
+#[test]
+fn command_line_errors_are_json_when_json_is_asked_for() {
+    for (args, field, message, hint) in [
+        (
+            &["estimate", "--json", "--lora-r", "8"][..],
+            "lora_r",
+            "unexpected argument '--lora-r' found",
+            Some("a similar argument exists: '--lora-rank'"),
+        ),
+        (
+            &[
+                "estimate",
+                "--model",
+                "Qwen/Qwen2.5-0.5B",
+                "--seq-len",
+                "long",
+                "--json",
+            ][..],
+            "seq_len",
+            "invalid value 'long' for '--seq-len <SEQ_LEN>': `long` is not a whole number",
+            None,
+        ),
+        (
+            &["fit", "--json", "--method", "qlor"][..],
+            "method",
+            "invalid value 'qlor' for '--method <METHOD>': unknown method `qlor`; use auto, \
+             full, lora, qlora or inference",
+            None,
+        ),
+    ] {
+        let o = run(args);
+        assert_eq!(o.code, 2, "{args:?}");
+        assert!(o.stderr.is_empty(), "{args:?}: {}", o.stderr);
+        let v: serde_json::Value = serde_json::from_str(&o.stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}: {}", o.stdout));
+        assert_eq!(v["error"]["field"], field, "{v}");
+        assert_eq!(v["error"]["message"], message, "{v}");
+        assert_eq!(v["error"]["hint"].as_str(), hint, "{v}");
+    }
+    let o = run(&["estimate", "--lora-r", "8"]);
+    assert_eq!(o.code, 2);
+    assert!(o.stdout.is_empty(), "{}", o.stdout);
+    assert!(
+        o.stderr
+            .starts_with("error: unexpected argument '--lora-r'"),
+        "{}",
+        o.stderr
+    );
+    // A value that only looks like the flag, after `--`, is not a request for JSON.
+    let o = run(&["estimate", "--lora-r", "--", "--json"]);
+    assert!(o.stdout.is_empty(), "{}", o.stdout);
+}
+
 #[test]
 fn bad_config_files_name_the_problem() {
     let dir = tempfile::tempdir().expect("tempdir");
