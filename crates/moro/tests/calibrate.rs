@@ -28,12 +28,8 @@ struct Out {
 }
 
 fn run_in(config: &Path, args: &[&str], env: &[(&str, &str)]) -> Out {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_moro"));
-    c.env("MORO_CONFIG_DIR", config)
-        .env("HF_HUB_CACHE", "/nonexistent-moro-test-cache")
-        .env("HF_HUB_OFFLINE", "1")
-        .env("NO_COLOR", "1")
-        .env_remove("MORO_PYTHON");
+    let mut c = common::isolated();
+    c.env("MORO_CONFIG_DIR", config);
     for (k, v) in env {
         c.env(k, v);
     }

@@ -1,18 +1,13 @@
 //! `moro estimate`, `moro models` and `moro validate` through the real binary: output shape,
 //! exit codes, and a clear one-line error naming the field for bad input.
 
+mod common;
+
 use std::process::Command;
 
+/// The binary without the developer's Hugging Face cache, token or calibration profile.
 fn moro() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_moro"));
-    // Keep the user's Hugging Face cache, token and calibration profile out of the tests.
-    c.env("HF_HUB_CACHE", "/nonexistent-moro-test-cache")
-        .env("HF_HUB_OFFLINE", "1")
-        .env("MORO_CONFIG_DIR", "/nonexistent-moro-test-config")
-        .env_remove("HF_TOKEN")
-        .env_remove("HF_HOME");
-    c.env("NO_COLOR", "1");
-    c
+    common::isolated()
 }
 
 struct Out {

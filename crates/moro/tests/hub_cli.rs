@@ -1,12 +1,12 @@
 //! `moro estimate` and `moro gguf` through the real binary against a fake Hub on 127.0.0.1
 //! (`HF_ENDPOINT`), local safetensors directories and a GGUF file written here. No internet.
 
+mod common;
 #[allow(dead_code)]
 #[path = "../../moro-hub/tests/support/mod.rs"]
 mod support;
 
 use std::path::Path;
-use std::process::Command;
 
 use moro_core::formats::gguf::tiny_llama;
 use moro_core::formats::safetensors::{self, encode_header};
@@ -34,23 +34,8 @@ impl Out {
 
 /// The binary with a clean Hub environment: `HF_ENDPOINT` = `endpoint`, `HF_HOME` = `home`.
 fn moro(endpoint: &str, home: &Path, env: &[(&str, &str)], args: &[&str]) -> Out {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_moro"));
-    for k in [
-        "HF_TOKEN",
-        "HF_TOKEN_PATH",
-        "HF_HUB_CACHE",
-        "HUGGINGFACE_HUB_CACHE",
-        "HF_HUB_OFFLINE",
-        "TRANSFORMERS_OFFLINE",
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "ALL_PROXY",
-        "http_proxy",
-        "https_proxy",
-        "all_proxy",
-    ] {
-        c.env_remove(k);
-    }
+    let mut c = common::isolated();
+    c.env_remove("HF_HUB_CACHE").env_remove("HF_HUB_OFFLINE");
     c.env("HF_ENDPOINT", endpoint)
         .env("HF_HOME", home)
         .env("MORO_CONFIG_DIR", home.join("moro-config"))

@@ -7,6 +7,8 @@
 //! Every run uses `--no-detect` or `--memory`, an empty Hugging Face cache (the model comes from
 //! the embedded catalog) and its own config directory.
 
+mod common;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -50,7 +52,7 @@ impl Case {
 
     /// `moro run ARGS -- python3 fake_trainer.py --recipe {recipe} --output_dir out`.
     fn command(&self, args: &[&str], env: &[(&str, &str)]) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_moro"));
+        let mut cmd = common::isolated();
         cmd.current_dir(self.dir.path())
             .arg("run")
             .args(args)
@@ -285,7 +287,7 @@ fn a_failure_that_is_not_oom_is_not_healed() {
 #[test]
 fn exits_with_the_childs_exit_code() {
     let case = Case::new(RECIPE);
-    let out = Command::new(env!("CARGO_BIN_EXE_moro"))
+    let out = common::isolated()
         .current_dir(case.dir.path())
         .args(["run", "--no-detect", "--", "sh", "-c", "echo hello; exit 7"])
         .env("HF_HUB_CACHE", case.path("hf/hub"))
@@ -446,7 +448,7 @@ fn an_invalid_recipe_is_exit_2_with_the_position() {
 fn usage_errors_are_exit_2() {
     let case = Case::new(RECIPE);
     let moro = || {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_moro"));
+        let mut c = common::isolated();
         c.current_dir(case.dir.path())
             .env("HF_HUB_CACHE", case.path("hf/hub"))
             .env("MORO_CONFIG_DIR", case.path("config"))

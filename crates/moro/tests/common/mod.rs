@@ -7,17 +7,38 @@ use std::path::Path;
 
 use assert_cmd::Command;
 
-/// `moro` in `dir`, offline, with an empty Hugging Face cache, its own config dir and no
-/// colour.
-pub fn moro(dir: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_moro"));
-    c.current_dir(dir)
-        .env("HF_HUB_CACHE", "/nonexistent-moro-test-cache")
+/// The binary with none of the developer's environment that changes its answers: every
+/// `HF_*`, `HUGGINGFACE_*`, `TRANSFORMERS_*` and `MORO_*` variable and the proxies removed,
+/// then offline, an empty Hugging Face cache, a config dir that does not exist (no
+/// calibration profile) and no colour. Tests set what they need on top.
+pub fn isolated() -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_moro"));
+    for (k, _) in std::env::vars_os() {
+        let Some(k) = k.to_str() else { continue };
+        let proxy = k.eq_ignore_ascii_case("http_proxy")
+            || k.eq_ignore_ascii_case("https_proxy")
+            || k.eq_ignore_ascii_case("all_proxy")
+            || k.eq_ignore_ascii_case("no_proxy");
+        if proxy
+            || ["HF_", "HUGGINGFACE_", "TRANSFORMERS_", "MORO_"]
+                .iter()
+                .any(|p| k.starts_with(p))
+        {
+            c.env_remove(k);
+        }
+    }
+    c.env("HF_HUB_CACHE", "/nonexistent-moro-test-cache")
         .env("HF_HUB_OFFLINE", "1")
-        .env("MORO_CONFIG_DIR", dir.join(".moro-config"))
-        .env_remove("HF_TOKEN")
-        .env_remove("HF_HOME")
+        .env("MORO_CONFIG_DIR", "/nonexistent-moro-test-config")
         .env("NO_COLOR", "1");
+    c
+}
+
+/// `moro` in `dir` ([`isolated`]), with its own config dir there.
+pub fn moro(dir: &Path) -> Command {
+    let mut c = Command::from_std(isolated());
+    c.current_dir(dir)
+        .env("MORO_CONFIG_DIR", dir.join(".moro-config"));
     c
 }
 
