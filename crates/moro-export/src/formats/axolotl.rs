@@ -1,0 +1,206 @@
+//! axolotl: one YAML config.
+
+use moro_core::job::LossImpl;
+use moro_recipe::choices::{Attention, Method, Precision, Quantization, Strategy};
+
+use super::*;
+use crate::ExportError;
+use crate::plan::{DS_CONFIG_NAME, Dist, Plan};
+use crate::value::{Map, Value};
+use crate::yaml::to_yaml;
+
+pub(crate) fn axolotl(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
+    let mut w = Vec::new();
+    let mut m = Map::new();
+    m.set("base_model", &p.base);
+    m.set("load_in_8bit", p.int8());
+    m.set("load_in_4bit", p.bnb4());
+    match p.method {
+        Method::Lora if p.bnb4() => m.set("adapter", "qlora"),
+        Method::Lora => m.set("adapter", "lora"),
+        Method::Qlora if p.bnb4() => m.set("adapter", "qlora"),
+        Method::Qlora => m.set("adapter", "lora"),
+        Method::Full | Method::Inference => {}
+    }
+    if p.is_peft() {
+        m.set("lora_r", p.lora.rank);
+        m.set("lora_alpha", p.alpha());
+        m.set("lora_dropout", p.lora.dropout);
+        if p.all_linear() {
+            m.set("lora_target_linear", true);
+        } else {
+            m.set("lora_target_modules", Value::from(p.target_names().0));
+        }
+        if p.lora.dora {
+            m.set("peft_use_dora", true);
+        }
+    }
+    if p.bnb4() {
+        let mut b = Map::new();
+        b.set("bnb_4bit_quant_type", p.bnb_quant_type());
+        b.set("bnb_4bit_use_double_quant", p.double_quant());
+        m.set("bnb_config_kwargs", b);
+    }
+    quant_gptq_note(p, "axolotl", &mut w);
+    if p.quant == Quantization::GptqInt4 {
+        m.set("gptq", true);
+    }
+
+    let dataset = p.dataset_or("tatsu-lab/alpaca", &mut w);
+    let mut d = Map::new();
+    d.set("path", &dataset);
+    if let Some(ext) = local_data_type(&dataset) {
+        d.set("ds_type", ext);
+    }
+    d.set("type", "alpaca");
+    m.set("datasets", Value::List(vec![Value::Map(d)]));
+    w.push(
+        "datasets[0].type = alpaca: moro.yaml does not record the dataset's prompt format; set axolotl's \
+         `type` to match it (alpaca, chat_template, completion, ...)"
+            .to_owned(),
+    );
+    m.set("dataset_prepared_path", "last_run_prepared");
+    m.set("val_set_size", 0.0);
+    m.set("output_dir", &p.output_dir);
+
+    m.set("sequence_len", p.t.max_seq_length);
+    m.set("sample_packing", p.t.packing);
+    m.set("pad_to_sequence_len", p.t.packing);
+
+    m.set("micro_batch_size", p.t.micro_batch_size);
+    m.set(
+        "gradient_accumulation_steps",
+        p.t.gradient_accumulation_steps,
+    );
+    m.set("num_epochs", epochs(p));
+    let (optim, optim_args) = p.hf_optim();
+    m.set("optimizer", optim);
+    m.set_opt("optim_args", optim_args);
+    m.set("lr_scheduler", lr_scheduler(p));
+    m.set(
+        "learning_rate",
+        p.t.learning_rate.unwrap_or_else(|| default_lr(p.method)),
+    );
+    m.set_opt("warmup_ratio", p.t.warmup_ratio);
+    m.set_opt("weight_decay", p.t.weight_decay);
+
+    match p.precision {
+        Precision::Bf16Mixed => {
+            m.set("bf16", true);
+            if p.method == Method::Full {
+                w.push(
+                    "training.precision = bf16-mixed: axolotl with bf16 loads the model in bf16, so full \
+                     fine-tuning trains bf16 weights without fp32 master copies (less memory than predicted)"
+                        .to_owned(),
+                );
+            }
+        }
+        Precision::Bf16 => {
+            m.set("bf16", false);
+            m.set("bfloat16", true);
+        }
+        Precision::Fp16Mixed => {
+            m.set("bf16", false);
+            m.set("fp16", true);
+        }
+        Precision::Fp32 => {
+            m.set("bf16", false);
+            m.set("fp16", false);
+        }
+    }
+    m.set("gradient_checkpointing", p.checkpointing);
+    if p.checkpointing {
+        let mut k = Map::new();
+        k.set("use_reentrant", false);
+        m.set("gradient_checkpointing_kwargs", k);
+    }
+    m.set("attn_implementation", p.hf_attention());
+    if p.t.packing && p.t.attention == Attention::Eager {
+        w.push("training.packing with eager attention: axolotl packs only with flash/sdpa-style kernels".to_owned());
+    }
+    match p.loss {
+        LossImpl::Fused => {
+            m.set(
+                "plugins",
+                Value::from(vec!["axolotl.integrations.liger.LigerPlugin"]),
+            );
+            w.push(
+                "training.loss = fused: enabled axolotl's LigerPlugin; set its `liger_fused_linear_cross_entropy: \
+                 true` (a plugin key outside axolotl's core schema)"
+                    .to_owned(),
+            );
+        }
+        _ => hf_loss_warning(p, "axolotl", &mut w),
+    }
+    stack_warning(p, "axolotl", &mut w);
+
+    let mut files = Vec::new();
+    match p.dist {
+        Dist::Zero { .. } => m.set("deepspeed", DS_CONFIG_NAME),
+        Dist::Fsdp {
+            strategy,
+            offload_params,
+            ..
+        } => {
+            // axolotl's FSDP block (FSDP2: sharding is reshard_after_forward true/false).
+            let mut f = Map::new();
+            f.set("offload_params", offload_params);
+            f.set(
+                "state_dict_type",
+                if p.is_peft() {
+                    "FULL_STATE_DICT"
+                } else {
+                    "SHARDED_STATE_DICT"
+                },
+            );
+            f.set("auto_wrap_policy", "TRANSFORMER_BASED_WRAP");
+            f.set_opt("transformer_layer_cls_to_wrap", p.decoder_layer_class());
+            f.set(
+                "reshard_after_forward",
+                strategy != Strategy::FsdpShardGradOp,
+            );
+            f.set("cpu_ram_efficient_loading", true);
+            if strategy == Strategy::FsdpHybridShard {
+                w.push(
+                    "parallel.strategy = fsdp_hybrid_shard: axolotl's FSDP2 config has no hybrid sharding; \
+                     exported as full sharding"
+                        .to_owned(),
+                );
+            }
+            m.set("fsdp_version", 2_u64);
+            m.set("fsdp_config", f);
+        }
+        Dist::Single | Dist::Ddp { .. } => {}
+    }
+    m.set("logging_steps", LOGGING_STEPS);
+    m.set("save_strategy", "epoch");
+
+    let mut header = p.header("axolotl config");
+    let launch = match p.dist {
+        Dist::Single => format!("axolotl train {main}"),
+        // Without a config file accelerate needs the machine count too (axolotl's
+        // docs/multi-node.qmd: the same accelerate settings on every machine).
+        d if p.multi_node() => format!(
+            "accelerate launch --num_processes {} --num_machines {}{} -m axolotl.cli.train {main}",
+            d.gpus(),
+            p.nodes,
+            accelerate_machine_flags(p)
+        ),
+        d => format!(
+            "accelerate launch --num_processes {} -m axolotl.cli.train {main}",
+            d.gpus()
+        ),
+    };
+    header.push(format!("Run: {launch}"));
+    header.extend(node_header(p, Launcher::EachNode));
+    w.extend(node_warning(p, Launcher::EachNode));
+    files.insert(0, file(main, to_yaml(&Value::Map(m), &header)));
+    files.extend(ds_file(p));
+    Ok(Out {
+        files,
+        warnings: w,
+        launch,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------

@@ -1,0 +1,289 @@
+//! TRL: an `SFTTrainer` script (and the `trl sft` command line).
+
+use moro_core::job::LossImpl;
+
+use super::*;
+use crate::ExportError;
+use crate::json::to_json;
+use crate::plan::Plan;
+use crate::python::{Py, call, code};
+use crate::value::{Map, Value};
+
+/// `load_dataset(...)` for a hub id or a local file.
+pub(super) fn load_dataset_call(dataset: &str) -> String {
+    match local_data_type(dataset) {
+        Some(kind) => format!(
+            "load_dataset({}, data_files={}, split=\"train\")",
+            crate::json::string(kind),
+            crate::json::string(dataset)
+        ),
+        None => format!(
+            "load_dataset({}, split=\"train\")",
+            crate::json::string(dataset)
+        ),
+    }
+}
+
+/// SFTConfig keyword arguments (TRL ≥ 0.20 names: `max_length`, not `max_seq_length`).
+pub(super) fn sft_config_kwargs(
+    p: &Plan<'_>,
+    w: &mut Vec<String>,
+    loss_type: bool,
+) -> Vec<(String, Py)> {
+    let mut m = Map::new();
+    hf_training_args(p, &mut m, w);
+    let mut kw: Vec<(String, Py)> = Vec::new();
+    kw.push(("max_length".to_owned(), p.t.max_seq_length.into()));
+    kw.push(("packing".to_owned(), p.t.packing.into()));
+    if loss_type {
+        match p.loss {
+            LossImpl::ChunkedNll => kw.push(("loss_type".to_owned(), "chunked_nll".into())),
+            LossImpl::Standard | LossImpl::StandardLegacy | LossImpl::StandardNoUpcast => {
+                kw.push(("loss_type".to_owned(), "nll".into()))
+            }
+            LossImpl::Fused => {}
+            LossImpl::Chunked => {
+                w.push(
+                    "training.loss = chunked (litgpt/torchtune): TRL's nearest is loss_type=\"chunked_nll\"; exported as that"
+                        .to_owned(),
+                );
+                kw.push(("loss_type".to_owned(), "chunked_nll".into()));
+            }
+        }
+    }
+    for (k, v) in m.0 {
+        kw.push((k, Py::Lit(v)));
+    }
+    kw
+}
+
+/// `trl sft` command-line arguments equivalent to the script.
+pub(super) fn trl_cli(p: &Plan<'_>, dataset: &str, sft: &[(String, Py)]) -> Vec<String> {
+    let mut a: Vec<(String, String)> = vec![
+        ("model_name_or_path".into(), p.base.clone()),
+        ("dataset_name".into(), dataset.to_owned()),
+        ("dtype".into(), p.torch_dtype().to_owned()),
+        ("attn_implementation".into(), p.hf_attention().to_owned()),
+    ];
+    if p.is_peft() {
+        a.push(("use_peft".into(), "true".into()));
+        a.push(("lora_r".into(), p.lora.rank.to_string()));
+        a.push((
+            "lora_alpha".into(),
+            crate::value::float_text(p.lora.alpha)
+                .trim_end_matches(".0")
+                .to_owned(),
+        ));
+        a.push((
+            "lora_dropout".into(),
+            crate::value::float_text(p.lora.dropout),
+        ));
+        let targets = if p.all_linear() {
+            vec!["all-linear".to_owned()]
+        } else {
+            p.target_names().0
+        };
+        a.push(("lora_target_modules".into(), targets.join(" ")));
+        if p.lora.dora {
+            a.push(("use_dora".into(), "true".into()));
+        }
+    }
+    if p.bnb4() {
+        a.push(("load_in_4bit".into(), "true".into()));
+        a.push(("bnb_4bit_quant_type".into(), p.bnb_quant_type().into()));
+        a.push(("use_bnb_nested_quant".into(), p.double_quant().to_string()));
+    } else if p.int8() {
+        a.push(("load_in_8bit".into(), "true".into()));
+    }
+    for (k, v) in sft {
+        let text = match v {
+            Py::Lit(Value::Str(s)) => s.clone(),
+            Py::Lit(Value::Bool(b)) => b.to_string(),
+            Py::Lit(Value::Int(i)) => i.to_string(),
+            Py::Lit(Value::Float(f)) => crate::value::float_text(*f),
+            Py::Lit(Value::Map(m)) => serde_like_json(m),
+            _ => continue,
+        };
+        a.push((k.clone(), text));
+    }
+    a.into_iter()
+        .map(|(k, v)| format!("--{k} {}", shell_word(&v)))
+        .collect()
+}
+
+pub(super) fn serde_like_json(m: &Map) -> String {
+    to_json(&Value::Map(m.clone()))
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join("")
+}
+
+/// A shell word: bare when safe, else single-quoted.
+pub(super) fn shell_word(s: &str) -> String {
+    if !s.is_empty()
+        && s.chars().all(|c| {
+            c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/' | ':' | '=' | ',')
+        })
+    {
+        s.to_owned()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+pub(super) fn kw(v: &[(String, Py)]) -> Vec<(&str, Py)> {
+    v.iter().map(|(k, p)| (k.as_str(), p.clone())).collect()
+}
+
+/// `device_map` for a quantized model without sharded parameters: each process its own GPU.
+pub(super) const KBIT_DEVICE_MAP: &str = "{\"\": int(os.environ.get(\"LOCAL_RANK\", \"0\"))}";
+
+pub(crate) fn trl(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
+    let mut w = Vec::new();
+    stack_warning(p, "TRL", &mut w);
+    quant_gptq_note(p, "transformers", &mut w);
+    let dataset = p.dataset_or("trl-lib/Capybara", &mut w);
+    let sft = sft_config_kwargs(p, &mut w, true);
+    let launch = script_launch(p, main);
+
+    let mut s = String::new();
+    s.push_str(&format!(
+        "# TRL SFTTrainer script, written by moro {} from recipe `{}`.\n",
+        env!("CARGO_PKG_VERSION"),
+        p.name
+    ));
+    s.push_str("# Edit the recipe and export again rather than editing this file.\n");
+    s.push_str(&format!("# Run: {launch}\n"));
+    s.push_str(&script_node_header(p, &mut w));
+    s.push_str("#\n# The same run with the `trl sft` command line:\n#   trl sft");
+    for arg in trl_cli(p, &dataset, &sft) {
+        s.push_str(&format!(" \\\n#     {arg}"));
+    }
+    s.push_str("\n\nimport os\n\nimport torch\nfrom datasets import load_dataset\n");
+    if p.is_peft() {
+        s.push_str("from peft import LoraConfig\n");
+    }
+    if p.bnb4() || p.int8() {
+        s.push_str("from transformers import AutoModelForCausalLM, BitsAndBytesConfig\n");
+    } else {
+        s.push_str("from transformers import AutoModelForCausalLM\n");
+    }
+    s.push_str("from trl import SFTConfig, SFTTrainer\n\n");
+    s.push_str(&format!("MODEL = {}\n\n", crate::json::string(&p.base)));
+
+    let mut model_kw: Vec<(&str, Py)> = vec![
+        ("dtype", code(format!("torch.{}", p.torch_dtype()))),
+        ("attn_implementation", p.hf_attention().into()),
+    ];
+    if let Some(bnb) = bnb_kwargs(p) {
+        s.push_str(&format!(
+            "quantization_config = {}\n\n",
+            call("BitsAndBytesConfig", &[], &bnb, 0)
+        ));
+        model_kw.push(("quantization_config", code("quantization_config")));
+        if !p.dist.shards_params() {
+            model_kw.push(("device_map", code(KBIT_DEVICE_MAP)));
+        }
+    }
+    s.push_str(&format!(
+        "model = {}\n\n",
+        call(
+            "AutoModelForCausalLM.from_pretrained",
+            &[code("MODEL")],
+            &model_kw,
+            0
+        )
+    ));
+    if p.is_peft() {
+        s.push_str(&format!(
+            "peft_config = {}\n\n",
+            call("LoraConfig", &[], &lora_kwargs(p), 0)
+        ));
+    }
+    s.push_str(&format!(
+        "training_args = {}\n\n",
+        call("SFTConfig", &[], &kw(&sft), 0)
+    ));
+    s.push_str(&format!("dataset = {}\n\n", load_dataset_call(&dataset)));
+    let mut trainer_kw: Vec<(&str, Py)> = vec![
+        ("model", code("model")),
+        ("args", code("training_args")),
+        ("train_dataset", code("dataset")),
+    ];
+    if p.is_peft() {
+        trainer_kw.push(("peft_config", code("peft_config")));
+    }
+    Ok(sft_script_out(p, main, s, &trainer_kw, w, launch))
+}
+
+/// Ends a TRL / Unsloth script with the `SFTTrainer` call, training and saving, and returns
+/// it with the launcher companions (DeepSpeed or accelerate config).
+pub(super) fn sft_script_out(
+    p: &Plan<'_>,
+    main: &str,
+    mut s: String,
+    trainer_kw: &[(&str, Py)],
+    mut w: Vec<String>,
+    launch: String,
+) -> Out {
+    s.push_str(&format!(
+        "trainer = {}\n",
+        call("SFTTrainer", &[], trainer_kw, 0)
+    ));
+    s.push_str("trainer.train()\ntrainer.save_model()\n");
+    let mut files = vec![file(main, s)];
+    files.extend(script_companions(p, &mut w));
+    Out {
+        files,
+        warnings: w,
+        launch,
+    }
+}
+
+pub(super) fn bnb_kwargs(p: &Plan<'_>) -> Option<Vec<(&'static str, Py)>> {
+    if p.bnb4() {
+        let mut v: Vec<(&'static str, Py)> = vec![
+            ("load_in_4bit", true.into()),
+            ("bnb_4bit_quant_type", p.bnb_quant_type().into()),
+            ("bnb_4bit_use_double_quant", p.double_quant().into()),
+            (
+                "bnb_4bit_compute_dtype",
+                code(format!("torch.{}", p.torch_dtype())),
+            ),
+        ];
+        if p.dist.shards_params() {
+            // ZeRO-3 / FSDP shard the packed 4-bit weights as tensors of the compute dtype.
+            v.push((
+                "bnb_4bit_quant_storage",
+                code(format!("torch.{}", p.torch_dtype())),
+            ));
+        }
+        Some(v)
+    } else if p.int8() {
+        Some(vec![("load_in_8bit", true.into())])
+    } else {
+        None
+    }
+}
+
+pub(super) fn lora_kwargs(p: &Plan<'_>) -> Vec<(&'static str, Py)> {
+    let targets: Py = if p.all_linear() {
+        "all-linear".into()
+    } else {
+        Value::from(p.target_names().0).into()
+    };
+    let mut v: Vec<(&'static str, Py)> = vec![
+        ("r", p.lora.rank.into()),
+        ("lora_alpha", Py::Lit(p.alpha())),
+        ("lora_dropout", p.lora.dropout.into()),
+        ("target_modules", targets),
+        ("bias", "none".into()),
+        ("task_type", "CAUSAL_LM".into()),
+    ];
+    if p.lora.dora {
+        v.push(("use_dora", true.into()));
+    }
+    v
+}
+
+// ---------------------------------------------------------------------------------------------

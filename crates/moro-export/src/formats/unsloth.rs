@@ -1,0 +1,140 @@
+//! Unsloth: a `FastLanguageModel` + `SFTTrainer` script.
+
+use moro_core::job::LossImpl;
+use moro_recipe::choices::{Attention, Method, Quantization};
+
+use super::*;
+use crate::ExportError;
+use crate::plan::{Dist, Plan};
+use crate::python::{Py, call, code};
+use crate::value::Value;
+
+pub(crate) fn unsloth(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
+    let mut w = Vec::new();
+    stack_warning(p, "Unsloth", &mut w);
+    quant_gptq_note(p, "Unsloth", &mut w);
+    if !matches!(p.dist, Dist::Single | Dist::Ddp { .. }) {
+        w.push(format!(
+            "parallel.strategy = {}: Unsloth documents single-GPU and DDP training; the ZeRO/FSDP settings \
+             are exported for the HF Trainer under it",
+            match p.dist {
+                Dist::Zero { stage, .. } => format!("zero{stage}"),
+                _ => "fsdp".to_owned(),
+            }
+        ));
+    }
+    if matches!(
+        p.quant,
+        Quantization::Fp4 | Quantization::Fp4Dq | Quantization::Nf4
+    ) {
+        w.push(format!(
+            "model.quantization = {}: Unsloth's load_in_4bit is always NF4 with double quantization",
+            p.quant
+        ));
+    }
+    if p.t.attention == Attention::Eager {
+        w.push("training.attention = eager: Unsloth chooses its own attention kernels".to_owned());
+    }
+    let dataset = p.dataset_or("yahma/alpaca-cleaned", &mut w);
+    let mut sft = sft_config_kwargs(p, &mut w, false);
+    // Unsloth checkpoints through get_peft_model / from_pretrained, not the Trainer flag.
+    sft.retain(|(k, _)| k != "gradient_checkpointing" && k != "gradient_checkpointing_kwargs");
+    match p.loss {
+        LossImpl::Standard | LossImpl::StandardLegacy | LossImpl::StandardNoUpcast => {}
+        _ => w.push(format!(
+            "training.loss = {}: Unsloth uses its own fused cross-entropy",
+            loss_name(p.loss)
+        )),
+    }
+    let launch = script_launch(p, main);
+    let gc: Py = if p.checkpointing {
+        "unsloth".into()
+    } else {
+        false.into()
+    };
+
+    let mut s = String::new();
+    s.push_str(&format!(
+        "# Unsloth script, written by moro {} from recipe `{}`.\n",
+        env!("CARGO_PKG_VERSION"),
+        p.name
+    ));
+    s.push_str("# Edit the recipe and export again rather than editing this file.\n");
+    s.push_str(&format!("# Run: {launch}\n"));
+    s.push_str(&script_node_header(p, &mut w));
+    s.push('\n');
+    s.push_str(
+        "from unsloth import FastLanguageModel  # first: Unsloth patches transformers and TRL\n\n",
+    );
+    s.push_str("import torch\nfrom datasets import load_dataset\nfrom trl import SFTConfig, SFTTrainer\n\n");
+    let mut load: Vec<(&str, Py)> = vec![
+        ("model_name", p.base.clone().into()),
+        ("max_seq_length", p.t.max_seq_length.into()),
+        ("dtype", code(format!("torch.{}", p.torch_dtype()))),
+        ("load_in_4bit", p.bnb4().into()),
+        ("load_in_8bit", p.int8().into()),
+        ("full_finetuning", (p.method == Method::Full).into()),
+    ];
+    if p.method == Method::Full {
+        load.push(("use_gradient_checkpointing", gc.clone()));
+    }
+    s.push_str(&format!(
+        "model, tokenizer = {}\n\n",
+        call("FastLanguageModel.from_pretrained", &[], &load, 0)
+    ));
+    if p.is_peft() {
+        let (targets, defaulted) = p.target_names();
+        if p.all_linear() && defaulted {
+            w.push(
+                "model.target_modules = all-linear: Unsloth takes module names; exported as the attention and MLP \
+                 projections (the model's architecture was not known)"
+                    .to_owned(),
+            );
+        }
+        let mut peft: Vec<(&str, Py)> = vec![
+            ("r", p.lora.rank.into()),
+            ("target_modules", Value::from(targets).into()),
+            ("lora_alpha", Py::Lit(p.alpha())),
+            ("lora_dropout", p.lora.dropout.into()),
+            ("bias", "none".into()),
+            ("use_gradient_checkpointing", gc),
+            ("random_state", 3407_u64.into()),
+            ("max_seq_length", p.t.max_seq_length.into()),
+        ];
+        if p.lora.dora {
+            peft.push(("use_dora", true.into()));
+        }
+        s.push_str(&format!(
+            "model = {}\n\n",
+            call(
+                "FastLanguageModel.get_peft_model",
+                &[code("model")],
+                &peft,
+                0
+            )
+        ));
+    }
+    s.push_str(&format!(
+        "training_args = {}\n\n",
+        call("SFTConfig", &[], &kw(&sft), 0)
+    ));
+    s.push_str(&format!("dataset = {}\n\n", load_dataset_call(&dataset)));
+    let trainer_kw: Vec<(&str, Py)> = vec![
+        ("model", code("model")),
+        ("processing_class", code("tokenizer")),
+        ("args", code("training_args")),
+        ("train_dataset", code("dataset")),
+    ];
+    Ok(sft_script_out(p, main, s, &trainer_kw, w, launch))
+}
+
+pub(super) const fn loss_name(l: LossImpl) -> &'static str {
+    match l {
+        LossImpl::Standard => "standard",
+        LossImpl::StandardLegacy => "standard-legacy",
+        LossImpl::StandardNoUpcast => "standard-no-upcast",
+        LossImpl::ChunkedNll => "chunked-nll",
+        LossImpl::Chunked => "chunked",
+        LossImpl::Fused => "fused",
+    }
+}
