@@ -1,0 +1,204 @@
+//! Judging configurations against a device: [`evaluate`] in full, probes that keep only what
+//! judging needs, and the [`EstimateCache`] searches of one model share.
+
+use crate::estimate::{DeviceProfile, Estimate, add_replayed_steps, estimate_without_replay};
+use crate::job::{Job, JobError};
+use crate::model::ModelSpec;
+
+use super::*;
+
+/// Estimates one configuration, its replayed steps included.
+///
+/// # Errors
+/// The job is invalid for the model (e.g. a rank above the hidden size).
+pub fn evaluate(
+    model: &ModelSpec,
+    space: &Space,
+    caps: &Caps,
+    config: Config,
+) -> Result<Candidate, JobError> {
+    let job = space.job(&config);
+    let mut estimate = estimate_without_replay(model, &job, &caps.profile)?;
+    add_replayed_steps(&mut estimate, model, &job, &caps.profile);
+    let room = Room::of(&Judged::of(&estimate, &job), caps);
+    Ok(Candidate {
+        config,
+        job,
+        estimate,
+        margin_bytes: room.margin,
+        headroom_bytes: room.headroom,
+        host_fits: room.host_fits,
+    })
+}
+
+/// What judging an estimate against a device needs of it.
+#[derive(Debug, Clone, Copy)]
+struct Judged {
+    peak_device_bytes: u64,
+    margin: u64,
+    host_bytes_per_node: u64,
+}
+
+impl Judged {
+    fn of(est: &Estimate, job: &Job) -> Self {
+        Self {
+            peak_device_bytes: est.peak_device_bytes,
+            margin: margin_bytes(est, job),
+            // The job carries its layout's node count: a node's host RAM holds its ranks'
+            // states.
+            host_bytes_per_node: est.host_bytes_per_node(job.parallel.gpus_per_node()),
+        }
+    }
+}
+
+/// Estimates kept across the searches of one model and one request on several devices
+/// and GPU counts (`moro fit`): an estimate depends on the configuration and the device
+/// profile, not on the memory it is judged against, and those searches visit many of the
+/// same configurations. Only what judging needs is kept (a few words per configuration).
+/// Sharing one cache between searches of different models or requests is a mistake: the
+/// key does not name them.
+#[derive(Debug, Default)]
+pub struct EstimateCache {
+    inner: std::sync::Mutex<CacheInner>,
+}
+
+#[derive(Debug, Default)]
+struct CacheInner {
+    /// The distinct device profiles seen, indexed by the keys.
+    profiles: Vec<DeviceProfile>,
+    entries: std::collections::HashMap<(Config, usize), Cached>,
+}
+
+/// One configuration judged before the replayed steps (`None`: not a valid job), and with
+/// them once that was needed.
+#[derive(Debug, Clone, Copy)]
+struct Cached {
+    base: Option<Judged>,
+    replayed: Option<Judged>,
+}
+
+impl EstimateCache {
+    fn key(inner: &mut CacheInner, config: Config, profile: &DeviceProfile) -> (Config, usize) {
+        let i = inner
+            .profiles
+            .iter()
+            .position(|p| p == profile)
+            .unwrap_or_else(|| {
+                inner.profiles.push(profile.clone());
+                inner.profiles.len() - 1
+            });
+        (config, i)
+    }
+
+    fn get(&self, config: Config, profile: &DeviceProfile) -> Option<Cached> {
+        let mut inner = self
+            .inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let key = Self::key(&mut inner, config, profile);
+        inner.entries.get(&key).copied()
+    }
+
+    fn put(&self, config: Config, profile: &DeviceProfile, cached: Cached) {
+        let mut inner = self
+            .inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let key = Self::key(&mut inner, config, profile);
+        inner.entries.insert(key, cached);
+    }
+}
+
+/// A configuration judged against the device, its estimate not kept.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Probe {
+    pub(super) config: Config,
+    pub(super) headroom: i64,
+    pub(super) host_fits: bool,
+}
+
+impl Probe {
+    pub(super) const fn fits(&self) -> bool {
+        self.headroom >= 0 && self.host_fits
+    }
+}
+
+/// Judges one configuration: on [`estimate_without_replay`], and with the replayed steps
+/// only when that fits (they only raise the reserve, so they would rule it out too, and
+/// the search probes many that do not fit). `None`: not a valid job.
+pub(super) fn probe(
+    model: &ModelSpec,
+    space: &Space,
+    caps: &Caps,
+    config: Config,
+    cache: Option<&EstimateCache>,
+) -> Option<Probe> {
+    let cached = cache.and_then(|c| c.get(config, &caps.profile));
+    let mut job = None;
+    let mut base_estimate = None;
+    let mut entry = cached.unwrap_or_else(|| {
+        let j = space.job(&config);
+        let est = estimate_without_replay(model, &j, &caps.profile).ok();
+        let base = est.as_ref().map(|e| Judged::of(e, &j));
+        job = Some(j);
+        base_estimate = est;
+        Cached {
+            base,
+            replayed: None,
+        }
+    });
+    let mut room = Room::of(&entry.base?, caps);
+    if room.fits() {
+        let replayed = match entry.replayed {
+            Some(r) => r,
+            None => {
+                let j = job.unwrap_or_else(|| space.job(&config));
+                let mut est = match base_estimate {
+                    Some(e) => e,
+                    None => estimate_without_replay(model, &j, &caps.profile).ok()?,
+                };
+                add_replayed_steps(&mut est, model, &j, &caps.profile);
+                let r = Judged::of(&est, &j);
+                entry.replayed = Some(r);
+                r
+            }
+        };
+        room = Room::of(&replayed, caps);
+    }
+    if let Some(c) = cache
+        && cached.is_none_or(|c| c.replayed.is_none() && entry.replayed.is_some())
+    {
+        c.put(config, &caps.profile, entry);
+    }
+    Some(Probe {
+        config,
+        headroom: room.headroom,
+        host_fits: room.host_fits,
+    })
+}
+
+/// An estimate against the capacity: its safety margin, the headroom left after it, and
+/// whether the host memory holds what it offloads.
+struct Room {
+    margin: u64,
+    headroom: i64,
+    host_fits: bool,
+}
+
+impl Room {
+    fn of(j: &Judged, caps: &Caps) -> Self {
+        let need = j.peak_device_bytes.saturating_add(j.margin);
+        let headroom = i128::from(caps.usable_bytes) - i128::from(need);
+        let headroom =
+            i64::try_from(headroom).unwrap_or(if headroom < 0 { i64::MIN } else { i64::MAX });
+        Self {
+            margin: j.margin,
+            headroom,
+            host_fits: caps.host_bytes.is_none_or(|h| j.host_bytes_per_node <= h),
+        }
+    }
+
+    const fn fits(&self) -> bool {
+        self.headroom >= 0 && self.host_fits
+    }
+}
