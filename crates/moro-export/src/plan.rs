@@ -316,13 +316,22 @@ impl<'a> Plan<'a> {
         }
     }
 
-    /// HF Trainer `bf16` / `fp16` flags (autocast).
+    /// HF Trainer `bf16` / `fp16` flags (autocast; under DeepSpeed, its precision mode).
     pub(crate) fn amp(&self) -> (bool, bool) {
         match self.precision {
             Precision::Bf16Mixed => (true, false),
+            // DeepSpeed has no pure-bf16 mode: `bf16` turns on its bf16 mode (16-bit params and
+            // gradients, fp32 master partitions: what the estimate models, moro-core
+            // `estimate/parallel.rs`); without it the engine trains in fp32.
+            Precision::Bf16 if self.deepspeed() => (true, false),
             Precision::Fp16Mixed => (false, true),
             Precision::Bf16 | Precision::Fp32 => (false, false),
         }
+    }
+
+    /// Whether DeepSpeed runs the job (ZeRO-1/2/3).
+    pub(crate) const fn deepspeed(&self) -> bool {
+        matches!(self.dist, Dist::Zero { .. })
     }
 
     /// HF `attn_implementation`.

@@ -95,6 +95,8 @@ pub(crate) fn axolotl(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
                 );
             }
         }
+        // DeepSpeed's bf16 mode ([`Plan::amp`]).
+        Precision::Bf16 if p.deepspeed() => m.set("bf16", true),
         Precision::Bf16 => {
             m.set("bf16", false);
             m.set("bfloat16", true);

@@ -116,7 +116,9 @@ pub(crate) fn llamafactory(p: &Plan<'_>, main: &str) -> Result<Out, ExportError>
     } else {
         hf_loss_warning(p, "LLaMA-Factory", &mut w);
     }
-    if p.precision == Precision::Bf16 {
+    // `pure_bf16` is refused with ZeRO-3 (`hparams/parser.py`); under DeepSpeed `bf16` is its
+    // bf16 mode ([`Plan::amp`]), set by the shared arguments.
+    if p.precision == Precision::Bf16 && !p.deepspeed() {
         m.set("pure_bf16", true);
     }
     stack_warning(p, "LLaMA-Factory", &mut w);

@@ -5,7 +5,7 @@ use moro_core::job::LossImpl;
 use super::*;
 use crate::ExportError;
 use crate::json::to_json;
-use crate::plan::Plan;
+use crate::plan::{Dist, Plan};
 use crate::python::{Py, call, code};
 use crate::value::{Map, Value};
 
@@ -185,6 +185,19 @@ pub(crate) fn trl(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
             model_kw.push(("device_map", code(KBIT_DEVICE_MAP)));
         }
     }
+    // The arguments come first: with ZeRO-3 their DeepSpeed config must exist before
+    // `from_pretrained`, which only then loads the weights partitioned (`zero.Init`, through
+    // transformers' `is_deepspeed_zero3_enabled`).
+    if matches!(p.dist, Dist::Zero { stage: 3, .. }) {
+        s.push_str(
+            "# SFTConfig first: ZeRO-3 partitions the weights as they load only when its DeepSpeed\n\
+             # config exists before from_pretrained (else every rank loads the whole model).\n",
+        );
+    }
+    s.push_str(&format!(
+        "training_args = {}\n\n",
+        call("SFTConfig", &[], &kw(&sft), 0)
+    ));
     s.push_str(&format!(
         "model = {}\n\n",
         call(
@@ -200,10 +213,6 @@ pub(crate) fn trl(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
             call("LoraConfig", &[], &lora_kwargs(p), 0)
         ));
     }
-    s.push_str(&format!(
-        "training_args = {}\n\n",
-        call("SFTConfig", &[], &kw(&sft), 0)
-    ));
     s.push_str(&format!("dataset = {}\n\n", load_dataset_call(&dataset)));
     let mut trainer_kw: Vec<(&str, Py)> = vec![
         ("model", code("model")),

@@ -36,12 +36,6 @@ from trl import SFTConfig, SFTTrainer
 
 MODEL = "meta-llama/Llama-3.1-8B"
 
-model = AutoModelForCausalLM.from_pretrained(
-    MODEL,
-    dtype=torch.bfloat16,
-    attn_implementation="sdpa",
-)
-
 training_args = SFTConfig(
     max_length=8192,
     packing=True,
@@ -60,6 +54,12 @@ training_args = SFTConfig(
     logging_steps=10,
     save_strategy="epoch",
     report_to="none",
+)
+
+model = AutoModelForCausalLM.from_pretrained(
+    MODEL,
+    dtype=torch.bfloat16,
+    attn_implementation="sdpa",
 )
 
 dataset = load_dataset("tatsu-lab/alpaca", split="train")

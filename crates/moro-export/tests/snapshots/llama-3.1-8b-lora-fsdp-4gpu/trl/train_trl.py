@@ -41,21 +41,6 @@ from trl import SFTConfig, SFTTrainer
 
 MODEL = "meta-llama/Llama-3.1-8B"
 
-model = AutoModelForCausalLM.from_pretrained(
-    MODEL,
-    dtype=torch.float16,
-    attn_implementation="sdpa",
-)
-
-peft_config = LoraConfig(
-    r=16,
-    lora_alpha=32,
-    lora_dropout=0.05,
-    target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-    bias="none",
-    task_type="CAUSAL_LM",
-)
-
 training_args = SFTConfig(
     max_length=8192,
     packing=True,
@@ -74,6 +59,21 @@ training_args = SFTConfig(
     logging_steps=10,
     save_strategy="epoch",
     report_to="none",
+)
+
+model = AutoModelForCausalLM.from_pretrained(
+    MODEL,
+    dtype=torch.float16,
+    attn_implementation="sdpa",
+)
+
+peft_config = LoraConfig(
+    r=16,
+    lora_alpha=32,
+    lora_dropout=0.05,
+    target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    bias="none",
+    task_type="CAUSAL_LM",
 )
 
 dataset = load_dataset("json", data_files="./data/train.jsonl", split="train")

@@ -51,23 +51,6 @@ quantization_config = BitsAndBytesConfig(
     bnb_4bit_compute_dtype=torch.bfloat16,
 )
 
-model = AutoModelForCausalLM.from_pretrained(
-    MODEL,
-    dtype=torch.bfloat16,
-    attn_implementation="flash_attention_2",
-    quantization_config=quantization_config,
-    device_map={"": int(os.environ.get("LOCAL_RANK", "0"))},
-)
-
-peft_config = LoraConfig(
-    r=64,
-    lora_alpha=16,
-    lora_dropout=0.1,
-    target_modules="all-linear",
-    bias="none",
-    task_type="CAUSAL_LM",
-)
-
 training_args = SFTConfig(
     max_length=4096,
     packing=False,
@@ -86,6 +69,23 @@ training_args = SFTConfig(
     logging_steps=10,
     save_strategy="epoch",
     report_to="none",
+)
+
+model = AutoModelForCausalLM.from_pretrained(
+    MODEL,
+    dtype=torch.bfloat16,
+    attn_implementation="flash_attention_2",
+    quantization_config=quantization_config,
+    device_map={"": int(os.environ.get("LOCAL_RANK", "0"))},
+)
+
+peft_config = LoraConfig(
+    r=64,
+    lora_alpha=16,
+    lora_dropout=0.1,
+    target_modules="all-linear",
+    bias="none",
+    task_type="CAUSAL_LM",
 )
 
 dataset = load_dataset("trl-lib/Capybara", split="train")

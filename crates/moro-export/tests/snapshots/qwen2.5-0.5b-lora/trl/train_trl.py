@@ -42,21 +42,6 @@ from trl import SFTConfig, SFTTrainer
 
 MODEL = "Qwen/Qwen2.5-0.5B"
 
-model = AutoModelForCausalLM.from_pretrained(
-    MODEL,
-    dtype=torch.bfloat16,
-    attn_implementation="sdpa",
-)
-
-peft_config = LoraConfig(
-    r=16,
-    lora_alpha=32,
-    lora_dropout=0.05,
-    target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
-    bias="none",
-    task_type="CAUSAL_LM",
-)
-
 training_args = SFTConfig(
     max_length=2048,
     packing=True,
@@ -76,6 +61,21 @@ training_args = SFTConfig(
     logging_steps=10,
     save_strategy="epoch",
     report_to="none",
+)
+
+model = AutoModelForCausalLM.from_pretrained(
+    MODEL,
+    dtype=torch.bfloat16,
+    attn_implementation="sdpa",
+)
+
+peft_config = LoraConfig(
+    r=16,
+    lora_alpha=32,
+    lora_dropout=0.05,
+    target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+    bias="none",
+    task_type="CAUSAL_LM",
 )
 
 dataset = load_dataset("tatsu-lab/alpaca", split="train")

@@ -22,7 +22,7 @@
 #     --learning_rate 0.00001 \
 #     --lr_scheduler_type cosine \
 #     --optim adamw_torch \
-#     --bf16 false \
+#     --bf16 true \
 #     --fp16 false \
 #     --gradient_checkpointing true \
 #     --gradient_checkpointing_kwargs '{"use_reentrant":false}' \
@@ -40,12 +40,8 @@ from trl import SFTConfig, SFTTrainer
 
 MODEL = "Qwen/Qwen2.5-7B"
 
-model = AutoModelForCausalLM.from_pretrained(
-    MODEL,
-    dtype=torch.bfloat16,
-    attn_implementation="flash_attention_2",
-)
-
+# SFTConfig first: ZeRO-3 partitions the weights as they load only when its DeepSpeed
+# config exists before from_pretrained (else every rank loads the whole model).
 training_args = SFTConfig(
     max_length=4096,
     packing=True,
@@ -57,7 +53,7 @@ training_args = SFTConfig(
     learning_rate=0.00001,
     lr_scheduler_type="cosine",
     optim="adamw_torch",
-    bf16=False,
+    bf16=True,
     fp16=False,
     gradient_checkpointing=True,
     gradient_checkpointing_kwargs={"use_reentrant": False},
@@ -65,6 +61,12 @@ training_args = SFTConfig(
     logging_steps=10,
     save_strategy="epoch",
     report_to="none",
+)
+
+model = AutoModelForCausalLM.from_pretrained(
+    MODEL,
+    dtype=torch.bfloat16,
+    attn_implementation="flash_attention_2",
 )
 
 dataset = load_dataset("tatsu-lab/alpaca", split="train")

@@ -19,7 +19,7 @@
 #     --lr_scheduler_type cosine \
 #     --weight_decay 0.1 \
 #     --optim adamw_torch \
-#     --bf16 false \
+#     --bf16 true \
 #     --fp16 false \
 #     --gradient_checkpointing true \
 #     --gradient_checkpointing_kwargs '{"use_reentrant":false}' \
@@ -37,12 +37,8 @@ from trl import SFTConfig, SFTTrainer
 
 MODEL = "Qwen/Qwen2.5-7B"
 
-model = AutoModelForCausalLM.from_pretrained(
-    MODEL,
-    dtype=torch.bfloat16,
-    attn_implementation="flash_attention_2",
-)
-
+# SFTConfig first: ZeRO-3 partitions the weights as they load only when its DeepSpeed
+# config exists before from_pretrained (else every rank loads the whole model).
 training_args = SFTConfig(
     max_length=4096,
     packing=True,
@@ -55,7 +51,7 @@ training_args = SFTConfig(
     lr_scheduler_type="cosine",
     weight_decay=0.1,
     optim="adamw_torch",
-    bf16=False,
+    bf16=True,
     fp16=False,
     gradient_checkpointing=True,
     gradient_checkpointing_kwargs={"use_reentrant": False},
@@ -63,6 +59,12 @@ training_args = SFTConfig(
     logging_steps=10,
     save_strategy="epoch",
     report_to="none",
+)
+
+model = AutoModelForCausalLM.from_pretrained(
+    MODEL,
+    dtype=torch.bfloat16,
+    attn_implementation="flash_attention_2",
 )
 
 dataset = load_dataset("trl-lib/Capybara", split="train")

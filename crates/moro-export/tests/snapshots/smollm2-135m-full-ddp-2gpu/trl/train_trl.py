@@ -34,12 +34,6 @@ from trl import SFTConfig, SFTTrainer
 
 MODEL = "HuggingFaceTB/SmolLM2-135M"
 
-model = AutoModelForCausalLM.from_pretrained(
-    MODEL,
-    dtype=torch.bfloat16,
-    attn_implementation="sdpa",
-)
-
 training_args = SFTConfig(
     max_length=2048,
     packing=True,
@@ -57,6 +51,12 @@ training_args = SFTConfig(
     logging_steps=10,
     save_strategy="epoch",
     report_to="none",
+)
+
+model = AutoModelForCausalLM.from_pretrained(
+    MODEL,
+    dtype=torch.bfloat16,
+    attn_implementation="sdpa",
 )
 
 dataset = load_dataset("trl-lib/Capybara", split="train")
