@@ -27,8 +27,7 @@ fn formulas_never_name_a_stack() {
                 "Stack::Torchtune",
             ] {
                 // The search's default request names the default stack; no formula does.
-                let default_request =
-                    f.ends_with("space.rs") && code.trim() == "stack: Stack::Hf,";
+                let default_request = f.ends_with("space.rs") && code.trim() == "stack: Stack::Hf,";
                 assert!(
                     !code.contains(v) || default_request,
                     "{}:{}: {}",
