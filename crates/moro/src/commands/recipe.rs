@@ -104,8 +104,10 @@ pub(crate) struct GenerateArgs {
     /// Training stack: hf, trl, litgpt, torchtune.
     #[arg(long, default_value = "hf", value_parser = parse_stack)]
     pub(crate) stack: Stack,
-    /// What to optimize: quality (method > adapters > precision > checkpointing > batch >
-    /// optimizer) or speed (checkpointing > batch > method > attention > optimizer).
+    /// What to optimize, after the longest context that fits (when --seq-len is not given):
+    /// quality (method > adapters > precision > GPU layout > rank > no checkpointing > batch >
+    /// optimizer > attention) or speed (no offload > more GPUs > no checkpointing > less
+    /// communication > batch > method > attention > optimizer).
     #[arg(long, default_value = "quality", value_parser = parse_objective)]
     pub(crate) objective: Objective,
     /// Host RAM available for CPU offload (`2TiB`): offloading configurations whose
