@@ -7,7 +7,6 @@ use super::*;
 use crate::ExportError;
 use crate::plan::{DS_CONFIG_NAME, Dist, Plan};
 use crate::value::{Map, Value};
-use crate::yaml::to_yaml;
 
 pub(crate) fn axolotl(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
     let mut w = Vec::new();
@@ -136,7 +135,7 @@ pub(crate) fn axolotl(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
     }
     stack_warning(p, "axolotl", &mut w);
 
-    let mut files = Vec::new();
+    let files = Vec::new();
     match p.dist {
         Dist::Zero { .. } => m.set("deepspeed", DS_CONFIG_NAME),
         Dist::Fsdp {
@@ -177,7 +176,7 @@ pub(crate) fn axolotl(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
     m.set("logging_steps", LOGGING_STEPS);
     m.set("save_strategy", "epoch");
 
-    let mut header = p.header("axolotl config");
+    let header = p.header("axolotl config");
     let launch = match p.dist {
         Dist::Single => format!("axolotl train {main}"),
         // Without a config file accelerate needs the machine count too (axolotl's
@@ -193,16 +192,7 @@ pub(crate) fn axolotl(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
             d.gpus()
         ),
     };
-    header.push(format!("Run: {launch}"));
-    header.extend(node_header(p, Launcher::EachNode));
-    w.extend(node_warning(p, Launcher::EachNode));
-    files.insert(0, file(main, to_yaml(&Value::Map(m), &header)));
-    files.extend(ds_file(p));
-    Ok(Out {
-        files,
-        warnings: w,
-        launch,
-    })
+    Ok(yaml_config_out(p, main, m, header, files, w, launch))
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -6,8 +6,7 @@ use moro_recipe::choices::{Attention, Precision};
 use super::*;
 use crate::ExportError;
 use crate::plan::{ACCELERATE_CONFIG_NAME, Dist, MASTER_PORT, Plan};
-use crate::value::{Map, Value};
-use crate::yaml::to_yaml;
+use crate::value::Map;
 
 /// LLaMA-Factory chat template for a model (base and instruct use the same one).
 pub(super) fn llamafactory_template(p: &Plan<'_>) -> Option<&'static str> {
@@ -148,17 +147,8 @@ pub(crate) fn llamafactory(p: &Plan<'_>, main: &str) -> Result<Out, ExportError>
             )
         }
     };
-    let mut header = p.header("LLaMA-Factory config");
-    header.push(format!("Run: {launch}"));
-    header.extend(node_header(p, Launcher::EachNode));
-    w.extend(node_warning(p, Launcher::EachNode));
-    files.insert(0, file(main, to_yaml(&Value::Map(m), &header)));
-    files.extend(ds_file(p));
-    Ok(Out {
-        files,
-        warnings: w,
-        launch,
-    })
+    let header = p.header("LLaMA-Factory config");
+    Ok(yaml_config_out(p, main, m, header, files, w, launch))
 }
 
 // ---------------------------------------------------------------------------------------------

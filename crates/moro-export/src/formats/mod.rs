@@ -25,6 +25,9 @@ use trainer_args::*;
 use trl::*;
 
 use crate::ExportFile;
+use crate::plan::Plan;
+use crate::value::{Map, Value};
+use crate::yaml::to_yaml;
 
 /// What a format function returns.
 pub(crate) struct Out {
@@ -53,5 +56,29 @@ fn local_data_type(path: &str) -> Option<&'static str> {
         Some("parquet")
     } else {
         None
+    }
+}
+
+/// A YAML-configured trainer's export (axolotl, LLaMA-Factory): the config `m` under its
+/// header, the launch line and how each node runs it, before the other `files`, with the
+/// DeepSpeed config when there is one.
+fn yaml_config_out(
+    p: &Plan<'_>,
+    main: &str,
+    m: Map,
+    mut header: Vec<String>,
+    mut files: Vec<ExportFile>,
+    mut w: Vec<String>,
+    launch: String,
+) -> Out {
+    header.push(format!("Run: {launch}"));
+    header.extend(node_header(p, Launcher::EachNode));
+    w.extend(node_warning(p, Launcher::EachNode));
+    files.insert(0, file(main, to_yaml(&Value::Map(m), &header)));
+    files.extend(ds_file(p));
+    Out {
+        files,
+        warnings: w,
+        launch,
     }
 }
