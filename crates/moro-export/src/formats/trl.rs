@@ -146,15 +146,7 @@ pub(crate) fn trl(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
     let sft = sft_config_kwargs(p, &mut w, true);
     let launch = script_launch(p, main);
 
-    let mut s = String::new();
-    s.push_str(&format!(
-        "# TRL SFTTrainer script, written by moro {} from recipe `{}`.\n",
-        env!("CARGO_PKG_VERSION"),
-        p.name
-    ));
-    s.push_str("# Edit the recipe and export again rather than editing this file.\n");
-    s.push_str(&format!("# Run: {launch}\n"));
-    s.push_str(&script_node_header(p, &mut w));
+    let mut s = script_header(p, "TRL SFTTrainer", &launch, &mut w);
     s.push_str("#\n# The same run with the `trl sft` command line:\n#   trl sft");
     for arg in trl_cli(p, &dataset, &sft) {
         s.push_str(&format!(" \\\n#     {arg}"));
@@ -223,6 +215,20 @@ pub(crate) fn trl(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
         trainer_kw.push(("peft_config", code("peft_config")));
     }
     Ok(sft_script_out(p, main, s, &trainer_kw, w, launch))
+}
+
+/// The opening comment of a TRL / Unsloth script: what wrote it from which recipe, how to run
+/// it, and on several nodes how each one starts.
+pub(super) fn script_header(p: &Plan<'_>, what: &str, launch: &str, w: &mut Vec<String>) -> String {
+    let mut s = format!(
+        "# {what} script, written by moro {} from recipe `{}`.\n",
+        env!("CARGO_PKG_VERSION"),
+        p.name
+    );
+    s.push_str("# Edit the recipe and export again rather than editing this file.\n");
+    s.push_str(&format!("# Run: {launch}\n"));
+    s.push_str(&script_node_header(p, w));
+    s
 }
 
 /// Ends a TRL / Unsloth script with the `SFTTrainer` call, training and saving, and returns

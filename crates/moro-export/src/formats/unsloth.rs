@@ -53,15 +53,7 @@ pub(crate) fn unsloth(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
         false.into()
     };
 
-    let mut s = String::new();
-    s.push_str(&format!(
-        "# Unsloth script, written by moro {} from recipe `{}`.\n",
-        env!("CARGO_PKG_VERSION"),
-        p.name
-    ));
-    s.push_str("# Edit the recipe and export again rather than editing this file.\n");
-    s.push_str(&format!("# Run: {launch}\n"));
-    s.push_str(&script_node_header(p, &mut w));
+    let mut s = script_header(p, "Unsloth", &launch, &mut w);
     s.push('\n');
     s.push_str(
         "from unsloth import FastLanguageModel  # first: Unsloth patches transformers and TRL\n\n",
