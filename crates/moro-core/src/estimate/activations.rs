@@ -1042,9 +1042,8 @@ impl Activations {
         // Prefix tuning's keys and values, per sequence and layer (every layer's under
         // checkpointing too: the cache holds them until the forward ends).
         let prefix_kv = job.micro_batch_size * ctx.prefix_kv_per_sequence();
-        let layers: u64 = model.layers.iter().map(|g| g.count).sum();
         Self {
-            all: all * t + delta_all + layers * prefix_kv,
+            all: all * t + delta_all + model.num_layers * prefix_kv,
             one_layer: one * t + delta_one + prefix_kv,
             checkpoint_one: ckpt * t,
             head: head * t + head_fixed / tp,

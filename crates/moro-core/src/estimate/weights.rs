@@ -202,8 +202,8 @@ pub fn lora_tensors(model: &ModelSpec, job: &Job) -> Vec<(u64, (u64, u64))> {
         }
         PeftKind::PromptTuning => return vec![(1, (job.lora.virtual_tokens, h))],
         PeftKind::PrefixTuning => {
-            let layers: u64 = model.layers.iter().map(|g| g.count).sum();
-            return vec![(1, (job.lora.virtual_tokens, layers * 2 * model.kv_width()))];
+            let width = model.num_layers * 2 * model.kv_width();
+            return vec![(1, (job.lora.virtual_tokens, width))];
         }
         _ => {}
     }

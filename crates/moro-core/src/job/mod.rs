@@ -896,12 +896,12 @@ impl Job {
     /// default is the model code's at its versions).
     #[must_use]
     pub fn loss_is_model_code(&self) -> bool {
+        // The default is the model code's exactly when it resolves to transformers' loss.
         self.loss.is_none()
-            && match self.stack.profile().default_loss {
-                DefaultLoss::ModelCode => true,
-                DefaultLoss::SftTrainer => !self.versions.trl_chunked_loss(),
-                DefaultLoss::Chunked => false,
-            }
+            && matches!(
+                self.loss_impl(),
+                LossImpl::Standard | LossImpl::StandardLegacy
+            )
     }
 
     /// Checks the job's values against each other and the model.
