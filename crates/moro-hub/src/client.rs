@@ -524,7 +524,7 @@ impl HubClient {
             });
             return local::read_gguf_header(&path);
         }
-        local::grow_gguf(file, GGUF_FIRST_READ, GGUF_MAX_HEADER, |len| {
+        local::grow_gguf(file, GGUF_FIRST_READ, GGUF_MAX_HEADER, &[], |len| {
             self.fetch_range(repo, file, 0, len)
         })
     }

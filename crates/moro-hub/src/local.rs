@@ -225,11 +225,13 @@ pub fn read_safetensors_headers(paths: &[PathBuf]) -> Result<Vec<SafetensorsHead
 
 /// Parses a GGUF header from a growing prefix: `first` bytes, then ×4 up to `max` or the
 /// end, as long as the parser reports a truncation. `read(len)` returns the first `len`
-/// bytes (fewer at the end of the file) and the file size when known.
+/// bytes (fewer at the end of the file) and the file size when known. The arrays of the keys
+/// in `whole` are kept at every length ([`gguf::parse_header_keeping`]).
 pub(crate) fn grow_gguf(
     file: &str,
     first: u64,
     max: u64,
+    whole: &[&str],
     mut read: impl FnMut(u64) -> Result<(Vec<u8>, Option<u64>), HubError>,
 ) -> Result<GgufHeader, HubError> {
     let fmt = |e: &GgufError| HubError::Format {
@@ -239,7 +241,7 @@ pub(crate) fn grow_gguf(
     let mut len = first;
     loop {
         let (bytes, total) = read(len)?;
-        match gguf::parse_header(&bytes) {
+        match gguf::parse_header_keeping(&bytes, whole) {
             Ok(h) => return Ok(h),
             Err(e @ GgufError::Truncated { needed, .. }) => {
                 let end = total.unwrap_or(u64::MAX);
@@ -259,17 +261,32 @@ pub(crate) fn grow_gguf(
 /// # Errors
 /// [`HubError::Io`] or [`HubError::Format`].
 pub fn read_gguf_header(path: &Path) -> Result<GgufHeader, HubError> {
+    read_gguf_header_keeping(path, &[])
+}
+
+/// [`read_gguf_header`], keeping the arrays of the keys in `whole` at every length (the
+/// tokenizer's vocabulary and merges).
+///
+/// # Errors
+/// [`HubError::Io`] or [`HubError::Format`].
+pub fn read_gguf_header_keeping(path: &Path, whole: &[&str]) -> Result<GgufHeader, HubError> {
     let mut f = File::open(path).map_err(|e| io_err(path, &e))?;
     let total = f.metadata().map_err(|e| io_err(path, &e))?.len();
-    grow_gguf(&file_label(path), GGUF_FIRST_READ, GGUF_MAX_HEADER, |len| {
-        f.seek(SeekFrom::Start(0)).map_err(|e| io_err(path, &e))?;
-        let mut buf = Vec::new();
-        (&mut f)
-            .take(len)
-            .read_to_end(&mut buf)
-            .map_err(|e| io_err(path, &e))?;
-        Ok((buf, Some(total)))
-    })
+    grow_gguf(
+        &file_label(path),
+        GGUF_FIRST_READ,
+        GGUF_MAX_HEADER,
+        whole,
+        |len| {
+            f.seek(SeekFrom::Start(0)).map_err(|e| io_err(path, &e))?;
+            let mut buf = Vec::new();
+            (&mut f)
+                .take(len)
+                .read_to_end(&mut buf)
+                .map_err(|e| io_err(path, &e))?;
+            Ok((buf, Some(total)))
+        },
+    )
 }
 
 #[cfg(test)]
@@ -316,7 +333,7 @@ mod tests {
         };
         assert_eq!(read_gguf_header(&file).unwrap().weight_bytes(), 64);
         // Grows past a small first read.
-        let h = grow_gguf("m.gguf", 16, 1 << 20, |len| {
+        let h = grow_gguf("m.gguf", 16, 1 << 20, &[], |len| {
             Ok((
                 bytes[..bytes.len().min(len as usize)].to_vec(),
                 Some(bytes.len() as u64),

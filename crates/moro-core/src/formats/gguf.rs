@@ -438,7 +438,15 @@ const fn min_value_size(t: u32) -> u64 {
     }
 }
 
-fn read_value(r: &mut Reader<'_>, t: u32, key: &str, depth: u32) -> Result<GgufValue, GgufError> {
+/// Reads a value of type `t`; an array is kept whole when `whole`, else only up to
+/// [`MAX_KEPT_ARRAY`] elements.
+fn read_value(
+    r: &mut Reader<'_>,
+    t: u32,
+    key: &str,
+    depth: u32,
+    whole: bool,
+) -> Result<GgufValue, GgufError> {
     let what = format!("value of `{key}`");
     Ok(match t {
         0 => GgufValue::U8(r.array::<1>(&what)?[0]),
@@ -468,11 +476,12 @@ fn read_value(r: &mut Reader<'_>, t: u32, key: &str, depth: u32) -> Result<GgufV
             }
             let len = r.u64(&what)?;
             r.check_count(len, min_value_size(elem_type), &format!("array `{key}`"))?;
-            let keep = len <= MAX_KEPT_ARRAY;
+            let keep = len <= MAX_KEPT_ARRAY || whole;
             let mut values = Vec::new();
             if keep {
-                // len <= MAX_KEPT_ARRAY and checked against the remaining bytes.
-                values.reserve(usize::try_from(len).unwrap_or(0));
+                // At most MAX_KEPT_ARRAY up front: a whole array grows as its elements are
+                // read, each one bytes the file really holds.
+                values.reserve(usize::try_from(len.min(MAX_KEPT_ARRAY)).unwrap_or(0));
             }
             for _ in 0..len {
                 let v = skip_or_read(r, elem_type, key, depth + 1, keep)?;
@@ -507,7 +516,7 @@ fn skip_or_read(
     keep: bool,
 ) -> Result<Option<GgufValue>, GgufError> {
     if keep {
-        return read_value(r, t, key, depth).map(Some);
+        return read_value(r, t, key, depth, false).map(Some);
     }
     match t {
         8 => {
@@ -515,7 +524,7 @@ fn skip_or_read(
             r.take(n, &format!("string in `{key}`"))?;
         }
         9 => {
-            read_value(r, t, key, depth)?;
+            read_value(r, t, key, depth, false)?;
         }
         7 => {
             if r.array::<1>(key)?[0] > 1 {
@@ -537,6 +546,15 @@ fn skip_or_read(
 /// [`GgufError::Truncated`] (fetch at least `needed` bytes and retry; if the file is not that
 /// long it is corrupt), or another [`GgufError`].
 pub fn parse_header(bytes: &[u8]) -> Result<GgufHeader, GgufError> {
+    parse_header_keeping(bytes, &[])
+}
+
+/// [`parse_header`], keeping the arrays of the keys in `whole` at every length (a tokenizer's
+/// `tokenizer.ggml.tokens` and `merges`); each element was checked to fit in the bytes.
+///
+/// # Errors
+/// As [`parse_header`].
+pub fn parse_header_keeping(bytes: &[u8], whole: &[&str]) -> Result<GgufHeader, GgufError> {
     let mut r = Reader { buf: bytes, pos: 0 };
     let magic = r.array::<4>("magic")?;
     if magic != MAGIC {
@@ -563,7 +581,7 @@ pub fn parse_header(bytes: &[u8]) -> Result<GgufHeader, GgufError> {
     for _ in 0..n_kv {
         let key = r.string("metadata key")?;
         let t = r.u32("metadata value type")?;
-        let value = read_value(&mut r, t, &key, 0)?;
+        let value = read_value(&mut r, t, &key, 0, whole.contains(&key.as_str()))?;
         if !keys.insert(key.clone()) {
             return Err(GgufError::Invalid(format!("duplicate key `{key}`")));
         }
@@ -1137,6 +1155,18 @@ impl GgufWriter {
     pub fn u32_array(mut self, k: &str, v: &[u32]) -> Self {
         let buf = self.key(k, 9);
         buf.extend_from_slice(&4u32.to_le_bytes());
+        buf.extend_from_slice(&(v.len() as u64).to_le_bytes());
+        for x in v {
+            buf.extend_from_slice(&x.to_le_bytes());
+        }
+        self
+    }
+
+    /// Adds an array of `f32`.
+    #[must_use]
+    pub fn f32_array(mut self, k: &str, v: &[f32]) -> Self {
+        let buf = self.key(k, 9);
+        buf.extend_from_slice(&6u32.to_le_bytes());
         buf.extend_from_slice(&(v.len() as u64).to_le_bytes());
         for x in v {
             buf.extend_from_slice(&x.to_le_bytes());
