@@ -6,6 +6,7 @@
 
 mod contain;
 mod error;
+pub mod gguf_vocab;
 pub mod rows;
 pub mod scan;
 pub mod shape;

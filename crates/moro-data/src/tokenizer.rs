@@ -90,6 +90,25 @@ impl ModelTokenizer {
         })
     }
 
+    /// From the vocabulary of a GGUF header read with its arrays whole
+    /// ([`crate::gguf_vocab::WHOLE_ARRAYS`]), its special tokens and chat template
+    /// (`template`, from a file, replaces it).
+    ///
+    /// # Errors
+    /// The vocabulary is missing, malformed or of a kind not modelled
+    /// ([`crate::gguf_vocab::tokenizer_files`]).
+    pub fn from_gguf(
+        header: &moro_core::formats::gguf::GgufHeader,
+        template: Option<&str>,
+        today: Date,
+    ) -> Result<Self, DataError> {
+        let (tokenizer, config) = crate::gguf_vocab::tokenizer_files(header)?;
+        let bytes = |v: &Value| {
+            serde_json::to_vec(v).map_err(|e| DataError::new(format!("GGUF vocabulary: {e}")))
+        };
+        Self::from_bytes(&bytes(&tokenizer)?, Some(&bytes(&config)?), template, today)
+    }
+
     /// Whether a chat template came with the tokenizer.
     pub fn has_chat_template(&self) -> bool {
         self.template.is_some()

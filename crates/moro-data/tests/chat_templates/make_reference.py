@@ -1,9 +1,11 @@
 """Token ids transformers produces for the conversations in conversations.json, with the
-tokenizer files fetch_tokenizers.sh brings: the reference the chat-template test compares
-moro's rendering and tokenization with.
+tokenizer files fetch_tokenizers.sh brings, and for Phi-3.5 with the tokenizer transformers builds
+from llama.cpp's Phi-3 vocabulary GGUF (../gguf_vocab/fetch_vocabs.sh) and Phi-3.5-mini-instruct's
+template: the reference the chat-template test compares moro's rendering and tokenization with.
 
-    python3 -m venv venv && venv/bin/pip install transformers==5.24.0 jinja2
-    ./fetch_tokenizers.sh && venv/bin/python make_reference.py [DIR] > reference_ids.json
+    python3 -m venv venv && venv/bin/pip install transformers==5.24.0 jinja2 gguf
+    ./fetch_tokenizers.sh && ../gguf_vocab/fetch_vocabs.sh
+    venv/bin/python make_reference.py [DIR] > reference_ids.json
 
 For each family and conversation: `apply_chat_template(messages, tools=tools, tokenize=True)`
 (the whole conversation) and, with `add_generation_prompt=True`, the messages before the last
@@ -24,6 +26,10 @@ from transformers import AutoTokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DAY = datetime.date(2026, 12, 2)
+# Families whose tokenizer is a GGUF's vocabulary: (file, chat template) under DIR/gguf.
+GGUF_FAMILIES = {
+    "phi3_5": ("ggml-vocab-phi-3.gguf", "microsoft-Phi-3.5-mini-instruct.jinja"),
+}
 TEXTS = [
     "Hello world",
     "  leading spaces, trailing newline\n",
@@ -67,8 +73,14 @@ def main():
         "date": DAY.isoformat(),
         "families": {},
     }
-    for family in families:
-        tok = AutoTokenizer.from_pretrained(os.path.join(root, family))
+    out["gguf_families"] = {}
+    tokenizers_of = [(f, AutoTokenizer.from_pretrained(os.path.join(root, f)), "families") for f in families]
+    for family, (file, template) in GGUF_FAMILIES.items():
+        gguf_dir = os.path.join(root, "gguf")
+        tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=file)
+        tok.chat_template = open(os.path.join(gguf_dir, template)).read()
+        tokenizers_of.append((family, tok, "gguf_families"))
+    for family, tok, group in tokenizers_of:
         rows = []
         for c in conversations:
             messages, tools = c["messages"], c.get("tools")
@@ -78,7 +90,7 @@ def main():
                 row["prompt"] = ids(tok, messages[:last], tools, True)
             rows.append(row)
         texts = [{"text": t, "ids": tok(t)["input_ids"]} for t in TEXTS]
-        out["families"][family] = {"conversations": rows, "texts": texts}
+        out[group][family] = {"conversations": rows, "texts": texts}
     json.dump(out, sys.stdout, indent=1, ensure_ascii=False)
     sys.stdout.write("\n")
 
