@@ -1,6 +1,7 @@
 //! Finding the tokenizer of `--model` for `moro data`: a model directory or its
 //! `tokenizer.json`, else the Hugging Face cache, else the Hub (stored in the cache as
-//! `huggingface_hub` stores it), with `tokenizer_config.json` and `chat_template.jinja` beside it.
+//! `huggingface_hub` stores it), with `tokenizer_config.json` and `chat_template.jinja` beside it;
+//! or the vocabulary and chat template a `.gguf` file carries.
 
 use std::path::{Path, PathBuf};
 
@@ -27,34 +28,56 @@ pub(crate) fn load(
     hub: &HubArgs,
     today: Date,
 ) -> Result<(ModelTokenizer, String)> {
-    let files = if Path::new(model).exists() {
-        local(Path::new(model))?
-    } else {
-        let files = hub_files(model, hub);
-        crate::resolve::clear_progress();
-        files?
-    };
     let template = match chat_template {
         Some(p) => Some(
             std::fs::read_to_string(p)
                 .map_err(|e| user(format!("--chat-template {}: {e}", p.display())))?,
         ),
-        None => files.template,
+        None => None,
     };
+    let path = Path::new(model);
+    if path.is_file()
+        && path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    {
+        return gguf(path, template.as_deref(), today);
+    }
+    let files = if path.exists() {
+        local(path)?
+    } else {
+        let files = hub_files(model, hub);
+        crate::resolve::clear_progress();
+        files?
+    };
+    let template = template.or(files.template);
     let tok = ModelTokenizer::from_bytes(
         &files.tokenizer,
         files.config.as_deref(),
         template.as_deref(),
         today,
     )
-    .map_err(|e| {
-        let message = format!("tokenizer of `{model}` ({}): {}", files.source, e.message);
-        match e.hint {
-            Some(h) => user_hint(message, h),
-            None => user(message),
-        }
-    })?;
+    .map_err(|e| data_error(&format!("tokenizer of `{model}` ({})", files.source), e))?;
     Ok((tok, files.source))
+}
+
+fn data_error(context: &str, e: moro_data::DataError) -> anyhow::Error {
+    let message = format!("{context}: {}", e.message);
+    match e.hint {
+        Some(h) => user_hint(message, h),
+        None => user(message),
+    }
+}
+
+/// The vocabulary of a GGUF file: only its header is read.
+fn gguf(path: &Path, template: Option<&str>, today: Date) -> Result<(ModelTokenizer, String)> {
+    let header =
+        moro_hub::local::read_gguf_header_keeping(path, &moro_data::gguf_vocab::WHOLE_ARRAYS)
+            .map_err(|e| user(e.to_string()))?;
+    let source = format!("{} (its own vocabulary)", path.display());
+    let tok = ModelTokenizer::from_gguf(&header, template, today)
+        .map_err(|e| data_error(&path.display().to_string(), e))?;
+    Ok((tok, source))
 }
 
 fn read_optional(path: &Path) -> Result<Option<Vec<u8>>> {
@@ -66,18 +89,6 @@ fn read_optional(path: &Path) -> Result<Option<Vec<u8>>> {
 }
 
 fn local(path: &Path) -> Result<Files> {
-    if path
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
-    {
-        return Err(user_hint(
-            format!(
-                "{}: reading a GGUF's own vocabulary is not supported yet",
-                path.display()
-            ),
-            "give the model's directory or its tokenizer.json",
-        ));
-    }
     let (dir, tokenizer) = if path.is_dir() {
         (path.to_path_buf(), path.join("tokenizer.json"))
     } else {

@@ -484,3 +484,101 @@ fn recipe_generate_cuts_the_datas_length_to_the_models_context() {
     assert_eq!(v["recipe"]["training"]["max_seq_length"], 1024);
     assert_eq!(v["recipe"]["data"]["truncated_samples"], 10);
 }
+
+/// A GGUF with a SentencePiece vocabulary of its own and a chat template: `<s>`, `</s>`, `▁`,
+/// `w` and `▁w` (whose merge the scores give), so a text of n words is n tokens of `▁w`,
+/// BOS before (a SentencePiece GGUF adds it) and the EOS TRL appends: n + 2.
+fn gguf_vocab(dir: &Path, model: &str) -> std::path::PathBuf {
+    use moro_core::formats::gguf::GgufWriter;
+    let path = dir.join("tiny.gguf");
+    let bytes = GgufWriter::new()
+        .string("general.architecture", "llama")
+        .string("tokenizer.ggml.model", model)
+        .string_array(
+            "tokenizer.ggml.tokens",
+            &["<unk>", "<s>", "</s>", "\u{2581}", "w", "\u{2581}w"],
+        )
+        .f32_array("tokenizer.ggml.scores", &[0.0, 0.0, 0.0, -1.0, -2.0, -3.0])
+        .u32_array("tokenizer.ggml.token_type", &[2, 3, 3, 1, 1, 1])
+        .u32("tokenizer.ggml.bos_token_id", 1)
+        .u32("tokenizer.ggml.eos_token_id", 2)
+        .string(
+            "tokenizer.chat_template",
+            "{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}",
+        )
+        .build(false);
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+#[test]
+fn a_gguf_is_its_own_tokenizer() {
+    let dir = tempfile::tempdir().unwrap();
+    gguf_vocab(dir.path(), "llama");
+    let mut text = String::new();
+    for n in [3, 9, 19] {
+        text.push_str(&format!("{}\n", json!({"text": words(n)})));
+    }
+    std::fs::write(dir.path().join("texts.jsonl"), &text).unwrap();
+    let out = moro(dir.path())
+        .args([
+            "data",
+            "stats",
+            "texts.jsonl",
+            "--model",
+            "tiny.gguf",
+            "--json",
+        ])
+        .assert()
+        .code(0)
+        .get_output()
+        .stdout
+        .clone();
+    let v = json_of(&out);
+    assert_eq!(v["samples"], 3);
+    assert_eq!(v["sequence"]["max"], 21, "{v}");
+    assert_eq!(v["sequence"]["p50"], 11, "{v}");
+    assert!(
+        v["tokenizer"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("tiny.gguf"),
+        "{v}"
+    );
+    // A conversation: the GGUF's own template, rendered and encoded without BOS: 4 + 1 + 5 + 1.
+    std::fs::write(
+        dir.path().join("chat.jsonl"),
+        format!("{}\n", json!({"messages": [{"role": "user", "content": words(4)}, {"role": "assistant", "content": words(5)}]})),
+    )
+    .unwrap();
+    let out = moro(dir.path())
+        .args([
+            "data",
+            "stats",
+            "chat.jsonl",
+            "--model",
+            "tiny.gguf",
+            "--json",
+        ])
+        .assert()
+        .code(0)
+        .get_output()
+        .stdout
+        .clone();
+    assert_eq!(json_of(&out)["sequence"]["max"], 11);
+    // A vocabulary type moro does not read is one clear error.
+    gguf_vocab(dir.path(), "bert");
+    let out = moro(dir.path())
+        .args(["data", "stats", "texts.jsonl", "--model", "tiny.gguf"])
+        .assert()
+        .code(2)
+        .get_output()
+        .stderr
+        .clone();
+    let e = String::from_utf8_lossy(&out);
+    assert!(
+        e.contains("a `bert` vocabulary (`tokenizer.ggml.model`) is not read from a GGUF yet"),
+        "{e}"
+    );
+    assert!(e.contains("hint: give the model's tokenizer.json"), "{e}");
+}
