@@ -208,37 +208,39 @@ fn strings(header: &GgufHeader, key: &str) -> Result<Option<Vec<String>>, DataEr
         .transpose()
 }
 
-/// An array of `n` numbers, or `None` when the key is absent.
-fn numbers(header: &GgufHeader, key: &str, n: usize) -> Result<Option<Vec<u64>>, DataError> {
-    let Some(values) = array(header, key)? else {
-        return Ok(None);
-    };
-    if values.len() != n {
+/// An array of one entry per token (`n`), or `None` when the key is absent.
+fn per_token<'h>(
+    header: &'h GgufHeader,
+    key: &str,
+    n: usize,
+) -> Result<Option<&'h [GgufValue]>, DataError> {
+    let values = array(header, key)?;
+    if let Some(v) = values.filter(|v| v.len() != n) {
         return Err(DataError::new(format!(
             "`{key}` has {} entries for {n} tokens",
-            values.len()
+            v.len()
         )));
     }
-    values
-        .iter()
-        .map(GgufValue::as_u64)
-        .collect::<Option<Vec<_>>>()
-        .map(Some)
-        .ok_or_else(|| DataError::new(format!("`{key}` holds a value that is not a count")))
+    Ok(values)
+}
+
+/// The token types, or `None` when the key is absent.
+fn numbers(header: &GgufHeader, key: &str, n: usize) -> Result<Option<Vec<u64>>, DataError> {
+    per_token(header, key, n)?
+        .map(|values| {
+            values
+                .iter()
+                .map(GgufValue::as_u64)
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| DataError::new(format!("`{key}` holds a value that is not a count")))
+        })
+        .transpose()
 }
 
 /// The scores of a SentencePiece vocabulary (`n` of them, required).
 fn floats(header: &GgufHeader, key: &str, n: usize) -> Result<Vec<f64>, DataError> {
-    let values = array(header, key)?.ok_or_else(|| {
-        DataError::new(format!("a SentencePiece GGUF vocabulary without `{key}`"))
-    })?;
-    if values.len() != n {
-        return Err(DataError::new(format!(
-            "`{key}` has {} entries for {n} tokens",
-            values.len()
-        )));
-    }
-    values
+    per_token(header, key, n)?
+        .ok_or_else(|| DataError::new(format!("a SentencePiece GGUF vocabulary without `{key}`")))?
         .iter()
         .map(|v| v.as_f64().filter(|f| !f.is_nan()))
         .collect::<Option<Vec<_>>>()

@@ -5,38 +5,22 @@
 
 use std::path::PathBuf;
 
-use moro_data::{Date, ModelTokenizer};
+use common::DAY;
+use moro_data::ModelTokenizer;
 use serde_json::Value;
 
-const DAY: Date = Date {
-    year: 2026,
-    month: 12,
-    day: 2,
-};
+mod common;
 
 fn here() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/chat_templates")
 }
 
 fn tokenizers_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("MORO_TOKENIZERS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/tokenizers")
-        });
-    if dir.join("llama3_2/tokenizer.json").is_file() {
-        return Some(dir);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "no tokenizer files in {}: CI runs crates/moro-data/tests/chat_templates/fetch_tokenizers.sh first",
-        dir.display()
-    );
-    eprintln!(
-        "skipped: no tokenizer files in {} (run crates/moro-data/tests/chat_templates/fetch_tokenizers.sh)",
-        dir.display()
-    );
-    None
+    common::fetched(
+        "",
+        "llama3_2/tokenizer.json",
+        "chat_templates/fetch_tokenizers.sh",
+    )
 }
 
 fn ids(v: &Value) -> Vec<u32> {

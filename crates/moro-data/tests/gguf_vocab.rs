@@ -5,15 +5,12 @@
 
 use std::path::PathBuf;
 
+use common::DAY;
 use moro_core::formats::gguf::parse_header_keeping;
+use moro_data::ModelTokenizer;
 use moro_data::gguf_vocab::WHOLE_ARRAYS;
-use moro_data::{Date, ModelTokenizer};
 
-const DAY: Date = Date {
-    year: 2026,
-    month: 12,
-    day: 2,
-};
+mod common;
 
 /// The vocabularies checked: SentencePiece (Llama 2, Phi-3) and byte-level BPE with four
 /// pre-tokenizers (GPT-2, Llama 3, Qwen2, Qwen3.5).
@@ -26,26 +23,12 @@ const VOCABS: [&str; 6] = [
     "gpt-2",
 ];
 
-pub fn vocabs_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("MORO_TOKENIZERS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/tokenizers")
-        })
-        .join("gguf");
-    if dir.join("ggml-vocab-phi-3.gguf").is_file() {
-        return Some(dir);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "no GGUF vocabularies in {}: CI runs crates/moro-data/tests/gguf_vocab/fetch_vocabs.sh first",
-        dir.display()
-    );
-    eprintln!(
-        "skipped: no GGUF vocabularies in {} (run crates/moro-data/tests/gguf_vocab/fetch_vocabs.sh)",
-        dir.display()
-    );
-    None
+fn vocabs_dir() -> Option<PathBuf> {
+    common::fetched(
+        "gguf",
+        "ggml-vocab-phi-3.gguf",
+        "gguf_vocab/fetch_vocabs.sh",
+    )
 }
 
 fn load(path: &std::path::Path) -> ModelTokenizer {

@@ -28,13 +28,12 @@ pub(crate) fn load(
     hub: &HubArgs,
     today: Date,
 ) -> Result<(ModelTokenizer, String)> {
-    let template = match chat_template {
-        Some(p) => Some(
+    let template = chat_template
+        .map(|p| {
             std::fs::read_to_string(p)
-                .map_err(|e| user(format!("--chat-template {}: {e}", p.display())))?,
-        ),
-        None => None,
-    };
+                .map_err(|e| user(format!("--chat-template {}: {e}", p.display())))
+        })
+        .transpose()?;
     let path = Path::new(model);
     if path.is_file()
         && path

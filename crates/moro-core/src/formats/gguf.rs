@@ -1152,24 +1152,28 @@ impl GgufWriter {
 
     /// Adds an array of `u32`.
     #[must_use]
-    pub fn u32_array(mut self, k: &str, v: &[u32]) -> Self {
-        let buf = self.key(k, 9);
-        buf.extend_from_slice(&4u32.to_le_bytes());
-        buf.extend_from_slice(&(v.len() as u64).to_le_bytes());
-        for x in v {
-            buf.extend_from_slice(&x.to_le_bytes());
-        }
-        self
+    pub fn u32_array(self, k: &str, v: &[u32]) -> Self {
+        self.fixed_array(k, 4, v.iter().map(|x| x.to_le_bytes()))
     }
 
     /// Adds an array of `f32`.
     #[must_use]
-    pub fn f32_array(mut self, k: &str, v: &[f32]) -> Self {
+    pub fn f32_array(self, k: &str, v: &[f32]) -> Self {
+        self.fixed_array(k, 6, v.iter().map(|x| x.to_le_bytes()))
+    }
+
+    /// An array (type 9) of elements of type `elem_type`, each `N` little-endian bytes.
+    fn fixed_array<const N: usize>(
+        mut self,
+        k: &str,
+        elem_type: u32,
+        v: impl ExactSizeIterator<Item = [u8; N]>,
+    ) -> Self {
         let buf = self.key(k, 9);
-        buf.extend_from_slice(&6u32.to_le_bytes());
+        buf.extend_from_slice(&elem_type.to_le_bytes());
         buf.extend_from_slice(&(v.len() as u64).to_le_bytes());
         for x in v {
-            buf.extend_from_slice(&x.to_le_bytes());
+            buf.extend_from_slice(&x);
         }
         self
     }
