@@ -33,6 +33,7 @@ MODELS = {
     "meta-llama--Llama-3.2-3B.json": "meta-llama/Llama-3.2-3B",
     "google--gemma-2-2b.json": "google/gemma-2-2b",
     "EleutherAI--pythia-410m.json": "EleutherAI/pythia-410m",
+    "openai--gpt-oss-20b.json": "openai/gpt-oss-20b",
 }
 
 

@@ -90,6 +90,13 @@ pub struct Linear {
     pub active: u64,
     /// Its role.
     pub role: LinearRole,
+    /// The copies are one stacked `nn.Parameter` (`count × in × out`, and `count × out` for
+    /// the bias) that the model multiplies itself (`F.linear`, `grouped_mm`), not `nn.Linear`
+    /// modules: transformers 5.24's `GptOssExperts` and `GptOssTopKRouter`. PEFT's
+    /// `target_modules` (`all-linear` included) and bitsandbytes' `replace_with_bnb_linear`
+    /// match modules only, so such a weight is never adapted nor quantized.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fused: bool,
 }
 
 impl Linear {
@@ -110,7 +117,15 @@ impl Linear {
             count: 1,
             active: 1,
             role,
+            fused: false,
         }
+    }
+
+    /// Whether PEFT can put an adapter on it and bitsandbytes replace it: an `nn.Linear`
+    /// module ([`Self::fused`] weights are not).
+    #[must_use]
+    pub const fn is_module(&self) -> bool {
+        !self.fused
     }
 
     /// Weight elements of one copy (`in · out`).
@@ -304,6 +319,34 @@ pub struct ModelSpec {
     /// fp32 inputs and `rsqrt` are saved for backward ([`crate::estimate::activations`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub qk_norm: bool,
+    /// Learned attention sinks, one logit per head (gpt-oss: `GptOssAttention.sinks`): eager
+    /// attention appends it as one more score column before the softmax and drops it after
+    /// (transformers 5.24 `gpt_oss` `eager_attention_forward`). Transformers has no SDPA
+    /// path for them (`GptOssPreTrainedModel._supports_sdpa = False`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub attention_sinks: bool,
+    /// The norm weights stay fp32 in a 16-bit model (`_keep_in_fp32_modules`, gpt-oss), so
+    /// `weight * normed` multiplies in fp32 and saves the fp32 `normed` when the weight
+    /// trains.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fp32_norms: bool,
+    /// The checkpoint stores its experts in MXFP4 (`quantization_config.quant_method:
+    /// mxfp4`, gpt-oss), which inference keeps ([`crate::job::Quantization::Mxfp4`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mxfp4_experts: bool,
+    /// How a routed expert applies its gate (MoE models whose experts are [`Linear::fused`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_gate: Option<ExpertGate>,
+}
+
+/// The gated activation inside a fused expert, as the saved tensors differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExpertGate {
+    /// gpt-oss's clamped SwiGLU on interleaved gate/up columns (`GptOssExperts._apply_gate`:
+    /// `gate.clamp(max=limit)`, `up.clamp(-limit, limit)`, `glu = gate * sigmoid(gate *
+    /// alpha)`, `(up + 1) * glu`).
+    ClampedSwiglu,
 }
 
 impl ModelSpec {

@@ -59,8 +59,9 @@ fn roles_of_linear(name: &str, role: LinearRole, out: u64, h: u64) -> &'static [
 
 /// Maps requested target names onto the model's Linear names. Names the model has are kept
 /// as they are; role names (`query`, `mlp`, `output_proj`, ...) become the model's Linears of
-/// that role; `head`/`lm_head` is dropped (adapters on lm_head are not modelled); unknown
-/// names are kept so that [`crate::job::Job::validate`] reports them.
+/// that role; `head`/`lm_head` is dropped (adapters on lm_head are not modelled), and so is a
+/// name that only a [`crate::model::Linear::fused`] weight answers to (PEFT matches modules);
+/// unknown names are kept so that [`crate::job::Job::validate`] reports them.
 #[must_use]
 pub fn resolve(model: &ModelSpec, targets: &Targets) -> Targets {
     resolve_names(model, targets)
@@ -84,20 +85,29 @@ fn resolve_names(model: &ModelSpec, targets: &Targets) -> Targets {
         if matches!(lower.as_str(), "head" | "lm_head" | "output") {
             continue;
         }
-        if model.linears().any(|(_, l)| &l.name == name) {
+        if model
+            .linears()
+            .any(|(_, l)| &l.name == name && l.is_module())
+        {
             push(name);
             continue;
         }
         let wanted = roles_of_request(&lower);
         let mut found = false;
+        let mut fused_only = false;
         for (_, l) in model.linears() {
             let has = roles_of_linear(&l.name, l.role, l.out_features, h);
-            if has.iter().any(|r| wanted.contains(r)) {
+            let role_matches = has.iter().any(|r| wanted.contains(r)) || &l.name == name;
+            if role_matches && l.is_module() {
                 push(&l.name);
                 found = true;
+            } else if role_matches {
+                fused_only = true;
             }
         }
-        if !found {
+        // A name whose only match is a fused weight (gpt-oss's experts) matches no module:
+        // PEFT skips it as long as another entry matches, and so does this.
+        if !found && !fused_only {
             push(name);
         }
     }

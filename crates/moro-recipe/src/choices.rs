@@ -172,6 +172,8 @@ choice! {
         Fp4Dq = "fp4-dq" => Fp4Dq,
         /// A GPTQ/AWQ int4 checkpoint (group size 128).
         GptqInt4 = "gptq-int4" | "gptq" => Gptq4,
+        /// gpt-oss's MXFP4 experts, kept for inference.
+        Mxfp4 = "mxfp4" => Mxfp4,
     }
 }
 

@@ -67,7 +67,8 @@ pub(crate) struct JobArgs {
     /// Method: full, lora, qlora or inference [default: lora; qlora with --quantization].
     #[arg(long, value_parser = parse_method, help_heading = "Job")]
     pub(crate) method: Option<Method>,
-    /// Base weights: none, int8, nf4, nf4-dq, fp4, fp4-dq, gptq-int4 [qlora default: nf4-dq].
+    /// Base weights: none, int8, nf4, nf4-dq, fp4, fp4-dq, gptq-int4, mxfp4 (gpt-oss
+    /// inference) [qlora default: nf4-dq; gpt-oss inference: mxfp4].
     #[arg(long, value_parser = parse_quantization, help_heading = "Job")]
     pub(crate) quantization: Option<Quantization>,
     /// PEFT method of a lora/qlora job: lora; PEFT's ia3, vera, loha, lokr and oft (r =

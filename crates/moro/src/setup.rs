@@ -103,8 +103,9 @@ pub(crate) fn resolve(inputs: JobInputs<'_>) -> Result<JobSetup> {
         Some(r) => r.job_error(e),
         None => crate::error::job(e),
     };
-    let mut job = settings.resolve().map_err(|e| job_error(&e))?;
-    job.lora.targets = moro_core::targets::resolve(&model.spec, &job.lora.targets);
+    let job = settings
+        .resolve_for(&model.spec)
+        .map_err(|e| job_error(&e))?;
     job.validate(&model.spec).map_err(|e| job_error(&e))?;
     let device = target.as_ref().and_then(|t| t.hardware.devices.first());
     let warnings =

@@ -335,6 +335,10 @@ pub(crate) fn build(p: Plan) -> Result<ModelSpec, ArchError> {
         encoder: None,
         logit_softcapping: false,
         qk_norm: false,
+        attention_sinks: false,
+        fp32_norms: false,
+        mxfp4_experts: false,
+        expert_gate: None,
     };
     let total = checked_total(&spec)?;
     if total > MAX_TOTAL_PARAMS {

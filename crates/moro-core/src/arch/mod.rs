@@ -19,6 +19,7 @@ mod falcon;
 mod gemma;
 mod gpt2;
 mod gpt_neox;
+mod gpt_oss;
 mod llama;
 mod olmo2;
 mod phi;
@@ -71,6 +72,7 @@ pub const SUPPORTED: &[&str] = &[
     "phi3",
     "deepseek_v2",
     "deepseek_v3",
+    "gpt_oss",
     "olmo2",
     "gpt2",
     "gpt_bigcode",
@@ -104,6 +106,7 @@ pub fn parse_config(bytes: &[u8]) -> Result<ModelSpec, ArchError> {
         "gemma" | "gemma2" | "gemma3" | "gemma3_text" => gemma::parse(&c, model_type),
         "phi3" => phi3::parse(&c),
         "deepseek_v2" | "deepseek_v3" => deepseek::parse(&c, model_type),
+        "gpt_oss" => gpt_oss::parse(&c),
         "olmo2" => olmo2::parse(&c),
         "gpt2" | "gpt_bigcode" => gpt2::parse(&c, model_type),
         "gpt_neox" => gpt_neox::parse(&c),

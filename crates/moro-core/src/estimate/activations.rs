@@ -26,7 +26,7 @@
 //! `16h + 4ad + 4kd + 4a + 8I` per token per layer.
 
 use crate::job::{Attention, Job, Method, Padding, PeftKind};
-use crate::model::{EncoderSpec, LayerGroup, Linear, LinearRole, ModelSpec, NormKind};
+use crate::model::{EncoderSpec, ExpertGate, LayerGroup, Linear, LinearRole, ModelSpec, NormKind};
 use crate::stack::AttentionModule;
 
 use super::Regime;
@@ -285,7 +285,7 @@ impl Ctx<'_> {
                         shared = false;
                     }
                 }
-                if peft && job.peft.uses_targets() && job.lora.targets.matches(&l.name) {
+                if peft && job.peft.uses_targets() && job.lora.targets.adapts(l) {
                     let adapter_out = l.out_features / tp * mult;
                     match job.peft {
                         PeftKind::Ia3 if super::weights::ia3_feedforward(m, job, l) => {
@@ -462,8 +462,11 @@ impl Ctx<'_> {
 
         // Norms.
         let n_norms = Self::norms_per_layer(g, m);
+        // `weight * normed` saves `normed` for a trainable weight: in the stream dtype, or
+        // fp32 when the weights stay fp32 (`ModelSpec::fp32_norms`).
+        let normed = if m.fp32_norms { 4 } else { s };
         let per_norm = match m.norm {
-            NormKind::RmsNorm => 4 * h + if full { s * h } else { 0 },
+            NormKind::RmsNorm => 4 * h + if full { normed * h } else { 0 },
             NormKind::LayerNorm => s * h,
         };
         // A parallel-residual block (GPT-NeoX `use_parallel_residual`, Falcon's
@@ -511,10 +514,8 @@ impl Ctx<'_> {
                         .iter()
                         .filter(|l| group_of(l, h) == Group::AttnIn)
                         .collect();
-                    let enabled: Vec<&&Linear> = qkv
-                        .iter()
-                        .filter(|l| job.lora.targets.matches(&l.name))
-                        .collect();
+                    let enabled: Vec<&&Linear> =
+                        qkv.iter().filter(|l| job.lora.targets.adapts(l)).collect();
                     if !enabled.is_empty() && enabled.len() < qkv.len() {
                         b += attn_b * enabled.iter().map(|l| l.out_features / tp).sum::<u64>();
                     }
@@ -540,11 +541,16 @@ impl Ctx<'_> {
                 }
                 b
             }
+            Attention::Eager if m.attention_sinks => self.eager_sinks_core(attn_b),
             Attention::Eager => {
                 // q, repeat_kv-expanded k and v, fp32 softmax + bf16 probs.
                 attn_b * 3 * ad + a * (seq + prefix) * (4 + attn_b)
             }
         };
+
+        if g.moe && m.expert_gate.is_some() {
+            return bytes + self.fused_experts_bytes(o);
+        }
 
         // MLP core.
         let i_act = m.active_intermediate(g.moe) / tp;
@@ -562,6 +568,56 @@ impl Ctx<'_> {
             bytes += 4 * moe.num_experts + moe.experts_per_token * h * mlp_o;
         }
         bytes
+    }
+
+    /// Saved bytes per token of eager attention with sinks ([`ModelSpec::attention_sinks`];
+    /// transformers 5.24 `gpt_oss` `eager_attention_forward`), `attn_b` bytes per element of
+    /// q, k and v: the rotated q and the `repeat_kv` copies of k and v (saved by the two
+    /// `matmul`s); `cat([scores, sinks])` promotes to the sinks' dtype, whose softmax output
+    /// is saved (`a · (s + 1)`) and, when that is wider than v, its cast to v's dtype too;
+    /// the row maxima's int64 indices (`combined.max(dim=-1)`) are saved by `MaxBackward`.
+    fn eager_sinks_core(&self, attn_b: u64) -> u64 {
+        let tp = self.tp.max(1);
+        let a = self.m.num_heads / tp;
+        let ad = self.m.q_width() / tp;
+        let sinks = if self.job.method == Method::Full {
+            self.r.param_bytes
+        } else {
+            self.r.frozen_bytes
+        };
+        let probs = attn_b.max(sinks);
+        let cast = if probs > attn_b { attn_b } else { 0 };
+        let scores = (self.job.seq_len + self.prefix_tokens() + 1) * a;
+        attn_b * 3 * ad + scores * (probs + cast) + 8 * a
+    }
+
+    /// Saved bytes per token of a fused MoE block ([`ModelSpec::expert_gate`]), `o` bytes
+    /// per element of the expert outputs, following transformers 5.24
+    /// `integrations/moe.py` `grouped_mm_experts_forward` for each of the `k` routed copies
+    /// of a token: the `gate_up` output (`2I`, kept whole by the clamps' saved views), then
+    /// [`ExpertGate::ClampedSwiglu`]'s clamp, sigmoid, `glu` and `up + 1` outputs (`4I`), and
+    /// the down projection's output, saved by its multiply with the routing weight (`h`).
+    /// The router (`GptOssTopKRouter`) saves its top-k indices, the sort permutation, the
+    /// token index `perm // k` and the inverse permutation (int64 each), and the top-k
+    /// softmax and its permuted copy. A trainable router also saves its input; the
+    /// experts' gathered inputs are [`Self::linear_inputs`]'.
+    fn fused_experts_bytes(&self, o: u64) -> u64 {
+        let m = self.m;
+        let tp = self.tp.max(1);
+        let Some(moe) = &m.moe else { return 0 };
+        let k = moe.experts_per_token;
+        let i = moe.expert_intermediate_size / tp;
+        let gate = match m.expert_gate {
+            Some(ExpertGate::ClampedSwiglu) | None => 6 * i,
+        };
+        let router = k * (4 * 8 + 2 * o);
+        let full = if self.job.method == Method::Full {
+            // The router's input, and `sort`'s sorted values (int64).
+            m.hidden_size * self.r.stream_bytes + 8 * k
+        } else {
+            0
+        };
+        k * (gate + m.hidden_size) * o + router + full
     }
 
     /// Saved bytes per token of litgpt's attention core (flash / SDPA), `attn_b` bytes per
@@ -1009,7 +1065,7 @@ impl Activations {
             let per_layer = |g: &LayerGroup| -> u64 {
                 g.linears
                     .iter()
-                    .filter(|l| job.lora.targets.matches(&l.name))
+                    .filter(|l| job.lora.targets.adapts(l))
                     .map(|l| l.count * fixed(l))
                     .sum::<u64>()
                     / tp.max(1)
@@ -1018,7 +1074,7 @@ impl Activations {
                 .layers
                 .iter()
                 .flat_map(|g| g.linears.iter())
-                .filter(|l| job.lora.targets.matches(&l.name))
+                .filter(|l| job.lora.targets.adapts(l))
                 .map(|l| l.weight_numel() * ab / tp.max(1))
                 .max()
                 .unwrap_or(0);

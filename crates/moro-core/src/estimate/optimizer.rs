@@ -59,18 +59,23 @@ pub fn trainable_tensors(model: &ModelSpec, job: &Job) -> Vec<Trainable> {
             let mut v = Vec::new();
             for g in &model.layers {
                 for l in &g.linears {
-                    let copies = g.count * l.count;
+                    // A fused weight is one stacked tensor per layer; Linears one per copy.
+                    let (copies, stack) = if l.fused {
+                        (g.count, l.count)
+                    } else {
+                        (g.count * l.count, 1)
+                    };
                     v.push(Trainable {
                         copies,
-                        numel: l.weight_numel(),
-                        shape: (l.out_features, l.in_features),
+                        numel: stack * l.weight_numel(),
+                        shape: (stack * l.out_features, l.in_features),
                         embedding: false,
                     });
                     if l.bias {
                         v.push(Trainable {
                             copies,
-                            numel: l.out_features,
-                            shape: (l.out_features, 1),
+                            numel: stack * l.out_features,
+                            shape: (stack * l.out_features, 1),
                             embedding: false,
                         });
                     }

@@ -45,6 +45,8 @@ pub fn quantized_linear_bytes(l: &Linear, q: Quantization) -> u64 {
                 + groups * l.out_features.div_ceil(2)
                 + 4 * l.in_features
         }
+        // `*_blocks` (two values a byte) and `*_scales` (one byte per 32 values).
+        Quantization::Mxfp4 => n.div_ceil(2) + n.div_ceil(32),
         Quantization::None => n * 2,
     }
 }
@@ -61,8 +63,9 @@ pub const fn torchao_nf4_bytes(n: u64) -> u64 {
 
 /// Bytes of the base model's weights as the job holds them (adapters excluded).
 ///
-/// Only `nn.Linear` modules inside the decoder layers are quantized; embeddings, norms,
-/// biases and lm_head stay in the load dtype (transformers `replace_with_bnb_linear` and
+/// Only `nn.Linear` modules inside the decoder layers are quantized (not
+/// [`crate::model::Linear::fused`] weights); embeddings, norms, biases and lm_head stay in
+/// the load dtype (transformers `replace_with_bnb_linear` and
 /// `get_keys_to_not_convert`, memory-anatomy §1.2) — except under Lightning's plugin, which
 /// quantizes lm_head too.
 #[must_use]
@@ -78,12 +81,17 @@ pub fn base_weight_bytes(model: &ModelSpec, job: &Job, r: &Regime) -> u64 {
     let mut quant = 0u64;
     let mut quantized_params = 0u64;
     let torchtune = job.stack.profile().nf4 == crate::stack::Nf4Kernel::Torchao && q.is_bnb4();
-    for (layers, l) in model.linears() {
+    // bitsandbytes replaces `nn.Linear` modules; MXFP4 is the stored experts only.
+    let quantized = |l: &Linear| match q {
+        Quantization::Mxfp4 => l.fused && l.role == crate::model::LinearRole::Expert,
+        _ => l.is_module(),
+    };
+    for (layers, l) in model.linears().filter(|(_, l)| quantized(l)) {
         if torchtune {
             // torchtune quantizes only the base weight of each `LoRALinear`
             // (`lora.py`: `to_nf4(linear.weight) if self._quantize_base`); other Linears
             // stay in the load dtype.
-            if !job.lora.targets.matches(&l.name) {
+            if !job.lora.targets.adapts(l) {
                 continue;
             }
             quant += layers * l.count * torchao_nf4_bytes(l.weight_numel());
@@ -122,6 +130,7 @@ pub fn bnb4_quant_state_bytes(model: &ModelSpec, job: &Job) -> u64 {
     }
     model
         .linears()
+        .filter(|(_, l)| l.is_module())
         .map(|(layers, l)| {
             layers
                 * l.count
@@ -209,7 +218,7 @@ pub fn lora_tensors(model: &ModelSpec, job: &Job) -> Vec<(u64, (u64, u64))> {
     }
     let mut v = Vec::new();
     for (layers, l) in model.linears() {
-        if !job.lora.targets.matches(&l.name) {
+        if !job.lora.targets.adapts(l) {
             continue;
         }
         let copies = layers * l.count;
@@ -310,11 +319,7 @@ pub fn vera_buffers(model: &ModelSpec, job: &Job) -> u64 {
     if job.peft != PeftKind::Vera {
         return 0;
     }
-    let targeted = || {
-        model
-            .linears()
-            .filter(|(_, l)| job.lora.targets.matches(&l.name))
-    };
+    let targeted = || model.linears().filter(|(_, l)| job.lora.targets.adapts(l));
     let max_in = targeted().map(|(_, l)| l.in_features).max().unwrap_or(0);
     let max_out = targeted().map(|(_, l)| l.out_features).max().unwrap_or(0);
     job.lora.rank * (max_in + max_out) * 4

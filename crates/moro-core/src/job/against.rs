@@ -29,6 +29,36 @@ pub fn check(
             job.seq_len, model.max_position_embeddings
         ));
     }
+    if model.attention_sinks {
+        match job.attention {
+            Attention::Sdpa => {
+                return Err(JobError {
+                    field: "attention",
+                    message: format!(
+                        "{} has attention sinks, which transformers runs only in `eager` \
+                         attention or FlashAttention 3/4 kernels (`_supports_sdpa = False`): \
+                         use `eager`",
+                        model.model_type
+                    ),
+                });
+            }
+            Attention::Flash => warnings.push(format!(
+                "attention flash: FlashAttention 2 ignores {}'s attention sinks (transformers \
+                 passes them to FA3/FA4 kernels only, e.g. kernels-community/vllm-flash-attn3); \
+                 the memory is FlashAttention's either way",
+                model.model_type
+            )),
+            Attention::Eager => {}
+        }
+    }
+    if job.method == Method::Qlora && model.linears().any(|(_, l)| !l.is_module()) {
+        warnings.push(format!(
+            "qlora on {}: bitsandbytes quantizes nn.Linear modules only, and the experts are \
+             fused parameters, so they stay unquantized, and PEFT's k-bit preparation casts \
+             them to fp32; LoRA on the 16-bit model needs less",
+            model.model_type
+        ));
+    }
     // A size alone (`--memory 24GiB`) says nothing about the GPU's features.
     let Some(d) = device.filter(|d| d.vendor != Vendor::Generic) else {
         return Ok(warnings);
@@ -52,6 +82,17 @@ pub fn check(
             message: format!(
                 "bitsandbytes and GPTQ kernels need CUDA or ROCm; {} is an Apple GPU (MLX \
                  quantizes its own way)",
+                d.name
+            ),
+        });
+    }
+    if job.quantization == Quantization::Mxfp4 && d.compute_capability.is_some_and(|cc| cc < (7, 5))
+    {
+        return Err(JobError {
+            field: "quantization",
+            message: format!(
+                "MXFP4 kernels need compute capability 7.5 or newer; {}{cc} has less, and \
+                 transformers dequantizes the experts to bf16 there: use `none`",
                 d.name
             ),
         });

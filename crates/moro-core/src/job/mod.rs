@@ -231,11 +231,16 @@ pub enum Quantization {
     Fp4Dq,
     /// A GPTQ/AWQ-style int4 checkpoint (group size 128, fp16 scales and packed zeros).
     Gptq4,
+    /// gpt-oss's MXFP4 experts kept as stored for inference (transformers 5.24
+    /// `Mxfp4HfQuantizer` with the triton kernels): 4-bit values in blocks of 32 with one
+    /// 8-bit scale each; attention, router, embedding and lm_head stay 16-bit
+    /// (`modules_to_not_convert`).
+    Mxfp4,
 }
 
 impl Quantization {
     /// All values.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::None,
         Self::Int8,
         Self::Nf4,
@@ -243,6 +248,7 @@ impl Quantization {
         Self::Fp4,
         Self::Fp4Dq,
         Self::Gptq4,
+        Self::Mxfp4,
     ];
 
     /// The name on the command line and in moro.yaml.
@@ -256,6 +262,7 @@ impl Quantization {
             Self::Fp4 => "fp4",
             Self::Fp4Dq => "fp4-dq",
             Self::Gptq4 => "gptq-int4",
+            Self::Mxfp4 => "mxfp4",
         }
     }
 
@@ -290,6 +297,13 @@ impl Targets {
             Self::AllLinear => true,
             Self::Names(v) => v.iter().any(|n| n == name),
         }
+    }
+
+    /// Whether PEFT puts an adapter on `l`: a targeted `nn.Linear` module (a
+    /// [`crate::model::Linear::fused`] weight is none, `all-linear` included).
+    #[must_use]
+    pub fn adapts(&self, l: &crate::model::Linear) -> bool {
+        l.is_module() && self.matches(&l.name)
     }
 }
 
@@ -1049,7 +1063,7 @@ impl Job {
             }
             if self.peft == PeftKind::Oft
                 && let Some((_, l)) = model.linears().find(|(_, l)| {
-                    self.lora.targets.matches(&l.name) && !l.in_features.is_multiple_of(r.max(1))
+                    self.lora.targets.adapts(l) && !l.in_features.is_multiple_of(r.max(1))
                 })
             {
                 return err(
@@ -1073,14 +1087,28 @@ impl Job {
                 );
             }
             if let Targets::Names(names) = &self.lora.targets {
+                let mut known: Vec<&str> = model
+                    .linears()
+                    .filter(|(_, l)| l.is_module())
+                    .map(|(_, l)| l.name.as_str())
+                    .collect();
+                known.dedup();
                 if names.is_empty() {
-                    return err("target_modules", "is empty".to_owned());
+                    let why = if model.linears().any(|(_, l)| !l.is_module()) {
+                        format!(
+                            "names no nn.Linear module of this model ({}: its experts and \
+                             router are fused parameters, which PEFT's target_modules do not \
+                             reach); it has: {}",
+                            model.model_type,
+                            known.join(", ")
+                        )
+                    } else {
+                        "is empty".to_owned()
+                    };
+                    return err("target_modules", why);
                 }
                 for n in names {
-                    if !model.linears().any(|(_, l)| &l.name == n) {
-                        let mut known: Vec<&str> =
-                            model.linears().map(|(_, l)| l.name.as_str()).collect();
-                        known.dedup();
+                    if !model.linears().any(|(_, l)| &l.name == n && l.is_module()) {
                         return err(
                             "target_modules",
                             format!(
@@ -1110,6 +1138,25 @@ impl Job {
                     model.model_type
                 ),
             );
+        }
+        if self.quantization == Quantization::Mxfp4 {
+            if !model.mxfp4_experts {
+                return err(
+                    "quantization",
+                    format!(
+                        "mxfp4 is gpt-oss's own expert format; {} has no MXFP4 experts",
+                        model.model_type
+                    ),
+                );
+            }
+            if self.method != Method::Inference {
+                return err(
+                    "quantization",
+                    "mxfp4 experts have no backward pass in transformers 5.24; a fine-tune \
+                     loads them dequantized (`Mxfp4Config(dequantize=True)`): use `none`"
+                        .to_owned(),
+                );
+            }
         }
         if self.method == Method::Full && self.quantization != Quantization::None {
             return err(

@@ -250,6 +250,27 @@ impl JobSettings {
         })
     }
 
+    /// The job for `model`: [`Self::resolve`], then the defaults that depend on the model
+    /// and the LoRA targets bound to its modules ([`crate::targets::resolve`]). A model with
+    /// attention sinks runs eager attention unless told otherwise: transformers 5.24 falls
+    /// back to eager when SDPA, its default, is not supported (`get_correct_attn_implementation`).
+    ///
+    /// # Errors
+    /// As [`Self::resolve`].
+    pub fn resolve_for(&self, model: &crate::model::ModelSpec) -> Result<Job, JobError> {
+        let mut job = self.resolve()?;
+        if self.attention.is_none() && model.attention_sinks {
+            job.attention = Attention::Eager;
+        }
+        // Inference keeps a checkpoint's MXFP4 experts (transformers' default,
+        // `Mxfp4Config(dequantize=False)`).
+        if self.quantization.is_none() && job.method == Method::Inference && model.mxfp4_experts {
+            job.quantization = Quantization::Mxfp4;
+        }
+        job.lora.targets = crate::targets::resolve(model, &job.lora.targets);
+        Ok(job)
+    }
+
     /// The layout: `gpus` is the total, split into data × tensor × pipeline parallel.
     fn parallel(&self) -> Result<Parallel, JobError> {
         let err = |field, message: String| Err(JobError { field, message });

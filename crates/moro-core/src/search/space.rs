@@ -263,7 +263,11 @@ impl Space {
         } else {
             vec![Precision::Fp16Mixed]
         };
-        let attentions = if caps.flash_attention {
+        // Attention sinks have no SDPA path, and FlashAttention 2 drops them (transformers
+        // 5.24 passes `s_aux` to FA3 and FA4 kernels only): eager is what runs them.
+        let attentions = if model.attention_sinks {
+            vec![Attention::Eager]
+        } else if caps.flash_attention {
             vec![Attention::Flash, Attention::Sdpa]
         } else {
             vec![Attention::Sdpa]

@@ -193,6 +193,8 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         Quantization::None
     } else if quant_text.contains("gptq") {
         Quantization::Gptq4
+    } else if quant_text.contains("mxfp4") {
+        Quantization::Mxfp4
     } else if quant_text.contains("int8") || quant_text.contains("8-bit") {
         Quantization::Int8
     } else if quant_text.contains("nf4")
