@@ -7,11 +7,11 @@ capability before picking the kernel. On a machine without a GPU that question f
 wrapper answers it as an sm90 GPU (H100/H200) would, then runs the fake-CUDA oracle
 (../shared/oracle/oracle.py) unchanged: every option is the oracle's.
 
-`--matrix gpt-oss` regenerates validation/oracle-traces/gpt-oss.jsonl (the cases
-crates/moro-core/tests/gpt_oss.rs checks; about 5 minutes on two cores). The model config
-is data/models/openai--gpt-oss-20b.json without its `quantization_config` (a fine-tune
-dequantizes the MXFP4 experts to bf16: `Mxfp4Config(dequantize=True)`, as the OpenAI
-cookbook and TRL's gpt-oss recipe load it).
+`--matrix moe` regenerates validation/oracle-traces/moe.jsonl (the cases
+crates/moro-core/tests/moe.rs checks; about 8 minutes on two cores): gpt-oss-20b whole, and
+Mixtral-8x7B and Qwen3-30B-A3B cut to 4 layers, from their configs in data/models (gpt-oss
+without its `quantization_config`: a fine-tune dequantizes the MXFP4 experts to bf16,
+`Mxfp4Config(dequantize=True)`, as the OpenAI cookbook and TRL's gpt-oss recipe load it).
 
 Example (PY = the oracle venv's python, from the repository root):
   $PY calibration/moe_trace.py --config /tmp/gpt-oss-20b.json --method lora \\
@@ -32,12 +32,18 @@ ROOT = os.path.normpath(os.path.join(HERE, ".."))
 ORACLE_DIR = os.environ.get("MORO_ORACLE_DIR") or os.path.normpath(
     os.path.join(ROOT, "..", "shared", "oracle")
 )
-TRACES = os.path.join(ROOT, "validation", "oracle-traces", "gpt-oss.jsonl")
-CONFIG = os.path.join(ROOT, "data", "models", "openai--gpt-oss-20b.json")
+TRACES = os.path.join(ROOT, "validation", "oracle-traces", "moe.jsonl")
+MODELS_DIR = os.path.join(ROOT, "data", "models")
 
-# (label, oracle arguments) of the traced cases.
-ATTN = ["--lora-targets", "q_proj,k_proj,v_proj,o_proj", "--attn", "eager"]
-MATRIX = [
+# (config in data/models, layers to keep or None, targets, attention) per model.
+MODELS = [
+    ("openai--gpt-oss-20b", None, "q_proj,k_proj,v_proj,o_proj", "eager"),
+    ("mistralai--Mixtral-8x7B-v0.1", 4, "q_proj,k_proj,v_proj,o_proj,w1,w2,w3", "sdpa"),
+    ("Qwen--Qwen3-30B-A3B", 4, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", "sdpa"),
+]
+
+# (case, oracle arguments) traced on every model.
+CASES = [
     ("lora bf16 1x1024", ["--method", "lora", "--precision", "bf16", "--batch", "1", "--seq", "1024"]),
     ("lora bf16 2x2048 ckpt", ["--method", "lora", "--precision", "bf16", "--batch", "2", "--seq", "2048", "--grad-ckpt"]),
     ("lora bf16-mixed 1x1024", ["--method", "lora", "--precision", "bf16-mixed", "--batch", "1", "--seq", "1024"]),
@@ -54,41 +60,48 @@ def answer_compute_capability() -> None:
     torch.cuda.get_device_capability = lambda device=None: (9, 0)
 
 
-def dequantized_config() -> str:
-    """The gpt-oss-20b config without `quantization_config`, in a temporary file."""
-    with open(CONFIG) as f:
+def trace_config(stem: str, layers: int | None, tmp: str) -> str:
+    """The model's config without `quantization_config` (a fine-tune dequantizes gpt-oss's
+    MXFP4 experts: `Mxfp4Config(dequantize=True)`), cut to `layers` (file `<stem>-L<n>.json`,
+    which validation/oracle_to_rows.py turns into `model_overrides`)."""
+    with open(os.path.join(MODELS_DIR, stem + ".json")) as f:
         cfg = json.load(f)
     cfg.pop("quantization_config", None)
-    path = os.path.join(tempfile.mkdtemp(), "openai--gpt-oss-20b.json")
+    name = stem
+    if layers is not None:
+        cfg["num_hidden_layers"] = layers
+        if "layer_types" in cfg:
+            cfg["layer_types"] = cfg["layer_types"][:layers]
+        name += "-L%d" % layers
+    path = os.path.join(tmp, name + ".json")
     with open(path, "w") as f:
         json.dump(cfg, f)
     return path
 
 
 def run_matrix() -> None:
-    """Every case, one subprocess each, into TRACES (cases already there are kept: delete
-    the file to trace everything again)."""
+    """Every case on every model, one subprocess each, into TRACES (cases already there are
+    kept: delete the file to trace everything again)."""
     done = set()
     if os.path.exists(TRACES):
         with open(TRACES) as f:
             done = {json.loads(line).get("label") for line in f}
-    config = dequantized_config()
-    try:
-        for case, args in MATRIX:
-            label = "gpt-oss-20b " + case
-            if label in done:
-                continue
-            cmd = [sys.executable, os.path.abspath(__file__), "--config", config,
-                   *args, *ATTN, "--label", label, "--out", TRACES]
-            print(label, flush=True)
-            subprocess.run(cmd, check=True)
-    finally:
-        os.unlink(config)
-        os.rmdir(os.path.dirname(config))
+    with tempfile.TemporaryDirectory() as tmp:
+        for stem, layers, targets, attn in MODELS:
+            config = trace_config(stem, layers, tmp)
+            for case, args in CASES:
+                label = "%s %s" % (os.path.basename(config)[:-5], case)
+                if label in done:
+                    continue
+                cmd = [sys.executable, os.path.abspath(__file__), "--config", config, *args,
+                       "--lora-targets", targets, "--attn", attn, "--label", label,
+                       "--out", TRACES]
+                print(label, flush=True)
+                subprocess.run(cmd, check=True)
 
 
 def main() -> None:
-    if sys.argv[1:] == ["--matrix", "gpt-oss"]:
+    if sys.argv[1:] == ["--matrix", "moe"]:
         run_matrix()
         return
     answer_compute_capability()

@@ -34,6 +34,8 @@ MODELS = {
     "google--gemma-2-2b.json": "google/gemma-2-2b",
     "EleutherAI--pythia-410m.json": "EleutherAI/pythia-410m",
     "openai--gpt-oss-20b.json": "openai/gpt-oss-20b",
+    "mistralai--Mixtral-8x7B-v0.1-L4.json": "mistralai/Mixtral-8x7B-v0.1",
+    "Qwen--Qwen3-30B-A3B-L4.json": "Qwen/Qwen3-30B-A3B",
 }
 
 

@@ -90,13 +90,34 @@ pub struct Linear {
     pub active: u64,
     /// Its role.
     pub role: LinearRole,
-    /// The copies are one stacked `nn.Parameter` (`count × in × out`, and `count × out` for
-    /// the bias) that the model multiplies itself (`F.linear`, `grouped_mm`), not `nn.Linear`
-    /// modules: transformers 5.24's `GptOssExperts` and `GptOssTopKRouter`. PEFT's
-    /// `target_modules` (`all-linear` included) and bitsandbytes' `replace_with_bnb_linear`
-    /// match modules only, so such a weight is never adapted nor quantized.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub fused: bool,
+    /// Whether it is an `nn.Linear` module or part of a stacked parameter.
+    #[serde(default, skip_serializing_if = "WeightLayout::is_module_always")]
+    pub layout: WeightLayout,
+}
+
+/// How transformers holds a Linear's weights.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WeightLayout {
+    /// One `nn.Linear` module per copy.
+    #[default]
+    Module,
+    /// All copies are one stacked `nn.Parameter` (`count × in × out`, and `count × out` for
+    /// the bias) that the model multiplies itself (`F.linear`, `grouped_mm`): gpt-oss's
+    /// `GptOssExperts` and `GptOssTopKRouter` in every release.
+    Stacked,
+    /// `nn.Linear` modules per expert in transformers 4 (`MixtralBlockSparseTop2MLP`, the
+    /// router `nn.Linear`), stacked from transformers 5.0 (`MixtralExperts.gate_up_proj`,
+    /// `MixtralTopKRouter.weight`; the same for Qwen2-MoE, Qwen3-MoE and DeepSeek V2/V3).
+    StackedFrom5,
+}
+
+impl WeightLayout {
+    /// Whether this is [`Self::Module`] (serde's skip test).
+    #[must_use]
+    pub const fn is_module_always(&self) -> bool {
+        matches!(self, Self::Module)
+    }
 }
 
 impl Linear {
@@ -117,15 +138,21 @@ impl Linear {
             count: 1,
             active: 1,
             role,
-            fused: false,
+            layout: WeightLayout::Module,
         }
     }
 
-    /// Whether PEFT can put an adapter on it and bitsandbytes replace it: an `nn.Linear`
-    /// module ([`Self::fused`] weights are not).
+    /// Whether it is an `nn.Linear` module with the library versions `v` (none said: the
+    /// current releases): what PEFT's `target_modules` (`all-linear` included) and
+    /// bitsandbytes' `replace_with_bnb_linear` can reach. A stacked weight is never adapted
+    /// nor quantized.
     #[must_use]
-    pub const fn is_module(&self) -> bool {
-        !self.fused
+    pub fn is_module(&self, v: &crate::job::Versions) -> bool {
+        match self.layout {
+            WeightLayout::Module => true,
+            WeightLayout::Stacked => false,
+            WeightLayout::StackedFrom5 => v.transformers.is_some_and(|t| t < (5, 0)),
+        }
     }
 
     /// Weight elements of one copy (`in · out`).

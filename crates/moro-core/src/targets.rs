@@ -7,7 +7,7 @@
 //! model really has, so the same recipe means the same adapters on every model.
 
 use crate::job::Targets;
-use crate::model::{LinearRole, ModelSpec};
+use crate::model::{LinearRole, ModelSpec, WeightLayout};
 
 /// Roles a module name can stand for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,7 +60,8 @@ fn roles_of_linear(name: &str, role: LinearRole, out: u64, h: u64) -> &'static [
 /// Maps requested target names onto the model's Linear names. Names the model has are kept
 /// as they are; role names (`query`, `mlp`, `output_proj`, ...) become the model's Linears of
 /// that role; `head`/`lm_head` is dropped (adapters on lm_head are not modelled), and so is a
-/// name that only a [`crate::model::Linear::fused`] weight answers to (PEFT matches modules);
+/// name that only a [`WeightLayout::Stacked`] weight answers to (PEFT matches modules; a
+/// weight stacked from transformers 5 keeps its name, [`crate::job::Job::adapts`] decides);
 /// unknown names are kept so that [`crate::job::Job::validate`] reports them.
 #[must_use]
 pub fn resolve(model: &ModelSpec, targets: &Targets) -> Targets {
@@ -87,7 +88,7 @@ fn resolve_names(model: &ModelSpec, targets: &Targets) -> Targets {
         }
         if model
             .linears()
-            .any(|(_, l)| &l.name == name && l.is_module())
+            .any(|(_, l)| &l.name == name && l.layout != WeightLayout::Stacked)
         {
             push(name);
             continue;
@@ -98,7 +99,7 @@ fn resolve_names(model: &ModelSpec, targets: &Targets) -> Targets {
         for (_, l) in model.linears() {
             let has = roles_of_linear(&l.name, l.role, l.out_features, h);
             let role_matches = has.iter().any(|r| wanted.contains(r)) || &l.name == name;
-            if role_matches && l.is_module() {
+            if role_matches && l.layout != WeightLayout::Stacked {
                 push(&l.name);
                 found = true;
             } else if role_matches {

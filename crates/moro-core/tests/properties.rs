@@ -25,6 +25,10 @@ fn model(i: usize) -> ModelSpec {
 fn est(m: &ModelSpec, j: &Job) -> Estimate {
     let mut j = j.clone();
     j.lora.targets = moro_core::targets::resolve(m, &j.lora.targets);
+    // PEFT's LoRA on transformers-5 stacked experts refuses dropout (`Job::validate`).
+    if m.moe.is_some() {
+        j.lora.dropout = 0.0;
+    }
     estimate(m, &j, &DeviceProfile::default()).expect("valid job")
 }
 

@@ -5,6 +5,7 @@ use super::ArchError;
 use super::cfg::{self, Cfg, MAX_HEAD_DIM, MAX_HEADS, MAX_POSITIONS, MAX_TOTAL_PARAMS};
 use crate::model::{
     AttentionKind, Dtype, LayerGroup, Linear, LinearRole, MlaSpec, ModelSpec, MoeSpec, NormKind,
+    WeightLayout,
 };
 
 /// Attention head shape.
@@ -96,7 +97,18 @@ pub(crate) fn gated_named(
     ]
 }
 
-/// Routed experts: each of `names` held `experts` times, `top_k` of them active per token.
+/// The router of a transformers MoE block: `gate`, `H → experts`, no bias; an `nn.Linear`
+/// in transformers 4, a plain weight from 5.0 (`MixtralTopKRouter`, `Qwen3MoeTopKRouter`,
+/// `DeepseekV3TopkRouter`: `F.linear(hidden_states, self.weight)`).
+pub(crate) fn router(h: u64, experts: u64) -> Linear {
+    Linear {
+        layout: WeightLayout::StackedFrom5,
+        ..Linear::new("gate", h, experts, false, LinearRole::Router)
+    }
+}
+
+/// Routed experts: each of `names` held `experts` times, `top_k` of them active per token;
+/// modules per expert in transformers 4, stacked `gate_up_proj` / `down_proj` from 5.0.
 pub(crate) fn routed_experts(
     names: [&str; 3],
     h: u64,
@@ -109,6 +121,7 @@ pub(crate) fn routed_experts(
         .map(|l| Linear {
             count: experts,
             active: top_k,
+            layout: WeightLayout::StackedFrom5,
             ..l
         })
         .collect()

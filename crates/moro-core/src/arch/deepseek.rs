@@ -89,13 +89,7 @@ pub(crate) fn parse(c: &Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchErro
         let shared = c.uint_or("n_shared_experts", u64::from(v3), MAX_EXPERTS)?;
         let shared_i = cfg::mul(moe_i, shared, "n_shared_experts")?;
         let names = ["gate_proj", "up_proj", "down_proj"];
-        let mut linears = vec![Linear::new(
-            "gate",
-            hidden,
-            experts,
-            false,
-            LinearRole::Router,
-        )];
+        let mut linears = vec![common::router(hidden, experts)];
         linears.extend(common::routed_experts(names, hidden, moe_i, experts, top_k));
         if shared_i > 0 {
             linears.extend(common::gated_mlp(

@@ -7,7 +7,7 @@
 //!   weight `E × H` and a bias `E` and calls `F.linear` itself; `GptOssExperts` holds
 //!   `gate_up_proj` `E × H × 2I` with `gate_up_proj_bias` `E × 2I` and `down_proj`
 //!   `E × I × H` with `down_proj_bias` `E × H`, run through `grouped_mm`. None of them is an
-//!   `nn.Linear` ([`Linear::fused`]).
+//!   `nn.Linear` ([`WeightLayout::Stacked`]).
 //! - RMSNorm `input_layernorm`, `post_attention_layernorm` and the final `norm`, kept in
 //!   fp32 (`_keep_in_fp32_modules`).
 //!
@@ -17,7 +17,9 @@
 use super::ArchError;
 use super::cfg::{Cfg, MAX_EXPERTS, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS, MAX_VOCAB};
 use super::common::{self, Plan};
-use crate::model::{Dtype, ExpertGate, Linear, LinearRole, ModelSpec, MoeSpec, NormKind};
+use crate::model::{
+    Dtype, ExpertGate, Linear, LinearRole, ModelSpec, MoeSpec, NormKind, WeightLayout,
+};
 
 /// Parses a `gpt_oss` config.
 pub(crate) fn parse(c: &Cfg<'_>) -> Result<ModelSpec, ArchError> {
@@ -47,7 +49,7 @@ pub(crate) fn parse(c: &Cfg<'_>) -> Result<ModelSpec, ArchError> {
     let fused = |name: &str, i: u64, o: u64, role: LinearRole| Linear {
         count: experts,
         active: if role == LinearRole::Expert { top_k } else { 1 },
-        fused: true,
+        layout: WeightLayout::Stacked,
         ..Linear::new(name, i, o, true, role)
     };
     let router = Linear {

@@ -6,7 +6,7 @@
 use super::ArchError;
 use super::cfg::{Cfg, MAX_EXPERTS, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS, MAX_VOCAB};
 use super::common::{self, Plan};
-use crate::model::{Dtype, Linear, LinearRole, ModelSpec, MoeSpec, NormKind};
+use crate::model::{Dtype, LinearRole, ModelSpec, MoeSpec, NormKind};
 
 /// Parses a `llama`, `mistral` or `mixtral` config.
 pub(crate) fn parse(c: &Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchError> {
@@ -47,13 +47,7 @@ pub(crate) fn parse(c: &Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchErro
         let experts = c.dim_or("num_local_experts", 8, MAX_EXPERTS)?;
         let top_k = c.dim_or("num_experts_per_tok", 2, MAX_EXPERTS)?;
         common::check_top_k(c, "num_experts_per_tok", top_k, experts)?;
-        let mut linears = vec![Linear::new(
-            "gate",
-            hidden,
-            experts,
-            false,
-            LinearRole::Router,
-        )];
+        let mut linears = vec![common::router(hidden, experts)];
         // MixtralBlockSparseTop2MLP: w1 (gate), w3 (up), w2 (down), no bias.
         linears.extend(common::routed_experts(
             ["w1", "w3", "w2"],

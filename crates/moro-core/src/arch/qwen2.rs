@@ -139,13 +139,7 @@ fn moe_block(
     };
     let step = c.dim_or("decoder_sparse_step", 1, MAX_LAYERS)?;
     let dense_only = c.uint_list("mlp_only_layers")?;
-    let mut linears = vec![Linear::new(
-        "gate",
-        hidden,
-        experts,
-        false,
-        LinearRole::Router,
-    )];
+    let mut linears = vec![common::router(hidden, experts)];
     linears.extend(common::routed_experts(
         ["gate_proj", "up_proj", "down_proj"],
         hidden,

@@ -25,7 +25,7 @@
 //! The oracle (../shared/oracle) matches the full-FT bf16 sum of these terms to the byte:
 //! `16h + 4ad + 4kd + 4a + 8I` per token per layer.
 
-use crate::job::{Attention, Job, Method, Padding, PeftKind};
+use crate::job::{Attention, Job, Method, Padding, PeftKind, Quantization};
 use crate::model::{EncoderSpec, ExpertGate, LayerGroup, Linear, LinearRole, ModelSpec, NormKind};
 use crate::stack::AttentionModule;
 
@@ -258,6 +258,7 @@ impl Ctx<'_> {
             // litgpt's `LoRAQKVLinear` is one fused module: one dropout (mask + copy) serves
             // every enabled q/k/v slice.
             let mut fused_dropout_done = false;
+            let mut stacked_gathered = false;
             for l in g.linears.iter().filter(|l| group_of(l, h) == grp) {
                 let k_in = l.in_features;
                 // Tokens reaching the module: experts see top-k copies per token.
@@ -280,12 +281,27 @@ impl Ctx<'_> {
                         shared = true;
                     }
                     if l.role == LinearRole::Expert {
-                        // Each expert gathers its tokens into a new tensor it saves.
-                        private += sharded * xb * mult;
+                        // Each expert gathers its tokens into a new tensor it saves; stacked
+                        // experts gather once for the group (`grouped_mm_experts_forward`).
+                        let module = job.is_module(l);
+                        if module || !stacked_gathered {
+                            private += sharded * xb * mult;
+                        }
+                        stacked_gathered |= !module;
                         shared = false;
                     }
                 }
-                if peft && job.peft.uses_targets() && job.lora.targets.adapts(l) {
+                if peft && job.peft.uses_targets() && job.adapts(l) && job.adapts_stacked(l) {
+                    // A LoRA-wrapped stack (`ParamWrapper`): the merged weight requires grad,
+                    // so `grouped_mm` saves its input, gathered once for gate and up; no
+                    // adapter runs on the tokens (the merged weights: `Activations::new`).
+                    if grp == Group::MlpOut || !stacked_gathered {
+                        private += sharded * xb * mult;
+                    }
+                    stacked_gathered = true;
+                    continue;
+                }
+                if peft && job.peft.uses_targets() && job.adapts(l) {
                     let adapter_out = l.out_features / tp * mult;
                     match job.peft {
                         PeftKind::Ia3 if super::weights::ia3_feedforward(m, job, l) => {
@@ -514,8 +530,7 @@ impl Ctx<'_> {
                         .iter()
                         .filter(|l| group_of(l, h) == Group::AttnIn)
                         .collect();
-                    let enabled: Vec<&&Linear> =
-                        qkv.iter().filter(|l| job.lora.targets.adapts(l)).collect();
+                    let enabled: Vec<&&Linear> = qkv.iter().filter(|l| job.adapts(l)).collect();
                     if !enabled.is_empty() && enabled.len() < qkv.len() {
                         b += attn_b * enabled.iter().map(|l| l.out_features / tp).sum::<u64>();
                     }
@@ -856,6 +871,63 @@ impl Ctx<'_> {
     }
 }
 
+/// LoRA on transformers-5 stacked experts ([`Job::adapts_stacked`]), whatever the tokens:
+/// `(all layers, one layer, backward transient)`. Every forward, PEFT 0.21's
+/// `ParamWrapper._activate_lora` folds the adapters into a new weight of the stack's shape
+/// and dtype (`_LoraFactorsProxy`: `baddbmm(W, lhs, rhs, alpha=scaling)`, cached for the
+/// forward by `parametrize.cached()`), and `grouped_mm` saves it for backward, with the
+/// factors cast to that dtype (`get_delta_factors`) that `baddbmm` saves; all layers keep
+/// theirs, one layer at a time under checkpointing. Its gradient, one stack at a time, is
+/// the backward's transient, less the merged down stack already released. The stack is 16-bit in LoRA and fp32 in QLoRA (bitsandbytes
+/// does not quantize it; k-bit preparation upcasts it).
+fn stacked_lora(model: &ModelSpec, job: &Job, r: &Regime, tp: u64) -> (u64, u64, u64) {
+    if !job.method.is_peft() {
+        return (0, 0, 0);
+    }
+    let w = if job.quantization == Quantization::None {
+        r.frozen_bytes
+    } else {
+        r.unquantized_bytes
+    };
+    let tp = tp.max(1);
+    let wrapped = |l: &&Linear| job.adapts(l) && job.adapts_stacked(l) && l.count > 1;
+    let mut all = 0u64;
+    let mut one = 0u64;
+    let mut bwd = 0u64;
+    for g in &model.layers {
+        let mut layer = 0u64;
+        let mut up = 0u64;
+        let mut down = 0u64;
+        for l in g.linears.iter().filter(wrapped) {
+            let merged = l.count * l.weight_numel() * w;
+            // lora_A r·E × in and lora_B out × r·E (gate and up: 2·out, `gate_up_proj`).
+            let is_down = l.out_features == model.hidden_size;
+            let b_rows = if is_down {
+                l.out_features
+            } else {
+                2 * l.out_features
+            };
+            let factors = job.lora.rank * l.count * (l.in_features + b_rows);
+            let casts = if r.adapter_bytes == w { 0 } else { factors * w };
+            layer += merged + casts;
+            if is_down {
+                down += merged;
+            } else {
+                up += merged;
+            }
+        }
+        all += g.count * layer / tp;
+        one = one.max(layer / tp);
+        // Backward meets the down stack first: its gradient is new, then its saved merged
+        // weight is released before the gate-up stack's gradient exists.
+        bwd = bwd.max(down.max(up.saturating_sub(down)) / tp);
+    }
+    if job.gradient_checkpointing {
+        all = 0;
+    }
+    (all, one, bwd)
+}
+
 /// Saved bytes of an encoder outside its layers: `(per token, per micro-batch)`.
 ///
 /// - `BertEmbeddings`: the sum of the word, token-type and position lookups goes through
@@ -1065,7 +1137,7 @@ impl Activations {
             let per_layer = |g: &LayerGroup| -> u64 {
                 g.linears
                     .iter()
-                    .filter(|l| job.lora.targets.adapts(l))
+                    .filter(|l| job.adapts(l))
                     .map(|l| l.count * fixed(l))
                     .sum::<u64>()
                     / tp.max(1)
@@ -1074,7 +1146,7 @@ impl Activations {
                 .layers
                 .iter()
                 .flat_map(|g| g.linears.iter())
-                .filter(|l| job.lora.targets.adapts(l))
+                .filter(|l| job.adapts(l))
                 .map(|l| l.weight_numel() * ab / tp.max(1))
                 .max()
                 .unwrap_or(0);
@@ -1095,9 +1167,13 @@ impl Activations {
         } else {
             (0, 0, 0)
         };
+        let (stacked_all, stacked_one, stacked_bwd) = stacked_lora(model, job, r, tp);
         // Prefix tuning's keys and values, per sequence and layer (every layer's under
         // checkpointing too: the cache holds them until the forward ends).
         let prefix_kv = job.micro_batch_size * ctx.prefix_kv_per_sequence();
+        let delta_all = delta_all + stacked_all;
+        let delta_one = delta_one + stacked_one;
+        let delta_bwd = delta_bwd.max(stacked_bwd);
         Self {
             all: all * t + delta_all + model.num_layers * prefix_kv,
             one_layer: one * t + delta_one + prefix_kv,

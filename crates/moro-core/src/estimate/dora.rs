@@ -71,7 +71,7 @@ pub fn forward_transient(model: &ModelSpec, job: &Job, r: &Regime) -> u64 {
         .layers
         .iter()
         .flat_map(|g| g.linears.iter())
-        .filter(|l| job.lora.targets.adapts(l))
+        .filter(|l| job.adapts(l))
         .map(|l| {
             let (i, o) = (l.in_features, l.out_features);
             (i * i + i * job.lora.rank + (3 + copy_transient) * i * o) * xb

@@ -276,7 +276,7 @@ fn torchtune_nf4_build(model: &ModelSpec, job: &Job) -> CachingAllocator {
             let lin = TtLinear {
                 inp: l.in_features,
                 out: l.out_features,
-                nf4: job.lora.targets.adapts(l),
+                nf4: job.adapts(l),
             };
             if l.role == LinearRole::Attention {
                 attention.push(lin);

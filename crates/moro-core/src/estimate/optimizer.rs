@@ -60,7 +60,7 @@ pub fn trainable_tensors(model: &ModelSpec, job: &Job) -> Vec<Trainable> {
             for g in &model.layers {
                 for l in &g.linears {
                     // A fused weight is one stacked tensor per layer; Linears one per copy.
-                    let (copies, stack) = if l.fused {
+                    let (copies, stack) = if !job.is_module(l) {
                         (g.count, l.count)
                     } else {
                         (g.count * l.count, 1)

@@ -63,8 +63,8 @@ pub const fn torchao_nf4_bytes(n: u64) -> u64 {
 
 /// Bytes of the base model's weights as the job holds them (adapters excluded).
 ///
-/// Only `nn.Linear` modules inside the decoder layers are quantized (not
-/// [`crate::model::Linear::fused`] weights); embeddings, norms, biases and lm_head stay in
+/// Only `nn.Linear` modules inside the decoder layers are quantized (no stacked weight,
+/// [`crate::model::Linear::is_module`]); embeddings, norms, biases and lm_head stay in
 /// the load dtype (transformers `replace_with_bnb_linear` and
 /// `get_keys_to_not_convert`, memory-anatomy §1.2) — except under Lightning's plugin, which
 /// quantizes lm_head too.
@@ -83,15 +83,18 @@ pub fn base_weight_bytes(model: &ModelSpec, job: &Job, r: &Regime) -> u64 {
     let torchtune = job.stack.profile().nf4 == crate::stack::Nf4Kernel::Torchao && q.is_bnb4();
     // bitsandbytes replaces `nn.Linear` modules; MXFP4 is the stored experts only.
     let quantized = |l: &Linear| match q {
-        Quantization::Mxfp4 => l.fused && l.role == crate::model::LinearRole::Expert,
-        _ => l.is_module(),
+        Quantization::Mxfp4 => {
+            l.layout == crate::model::WeightLayout::Stacked
+                && l.role == crate::model::LinearRole::Expert
+        }
+        _ => job.is_module(l),
     };
     for (layers, l) in model.linears().filter(|(_, l)| quantized(l)) {
         if torchtune {
             // torchtune quantizes only the base weight of each `LoRALinear`
             // (`lora.py`: `to_nf4(linear.weight) if self._quantize_base`); other Linears
             // stay in the load dtype.
-            if !job.lora.targets.adapts(l) {
+            if !job.adapts(l) {
                 continue;
             }
             quant += layers * l.count * torchao_nf4_bytes(l.weight_numel());
@@ -130,7 +133,7 @@ pub fn bnb4_quant_state_bytes(model: &ModelSpec, job: &Job) -> u64 {
     }
     model
         .linears()
-        .filter(|(_, l)| l.is_module())
+        .filter(|(_, l)| job.is_module(l))
         .map(|(layers, l)| {
             layers
                 * l.count
@@ -218,10 +221,26 @@ pub fn lora_tensors(model: &ModelSpec, job: &Job) -> Vec<(u64, (u64, u64))> {
     }
     let mut v = Vec::new();
     for (layers, l) in model.linears() {
-        if !job.lora.targets.adapts(l) {
+        if !job.adapts(l) {
             continue;
         }
         let copies = layers * l.count;
+        if l.count > 1 && job.adapts_stacked(l) {
+            // `ParamWrapper.update_layer`: `lora_A` in → r·E and `lora_B` r·E → out over the
+            // stack. The gate and up stacks are one `gate_up_proj` at rank 2r (PEFT's
+            // conversion doubles it): lora_A 2r·E × H and lora_B 2I × 2r·E, counted here as
+            // one r·E × H and one 2I × r·E per member.
+            let re = r * l.count;
+            let gate_up = l.out_features != model.hidden_size;
+            let b_rows = if gate_up {
+                2 * l.out_features
+            } else {
+                l.out_features
+            };
+            v.push((layers, (re, l.in_features)));
+            v.push((layers, (b_rows, re)));
+            continue;
+        }
         match job.peft {
             PeftKind::Ia3 => v.push((
                 copies,
@@ -319,7 +338,7 @@ pub fn vera_buffers(model: &ModelSpec, job: &Job) -> u64 {
     if job.peft != PeftKind::Vera {
         return 0;
     }
-    let targeted = || model.linears().filter(|(_, l)| job.lora.targets.adapts(l));
+    let targeted = || model.linears().filter(|(_, l)| job.adapts(l));
     let max_in = targeted().map(|(_, l)| l.in_features).max().unwrap_or(0);
     let max_out = targeted().map(|(_, l)| l.out_features).max().unwrap_or(0);
     job.lora.rank * (max_in + max_out) * 4

@@ -298,13 +298,6 @@ impl Targets {
             Self::Names(v) => v.iter().any(|n| n == name),
         }
     }
-
-    /// Whether PEFT puts an adapter on `l`: a targeted `nn.Linear` module (a
-    /// [`crate::model::Linear::fused`] weight is none, `all-linear` included).
-    #[must_use]
-    pub fn adapts(&self, l: &crate::model::Linear) -> bool {
-        l.is_module() && self.matches(&l.name)
-    }
 }
 
 /// The default LoRA targets: the attention and MLP projections of a Llama-style decoder.
@@ -869,6 +862,35 @@ pub struct JobError {
 }
 
 impl Job {
+    /// Whether PEFT puts an adapter on `l`: a targeted `nn.Linear` module with this job's
+    /// library versions ([`crate::model::Linear::is_module`]), or, for LoRA, a weight
+    /// stacked from transformers 5 ([`Self::adapts_stacked`]).
+    #[must_use]
+    pub fn adapts(&self, l: &crate::model::Linear) -> bool {
+        self.lora.targets.matches(&l.name) && (self.is_module(l) || self.adapts_stacked(l))
+    }
+
+    /// Whether `l` is an `nn.Linear` module in this job: always on a stack with its own
+    /// modules, else with this job's transformers ([`crate::model::Linear::is_module`]).
+    #[must_use]
+    pub fn is_module(&self, l: &crate::model::Linear) -> bool {
+        !self.stack.profile().transformers_modules || l.is_module(&self.versions)
+    }
+
+    /// Whether `l` is a transformers-5 stacked expert or router weight that PEFT adapts:
+    /// PEFT 0.21 rewrites the transformers-4 names of Mixtral (`w1`, `w3`, `w2`, `gate`) and
+    /// of the Qwen2-MoE family (Qwen2/3-MoE, DeepSeek V2/V3: `gate_proj`, `up_proj`,
+    /// `down_proj`, `gate`) into `target_parameters` (`utils/transformers_weight_conversion.py`
+    /// `_MOE_TARGET_MODULE_MAPPING`), LoRA only, and wraps each stacked parameter in a
+    /// `ParamWrapper`. A targeted name is not checked here ([`Self::adapts`]).
+    #[must_use]
+    pub fn adapts_stacked(&self, l: &crate::model::Linear) -> bool {
+        l.layout == crate::model::WeightLayout::StackedFrom5
+            && !self.is_module(l)
+            && self.peft == PeftKind::Lora
+            && !self.lora.dora
+    }
+
     /// What the precision means for this job's weights, in words: `bf16 weights, no fp32
     /// master copy`, `fp32 adapters under bf16 autocast`.
     #[must_use]
@@ -1062,15 +1084,62 @@ impl Job {
                 );
             }
             if self.peft == PeftKind::Oft
-                && let Some((_, l)) = model.linears().find(|(_, l)| {
-                    self.lora.targets.adapts(l) && !l.in_features.is_multiple_of(r.max(1))
-                })
+                && let Some((_, l)) = model
+                    .linears()
+                    .find(|(_, l)| self.adapts(l) && !l.in_features.is_multiple_of(r.max(1)))
             {
                 return err(
                     "lora_rank",
                     format!(
                         "OFT's r ({r}) must divide the input width of every target; `{}` has {}",
                         l.name, l.in_features
+                    ),
+                );
+            }
+            if self.lora.dropout > 0.0
+                && let Some((_, l)) = model
+                    .linears()
+                    .find(|(_, l)| self.adapts(l) && self.adapts_stacked(l))
+            {
+                return err(
+                    "lora_dropout",
+                    format!(
+                        "{} with `{}` among the targets: PEFT puts LoRA on {}'s stacked experts \
+                         with a ParamWrapper, which refuses lora_dropout != 0 (PEFT 0.21 \
+                         `ParamWrapper.update_layer`); set lora_dropout to 0 or target the \
+                         attention only",
+                        self.lora.dropout, l.name, model.model_type
+                    ),
+                );
+            }
+            // `gate_up_proj` holds both: PEFT refuses to adapt one half (`_convert_peft_config_moe`).
+            let mut halves: Vec<(&str, bool)> = model
+                .linears()
+                .filter(|(_, l)| {
+                    self.adapts_stacked(l)
+                        && l.role == crate::model::LinearRole::Expert
+                        && l.out_features != model.hidden_size
+                })
+                .map(|(_, l)| (l.name.as_str(), self.adapts(l)))
+                .collect();
+            halves.dedup();
+            if halves.iter().any(|h| h.1) && halves.iter().any(|h| !h.1) {
+                let name = |on: bool| {
+                    halves
+                        .iter()
+                        .filter(|h| h.1 == on)
+                        .map(|h| h.0)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                return err(
+                    "target_modules",
+                    format!(
+                        "`{}` without `{}`: {} stacks them into one gate_up_proj, and PEFT \
+                         adapts both or neither",
+                        name(true),
+                        name(false),
+                        model.model_type
                     ),
                 );
             }
@@ -1089,12 +1158,12 @@ impl Job {
             if let Targets::Names(names) = &self.lora.targets {
                 let mut known: Vec<&str> = model
                     .linears()
-                    .filter(|(_, l)| l.is_module())
+                    .filter(|(_, l)| self.is_module(l))
                     .map(|(_, l)| l.name.as_str())
                     .collect();
                 known.dedup();
                 if names.is_empty() {
-                    let why = if model.linears().any(|(_, l)| !l.is_module()) {
+                    let why = if model.linears().any(|(_, l)| !self.is_module(l)) {
                         format!(
                             "names no nn.Linear module of this model ({}: its experts and \
                              router are fused parameters, which PEFT's target_modules do not \
@@ -1108,7 +1177,7 @@ impl Job {
                     return err("target_modules", why);
                 }
                 for n in names {
-                    if !model.linears().any(|(_, l)| &l.name == n && l.is_module()) {
+                    if !model.linears().any(|(_, l)| &l.name == n) {
                         return err(
                             "target_modules",
                             format!(

@@ -268,6 +268,16 @@ impl JobSettings {
             job.quantization = Quantization::Mxfp4;
         }
         job.lora.targets = crate::targets::resolve(model, &job.lora.targets);
+        // PEFT wraps stacked experts in a `ParamWrapper`, which refuses dropout: unless told
+        // otherwise, LoRA on them trains without it (an explicit dropout is refused by
+        // `Job::validate`).
+        if self.lora_dropout.is_none()
+            && model
+                .linears()
+                .any(|(_, l)| job.adapts(l) && job.adapts_stacked(l))
+        {
+            job.lora.dropout = 0.0;
+        }
         Ok(job)
     }
 

@@ -38,6 +38,7 @@ pub(super) const PROFILE: StackProfile = StackProfile {
     unties_embeddings: false,
     nf4: Nf4Kernel::Bitsandbytes,
     attention_module: AttentionModule::Transformers,
+    transformers_modules: true,
     lm_head_chunk_tokens: None,
     loop_keeps_previous_loss: false,
     trainer_embedding_override: true,

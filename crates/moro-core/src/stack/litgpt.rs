@@ -20,6 +20,7 @@ pub(super) const PROFILE: StackProfile = StackProfile {
     unties_embeddings: true,
     nf4: Nf4Kernel::LightningBitsandbytes,
     attention_module: AttentionModule::LitgptFusedQkv,
+    transformers_modules: false,
     lm_head_chunk_tokens: Some(crate::estimate::loss::LITGPT_CHUNK),
     loop_keeps_previous_loss: true,
     trainer_embedding_override: false,

@@ -44,6 +44,10 @@ pub struct StackProfile {
     pub nf4: Nf4Kernel,
     /// Whose attention module runs the forward.
     pub attention_module: AttentionModule,
+    /// The model is transformers' own module tree (so its experts are stacked parameters
+    /// from transformers 5: [`crate::model::WeightLayout`]); litgpt and torchtune build
+    /// their own modules, a Linear per expert as moro describes them.
+    pub transformers_modules: bool,
     /// lm_head runs once per chunk of this many tokens (litgpt `lm_head_chunk_size=128`).
     pub lm_head_chunk_tokens: Option<u64>,
     /// The training loop's variable `loss` keeps the previous step's graph until the next

@@ -19,6 +19,7 @@ pub(super) const PROFILE: StackProfile = StackProfile {
     unties_embeddings: false,
     nf4: Nf4Kernel::Torchao,
     attention_module: AttentionModule::Transformers,
+    transformers_modules: false,
     lm_head_chunk_tokens: None,
     loop_keeps_previous_loss: false,
     trainer_embedding_override: false,

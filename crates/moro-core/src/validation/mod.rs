@@ -56,7 +56,7 @@ pub fn naive_formula(model: &crate::model::ModelSpec, job: &Job) -> u64 {
     let targets = if job.method.is_peft() {
         model
             .linears()
-            .filter(|(_, l)| job.lora.targets.adapts(l))
+            .filter(|(_, l)| job.adapts(l))
             .map(|(c, _)| c)
             .sum()
     } else {
@@ -486,8 +486,7 @@ fn resolve_peft(
                 let mlp: Vec<String> = model
                     .linears()
                     .filter(|(_, l)| {
-                        job.lora.targets.adapts(l)
-                            && matches!(l.role, crate::model::LinearRole::Mlp)
+                        job.adapts(l) && matches!(l.role, crate::model::LinearRole::Mlp)
                     })
                     .map(|(_, l)| l.name.clone())
                     .collect();

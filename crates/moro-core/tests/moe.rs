@@ -1,8 +1,10 @@
-//! gpt-oss against the training step traced on fake CUDA tensors
+//! Mixture-of-experts models as transformers 5 builds them (experts and router stacked, not
+//! `nn.Linear`s) against the training step traced on fake CUDA tensors
 //! (`calibration/moe_trace.py`: `../shared/oracle` with transformers 5.24's `grouped_mm`
-//! experts; torch 2.15, PEFT 0.21.2, bitsandbytes 0.50.2), the traces in
-//! `validation/oracle-traces/gpt-oss.jsonl`, and against the module tree transformers
-//! builds (what PEFT and bitsandbytes can reach).
+//! experts; torch 2.15, PEFT 0.21.2, bitsandbytes 0.50.2; the traces in
+//! `validation/oracle-traces/moe.jsonl`): gpt-oss-20b, and Mixtral-8x7B and Qwen3-30B-A3B cut
+//! to 4 layers; and against the module tree transformers builds (what PEFT and bitsandbytes
+//! can reach).
 //!
 //! By hand, gpt-oss-20b: 24 layers of attention (q 2,880 → 4,096, k and v → 512, o back,
 //! all with a bias: 26,550,080), 64 sinks, two norms, a router (2,880 × 32 + 32) and 32
@@ -20,16 +22,24 @@ fn model() -> ModelSpec {
     catalog::load(catalog::find("openai/gpt-oss-20b").expect("in catalog")).expect("parses")
 }
 
+/// A catalog model cut to `layers` layers, as the trace's config is.
+fn cut(id: &str, layers: u64) -> ModelSpec {
+    let entry = catalog::find(id).expect("in catalog");
+    let mut cfg: serde_json::Value = serde_json::from_str(entry.config_json).expect("json");
+    cfg["num_hidden_layers"] = layers.into();
+    moro_core::arch::parse_config(cfg.to_string().as_bytes()).expect("parses")
+}
+
 /// The trace's allocated peak for `label` (bytes).
 fn traced(label: &str) -> u64 {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../validation/oracle-traces/gpt-oss.jsonl"
+        "/../../validation/oracle-traces/moe.jsonl"
     );
     let text = std::fs::read_to_string(path).expect("trace file");
     text.lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|v| v["label"] == format!("gpt-oss-20b {label}"))
+        .find(|v| v["label"] == label)
         .and_then(|v| v["measured"]["peak_allocated_bytes"].as_u64())
         .unwrap_or_else(|| panic!("no trace `{label}`"))
 }
@@ -63,10 +73,12 @@ fn job(method: Method, precision: Precision, batch: u64, seq: u64, ckpt: bool) -
     j
 }
 
-fn cases() -> Vec<(&'static str, Job)> {
+/// The six traced jobs of each model (`calibration/moe_trace.py` `CASES`), with its targets
+/// and attention.
+fn cases(targets: &[&str], attention: Attention) -> Vec<(&'static str, Job)> {
     use Method::{Full, Lora, Qlora};
     use Precision::{Bf16, Bf16Mixed};
-    vec![
+    let mut v = vec![
         ("lora bf16 1x1024", job(Lora, Bf16, 1, 1024, false)),
         ("lora bf16 2x2048 ckpt", job(Lora, Bf16, 2, 2048, true)),
         (
@@ -80,22 +92,61 @@ fn cases() -> Vec<(&'static str, Job)> {
             j
         }),
         ("qlora bf16 1x1024 ckpt", job(Qlora, Bf16, 1, 1024, true)),
+    ];
+    for (_, j) in &mut v {
+        j.attention = attention;
+        j.lora.targets = names(targets);
+    }
+    v
+}
+
+const ATTENTION: [&str; 4] = ["q_proj", "k_proj", "v_proj", "o_proj"];
+const MIXTRAL: [&str; 7] = ["q_proj", "k_proj", "v_proj", "o_proj", "w1", "w2", "w3"];
+const SEVEN: [&str; 7] = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+];
+
+/// Each traced model: (trace label prefix, spec, targets, attention).
+fn models() -> Vec<(&'static str, ModelSpec, &'static [&'static str], Attention)> {
+    vec![
+        ("openai--gpt-oss-20b", model(), &ATTENTION, Attention::Eager),
+        (
+            "mistralai--Mixtral-8x7B-v0.1-L4",
+            cut("mistralai/Mixtral-8x7B-v0.1", 4),
+            &MIXTRAL,
+            Attention::Sdpa,
+        ),
+        (
+            "Qwen--Qwen3-30B-A3B-L4",
+            cut("Qwen/Qwen3-30B-A3B", 4),
+            &SEVEN,
+            Attention::Sdpa,
+        ),
     ]
 }
 
 /// Within 3 % of every trace at the allocated level.
 #[test]
 fn allocated_peak_matches_the_traces() {
-    let m = model();
     let mut failures = Vec::new();
-    for (label, j) in cases() {
-        let e = estimate(&m, &j, &DeviceProfile::default()).expect("valid job");
-        let want = traced(label);
-        #[allow(clippy::cast_precision_loss)]
-        let err = e.peak_allocated_bytes as f64 / want as f64 - 1.0;
-        eprintln!("{label}: {:+.2} %", err * 100.0);
-        if err.abs() > 0.03 {
-            failures.push(format!("{label}: {:+.2} %", err * 100.0));
+    for (prefix, m, targets, attention) in models() {
+        for (case, mut j) in cases(targets, attention) {
+            j.lora.targets = moro_core::targets::resolve(&m, &j.lora.targets);
+            let label = format!("{prefix} {case}");
+            let e = estimate(&m, &j, &DeviceProfile::default()).expect("valid job");
+            let want = traced(&label);
+            #[allow(clippy::cast_precision_loss)]
+            let err = e.peak_allocated_bytes as f64 / want as f64 - 1.0;
+            eprintln!("{label}: {:+.2} %", err * 100.0);
+            if err.abs() > 0.03 {
+                failures.push(format!("{label}: {:+.2} %", err * 100.0));
+            }
         }
     }
     assert!(failures.is_empty(), "{failures:?}");
