@@ -68,10 +68,6 @@ pub const ALIASES: &[(&str, &str)] = &[
         "meta-llama/Llama-3.1-70B-Instruct",
     ),
     (
-        "meta-llama/Llama-3.3-70B-Instruct",
-        "meta-llama/Llama-3.1-70B-Instruct",
-    ),
-    (
         "meta-llama/Llama-3.2-3B-Instruct",
         "meta-llama/Llama-3.2-3B",
     ),
@@ -86,27 +82,11 @@ pub const ALIASES: &[(&str, &str)] = &[
         "TinyLlama/TinyLlama-1.1B-Chat-v1.0",
     ),
     // Mistral / Mixtral instruct models and quantized uploads.
-    (
-        "mistralai/Mistral-7B-Instruct-v0.1",
-        "mistralai/Mistral-7B-v0.1",
-    ),
     ("TheBloke/Mistral-7B-v0.1-GPTQ", "mistralai/Mistral-7B-v0.1"),
     // Mistral 7B v0.2 (32k context, no sliding window) and its instruct model.
     (
         "mistral-community/Mistral-7B-v0.2",
         "unsloth/Mistral-7B-v0.2",
-    ),
-    (
-        "mistralai/Mistral-7B-Instruct-v0.2",
-        "unsloth/Mistral-7B-v0.2",
-    ),
-    (
-        "mistralai/Mistral-7B-Instruct-v0.3",
-        "mistralai/Mistral-7B-v0.3",
-    ),
-    (
-        "mistralai/Mixtral-8x7B-Instruct-v0.1",
-        "mistralai/Mixtral-8x7B-v0.1",
     ),
 ];
 
@@ -295,8 +275,8 @@ mod tests {
     #[test]
     fn every_alias_resolves_to_an_entry() {
         assert_eq!(
-            super::alias("meta-llama/llama-3.3-70b-instruct"),
-            Some("meta-llama/Llama-3.3-70B-Instruct")
+            super::alias("meta-llama/llama-3.1-8b-instruct"),
+            Some("meta-llama/Llama-3.1-8B-Instruct")
         );
         assert_eq!(super::alias("meta-llama/Llama-3.1-70B-Instruct"), None);
         for (alias, target) in ALIASES {

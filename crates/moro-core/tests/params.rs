@@ -29,6 +29,168 @@ macro_rules! row {
 /// Rows of docs/model-params.md's table, one per `data/models` file.
 const CATALOG: &[Row] = &[
     row!(
+        "01-ai--Yi-1.5-34B-Chat",
+        34_388_917_248,
+        33_471_413_248,
+        None
+    ),
+    row!("01-ai--Yi-1.5-6B-Chat", 6_061_035_520, 5_536_747_520, None),
+    row!("01-ai--Yi-1.5-9B", 8_829_407_232, 8_305_119_232, None),
+    row!("01-ai--Yi-34B", 34_388_917_248, 33_471_413_248, None),
+    row!("01-ai--Yi-34B-200K", 34_388_917_248, 33_471_413_248, None),
+    row!("01-ai--Yi-6B", 6_061_035_520, 5_536_747_520, None),
+    row!("01-ai--Yi-6B-200K", 6_061_035_520, 5_536_747_520, None),
+    row!(
+        "EleutherAI--pythia-1.4b-deduped-v0",
+        1_414_647_808,
+        1_208_602_624,
+        None
+    ),
+    row!(
+        "EleutherAI--pythia-12b-v0",
+        11_846_072_320,
+        11_327_027_200,
+        None
+    ),
+    row!("EleutherAI--pythia-14m", 14_067_712, 1_189_888, None),
+    row!(
+        "HuggingFaceH4--zephyr-7b-beta",
+        7_241_732_096,
+        6_979_588_096,
+        None
+    ),
+    row!(
+        "HuggingFaceTB--SmolLM-1.7B",
+        1_711_376_384,
+        1_610_713_088,
+        None
+    ),
+    row!("HuggingFaceTB--SmolLM-135M", 134_515_008, 106_203_456, None),
+    row!(
+        "HuggingFaceTB--SmolLM-135M-Instruct",
+        134_515_008,
+        106_203_456,
+        None
+    ),
+    row!("HuggingFaceTB--SmolLM-360M", 361_821_120, 314_635_200, None),
+    row!(
+        "HuggingFaceTB--SmolLM-360M-Instruct",
+        361_821_120,
+        314_635_200,
+        None
+    ),
+    row!(
+        "Qwen--Qwen2.5-0.5B-Instruct",
+        494_032_768,
+        357_898_112,
+        None
+    ),
+    row!(
+        "Qwen--Qwen2.5-14B-Instruct",
+        14_770_033_664,
+        13_212_898_304,
+        None
+    ),
+    row!(
+        "Qwen--Qwen2.5-Coder-32B-Instruct",
+        32_763_876_352,
+        31_206_740_992,
+        None
+    ),
+    row!(
+        "Qwen--Qwen3-Coder-480B-A35B-Instruct",
+        480_154_875_392,
+        478_287_885_824,
+        Some(3547)
+    ),
+    row!(
+        "allenai--OLMo-2-0325-32B",
+        32_234_279_936,
+        31_206_675_456,
+        None
+    ),
+    row!(
+        "allenai--OLMo-2-1124-13B",
+        13_716_198_400,
+        12_688_593_920,
+        None
+    ),
+    row!(
+        "deepseek-ai--deepseek-coder-6.7b-instruct",
+        6_740_512_768,
+        6_476_271_616,
+        None
+    ),
+    row!("distilbert--distilgpt2", 81_912_576, 43_315_200, None),
+    row!(
+        "google--gemma-2-27b-it",
+        27_227_128_320,
+        26_047_480_320,
+        None
+    ),
+    row!("google--gemma-2-9b-it", 9_241_705_984, 8_324_201_984, None),
+    row!("lmsys--vicuna-7b-v1.5", 6_738_415_616, 6_476_271_616, None),
+    row!(
+        "meta-llama--Llama-3.1-405B",
+        405_853_388_800,
+        401_650_696_192,
+        None
+    ),
+    row!(
+        "meta-llama--Llama-3.3-70B-Instruct",
+        70_553_706_496,
+        68_452_360_192,
+        None
+    ),
+    row!(
+        "mistralai--Mistral-7B-Instruct-v0.1",
+        7_241_732_096,
+        6_979_588_096,
+        None
+    ),
+    row!(
+        "mistralai--Mistral-7B-Instruct-v0.2",
+        7_241_732_096,
+        6_979_588_096,
+        None
+    ),
+    row!(
+        "mistralai--Mistral-7B-Instruct-v0.3",
+        7_248_023_552,
+        6_979_588_096,
+        None
+    ),
+    row!(
+        "mistralai--Mixtral-8x22B-v0.1",
+        140_620_634_112,
+        140_227_418_112,
+        Some(3915)
+    ),
+    row!(
+        "mistralai--Mixtral-8x7B-Instruct-v0.1",
+        46_702_792_704,
+        46_440_648_704,
+        Some(1288)
+    ),
+    row!(
+        "stabilityai--stablelm-2-zephyr-1_6b",
+        1_644_515_328,
+        1_233_473_536,
+        None
+    ),
+    row!(
+        "unsloth--SmolLM-1.7B-Instruct",
+        1_711_376_384,
+        1_610_713_088,
+        None
+    ),
+    row!(
+        "upstage--SOLAR-10.7B-v1.0",
+        10_731_524_096,
+        10_469_380_096,
+        None
+    ),
+    row!(
         "allenai--OLMo-2-1124-7B",
         7_298_617_344,
         6_476_533_760,

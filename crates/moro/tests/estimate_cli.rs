@@ -759,15 +759,15 @@ fn stand_ins_and_unknown_ids_say_so() {
     let o = run(&[
         "estimate",
         "--model",
-        "meta-llama/Llama-3.3-70B-Instruct",
+        "meta-llama/Llama-3.1-8B-Instruct",
         "--method",
         "qlora",
     ]);
     assert_eq!(o.code, 0, "{}", o.stderr);
     assert!(
         o.stdout.contains(
-            "meta-llama/Llama-3.3-70B-Instruct (llama, 70.55B parameters, from embedded \
-             catalog: `meta-llama/Llama-3.1-70B-Instruct`'s config, same architecture)"
+            "meta-llama/Llama-3.1-8B-Instruct (llama, 8.03B parameters, from embedded \
+             catalog: `meta-llama/Llama-3.1-8B`'s config, same architecture)"
         ),
         "{}",
         o.stdout
@@ -775,12 +775,12 @@ fn stand_ins_and_unknown_ids_say_so() {
     let v = json(&[
         "estimate",
         "--model",
-        "meta-llama/Llama-3.3-70B-Instruct",
+        "meta-llama/Llama-3.1-8B-Instruct",
         "--method",
         "qlora",
         "--json",
     ]);
-    assert_eq!(v["model"]["id"], "meta-llama/Llama-3.3-70B-Instruct");
+    assert_eq!(v["model"]["id"], "meta-llama/Llama-3.1-8B-Instruct");
 
     // No network: an endpoint nothing listens on.
     let o = moro()
@@ -928,4 +928,63 @@ fn svg_sweeps_draw_only_what_the_hardware_runs() {
     assert!(!v100.contains("flash attention"), "no flash on a V100");
     assert!(v100.contains("sdpa attention") && v100.contains("eager attention"));
     assert!(svg("a100-sxm4-80gb").contains("flash attention"));
+}
+
+/// What transformers 5 and PEFT 0.21 cannot run on MoE models is refused, naming the setting:
+/// SDPA on gpt-oss's attention sinks, MXFP4 experts in training, dropout on LoRA over
+/// Qwen3-MoE's stacked experts. Left unsaid, each gets the value that runs: eager attention,
+/// MXFP4 inference (12.82 GiB of weights, the checkpoint's 13.76 GB), LoRA without dropout.
+#[test]
+fn moe_settings_transformers_cannot_run_are_refused() {
+    bad(
+        &[
+            "estimate",
+            "--model",
+            "openai/gpt-oss-20b",
+            "--attention",
+            "sdpa",
+        ],
+        "attention sinks",
+    );
+    bad(
+        &[
+            "estimate",
+            "--model",
+            "openai/gpt-oss-20b",
+            "--method",
+            "lora",
+            "--quantization",
+            "mxfp4",
+        ],
+        "dequantize=True",
+    );
+    bad(
+        &[
+            "estimate",
+            "--model",
+            "Qwen/Qwen3-30B-A3B",
+            "--lora-dropout",
+            "0.05",
+        ],
+        "ParamWrapper",
+    );
+    let v = json(&[
+        "estimate",
+        "--model",
+        "openai/gpt-oss-20b",
+        "--method",
+        "inference",
+        "--json",
+    ]);
+    let text = v.to_string();
+    assert!(text.contains("mxfp4"), "{text}");
+    assert!(text.contains("eager"), "{text}");
+    let o = run(&[
+        "estimate",
+        "--model",
+        "Qwen/Qwen3-30B-A3B",
+        "--method",
+        "lora",
+    ]);
+    assert!(o.code == 0 || o.code == 1, "{}", o.stderr);
 }
