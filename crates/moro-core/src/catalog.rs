@@ -243,8 +243,10 @@ pub fn load(entry: &CatalogEntry) -> Result<ModelSpec, ArchError> {
     parse_config(entry.config_json.as_bytes())
 }
 
-/// Levenshtein distance over chars (two-row dynamic programme); also ranks GPU presets.
-pub(crate) fn levenshtein(a: &str, b: &str) -> usize {
+/// Levenshtein distance over chars (two-row dynamic programme), for every "did you mean":
+/// catalog ids, GPU presets, `model_type`s, the web API's fields.
+#[must_use]
+pub fn levenshtein(a: &str, b: &str) -> usize {
     let b: Vec<char> = b.chars().collect();
     let mut prev: Vec<usize> = (0..=b.len()).collect();
     let mut cur = vec![0; b.len() + 1];

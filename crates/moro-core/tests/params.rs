@@ -911,8 +911,10 @@ mod errors {
             Err(ArchError::Unsupported {
                 model_type,
                 supported,
+                closest,
             }) => {
                 assert_eq!(model_type, "t5");
+                assert_eq!(closest, None, "nothing is near t5");
                 for t in [
                     "llama",
                     "gemma3",
@@ -928,6 +930,18 @@ mod errors {
         }
         assert!(matches!(parse_config(b"not json"), Err(ArchError::Json(_))));
         assert!(matches!(parse_config(b"[1, 2]"), Err(ArchError::Json(_))));
+    }
+
+    #[test]
+    fn unsupported_names_the_closest_type() {
+        let err = parse_config(br#"{"model_type": "llama4_text"}"#).expect_err("unsupported");
+        let message = err.to_string();
+        assert!(
+            message.starts_with(
+                "unsupported model_type `llama4_text` (the closest supported is `llama`); supported: "
+            ),
+            "{message}"
+        );
     }
 
     #[test]

@@ -13,6 +13,7 @@
 mod bert;
 mod bloom;
 mod cfg;
+mod closest;
 mod common;
 mod deepseek;
 mod falcon;
@@ -47,10 +48,15 @@ pub enum ArchError {
         problem: String,
     },
     /// The `model_type` is not supported.
-    #[error("unsupported model_type `{model_type}`; supported: {supported}")]
+    #[error(
+        "unsupported model_type `{model_type}`{}; supported: {supported}",
+        closest.as_ref().map_or_else(String::new, |c| format!(" (the closest supported is `{c}`)"))
+    )]
     Unsupported {
         /// The config's model_type.
         model_type: String,
+        /// The supported type nearest it by name, when one is near.
+        closest: Option<String>,
         /// Comma-separated supported types.
         supported: String,
     },
@@ -119,6 +125,7 @@ pub fn parse_config(bytes: &[u8]) -> Result<ModelSpec, ArchError> {
         "bert" | "roberta" => bert::parse(&c, model_type),
         other => Err(ArchError::Unsupported {
             model_type: other.to_owned(),
+            closest: closest::closest_supported(other, SUPPORTED).map(str::to_owned),
             supported: SUPPORTED.join(", "),
         }),
     }

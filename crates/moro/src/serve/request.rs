@@ -108,30 +108,14 @@ fn unknown(command: &Command, key: &str) -> ApiError {
         .collect();
     let near = known
         .iter()
-        .min_by_key(|k| distance(k, key))
-        .filter(|k| distance(k, key) <= 3);
+        .min_by_key(|k| moro_core::catalog::levenshtein(k, key))
+        .filter(|k| moro_core::catalog::levenshtein(k, key) <= 3);
     let mut e = ApiError::bad(format!("unknown field `{key}`"), Some(key));
     e.detail.hint = Some(match near {
         Some(k) => format!("did you mean `{k}`? the fields are: {}", known.join(", ")),
         None => format!("the fields are: {}", known.join(", ")),
     });
     e
-}
-
-/// Levenshtein distance, for "did you mean".
-fn distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut prev = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let cur = row[j + 1];
-            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
-            prev = cur;
-        }
-    }
-    row[b.len()]
 }
 
 /// A clap error as one line naming the field (`seq_len`), not the flag.
