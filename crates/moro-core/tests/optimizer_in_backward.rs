@@ -19,15 +19,15 @@ fn job(in_backward: bool) -> Job {
 }
 
 /// Llama-2-7B's largest parameters are its embedding and output matrices, 32,000 × 4,096 in
-/// bf16: 262,144,000 bytes. With the step in backward that is all the gradient memory at the
-/// end of backward; without it, every parameter's bf16 gradient (2 × 6,738,415,616 bytes).
+/// bf16: 262,144,000 bytes. With the step in backward that is all the gradient memory once
+/// backward is done; without it, every parameter's bf16 gradient (2 × 6,738,415,616 bytes).
 #[test]
 fn gradients_are_one_parameter_at_a_time() {
     let m = catalog::load(catalog::find("meta-llama/Llama-2-7b-hf").expect("catalog")).unwrap();
     let grads_at_end = |j: &Job| {
         estimate(&m, j, &DeviceProfile::default())
             .unwrap()
-            .phase_component(Phase::BackwardEnd, Component::Gradients)
+            .phase_component(Phase::OptimizerStep, Component::Gradients)
     };
     assert_eq!(grads_at_end(&job(true)), 32_000 * 4096 * 2);
     assert_eq!(grads_at_end(&job(false)), 2 * 6_738_415_616);

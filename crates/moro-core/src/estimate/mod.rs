@@ -585,7 +585,32 @@ fn training_phases(
             in_layer
         }
     } else {
-        first_layer_moment(grads, tied_add.max(par.root_grad_assembly))
+        // An untied embedding's gradient comes after the first layer's backward
+        // (`embedding_dense_backward`, the oracle's peak op for full fine-tunes): while that
+        // layer's activations are alive it does not exist yet, and once it is computed they
+        // are gone.
+        let embedding_grad = if job.method == Method::Full
+            && !model.tie_word_embeddings
+            && model.encoder.is_none()
+            && job.parallel.sharding == Sharding::None
+            && !job.optimizer_in_backward
+        {
+            (model.embedding_params() * regime::grad_bytes(job, regime) / par.tp.max(1)).min(grads)
+        } else {
+            0
+        };
+        let in_layer =
+            first_layer_moment(grads - embedding_grad, tied_add.max(par.root_grad_assembly));
+        let at_embedding = vec![
+            (Component::Gradients, grads),
+            (Component::Transients, cublas + comm_bwd),
+        ];
+        let sum = |v: &[(Component, u64)]| v.iter().map(|(_, b)| b).sum::<u64>();
+        if embedding_grad > 0 && sum(&at_embedding) > sum(&in_layer) {
+            at_embedding
+        } else {
+            in_layer
+        }
     };
     phases.push(PhaseBytes {
         phase: Phase::BackwardEnd,
