@@ -12,6 +12,7 @@
 //! - [`formats`]: safetensors and GGUF header parsers over bytes.
 //! - [`hardware`]: the GPU catalog, [`hardware::Device`] and the `--hardware` parser.
 //! - [`units`]: byte constants and formatting helpers.
+//! - [`vision`]: a vision-language model's tower, projector and image tokens.
 //! - [`search`]: the recipe search (best configuration that fits a GPU).
 
 pub mod arch;
@@ -28,3 +29,4 @@ pub mod stack;
 pub mod targets;
 pub mod units;
 pub mod validation;
+pub mod vision;

@@ -70,6 +70,10 @@ pub enum LinearRole {
     /// The MoE router / gate (a Linear, quantized by bitsandbytes, not a LoRA target by
     /// PEFT's `all-linear`? It is: PEFT excludes only the output layer).
     Router,
+    /// A vision tower's or projector's Linear ([`crate::vision::VisionSpec`]): quantized by
+    /// bitsandbytes like the language model's (transformers 5.24 `get_keys_to_not_convert`
+    /// skips only tied and output embeddings), adapted only when the job adapts the tower.
+    Vision,
 }
 
 /// One `nn.Linear` (or HF `Conv1D`) kind inside a layer.
@@ -329,7 +333,7 @@ pub struct ModelSpec {
     /// Layer groups (dense, MoE, sliding / full attention), whose counts sum to `num_layers`.
     pub layers: Vec<LayerGroup>,
     /// Parameters outside the decoder layers that are not the token embedding or lm_head:
-    /// the final norm (and, for multimodal configs, nothing: only the text model is counted).
+    /// the final norm (a vision tower and projector are [`ModelSpec::vision`]).
     pub final_norm_params: u64,
     /// The dtype the checkpoint is stored in (`torch_dtype` / `dtype`), bf16 when absent.
     pub load_dtype: Dtype,
@@ -364,6 +368,9 @@ pub struct ModelSpec {
     /// How a routed expert applies its gate (MoE models whose experts are [`Linear::fused`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expert_gate: Option<ExpertGate>,
+    /// The vision tower and projector of a vision-language model; `None` for text models.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vision: Option<crate::vision::VisionSpec>,
 }
 
 /// The gated activation inside a fused expert, as the saved tensors differ.
@@ -409,7 +416,8 @@ impl ModelSpec {
             .map_or(0, |e| e.extra_params(self.hidden_size))
     }
 
-    /// Exact total parameter count (tied lm_head counted once).
+    /// Exact total parameter count (tied lm_head counted once; a vision tower and projector
+    /// included).
     #[must_use]
     pub fn total_params(&self) -> u64 {
         self.embedding_params()
@@ -418,6 +426,15 @@ impl ModelSpec {
             + self.layer_params()
             + self.final_norm_params
             + self.encoder_extra_params()
+            + self.vision_params()
+    }
+
+    /// Parameters of the vision tower and projector (0 for text models).
+    #[must_use]
+    pub fn vision_params(&self) -> u64 {
+        self.vision
+            .as_ref()
+            .map_or(0, crate::vision::VisionSpec::params)
     }
 
     /// Parameters one token passes through (MoE: router + top-k + shared experts).
@@ -444,13 +461,22 @@ impl ModelSpec {
             + layers
             + self.final_norm_params
             + self.encoder_extra_params()
+            + self.vision_params()
     }
 
-    /// All Linear kinds of all layer groups with the number of layers holding them.
+    /// All Linear kinds of all layer groups with the number of layers holding them: the
+    /// language model's, then a vision tower's and its projector's ([`LinearRole::Vision`]).
     pub fn linears(&self) -> impl Iterator<Item = (u64, &Linear)> {
+        let tower = self.vision.iter().flat_map(|v| {
+            v.layers
+                .iter()
+                .flat_map(|g| g.linears.iter().map(move |l| (g.count, l)))
+                .chain(v.projector.iter().map(|l| (1, l)))
+        });
         self.layers
             .iter()
             .flat_map(|g| g.linears.iter().map(move |l| (g.count, l)))
+            .chain(tower)
     }
 
     /// Parameters held in decoder-layer Linears (what bitsandbytes quantizes).

@@ -40,6 +40,16 @@ fn roles_of_request(name: &str) -> &'static [Role] {
 fn roles_of_linear(name: &str, role: LinearRole, out: u64, h: u64) -> &'static [Role] {
     match role {
         LinearRole::Router => &[],
+        LinearRole::Vision => match name {
+            "q_proj" => &[Role::Q],
+            "k_proj" => &[Role::K],
+            "v_proj" => &[Role::V],
+            "qkv" => &[Role::Q, Role::K, Role::V],
+            "out_proj" | "proj" => &[Role::O],
+            "fc1" | "gate_proj" | "up_proj" => &[Role::MlpIn],
+            "fc2" | "down_proj" => &[Role::MlpOut],
+            _ => &[],
+        },
         LinearRole::Attention => match name {
             "q_proj" | "q_a_proj" | "q_b_proj" | "query" => &[Role::Q],
             "k_proj" | "key" => &[Role::K],

@@ -276,20 +276,23 @@ const CATALOG: &[Row] = &[
     row!("google--gemma-2-2b", 2_614_341_888, 2_024_517_888, None),
     row!("google--gemma-2-2b-it", 2_614_341_888, 2_024_517_888, None),
     row!("google--gemma-2-9b", 9_241_705_984, 8_324_201_984, None),
+    // Gemma 3 4B/12B/27B are multimodal: their SigLIP tower and projector are counted (the
+    // transformers 5.24 meta-device split in validation/vlm-params.json; the 4B's 419,816,304
+    // is keras-hub's with-vision minus text-only preset count).
     row!(
         "google--gemma-3-12b-it",
-        11_766_034_176,
-        10_759_155_456,
+        12_187_325_040,
+        11_180_446_320,
         None
     ),
     row!("google--gemma-3-1b-it", 999_885_952, 697_896_064, None),
     row!(
         "google--gemma-3-27b-it",
-        27_009_346_304,
-        25_599_716_096,
+        27_432_406_640,
+        26_022_776_432,
         None
     ),
-    row!("google--gemma-3-4b-it", 3_880_263_168, 3_209_010_688, None),
+    row!("google--gemma-3-4b-it", 4_300_079_472, 3_628_826_992, None),
     row!(
         "HuggingFaceTB--SmolLM2-1.7B",
         1_711_376_384,
@@ -511,6 +514,48 @@ const CATALOG: &[Row] = &[
         "TinyLlama--TinyLlama-1.1B-Chat-v1.0",
         1_100_048_384,
         968_976_384,
+        None
+    ),
+    row!(
+        "Qwen--Qwen2.5-VL-3B-Instruct",
+        3_754_622_976,
+        3_443_458_048,
+        None
+    ),
+    row!(
+        "Qwen--Qwen2.5-VL-7B-Instruct",
+        8_292_166_656,
+        7_202_171_904,
+        None
+    ),
+    row!(
+        "Qwen--Qwen2.5-VL-32B-Instruct",
+        33_452_718_336,
+        31_895_582_976,
+        None
+    ),
+    row!(
+        "Qwen--Qwen2.5-VL-72B-Instruct",
+        73_410_777_344,
+        70_919_360_768,
+        None
+    ),
+    row!(
+        "Qwen--Qwen2-VL-2B-Instruct",
+        2_208_985_600,
+        1_975_611_904,
+        None
+    ),
+    row!(
+        "Qwen--Qwen2-VL-7B-Instruct",
+        8_291_375_616,
+        7_201_380_864,
+        None
+    ),
+    row!(
+        "llava-hf--llava-1.5-7b-hf",
+        7_063_427_072,
+        6_800_758_784,
         None
     ),
 ];

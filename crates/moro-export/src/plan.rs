@@ -99,6 +99,16 @@ impl<'a> Plan<'a> {
                 .map_err(|e| ExportError::from(moro_recipe::job_error(&e, None)))?;
         }
         let method = Method::from(job.method);
+        let images =
+            job.images.per_sample > 0 || job.vision != moro_core::job::VisionTraining::Frozen;
+        if model.is_some_and(|m| m.vision.is_some()) || images {
+            return Err(ExportError::field(
+                "model.base",
+                "a vision-language model: the exports write text-only training (no processor, \
+                 image collator or `AutoModelForImageTextToText`); `moro estimate` sizes it, \
+                 and the trainer's own VLM recipe runs it",
+            ));
+        }
         if job.method.is_peft() && job.peft != PeftKind::Lora {
             return Err(ExportError::field(
                 "model.peft",

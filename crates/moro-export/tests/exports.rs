@@ -657,6 +657,30 @@ fn what_a_trainer_cannot_express_is_reported() {
     assert!(err.starts_with("field `model.method`"), "{err}");
 }
 
+/// A vision-language recipe is refused with the reason rather than exported as a text-only
+/// script that would load the wrong model class and find no images.
+#[test]
+fn vision_language_recipes_are_refused() {
+    let r = moro_recipe::parse("model:\n  base: Qwen/Qwen2.5-VL-3B-Instruct\n  method: lora\n")
+        .unwrap_or_else(|e| panic!("{e}"));
+    let vlm = model("Qwen/Qwen2.5-VL-3B-Instruct");
+    for format in [Format::Trl, Format::Unsloth, Format::Axolotl] {
+        let err = export(format, &r, Some(&vlm), &Options::default())
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.starts_with("field `model.base`: a vision-language model"),
+            "{err}"
+        );
+    }
+    let images = moro_recipe::parse(
+        "model:\n  base: x/y\n  method: lora\ntraining:\n  images_per_sample: 2\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(export(Format::Trl, &images, None, &Options::default()).is_err());
+}
+
 /// Strings a YAML 1.1 reader turns into booleans, numbers or null unless quoted.
 const HOSTILE: &str = "name: \"on\"\nmodel:\n  base: \"yes\"\n  method: lora\n  target_modules: [\"y\", \"null\", \"0755\"]\n\
                        training:\n  dataset: \"3.10\"\n  output_dir: \"1e3\"\n";

@@ -156,6 +156,18 @@ choice! {
 }
 
 choice! {
+    /// What trains in a vision-language model's tower and projector (`training.vision`).
+    Vision => core::VisionTraining {
+        /// Frozen, no adapters (the usual default).
+        Frozen = "frozen" => Frozen,
+        /// The LoRA targets adapt the tower's matching Linears too.
+        Adapted = "adapted" => Adapted,
+        /// Tower and projector weights train (full fine-tuning).
+        Trained = "trained" => Trained,
+    }
+}
+
+choice! {
     /// Storage of the frozen base weights (`model.quantization`).
     Quantization => core::Quantization {
         /// The load dtype (no quantization).

@@ -95,6 +95,11 @@ impl Recipe {
             output_dir: extras.output_dir,
             versions: LibraryVersions::from_versions(&job.versions),
             optimizer_in_backward: job.optimizer_in_backward,
+            images_per_sample: (job.images.per_sample > 0).then_some(job.images.per_sample),
+            image_size: (job.images.per_sample > 0)
+                .then(|| format!("{}x{}", job.images.width, job.images.height)),
+            vision: (job.vision != moro_core::job::VisionTraining::Frozen)
+                .then(|| job.vision.into()),
         };
         let p = &job.parallel;
         let parallel = (*p != Parallel::single()).then(|| ParallelSection {
@@ -185,6 +190,14 @@ impl Recipe {
                 .as_ref()
                 .map(LibraryVersions::to_versions)
                 .transpose()?,
+            images_per_sample: t.images_per_sample,
+            image_size: t
+                .image_size
+                .as_deref()
+                .map(moro_core::vision::parse_image_size)
+                .transpose()
+                .map_err(|e| RecipeError::value("training.image_size", e))?,
+            vision: t.vision.map(Into::into),
         })
     }
 

@@ -13,7 +13,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::choices::{
     Attention, KvCacheDtype, Loss, LrScheduler, Method, Offload, Optimizer, Peft, Precision,
-    Quantization, Stack, Strategy,
+    Quantization, Stack, Strategy, Vision,
 };
 use crate::error::RecipeError;
 
@@ -303,6 +303,19 @@ pub struct TrainingSection {
     /// `optimizer_in_bwd: True`); needs `gradient_accumulation_steps: 1`. Default: false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub optimizer_in_backward: bool,
+    /// Images per sample (vision-language models). Default: 1 on a vision-language model,
+    /// else 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(max = 1024)))]
+    pub images_per_sample: Option<u64>,
+    /// Image size before the processor resizes it, `WIDTHxHEIGHT` (e.g. `1280x720`).
+    /// Default: the processor's own square, or 1024x1024 for dynamic resolution (Qwen-VL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_size: Option<String>,
+    /// What trains in the vision tower and projector: `frozen`, `adapted` (the LoRA targets
+    /// reach the tower's Linears) or `trained` (full fine-tuning). Default: `frozen`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vision: Option<Vision>,
 }
 
 /// `training.versions:` — library versions as `MAJOR.MINOR[.PATCH]` strings (quote them:
@@ -434,6 +447,9 @@ impl Default for TrainingSection {
             output_dir: None,
             versions: None,
             optimizer_in_backward: false,
+            images_per_sample: None,
+            image_size: None,
+            vision: None,
         }
     }
 }

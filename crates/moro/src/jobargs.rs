@@ -4,7 +4,7 @@
 use clap::Args;
 use moro_core::job::{
     Attention, JobSettings, LossImpl, Method, Offload, Optimizer, Padding, PeftKind, Precision,
-    Quantization, Sharding, Stack, Targets,
+    Quantization, Sharding, Stack, Targets, VisionTraining,
 };
 
 use moro_recipe::choices;
@@ -38,6 +38,18 @@ choice_parser!(pub(crate) fn parse_stack("stack") -> Stack => Stack);
 choice_parser!(pub(crate) fn parse_loss("loss") -> Loss => LossImpl);
 choice_parser!(pub(crate) fn parse_sharding("strategy") -> Strategy => Sharding);
 choice_parser!(fn parse_offload("offload") -> Offload => Offload);
+choice_parser!(fn parse_vision("vision setting") -> Vision => VisionTraining);
+
+fn parse_whole(s: &str) -> Result<u64, String> {
+    let v: i128 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a whole number"))?;
+    if v < 0 {
+        return Err(format!("must be 0 or more, got {v}"));
+    }
+    u64::try_from(v).map_err(|_| format!("`{s}` is too large"))
+}
 
 fn parse_count(s: &str) -> Result<u64, String> {
     let v: i128 = s
@@ -107,6 +119,17 @@ pub(crate) struct JobArgs {
     /// Sequence length in tokens (inference: prompt + generated) [default: 2048].
     #[arg(long, visible_alias = "max-seq-length", value_parser = parse_count, help_heading = "Shape")]
     pub(crate) seq_len: Option<u64>,
+    /// Images per sample, vision-language models [default: 1 there, else 0].
+    #[arg(long, value_parser = parse_whole, help_heading = "Shape")]
+    pub(crate) images_per_sample: Option<u64>,
+    /// Image size before the processor resizes it, WIDTHxHEIGHT [default: the processor's
+    /// own square; 1024x1024 for Qwen-VL's dynamic resolution].
+    #[arg(long, value_parser = moro_core::vision::parse_image_size, help_heading = "Shape")]
+    pub(crate) image_size: Option<(u64, u64)>,
+    /// Vision tower and projector: frozen, adapted (LoRA targets reach them) or trained
+    /// (full fine-tuning) [default: frozen].
+    #[arg(long, value_parser = parse_vision, help_heading = "Training")]
+    pub(crate) vision: Option<VisionTraining>,
     /// Gradient accumulation steps [default: 1].
     #[arg(long, visible_alias = "gradient-accumulation-steps", value_parser = parse_count, help_heading = "Shape")]
     pub(crate) grad_accum: Option<u64>,
@@ -204,6 +227,9 @@ impl JobArgs {
             nodes: self.nodes,
             reduce_bucket: self.reduce_bucket_size,
             versions: None,
+            images_per_sample: self.images_per_sample,
+            image_size: self.image_size,
+            vision: self.vision,
         }
     }
 }

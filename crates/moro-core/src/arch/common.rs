@@ -352,6 +352,7 @@ pub(crate) fn build(p: Plan) -> Result<ModelSpec, ArchError> {
         fp32_norms: false,
         mxfp4_experts: false,
         expert_gate: None,
+        vision: None,
     };
     let total = checked_total(&spec)?;
     if total > MAX_TOTAL_PARAMS {

@@ -36,7 +36,8 @@ mod gemma3_defaults {
     pub(super) const PATTERN: u64 = 6;
 }
 
-/// Parses a `gemma`, `gemma2` or `gemma3_text` config, or a `gemma3` one via `text_config`.
+/// Parses a `gemma`, `gemma2` or `gemma3_text` config, or a multimodal `gemma3` one (its
+/// `text_config` and the SigLIP tower, [`super::vision::gemma3`]).
 pub(crate) fn parse(top: &Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchError> {
     if model_type == "gemma3" {
         // Gemma3Config: a missing text_config means an all-default Gemma3TextConfig.
@@ -54,7 +55,10 @@ pub(crate) fn parse(top: &Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchEr
             "tie_word_embeddings",
             top.bool_or("tie_word_embeddings", true)?,
         )?;
-        return text_model(&c, "gemma3_text", dtype, tie);
+        let mut spec = text_model(&c, "gemma3_text", dtype, tie)?;
+        spec.vision = Some(super::vision::gemma3(top, spec.hidden_size)?);
+        spec.model_type = "gemma3".to_owned();
+        return Ok(spec);
     }
     let dtype = top.dtype_or(Dtype::Bf16)?;
     // GemmaConfig / Gemma2Config / Gemma3TextConfig: tie_word_embeddings defaults to true.

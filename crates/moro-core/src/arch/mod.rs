@@ -28,6 +28,8 @@ mod phi3;
 mod qwen1;
 mod qwen2;
 mod stablelm;
+mod vision;
+mod vlm;
 
 use serde_json::Value;
 
@@ -75,6 +77,9 @@ pub const SUPPORTED: &[&str] = &[
     "gemma2",
     "gemma3",
     "gemma3_text",
+    "qwen2_vl",
+    "qwen2_5_vl",
+    "llava",
     "phi3",
     "deepseek_v2",
     "deepseek_v3",
@@ -110,6 +115,8 @@ pub fn parse_config(bytes: &[u8]) -> Result<ModelSpec, ArchError> {
         "llama" | "mistral" | "mixtral" => llama::parse(&c, model_type),
         "qwen2" | "qwen2_moe" | "qwen3" | "qwen3_moe" => qwen2::parse(&c, model_type),
         "gemma" | "gemma2" | "gemma3" | "gemma3_text" => gemma::parse(&c, model_type),
+        "qwen2_vl" | "qwen2_5_vl" => vlm::qwen_vl(&c, model_type),
+        "llava" => vlm::llava(&c),
         "phi3" => phi3::parse(&c),
         "deepseek_v2" | "deepseek_v3" => deepseek::parse(&c, model_type),
         "gpt_oss" => gpt_oss::parse(&c),

@@ -100,10 +100,14 @@ enum Group {
 }
 
 fn group_of(l: &Linear, h: u64) -> Group {
-    const ATTN_OUT: [&str; 6] = ["o_proj", "dense", "c_proj", "out_proj", "wo", "o"];
+    // `proj`: Qwen-VL's vision blocks.
+    const ATTN_OUT: [&str; 7] = ["o_proj", "dense", "c_proj", "out_proj", "wo", "o", "proj"];
     const MLP_OUT: [&str; 6] = ["down_proj", "dense_4h_to_h", "c_proj", "fc2", "w2", "down"];
     match l.role {
         LinearRole::Router => Group::Router,
+        // A tower's Linears are given their attention and MLP roles before its activations
+        // are built (`super::vision::tower_model`); none sits in a language-model layer.
+        LinearRole::Vision => Group::MlpIn,
         LinearRole::Attention => {
             if ATTN_OUT.contains(&l.name.as_str()) && l.out_features == h {
                 Group::AttnOut
@@ -1041,7 +1045,7 @@ impl Activations {
         }
         let autocast_weight_cache = if full && r.autocast_weight_copies && r.param_bytes == 4 {
             // bf16 copies of every matmul weight (lm_head included, embedding excluded).
-            let mm = model.total_params() - model.embedding_params()
+            let mm = r.trainable_params - model.embedding_params()
                 + if model.tie_word_embeddings {
                     model.embedding_params()
                 } else {
@@ -1074,8 +1078,15 @@ impl Activations {
                 linears
             } else {
                 model
-                    .linears()
-                    .map(|(n, l)| n * l.count * l.weight_numel())
+                    .layers
+                    .iter()
+                    .map(|g| {
+                        g.count
+                            * g.linears
+                                .iter()
+                                .map(|l| l.count * l.weight_numel())
+                                .sum::<u64>()
+                    })
                     .sum()
             };
             // litgpt runs lm_head once per 128-token chunk (`lm_head_chunk_size=128`): every

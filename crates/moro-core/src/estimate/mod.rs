@@ -26,6 +26,7 @@ pub mod parallel;
 pub mod regime;
 pub mod replay;
 pub mod stored;
+pub mod vision;
 pub mod weights;
 
 use serde::{Deserialize, Serialize};
@@ -164,6 +165,8 @@ impl Component {
 pub enum Phase {
     /// Weights loaded, nothing else.
     Load,
+    /// A vision-language model's tower runs over the images, before the language model.
+    VisionForward,
     /// End of the forward pass (all saved activations alive, loss buffers being built).
     ForwardEnd,
     /// Backward of the loss: every activation alive plus the loss buffers.
@@ -173,6 +176,9 @@ pub enum Phase {
     LayerBackward,
     /// End of backward: all gradients, little else.
     BackwardEnd,
+    /// A trained vision tower's backward, after the language model's: every gradient and
+    /// the tower's saved tensors.
+    VisionBackward,
     /// The optimizer step.
     OptimizerStep,
     /// Inference prefill.
@@ -187,10 +193,12 @@ impl Phase {
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Load => "load",
+            Self::VisionForward => "vision_forward",
             Self::ForwardEnd => "forward_end",
             Self::LossBackward => "loss_backward",
             Self::LayerBackward => "layer_backward",
             Self::BackwardEnd => "backward_end",
+            Self::VisionBackward => "vision_backward",
             Self::OptimizerStep => "optimizer_step",
             Self::Prefill => "prefill",
             Self::Decode => "decode",
@@ -213,6 +221,16 @@ impl PhaseBytes {
     pub fn total(&self) -> u64 {
         self.components.iter().map(|c| c.1).sum()
     }
+
+    /// Bytes of a component in the phase (0 when absent).
+    #[must_use]
+    pub fn component(&self, c: Component) -> u64 {
+        component_bytes(&self.components, c)
+    }
+}
+
+fn component_bytes(components: &[(Component, u64)], c: Component) -> u64 {
+    components.iter().filter(|x| x.0 == c).map(|x| x.1).sum()
 }
 
 /// The result of an estimate. All sizes in bytes, per GPU.
@@ -273,11 +291,7 @@ impl Estimate {
     /// Bytes of a component at the peak (0 when absent).
     #[must_use]
     pub fn component(&self, c: Component) -> u64 {
-        self.components
-            .iter()
-            .filter(|x| x.0 == c)
-            .map(|x| x.1)
-            .sum()
+        component_bytes(&self.components, c)
     }
 
     /// Bytes of a component in one phase of the step (0 when the phase or the component is
@@ -317,6 +331,8 @@ pub fn add_replayed_steps(
     job: &Job,
     device: &DeviceProfile,
 ) {
+    let with_images = vision::with_image_tokens(model, job);
+    let job: &Job = &with_images;
     let replayed = replay::step_fragmentation(model, job, &est.regime);
     if replayed > 0 {
         est.replayed_fragmentation_bytes = replayed;
@@ -339,6 +355,9 @@ pub fn estimate_without_replay(
     device: &DeviceProfile,
 ) -> Result<Estimate, JobError> {
     job.validate(model)?;
+    let images = job;
+    let with_images = vision::with_image_tokens(model, job);
+    let job: &Job = &with_images;
     let prompted;
     let job = if job.method.is_peft() && job.peft == crate::job::PeftKind::PromptTuning {
         // Prompt tuning prepends its virtual tokens to every sequence (PEFT
@@ -371,9 +390,94 @@ pub fn estimate_without_replay(
             step_segments: 0,
         }
     } else {
-        training_phases(model, job, &regime, device, &par)
+        let mut step = training_phases(model, job, &regime, device, &par);
+        add_vision(
+            &mut step.phases,
+            &vision::step(model, images, &regime),
+            2 * device.cublas_workspace_bytes,
+        );
+        step
     };
     Ok(finish(model, job, &regime, device, &par, step))
+}
+
+/// Adds a vision tower's share ([`vision::step`]) to a training step's phases: its forward
+/// before the language model's, its saved tensors through the language model's forward and
+/// backward, and its own backward after them, with every gradient alive.
+fn add_vision(phases: &mut Vec<PhaseBytes>, v: &vision::VisionStep, cublas: u64) {
+    if *v == vision::VisionStep::default() {
+        return;
+    }
+    let resident = |p: &PhaseBytes| -> Vec<(Component, u64)> {
+        p.components
+            .iter()
+            .filter(|(c, _)| {
+                matches!(
+                    c,
+                    Component::Weights | Component::Adapters | Component::OptimizerStates
+                )
+            })
+            .copied()
+            .collect()
+    };
+    for p in phases.iter_mut() {
+        let saved = match p.phase {
+            Phase::ForwardEnd | Phase::LossBackward | Phase::LayerBackward | Phase::BackwardEnd => {
+                v.saved + v.pixels
+            }
+            _ => 0,
+        };
+        if saved > 0
+            && let Some(a) = p
+                .components
+                .iter_mut()
+                .find(|(c, _)| *c == Component::Activations)
+        {
+            a.1 += saved;
+        }
+    }
+    let Some(forward) = phases.iter().find(|p| p.phase == Phase::ForwardEnd) else {
+        return;
+    };
+    let grads_in_fwd = forward.component(Component::Gradients);
+    let mut tower_forward = resident(forward);
+    tower_forward.extend([
+        (Component::Gradients, grads_in_fwd),
+        (Component::Activations, v.pixels),
+        (Component::Transients, cublas + v.forward_transient),
+    ]);
+    let backward = phases
+        .iter()
+        .find(|p| p.phase == Phase::OptimizerStep)
+        .map(|step| {
+            let mut c = resident(step);
+            c.extend([
+                (Component::Gradients, step.component(Component::Gradients)),
+                (Component::Activations, v.pixels + v.saved + v.one_layer),
+                (Component::Transients, cublas + v.backward_transient),
+            ]);
+            c
+        });
+    phases.insert(
+        1,
+        PhaseBytes {
+            phase: Phase::VisionForward,
+            components: tower_forward,
+        },
+    );
+    if let Some(components) = backward.filter(|_| v.saved > 0) {
+        let at = phases
+            .iter()
+            .position(|p| p.phase == Phase::OptimizerStep)
+            .unwrap_or(phases.len());
+        phases.insert(
+            at,
+            PhaseBytes {
+                phase: Phase::VisionBackward,
+                components,
+            },
+        );
+    }
 }
 
 /// A step's phases, and what its allocations leave to the caching allocator.

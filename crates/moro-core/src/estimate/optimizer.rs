@@ -114,6 +114,55 @@ pub fn trainable_tensors(model: &ModelSpec, job: &Job) -> Vec<Trainable> {
                     embedding: true,
                 });
             }
+            if let Some(vision) = model
+                .vision
+                .as_ref()
+                .filter(|_| job.vision == crate::job::VisionTraining::Trained)
+            {
+                // The tower's and projector's Linears, their 1-D norms and biases, and the
+                // patch and position embeddings as one piece.
+                let groups = vision
+                    .layers
+                    .iter()
+                    .map(|g| (g.count, g.linears.as_slice(), g.other_params))
+                    .chain(std::iter::once((1, vision.projector.as_slice(), 0)));
+                for (count, linears, other) in groups {
+                    for l in linears {
+                        v.push(Trainable {
+                            copies: count,
+                            numel: l.weight_numel(),
+                            shape: (l.out_features, l.in_features),
+                            embedding: false,
+                        });
+                        if l.bias {
+                            v.push(Trainable {
+                                copies: count,
+                                numel: l.out_features,
+                                shape: (l.out_features, 1),
+                                embedding: false,
+                            });
+                        }
+                    }
+                    if other > 0 {
+                        v.push(Trainable {
+                            copies: count,
+                            numel: other,
+                            shape: (other, 1),
+                            embedding: false,
+                        });
+                    }
+                }
+                for numel in [vision.embedding_params, vision.projector_other_params] {
+                    if numel > 0 {
+                        v.push(Trainable {
+                            copies: 1,
+                            numel,
+                            shape: (numel, 1),
+                            embedding: false,
+                        });
+                    }
+                }
+            }
             if let Some(enc) = &model.encoder {
                 // `token_type_embeddings` (an `nn.Embedding`), the pooler's (RoBERTa: the
                 // head's) `dense` and the classifier, weights and biases.

@@ -82,7 +82,11 @@ impl Sharded {
         let full = job.method == Method::Full;
         let tb = optimizer::trainable_bytes(job, r);
         // Parameters with gradients (and optimizer states).
-        let trainable = if full { total } else { grad_params(model, job) };
+        let trainable = if full {
+            super::regime::full_trainable_params(model, job)
+        } else {
+            grad_params(model, job)
+        };
         let base = base_weight_bytes(model, job, r) / split;
         let adapters = if job.method.is_peft() {
             (added_params(model, job) * r.adapter_bytes

@@ -173,7 +173,7 @@ impl Regime {
         let compute_bytes = if autocast || !fp32 { 2 } else { 4 };
 
         let trainable_params = match method {
-            Method::Full => model.total_params(),
+            Method::Full => full_trainable_params(model, job),
             Method::Lora | Method::Qlora if job.peft.is_adapter() => {
                 crate::estimate::weights::AdapterParams::new(model, job.peft).trainable()
             }
@@ -227,6 +227,17 @@ impl Regime {
                 && job.versions.trainer_embedding_override(),
             ddp_bucket_copy: profile.ddp_bucket_copy,
         }
+    }
+}
+
+/// Parameters a full fine-tune trains: all of them, less a frozen vision tower and
+/// projector ([`crate::job::VisionTraining`]).
+#[must_use]
+pub fn full_trainable_params(model: &ModelSpec, job: &Job) -> u64 {
+    if job.vision == crate::job::VisionTraining::Trained {
+        model.total_params()
+    } else {
+        model.total_params() - model.vision_params()
     }
 }
 

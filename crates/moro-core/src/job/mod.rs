@@ -818,6 +818,29 @@ pub struct Job {
     /// lit-gpt's LLaMA-Adapter variants, which ignore `lora`.
     #[serde(default)]
     pub peft: PeftKind,
+    /// The images of each sample (vision-language models; none for text models).
+    #[serde(default)]
+    pub images: crate::vision::Images,
+    /// What trains in a vision-language model's tower and projector.
+    #[serde(default)]
+    pub vision: VisionTraining,
+}
+
+/// What a vision-language job trains in the vision tower and projector.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum VisionTraining {
+    /// Frozen, no adapters: the usual default (LLaMA-Factory `freeze_vision_tower` and
+    /// `freeze_multi_modal_projector`; TRL's VLM recipes target the language model only).
+    /// Nothing in the tower needs a gradient, so autograd records none of its forward.
+    #[default]
+    Frozen,
+    /// The LoRA targets also adapt the tower's and projector's matching Linears, as PEFT's
+    /// name matching does when `target_modules` is a list or `all-linear` (Unsloth's
+    /// `finetune_vision_layers=True`).
+    Adapted,
+    /// Tower and projector weights train with the language model (a full fine-tune).
+    Trained,
 }
 
 impl Default for Job {
@@ -841,6 +864,8 @@ impl Default for Job {
             versions: Versions::default(),
             optimizer_in_backward: false,
             peft: PeftKind::Lora,
+            images: crate::vision::Images::default(),
+            vision: VisionTraining::Frozen,
         }
     }
 }
@@ -867,7 +892,10 @@ impl Job {
     /// stacked from transformers 5 ([`Self::adapts_stacked`]).
     #[must_use]
     pub fn adapts(&self, l: &crate::model::Linear) -> bool {
-        self.lora.targets.matches(&l.name) && (self.is_module(l) || self.adapts_stacked(l))
+        self.lora.targets.matches(&l.name)
+            && (self.is_module(l) || self.adapts_stacked(l))
+            && (l.role != crate::model::LinearRole::Vision
+                || self.vision == VisionTraining::Adapted)
     }
 
     /// Whether `l` is an `nn.Linear` module in this job: always on a stack with its own
@@ -940,6 +968,101 @@ impl Job {
             )
     }
 
+    /// The images and vision settings against the model: images need a vision tower, and
+    /// what trains in it must be something the method trains.
+    fn validate_images(&self, model: &ModelSpec) -> Result<(), JobError> {
+        use crate::vision::{MAX_IMAGE_SIDE, MAX_IMAGES_PER_SAMPLE};
+        let err = |field, message: String| Err(JobError { field, message });
+        let i = &self.images;
+        let Some(v) = &model.vision else {
+            if i.per_sample > 0 {
+                return err(
+                    "training.images_per_sample",
+                    format!(
+                        "{} is a text model (no vision tower): it takes no images",
+                        model.model_type
+                    ),
+                );
+            }
+            if self.vision != VisionTraining::Frozen {
+                return err(
+                    "training.vision",
+                    format!("{} has no vision tower to train", model.model_type),
+                );
+            }
+            return Ok(());
+        };
+        if i.per_sample > MAX_IMAGES_PER_SAMPLE {
+            return err(
+                "training.images_per_sample",
+                format!(
+                    "must be at most {MAX_IMAGES_PER_SAMPLE}, got {}",
+                    i.per_sample
+                ),
+            );
+        }
+        if i.per_sample > 0 {
+            for (what, side) in [("width", i.width), ("height", i.height)] {
+                if side == 0 || side > MAX_IMAGE_SIDE {
+                    return err(
+                        "training.image_size",
+                        format!(
+                            "the {what} must be between 1 and {MAX_IMAGE_SIDE} pixels, got {side}"
+                        ),
+                    );
+                }
+            }
+            // Qwen-VL's `smart_resize` refuses aspect ratios over 200.
+            if matches!(v.tokens, crate::vision::ImageTokens::Dynamic { .. })
+                && i.width.max(i.height) > 200 * i.width.min(i.height)
+            {
+                return err(
+                    "training.image_size",
+                    format!(
+                        "{} × {} has an aspect ratio over 200, which the processor refuses",
+                        i.width, i.height
+                    ),
+                );
+            }
+        }
+        let added = v.added_tokens(i);
+        if model.max_position_embeddings > 0
+            && self.method != Method::Inference
+            && self.seq_len + added > model.max_position_embeddings.max(self.seq_len)
+        {
+            return err(
+                "training.image_size",
+                format!(
+                    "{} image tokens and {} text tokens are more than the model's {} positions",
+                    added, self.seq_len, model.max_position_embeddings
+                ),
+            );
+        }
+        match (self.vision, self.method) {
+            (VisionTraining::Adapted, m) if !m.is_peft() => err(
+                "training.vision",
+                format!(
+                    "`adapted` puts adapters in the tower, which a {} job does not train; \
+                     use `trained` for a full fine-tune",
+                    m.as_str()
+                ),
+            ),
+            (VisionTraining::Trained, m) if m != Method::Full => err(
+                "training.vision",
+                format!(
+                    "`trained` trains the tower's weights, which a {} job keeps frozen; \
+                     use `adapted` for adapters in the tower",
+                    m.as_str()
+                ),
+            ),
+            (VisionTraining::Adapted, _) if self.peft != PeftKind::Lora => err(
+                "training.vision",
+                "`adapted` is modelled for LoRA adapters only".to_owned(),
+            ),
+            _ => Ok(()),
+        }
+    }
+
     /// Checks the job's values against each other and the model.
     ///
     /// # Errors
@@ -974,6 +1097,7 @@ impl Job {
                 ),
             );
         }
+        self.validate_images(model)?;
         if self.grad_accum == 0 || self.grad_accum > 1 << 20 {
             return err(
                 "gradient_accumulation_steps",

@@ -10,6 +10,7 @@
 use super::{
     Attention, Job, JobError, KvDtype, LoraConfig, LossImpl, Method, Offload, Optimizer, Padding,
     Parallel, PeftKind, Precision, Quantization, Sharding, Stack, Targets, Versions,
+    VisionTraining,
 };
 use crate::stack::{DefaultCheckpointing, DefaultPrecision};
 
@@ -79,6 +80,13 @@ pub struct JobSettings {
     pub reduce_bucket: Option<u64>,
     /// `training.versions`. Default: current releases.
     pub versions: Option<Versions>,
+    /// `training.images_per_sample`. Default: 1 on a vision-language model, else 0.
+    pub images_per_sample: Option<u64>,
+    /// `training.image_size` as (width, height). Default: the processor's own square, or
+    /// 1024 × 1024 where it resizes dynamically ([`crate::vision::VisionSpec::default_image_size`]).
+    pub image_size: Option<(u64, u64)>,
+    /// `training.vision`. Default: frozen.
+    pub vision: Option<VisionTraining>,
 }
 
 /// Takes `a`, else `b`, field by field.
@@ -100,7 +108,8 @@ impl JobSettings {
             dora, feedforward_modules, virtual_tokens, decompose_factor, micro_batch_size, seq_len, grad_accum,
             padding, optimizer, gradient_checkpointing, optimizer_in_backward, attention,
             precision, stack, loss, kv_dtype, gpus, tensor_parallel, pipeline_parallel,
-            sharding, offload, nodes, reduce_bucket, versions,
+            sharding, offload, nodes, reduce_bucket, versions, images_per_sample, image_size,
+            vision,
         )
     }
 
@@ -247,6 +256,24 @@ impl JobSettings {
             versions: self.versions.unwrap_or_default(),
             optimizer_in_backward: self.optimizer_in_backward.unwrap_or(false),
             peft,
+            images: match (self.images_per_sample, self.image_size) {
+                (Some(n), Some((width, height))) => crate::vision::Images {
+                    per_sample: n,
+                    width,
+                    height,
+                },
+                (Some(n), None) => crate::vision::Images {
+                    per_sample: n,
+                    ..base.images
+                },
+                (None, Some((width, height))) => crate::vision::Images {
+                    per_sample: 1,
+                    width,
+                    height,
+                },
+                (None, None) => base.images,
+            },
+            vision: self.vision.unwrap_or(base.vision),
         })
     }
 
@@ -266,6 +293,15 @@ impl JobSettings {
         // `Mxfp4Config(dequantize=False)`).
         if self.quantization.is_none() && job.method == Method::Inference && model.mxfp4_experts {
             job.quantization = Quantization::Mxfp4;
+        }
+        if let Some(v) = &model.vision {
+            let (width, height) = v.default_image_size();
+            if self.images_per_sample.is_none() {
+                job.images.per_sample = 1;
+            }
+            if self.image_size.is_none() {
+                (job.images.width, job.images.height) = (width, height);
+            }
         }
         job.lora.targets = crate::targets::resolve(model, &job.lora.targets);
         // PEFT wraps stacked experts in a `ParamWrapper`, which refuses dropout: unless told
@@ -466,6 +502,9 @@ mod tests {
             nodes: Some(p.nodes),
             reduce_bucket: p.reduce_bucket,
             versions: Some(job.versions),
+            images_per_sample: Some(job.images.per_sample),
+            image_size: Some((job.images.width, job.images.height)),
+            vision: Some(job.vision),
         }
     }
 

@@ -555,6 +555,9 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
             crate::job::KvDtype::F16
         },
         optimizer_in_backward: truthy(v, "optimizer_in_backward") == Some(true),
+        // The measured rows are text-only runs.
+        images: crate::vision::Images::default(),
+        vision: crate::job::VisionTraining::Frozen,
     };
 
     let metric_text = text(v, "metric").to_ascii_lowercase();

@@ -120,6 +120,12 @@ fn jobs() -> Vec<Job> {
         },
         optimizer_in_backward: false,
         peft: PeftKind::Lora,
+        images: moro_core::vision::Images {
+            per_sample: 2,
+            width: 1280,
+            height: 720,
+        },
+        vision: moro_core::job::VisionTraining::Adapted,
     };
     v.push(all);
     v.push(Job {

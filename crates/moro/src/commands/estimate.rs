@@ -264,6 +264,31 @@ pub(crate) fn to_json<'a>(
     }
 }
 
+/// The images of a vision-language job, in words: how many, their size, the tokens they add
+/// and what trains in the tower; `None` for text models.
+pub(crate) fn describe_images(model: &moro_core::model::ModelSpec, job: &Job) -> Option<String> {
+    let v = model.vision.as_ref()?;
+    let vision = match job.vision {
+        moro_core::job::VisionTraining::Frozen => "vision tower frozen",
+        moro_core::job::VisionTraining::Adapted => "vision tower adapted",
+        moro_core::job::VisionTraining::Trained => "vision tower trained",
+    };
+    let i = &job.images;
+    if i.per_sample == 0 {
+        return Some(format!("none (text only), {vision}"));
+    }
+    let shape = v.tokens.shape(i.width, i.height);
+    Some(format!(
+        "{} × {}×{} per sample (resized to {}×{}), +{} tokens per sequence, {vision}",
+        i.per_sample,
+        i.width,
+        i.height,
+        shape.resized.0,
+        shape.resized.1,
+        v.added_tokens(i),
+    ))
+}
+
 fn describe(job: &Job) -> String {
     let mut s = job.method.as_str().to_owned();
     if job.quantization != moro_core::job::Quantization::None {
@@ -349,6 +374,9 @@ pub(crate) fn render(
         out.push_str(&format!("stored  {}\n", resolve::describe_stored(w)));
     }
     out.push_str(&format!("job     {}\n", describe(job)));
+    if let Some(images) = describe_images(&model.spec, job) {
+        out.push_str(&format!("images  {images}\n"));
+    }
     out.push_str(&format!(
         "peak    at {} (trainable parameters: {})\n\n",
         est.peak_phase.as_str(),

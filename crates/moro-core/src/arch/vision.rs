@@ -1,0 +1,291 @@
+//! `vision_config` → [`VisionSpec`]: the towers and projectors of the supported
+//! vision-language models, module by module as transformers 5.24 builds them.
+//!
+//! - SigLIP (`siglip_vision_model`, Gemma 3): `patch_embedding` Conv2d(3, h, p) with bias,
+//!   `position_embedding` of (image / p)² rows, per layer `layer_norm1`/`layer_norm2`
+//!   (LayerNorm), `q_proj`/`k_proj`/`v_proj`/`out_proj` with bias, `fc1`/`fc2` with bias,
+//!   `post_layernorm`; no head (`vision_use_head: false`). Gemma 3's projector is a bare
+//!   `mm_input_projection_weight` (h_v × h) and `mm_soft_emb_norm` (RMSNorm h_v), after a
+//!   4 × 4 average pool (`Gemma3MultiModalProjector`).
+//! - CLIP (`clip_vision_model`, LLaVA): `class_embedding` (h), `patch_embedding` without
+//!   bias, `position_embedding` of (image / p)² + 1 rows, `pre_layrnorm`, the same layers as
+//!   SigLIP, `post_layernorm`; LLaVA's `linear_1` (h_v → h) and `linear_2` (h → h) with
+//!   bias (`multimodal_projector_bias`, default true).
+//! - Qwen2-VL: `patch_embed.proj` Conv3d(3, e, (2, p, p)) without bias, per block
+//!   `norm1`/`norm2` (LayerNorm), `attn.qkv` and `attn.proj` with bias, `mlp.fc1`/`mlp.fc2`
+//!   (e · `mlp_ratio`) with bias; `merger`: `ln_q` LayerNorm(e), `mlp.0` Linear(4e, 4e) and
+//!   `mlp.2` Linear(4e, h) with bias.
+//! - Qwen2.5-VL: the same with RMSNorm `norm1`/`norm2`/`ln_q` and a gated MLP
+//!   (`gate_proj`, `up_proj`, `down_proj`, with bias); the merger ends at `out_hidden_size`.
+
+use super::ArchError;
+use super::cfg::{self, Cfg, MAX_HEADS, MAX_LAYERS};
+use crate::model::{AttentionKind, LayerGroup, Linear, LinearRole, NormKind};
+use crate::vision::{ImageTokens, VisionSpec};
+
+/// Largest accepted tower hidden size (SigLIP-so400m: 1152; InternViT-6B: 3200).
+const MAX_VISION_HIDDEN: u64 = 1 << 16;
+/// Largest accepted tower MLP width.
+const MAX_VISION_INTERMEDIATE: u64 = 1 << 18;
+/// Largest accepted processor image side.
+const MAX_IMAGE: u64 = 1 << 14;
+
+fn linear(name: &str, i: u64, o: u64) -> Linear {
+    Linear::new(name, i, o, true, LinearRole::Vision)
+}
+
+fn block(count: u64, linears: Vec<Linear>, norm_params: u64) -> Vec<LayerGroup> {
+    vec![LayerGroup {
+        count,
+        linears,
+        other_params: norm_params,
+        attention: AttentionKind::Full,
+        moe: false,
+    }]
+}
+
+struct Tower {
+    hidden: u64,
+    intermediate: u64,
+    layers: u64,
+    heads: u64,
+}
+
+fn tower_dims(v: &Cfg<'_>, defaults: (u64, u64, u64, u64)) -> Result<Tower, ArchError> {
+    let hidden = v.dim_or("hidden_size", defaults.0, MAX_VISION_HIDDEN)?;
+    let intermediate = v.dim_or("intermediate_size", defaults.1, MAX_VISION_INTERMEDIATE)?;
+    let layers = v.dim_or("num_hidden_layers", defaults.2, MAX_LAYERS)?;
+    let heads = v.dim_or("num_attention_heads", defaults.3, MAX_HEADS)?;
+    if hidden % heads != 0 {
+        return Err(v.err(
+            "num_attention_heads",
+            format!("does not divide hidden_size {hidden}"),
+        ));
+    }
+    Ok(Tower {
+        hidden,
+        intermediate,
+        layers,
+        heads,
+    })
+}
+
+/// The SigLIP / CLIP encoder layers (`q_proj`, `k_proj`, `v_proj`, `out_proj`, `fc1`,
+/// `fc2`, two LayerNorms).
+fn vit_layers(t: &Tower) -> Vec<LayerGroup> {
+    let h = t.hidden;
+    block(
+        t.layers,
+        vec![
+            linear("q_proj", h, h),
+            linear("k_proj", h, h),
+            linear("v_proj", h, h),
+            linear("out_proj", h, h),
+            linear("fc1", h, t.intermediate),
+            linear("fc2", t.intermediate, h),
+        ],
+        4 * h,
+    )
+}
+
+fn image_geometry(v: &Cfg<'_>, image: u64, patch: u64) -> Result<(u64, u64), ArchError> {
+    let image = v.dim_or("image_size", image, MAX_IMAGE)?;
+    let patch = v.dim_or("patch_size", patch, MAX_IMAGE)?;
+    if image % patch != 0 {
+        return Err(v.err("patch_size", format!("does not divide image_size {image}")));
+    }
+    Ok((image, patch))
+}
+
+/// A SigLIP / CLIP `vision_config`'s tower dimensions (hidden, MLP, layers, heads defaults),
+/// image and patch sides, and input channels.
+fn vit(
+    top: &Cfg<'_>,
+    dims: (u64, u64, u64, u64),
+    geometry: (u64, u64),
+) -> Result<(Tower, u64, u64, u64), ArchError> {
+    let empty = serde_json::Map::new();
+    let v = Cfg::nested(
+        top.opt_object("vision_config")?.unwrap_or(&empty),
+        "vision_config",
+    );
+    let t = tower_dims(&v, dims)?;
+    let (image, patch) = image_geometry(&v, geometry.0, geometry.1)?;
+    let channels = v.dim_or("num_channels", 3, 16)?;
+    Ok((t, image, patch, channels))
+}
+
+/// Gemma 3's SigLIP tower and projector (`Gemma3Config.vision_config`, defaults
+/// `SiglipVisionConfig`'s; `mm_tokens_per_image` 256).
+pub(crate) fn gemma3(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, ArchError> {
+    let (t, image, patch, channels) = vit(top, (768, 3072, 12, 12), (224, 16))?;
+    let h = t.hidden;
+    let side = image / patch;
+    let tokens = top.dim_or("mm_tokens_per_image", 256, side * side)?;
+    let pooled_side = tokens.isqrt();
+    if pooled_side * pooled_side != tokens || side % pooled_side != 0 {
+        return Err(top.err(
+            "mm_tokens_per_image",
+            format!("is not a square that divides the {side} × {side} patch grid"),
+        ));
+    }
+    Ok(VisionSpec {
+        model_type: "siglip_vision_model".to_owned(),
+        hidden_size: h,
+        intermediate_size: t.intermediate,
+        num_heads: t.heads,
+        norm: NormKind::LayerNorm,
+        gated_mlp: false,
+        rotary: false,
+        layers: vit_layers(&t),
+        // patch_embedding (weight and bias), position_embedding, post_layernorm.
+        embedding_params: channels * patch * patch * h + h + side * side * h + 2 * h,
+        projector: Vec::new(),
+        // mm_input_projection_weight and mm_soft_emb_norm.
+        projector_other_params: cfg::mul(h, text_hidden, "vision_config.hidden_size")? + h,
+        tokens: ImageTokens::Fixed {
+            image_size: image,
+            patch_size: patch,
+            class_tokens: 0,
+            // `Gemma3Processor.full_image_sequence`: "\n\n", <start_of_image>, the soft
+            // tokens, <end_of_image>, "\n\n" (each "\n\n" one token).
+            sequence_tokens: tokens + 4,
+        },
+    })
+}
+
+/// LLaVA's CLIP tower and projector (`LlavaConfig`; `vision_feature_select_strategy`
+/// `default` drops the class token: (image / patch)² placeholder tokens per image).
+pub(crate) fn llava(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, ArchError> {
+    // LlavaConfig's default vision_config: CLIP ViT-L/14 at 336 px.
+    let (t, image, patch, channels) = vit(top, (1024, 4096, 24, 16), (336, 14))?;
+    let h = t.hidden;
+    let side = image / patch;
+    let full = match top.opt_str("vision_feature_select_strategy")? {
+        None | Some("default") => false,
+        Some("full") => true,
+        Some(other) => {
+            return Err(top.err(
+                "vision_feature_select_strategy",
+                format!("`{other}` is not `default` or `full`"),
+            ));
+        }
+    };
+    let bias = top.bool_or("multimodal_projector_bias", true)?;
+    Ok(VisionSpec {
+        model_type: "clip_vision_model".to_owned(),
+        hidden_size: h,
+        intermediate_size: t.intermediate,
+        num_heads: t.heads,
+        norm: NormKind::LayerNorm,
+        gated_mlp: false,
+        rotary: false,
+        layers: vit_layers(&t),
+        // class_embedding, patch_embedding (no bias), position_embedding (patches + 1),
+        // pre_layrnorm, post_layernorm.
+        embedding_params: h + channels * patch * patch * h + (side * side + 1) * h + 4 * h,
+        projector: vec![
+            Linear::new("linear_1", h, text_hidden, bias, LinearRole::Vision),
+            Linear::new(
+                "linear_2",
+                text_hidden,
+                text_hidden,
+                bias,
+                LinearRole::Vision,
+            ),
+        ],
+        projector_other_params: 0,
+        tokens: ImageTokens::Fixed {
+            image_size: image,
+            patch_size: patch,
+            class_tokens: 1,
+            sequence_tokens: side * side + u64::from(full),
+        },
+    })
+}
+
+/// Qwen2-VL's and Qwen2.5-VL's tower and merger (`vision_config`), and their processors'
+/// resizing: `min_pixels` 3136 (4 tokens) and `max_pixels` 12,845,056 (16,384 tokens), the
+/// values of the released checkpoints' `preprocessor_config.json` and the Qwen2.5-VL model
+/// card (the image processor class alone defaults `max_pixels` to 1,003,520).
+pub(crate) fn qwen_vl(
+    top: &Cfg<'_>,
+    model_type: &str,
+    text_hidden: u64,
+) -> Result<VisionSpec, ArchError> {
+    let empty = serde_json::Map::new();
+    let v = Cfg::nested(
+        top.opt_object("vision_config")?.unwrap_or(&empty),
+        "vision_config",
+    );
+    let v25 = model_type == "qwen2_5_vl";
+    let layers = v.dim_or("depth", 32, MAX_LAYERS)?;
+    let heads = v.dim_or("num_heads", 16, MAX_HEADS)?;
+    let patch = v.dim_or("patch_size", 14, MAX_IMAGE)?;
+    let merge = v.dim_or("spatial_merge_size", 2, 64)?;
+    let temporal = v.dim_or("temporal_patch_size", 2, 64)?;
+    let channels = v.dim_any(&["in_channels", "in_chans"], 16).unwrap_or(3);
+    let (hidden, intermediate, out) = if v25 {
+        (
+            v.dim_or("hidden_size", 1280, MAX_VISION_HIDDEN)?,
+            v.dim_or("intermediate_size", 3420, MAX_VISION_INTERMEDIATE)?,
+            v.dim_or("out_hidden_size", text_hidden, MAX_VISION_HIDDEN)?,
+        )
+    } else {
+        let e = v.dim_or("embed_dim", 1280, MAX_VISION_HIDDEN)?;
+        let ratio = v.dim_or("mlp_ratio", 4, 64)?;
+        (
+            e,
+            e * ratio,
+            v.dim_or("hidden_size", text_hidden, MAX_VISION_HIDDEN)?,
+        )
+    };
+    if hidden % heads != 0 {
+        return Err(v.err("num_heads", format!("does not divide the width {hidden}")));
+    }
+    let (norm, norm_params) = if v25 {
+        (NormKind::RmsNorm, hidden)
+    } else {
+        (NormKind::LayerNorm, 2 * hidden)
+    };
+    let mlp = if v25 {
+        vec![
+            linear("gate_proj", hidden, intermediate),
+            linear("up_proj", hidden, intermediate),
+            linear("down_proj", intermediate, hidden),
+        ]
+    } else {
+        vec![
+            linear("fc1", hidden, intermediate),
+            linear("fc2", intermediate, hidden),
+        ]
+    };
+    let mut linears = vec![
+        linear("qkv", hidden, 3 * hidden),
+        linear("proj", hidden, hidden),
+    ];
+    linears.extend(mlp);
+    let merged = hidden * merge * merge;
+    Ok(VisionSpec {
+        model_type: model_type.to_owned(),
+        hidden_size: hidden,
+        intermediate_size: intermediate,
+        num_heads: heads,
+        norm,
+        gated_mlp: v25,
+        rotary: true,
+        layers: block(layers, linears, 2 * norm_params),
+        embedding_params: channels * temporal * patch * patch * hidden,
+        projector: vec![
+            linear("mlp.0", merged, merged),
+            linear("mlp.2", merged, out),
+        ],
+        projector_other_params: norm_params,
+        tokens: ImageTokens::Dynamic {
+            patch_size: patch,
+            merge_size: merge,
+            min_pixels: 3136,
+            max_pixels: 12_845_056,
+        },
+    })
+}

@@ -1,0 +1,82 @@
+//! Vision-language configs whose language model is another supported decoder: Qwen2-VL and
+//! Qwen2.5-VL (a Qwen2 decoder), LLaVA (its `text_config`'s decoder). Gemma 3's
+//! multimodal config lives with Gemma ([`super::gemma`]).
+
+use serde_json::{Map, Value};
+
+use super::cfg::Cfg;
+use super::{ArchError, llama, qwen2, vision};
+use crate::model::ModelSpec;
+
+/// `qwen2_vl` / `qwen2_5_vl`: the decoder from `text_config` (transformers ≥ 4.53 configs)
+/// or the top level (the released ones), tying and dtype from the top level when the text
+/// part does not say.
+pub(crate) fn qwen_vl(top: &Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchError> {
+    let text = top.opt_object("text_config")?;
+    let mut merged = Map::new();
+    if let Some(t) = text {
+        merged.clone_from(t);
+    }
+    inherit(
+        top,
+        &mut merged,
+        &["tie_word_embeddings", "torch_dtype", "dtype"],
+    );
+    let c = if text.is_some() {
+        Cfg::nested(&merged, "text_config")
+    } else {
+        *top
+    };
+    let mut spec = qwen2::parse(&c, "qwen2")?;
+    spec.vision = Some(vision::qwen_vl(top, model_type, spec.hidden_size)?);
+    spec.model_type = model_type.to_owned();
+    Ok(spec)
+}
+
+/// `llava`: the `text_config` decoder (Llama or Mistral; keys it omits take that config
+/// class's defaults, as `LlavaConfig` builds it) and a CLIP tower.
+pub(crate) fn llava(top: &Cfg<'_>) -> Result<ModelSpec, ArchError> {
+    let empty = Map::new();
+    let mut text = top.opt_object("text_config")?.unwrap_or(&empty).clone();
+    let text_type = match text.get("model_type").and_then(Value::as_str) {
+        None => "llama".to_owned(),
+        Some(t @ ("llama" | "mistral")) => t.to_owned(),
+        Some(other) => {
+            return Err(top.err(
+                "text_config.model_type",
+                format!("`{other}` is not a supported LLaVA language model (llama, mistral)"),
+            ));
+        }
+    };
+    if text_type == "llama" {
+        // LlamaConfig's defaults (transformers 5.24 `configuration_llama.py`): the 7B shape.
+        for (key, value) in [
+            ("hidden_size", 4096),
+            ("intermediate_size", 11008),
+            ("num_hidden_layers", 32),
+            ("num_attention_heads", 32),
+            ("vocab_size", 32000),
+        ] {
+            text.entry(key.to_owned()).or_insert(Value::from(value));
+        }
+    }
+    inherit(
+        top,
+        &mut text,
+        &["tie_word_embeddings", "torch_dtype", "dtype"],
+    );
+    let c = Cfg::nested(&text, "text_config");
+    let mut spec = llama::parse(&c, &text_type)?;
+    spec.vision = Some(vision::llava(top, spec.hidden_size)?);
+    spec.model_type = "llava".to_owned();
+    Ok(spec)
+}
+
+/// Copies `keys` from the top level into the text part where the text part lacks them.
+fn inherit(top: &Cfg<'_>, text: &mut Map<String, Value>, keys: &[&str]) {
+    for key in keys {
+        if let Some(v) = top.get(key) {
+            text.entry((*key).to_owned()).or_insert_with(|| v.clone());
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! A vision-language model's image side of a step: the tokens images add to the language
+//! model's sequence, and what the vision tower holds while it runs.
+//!
+//! The tower runs first (transformers 5.24 `get_image_features`, then `masked_scatter` of
+//! the features into `inputs_embeds`). Frozen, with `pixel_values` that need no gradient,
+//! autograd records none of it: only its forward working set exists, before the language
+//! model's activations. When it trains (its weights, or adapters in it) its saved tensors
+//! stay alive through the language model's backward, until the tower's own backward at the
+//! end; under gradient checkpointing its blocks checkpoint too (they are
+//! `GradientCheckpointingLayer`s). The tower's layers are a pre-norm transformer, so their
+//! saved bytes come from the same op-by-op rules as a decoder layer's
+//! ([`super::activations`]), over the tower's patches.
+
+use std::borrow::Cow;
+
+use super::Regime;
+use super::activations::Activations;
+use crate::job::{Job, Method, Padding, VisionTraining};
+use crate::model::{LayerGroup, Linear, LinearRole, ModelSpec};
+use crate::vision::{ImageTokens, VisionSpec};
+
+/// The job the language model runs: the images' tokens added to every sequence.
+#[must_use]
+pub fn with_image_tokens<'a>(model: &ModelSpec, job: &'a Job) -> Cow<'a, Job> {
+    match &model.vision {
+        Some(v) if job.images.per_sample > 0 => Cow::Owned(Job {
+            seq_len: job.seq_len + v.added_tokens(&job.images),
+            ..job.clone()
+        }),
+        _ => Cow::Borrowed(job),
+    }
+}
+
+/// What the tower adds to a step, for one GPU's micro-batch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VisionStep {
+    /// The tower's forward working set when autograd records none of it.
+    pub forward_transient: u64,
+    /// Tensors the tower and projector save for backward (checkpoints only under gradient
+    /// checkpointing), alive from the forward to the tower's backward.
+    pub saved: u64,
+    /// One tower block's saved tensors, recomputed at its backward under checkpointing.
+    pub one_layer: u64,
+    /// One tower block's backward transients.
+    pub backward_transient: u64,
+    /// The batch's `pixel_values`, alive for the whole step.
+    pub pixels: u64,
+}
+
+/// Whether anything in the tower needs a gradient.
+#[must_use]
+pub fn tower_trains(model: &ModelSpec, job: &Job) -> bool {
+    match job.vision {
+        VisionTraining::Frozen => false,
+        VisionTraining::Trained => job.method == Method::Full,
+        VisionTraining::Adapted => model
+            .linears()
+            .any(|(_, l)| l.role == LinearRole::Vision && job.adapts(l)),
+    }
+}
+
+/// Whether autograd records the tower's forward: when something in it trains, and also
+/// when a frozen tower's output is made to require grad. transformers 5's
+/// `gradient_checkpointing_enable` calls `enable_input_require_grads` for every model whose
+/// `main_input_name` is `input_ids` (PEFT or not), which hooks the input embeddings of every
+/// `PreTrainedModel` inside (transformers 5.24 `modeling_utils.py`), the vision tower's patch
+/// embedding among them (`SiglipVisionModel.get_input_embeddings`: `patch_embedding`): the
+/// frozen tower's blocks then checkpoint and run their backward.
+#[must_use]
+pub fn tower_recorded(model: &ModelSpec, job: &Job) -> bool {
+    tower_trains(model, job)
+        || (job.gradient_checkpointing
+            && job.stack.profile().transformers_modules
+            && job.versions.transformers.is_none_or(|t| t >= (5, 0)))
+}
+
+/// The tower's share of `job`'s step (`job` as given, before [`with_image_tokens`]).
+#[must_use]
+pub fn step(model: &ModelSpec, job: &Job, r: &Regime) -> VisionStep {
+    let Some(v) = &model.vision else {
+        return VisionStep::default();
+    };
+    let images = job.micro_batch_size * job.images.per_sample;
+    if images == 0 || job.method == Method::Inference && job.images.per_sample == 0 {
+        return VisionStep::default();
+    }
+    let shape = v.tokens.shape(job.images.width, job.images.height);
+    let patches = shape.tower_tokens;
+    let tokens = images * patches;
+    let b = r.compute_bytes;
+    let h = v.hidden_size;
+    // Residual stream, norm output, fused q/k/v, attention output and the MLP's
+    // intermediate (two for a gated one) of one block at a time; eager attention's fp32
+    // scores and their probabilities per image. [DERIVED]
+    let mlp = if v.gated_mlp { 3 } else { 2 } * v.intermediate_size;
+    let eager = if job.attention == crate::job::Attention::Eager {
+        images * v.num_heads * patches * patches * (4 + b)
+    } else {
+        0
+    };
+    let forward_transient = tokens * b * (6 * h + mlp) + eager;
+    // The processor's `pixel_values`, fp32, held by the batch for the whole step: Qwen-VL's
+    // `temporal_patch_size` copies of every patch, the others one resized image each.
+    let pixels = images
+        * match v.tokens {
+            ImageTokens::Dynamic { .. } => patches * v.patch_pixels(),
+            ImageTokens::Fixed { image_size, .. } => 3 * image_size * image_size,
+        }
+        * 4;
+    if !tower_recorded(model, job) || job.method == Method::Inference {
+        return VisionStep {
+            forward_transient,
+            pixels,
+            ..VisionStep::default()
+        };
+    }
+    let tower = tower_model(v);
+    let mut tower_job = Job {
+        micro_batch_size: images,
+        seq_len: patches,
+        padding: Padding::Packed,
+        ..job.clone()
+    };
+    if !tower_trains(model, job) {
+        // Recorded but frozen: no adapter in it.
+        tower_job.lora.targets = crate::job::Targets::Names(Vec::new());
+    }
+    let acts = Activations::new(&tower, &tower_job, r, 1);
+    VisionStep {
+        forward_transient,
+        pixels,
+        saved: acts.all_layers() + projector_saved(v, tokens, b),
+        one_layer: acts.one_layer,
+        backward_transient: acts.layer_backward_transient,
+    }
+}
+
+/// What the projector saves for backward when it sits between trained parts, per family:
+/// the inputs of its norm (fp32), Linears and activation. [DERIVED]
+fn projector_saved(v: &VisionSpec, patches: u64, b: u64) -> u64 {
+    let h = v.hidden_size;
+    match v.tokens {
+        // Qwen-VL's merger: `ln_q` over every patch, then `mlp.0`, GELU and `mlp.2` over
+        // merged tokens of 4·h each.
+        ImageTokens::Dynamic { .. } => patches * h * (4 + b) + 3 * patches * h * b,
+        // LLaVA: `linear_1`, GELU and `linear_2` over every patch.
+        ImageTokens::Fixed {
+            class_tokens: 1, ..
+        } => 3 * patches * h * b,
+        // Gemma 3: the pool's input, then `mm_soft_emb_norm` and the projection over the
+        // pooled tokens.
+        ImageTokens::Fixed { .. } => patches * h * b + patches / 16 * h * (4 + b),
+    }
+}
+
+/// The tower as a decoder-shaped [`ModelSpec`] whose layers the activation rules walk: its
+/// Linears take attention and MLP roles by name.
+fn tower_model(v: &VisionSpec) -> ModelSpec {
+    let layers = v
+        .layers
+        .iter()
+        .map(|g| LayerGroup {
+            linears: g.linears.iter().map(reroled).collect(),
+            ..g.clone()
+        })
+        .collect::<Vec<_>>();
+    let num_layers = layers.iter().map(|g| g.count).sum();
+    ModelSpec {
+        model_type: v.model_type.clone(),
+        hidden_size: v.hidden_size,
+        intermediate_size: v.intermediate_size,
+        num_layers,
+        num_heads: v.num_heads,
+        num_kv_heads: v.num_heads,
+        head_dim: v.hidden_size / v.num_heads.max(1),
+        vocab_size: 0,
+        tie_word_embeddings: true,
+        position_embeddings: 0,
+        max_position_embeddings: 0,
+        norm: v.norm,
+        gated_mlp: v.gated_mlp,
+        qkv_bias: true,
+        o_bias: true,
+        mlp_bias: true,
+        moe: None,
+        mla: None,
+        layers,
+        final_norm_params: 0,
+        load_dtype: crate::model::Dtype::Bf16,
+        encoder: None,
+        logit_softcapping: false,
+        qk_norm: false,
+        attention_sinks: false,
+        fp32_norms: false,
+        mxfp4_experts: false,
+        expert_gate: None,
+        vision: None,
+    }
+}
+
+fn reroled(l: &Linear) -> Linear {
+    let role = match l.name.as_str() {
+        "fc1" | "fc2" | "gate_proj" | "up_proj" | "down_proj" => LinearRole::Mlp,
+        _ => LinearRole::Attention,
+    };
+    Linear { role, ..l.clone() }
+}

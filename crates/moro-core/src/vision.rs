@@ -1,0 +1,295 @@
+//! The image side of a vision-language model: its vision tower, the projector into the
+//! language model, and how many tokens one image becomes.
+//!
+//! Rules follow transformers 5.24: Gemma 3 (`Gemma3Processor`, `SiglipVisionModel`,
+//! `Gemma3MultiModalProjector`), LLaVA (`LlavaProcessor`, `CLIPVisionModel`,
+//! `LlavaMultiModalProjector`), Qwen2-VL and Qwen2.5-VL (`Qwen2VLImageProcessor`
+//! `smart_resize`, `Qwen2VisionTransformerPretrainedModel`,
+//! `Qwen2_5_VisionTransformerPretrainedModel`).
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{LayerGroup, Linear, NormKind};
+
+/// The vision tower and projector of a vision-language model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VisionSpec {
+    /// The tower's `model_type` (`siglip_vision_model`, `clip_vision_model`, `qwen2_vl`,
+    /// `qwen2_5_vl`).
+    pub model_type: String,
+    /// Tower hidden size.
+    pub hidden_size: u64,
+    /// Tower MLP intermediate size.
+    pub intermediate_size: u64,
+    /// Tower attention heads.
+    pub num_heads: u64,
+    /// Tower norm kind.
+    pub norm: NormKind,
+    /// Gated (SwiGLU) tower MLP (Qwen2.5-VL) instead of fc1/fc2.
+    pub gated_mlp: bool,
+    /// Rotary position embedding on the tower's q and k (Qwen-VL's 2-D RoPE).
+    pub rotary: bool,
+    /// The tower's blocks (`layers` / `blocks`).
+    pub layers: Vec<LayerGroup>,
+    /// Tower parameters outside the blocks: patch and position embeddings, class embedding,
+    /// pre- and post-norms.
+    pub embedding_params: u64,
+    /// The projector's Linears (LLaVA's `linear_1`/`linear_2`, Qwen-VL's merger MLP).
+    pub projector: Vec<Linear>,
+    /// Projector parameters outside Linears (norms; Gemma 3's `mm_input_projection_weight`,
+    /// a bare parameter).
+    pub projector_other_params: u64,
+    /// How an image becomes tokens.
+    pub tokens: ImageTokens,
+}
+
+/// How the processor turns one image into placeholder tokens and tower patches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum ImageTokens {
+    /// Every image is resized to one square size (Gemma 3: 896 px; LLaVA-1.5: 336 px).
+    Fixed {
+        /// Side of the resized image in pixels.
+        image_size: u64,
+        /// Tower patch side in pixels.
+        patch_size: u64,
+        /// Extra tower positions (CLIP's class token).
+        class_tokens: u64,
+        /// Tokens the processor inserts in place of the text's one image placeholder,
+        /// placeholder included (Gemma 3: "\n\n", `<start_of_image>`, 256 soft tokens,
+        /// `<end_of_image>`, "\n\n"; LLaVA: 576 `<image>`).
+        sequence_tokens: u64,
+    },
+    /// Qwen-VL's dynamic resolution: `smart_resize` to multiples of `patch · merge` within
+    /// `[min_pixels, max_pixels]`, one tower patch per `patch²` pixels, one token per
+    /// `merge²` patches.
+    Dynamic {
+        /// Patch side (14).
+        patch_size: u64,
+        /// Spatial merge (2).
+        merge_size: u64,
+        /// `min_pixels` of the processor.
+        min_pixels: u64,
+        /// `max_pixels` of the processor.
+        max_pixels: u64,
+    },
+}
+
+/// The images of one sample.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Images {
+    /// Images per sample (0: text only).
+    pub per_sample: u64,
+    /// Width in pixels before the processor resizes it.
+    pub width: u64,
+    /// Height in pixels.
+    pub height: u64,
+}
+
+/// Largest image side moro accepts, in pixels.
+pub const MAX_IMAGE_SIDE: u64 = 1 << 16;
+/// Most images one sample may carry.
+pub const MAX_IMAGES_PER_SAMPLE: u64 = 1 << 10;
+
+/// Reads an image size written `WIDTHxHEIGHT` (`1280x720`; `×` and `X` also), the one
+/// spelling of flags, moro.yaml and the web page.
+///
+/// # Errors
+/// A message naming what is wrong.
+pub fn parse_image_size(s: &str) -> Result<(u64, u64), String> {
+    let t = s.trim();
+    let parts: Vec<&str> = t.split(['x', 'X', '×']).collect();
+    let [w, h] = parts.as_slice() else {
+        return Err(format!("`{s}` is not WIDTHxHEIGHT (e.g. 1280x720)"));
+    };
+    let side = |v: &str, what: &str| -> Result<u64, String> {
+        let n: u64 = v
+            .trim()
+            .parse()
+            .map_err(|_| format!("the {what} `{v}` in `{s}` is not a whole number of pixels"))?;
+        if n == 0 || n > MAX_IMAGE_SIDE {
+            return Err(format!(
+                "the {what} must be between 1 and {MAX_IMAGE_SIDE} pixels, got {n}"
+            ));
+        }
+        Ok(n)
+    };
+    Ok((side(w, "width")?, side(h, "height")?))
+}
+
+/// One image as the model sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImageShape {
+    /// Positions the tower runs over (patches, plus class tokens).
+    pub tower_tokens: u64,
+    /// Tokens the image adds to the language model's sequence, beyond the one placeholder
+    /// the text already holds.
+    pub added_tokens: u64,
+    /// The processor's resized width and height.
+    pub resized: (u64, u64),
+}
+
+impl ImageTokens {
+    /// The resize, tower length and sequence tokens of one `width × height` image.
+    #[must_use]
+    pub fn shape(&self, width: u64, height: u64) -> ImageShape {
+        match *self {
+            Self::Fixed {
+                image_size,
+                patch_size,
+                class_tokens,
+                sequence_tokens,
+            } => {
+                let side = image_size / patch_size.max(1);
+                ImageShape {
+                    tower_tokens: side * side + class_tokens,
+                    added_tokens: sequence_tokens.saturating_sub(1),
+                    resized: (image_size, image_size),
+                }
+            }
+            Self::Dynamic {
+                patch_size,
+                merge_size,
+                min_pixels,
+                max_pixels,
+            } => {
+                let factor = patch_size * merge_size;
+                let (h, w) = smart_resize(height, width, factor, min_pixels, max_pixels);
+                let patches = (h / patch_size) * (w / patch_size);
+                ImageShape {
+                    tower_tokens: patches,
+                    added_tokens: (patches / (merge_size * merge_size)).saturating_sub(1),
+                    resized: (w, h),
+                }
+            }
+        }
+    }
+}
+
+/// transformers 5.24 `models/qwen2_vl/image_processing_qwen2_vl.py` `smart_resize`, in the
+/// same IEEE doubles (Python's `round` ties to even): `(height, width)`.
+#[must_use]
+pub fn smart_resize(
+    height: u64,
+    width: u64,
+    factor: u64,
+    min_pixels: u64,
+    max_pixels: u64,
+) -> (u64, u64) {
+    #[allow(clippy::cast_precision_loss)]
+    let (hf, wf, ff) = (height as f64, width as f64, factor as f64);
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let to_u = |x: f64| x.max(0.0) as u64;
+    let mut h_bar = to_u((hf / ff).round_ties_even()) * factor;
+    let mut w_bar = to_u((wf / ff).round_ties_even()) * factor;
+    if h_bar * w_bar > max_pixels {
+        #[allow(clippy::cast_precision_loss)]
+        let beta = (hf * wf / max_pixels as f64).sqrt();
+        h_bar = factor.max(to_u((hf / beta / ff).floor()) * factor);
+        w_bar = factor.max(to_u((wf / beta / ff).floor()) * factor);
+    } else if h_bar * w_bar < min_pixels {
+        #[allow(clippy::cast_precision_loss)]
+        let beta = (min_pixels as f64 / (hf * wf)).sqrt();
+        h_bar = to_u((hf * beta / ff).ceil()) * factor;
+        w_bar = to_u((wf * beta / ff).ceil()) * factor;
+    }
+    (h_bar, w_bar)
+}
+
+impl VisionSpec {
+    /// Parameters of the tower (blocks and embeddings).
+    #[must_use]
+    pub fn tower_params(&self) -> u64 {
+        self.layers
+            .iter()
+            .map(|g| g.count * g.layer_params())
+            .sum::<u64>()
+            + self.embedding_params
+    }
+
+    /// Parameters of the projector.
+    #[must_use]
+    pub fn projector_params(&self) -> u64 {
+        self.projector.iter().map(Linear::params).sum::<u64>() + self.projector_other_params
+    }
+
+    /// Tower and projector parameters.
+    #[must_use]
+    pub fn params(&self) -> u64 {
+        self.tower_params() + self.projector_params()
+    }
+
+    /// The image size a job gets when it names none: the processor's own square for fixed
+    /// resizes, 1024 × 1024 for dynamic resolution (about 1,300 tokens on Qwen-VL).
+    #[must_use]
+    pub const fn default_image_size(&self) -> (u64, u64) {
+        match self.tokens {
+            ImageTokens::Fixed { image_size, .. } => (image_size, image_size),
+            ImageTokens::Dynamic { .. } => (1024, 1024),
+        }
+    }
+
+    /// Values of one `pixel_values` row of a dynamic-resolution tower: channels ×
+    /// `temporal_patch_size` × patch² (Qwen-VL: 3 · 2 · 14² = 1,176); 0 for fixed resizes.
+    #[must_use]
+    pub const fn patch_pixels(&self) -> u64 {
+        match self.tokens {
+            ImageTokens::Dynamic { patch_size, .. } => 3 * 2 * patch_size * patch_size,
+            ImageTokens::Fixed { .. } => 0,
+        }
+    }
+
+    /// Tokens `images` add to one sample's sequence.
+    #[must_use]
+    pub fn added_tokens(&self, images: &Images) -> u64 {
+        if images.per_sample == 0 {
+            return 0;
+        }
+        images.per_sample * self.tokens.shape(images.width, images.height).added_tokens
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn smart_resize_by_hand() {
+        // 1024 / 28 = 36.57 → 37 · 28 = 1036 on both sides; 1036² < 12,845,056.
+        assert_eq!(smart_resize(1024, 1024, 28, 3136, 12_845_056), (1036, 1036));
+        // 4000 × 3000 = 12 M px: rounded 2996 × 4004 = 12.0 M > 1,003,520, so beta =
+        // sqrt(12e6 / 1,003,520) = 3.458; 3000 / 3.458 / 28 = 30.98 → 30 · 28 = 840,
+        // 4000 / 3.458 / 28 = 41.31 → 41 · 28 = 1148.
+        assert_eq!(smart_resize(3000, 4000, 28, 3136, 1_003_520), (840, 1148));
+        // 20 × 20 < 3136: beta = sqrt(3136 / 400) = 2.8; 20 · 2.8 / 28 = 2 → 56.
+        assert_eq!(smart_resize(20, 20, 28, 3136, 12_845_056), (56, 56));
+    }
+
+    #[test]
+    fn image_sizes_read_one_way() {
+        assert_eq!(parse_image_size("1280x720"), Ok((1280, 720)));
+        assert_eq!(parse_image_size(" 896×896 "), Ok((896, 896)));
+        assert!(
+            parse_image_size("1280")
+                .unwrap_err()
+                .contains("WIDTHxHEIGHT")
+        );
+        assert!(parse_image_size("0x720").unwrap_err().contains("width"));
+        assert!(parse_image_size("12x-3").unwrap_err().contains("height"));
+    }
+
+    #[test]
+    fn fixed_images_add_their_sequence() {
+        let gemma = ImageTokens::Fixed {
+            image_size: 896,
+            patch_size: 14,
+            class_tokens: 0,
+            sequence_tokens: 260,
+        };
+        let s = gemma.shape(1920, 1080);
+        assert_eq!(
+            (s.tower_tokens, s.added_tokens, s.resized),
+            (4096, 259, (896, 896))
+        );
+    }
+}
