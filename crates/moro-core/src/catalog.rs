@@ -37,11 +37,6 @@ pub const ALIASES: &[(&str, &str)] = &[
     ("Qwen/Qwen-72B-Chat", "Qwen/Qwen-72B"),
     ("Qwen/Qwen-72B-Chat-Int4", "Qwen/Qwen-72B"),
     // Llama 2 chat models and community re-uploads.
-    ("meta-llama/Llama-2-7b-chat-hf", "meta-llama/Llama-2-7b-hf"),
-    (
-        "meta-llama/Llama-2-13b-chat-hf",
-        "meta-llama/Llama-2-13b-hf",
-    ),
     (
         "meta-llama/Llama-2-70b-chat-hf",
         "meta-llama/Llama-2-70b-hf",
@@ -52,24 +47,12 @@ pub const ALIASES: &[(&str, &str)] = &[
     ("TheBloke/Llama-2-70B-GPTQ", "meta-llama/Llama-2-70b-hf"),
     // Llama 3.x instruct/base pairs (same architecture; only eos ids differ).
     (
-        "meta-llama/Meta-Llama-3-8B-Instruct",
-        "meta-llama/Meta-Llama-3-8B",
-    ),
-    (
         "meta-llama/Meta-Llama-3-70B-Instruct",
         "meta-llama/Meta-Llama-3-70B",
     ),
     (
-        "meta-llama/Llama-3.1-8B-Instruct",
-        "meta-llama/Llama-3.1-8B",
-    ),
-    (
         "meta-llama/Llama-3.1-70B",
         "meta-llama/Llama-3.1-70B-Instruct",
-    ),
-    (
-        "meta-llama/Llama-3.2-3B-Instruct",
-        "meta-llama/Llama-3.2-3B",
     ),
     // No base Llama-3.2-1B file is embedded; its architecture is the Instruct model's.
     (
@@ -277,8 +260,8 @@ mod tests {
     #[test]
     fn every_alias_resolves_to_an_entry() {
         assert_eq!(
-            super::alias("meta-llama/llama-3.1-8b-instruct"),
-            Some("meta-llama/Llama-3.1-8B-Instruct")
+            super::alias("meta-llama/meta-llama-3-70b-instruct"),
+            Some("meta-llama/Meta-Llama-3-70B-Instruct")
         );
         assert_eq!(super::alias("meta-llama/Llama-3.1-70B-Instruct"), None);
         for (alias, target) in ALIASES {

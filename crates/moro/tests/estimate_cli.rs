@@ -759,15 +759,15 @@ fn stand_ins_and_unknown_ids_say_so() {
     let o = run(&[
         "estimate",
         "--model",
-        "meta-llama/Llama-3.1-8B-Instruct",
+        "meta-llama/Meta-Llama-3-70B-Instruct",
         "--method",
         "qlora",
     ]);
     assert_eq!(o.code, 0, "{}", o.stderr);
     assert!(
         o.stdout.contains(
-            "meta-llama/Llama-3.1-8B-Instruct (llama, 8.03B parameters, from embedded \
-             catalog: `meta-llama/Llama-3.1-8B`'s config, same architecture)"
+            "meta-llama/Meta-Llama-3-70B-Instruct (llama, 70.55B parameters, from embedded \
+             catalog: `meta-llama/Meta-Llama-3-70B`'s config, same architecture)"
         ),
         "{}",
         o.stdout
@@ -775,12 +775,12 @@ fn stand_ins_and_unknown_ids_say_so() {
     let v = json(&[
         "estimate",
         "--model",
-        "meta-llama/Llama-3.1-8B-Instruct",
+        "meta-llama/Meta-Llama-3-70B-Instruct",
         "--method",
         "qlora",
         "--json",
     ]);
-    assert_eq!(v["model"]["id"], "meta-llama/Llama-3.1-8B-Instruct");
+    assert_eq!(v["model"]["id"], "meta-llama/Meta-Llama-3-70B-Instruct");
 
     // No network: an endpoint nothing listens on.
     let o = moro()

@@ -677,7 +677,8 @@ pub(crate) fn best_fitting(
 }
 
 /// Catalog models of the same family as `model_id`/`spec` with fewer parameters, largest
-/// first. Family: the same organisation (id prefix) and the same `model_type`.
+/// first (ties: the nearest name). Family: the same organisation (id prefix) and the same
+/// `model_type`.
 pub(crate) fn smaller_family_models(
     model_id: &str,
     spec: &ModelSpec,
@@ -699,7 +700,20 @@ pub(crate) fn smaller_family_models(
         .filter_map(|e| catalog::load(e).ok().map(|s| (e.id, s)))
         .filter(|(_, s)| s.model_type == spec.model_type && s.total_params() < params)
         .collect();
-    out.sort_by_key(|(_, s)| std::cmp::Reverse(s.total_params()));
+    // Among equal sizes (Qwen2-7B and Qwen2.5-7B), the one whose name shares the longest
+    // prefix with the model asked about: its own generation.
+    let shared = |id: &str| {
+        id.chars()
+            .zip(model_id.chars())
+            .take_while(|(a, b)| a.eq_ignore_ascii_case(b))
+            .count()
+    };
+    out.sort_by_key(|(id, s)| {
+        (
+            std::cmp::Reverse(s.total_params()),
+            std::cmp::Reverse(shared(id)),
+        )
+    });
     out
 }
 
