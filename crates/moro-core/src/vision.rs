@@ -41,6 +41,10 @@ pub struct VisionSpec {
     pub projector_other_params: u64,
     /// How an image becomes tokens.
     pub tokens: ImageTokens,
+    /// Whether the multimodal model runs FlashAttention: Gemma 3's does not
+    /// (`Gemma3ForConditionalGeneration._supports_flash_attn = False`: FlashAttention drops
+    /// the bidirectional mask over image tokens).
+    pub flash_attention: bool,
 }
 
 /// How the processor turns one image into placeholder tokens and tower patches.
@@ -236,6 +240,18 @@ impl VisionSpec {
         match self.tokens {
             ImageTokens::Dynamic { patch_size, .. } => 3 * 2 * patch_size * patch_size,
             ImageTokens::Fixed { .. } => 0,
+        }
+    }
+
+    /// The images a job gets when it says none: one per sample at
+    /// [`Self::default_image_size`].
+    #[must_use]
+    pub const fn default_images(&self) -> Images {
+        let (width, height) = self.default_image_size();
+        Images {
+            per_sample: 1,
+            width,
+            height,
         }
     }
 

@@ -179,3 +179,50 @@ fn vision_settings_a_method_cannot_train_are_refused() {
     assert_eq!(e.field, "training.images_per_sample");
     assert!(e.message.contains("text model"), "{}", e.message);
 }
+
+/// The recipe search sizes a vision-language job with the same images `estimate` assumes
+/// when none are given, so the recipe it calls safe is the job that runs.
+#[test]
+fn the_search_sizes_the_default_images() {
+    use moro_core::search::{Caps, Request, Space, search};
+    let m = spec("Qwen/Qwen2.5-VL-7B-Instruct");
+    let gpu = moro_core::hardware::presets()
+        .iter()
+        .find(|p| p.id == "rtx-4090")
+        .and_then(|p| p.to_device(None))
+        .expect("rtx-4090");
+    let caps = Caps::of_device(&gpu);
+    let space = Space::new(&m, &Request::default(), &caps).expect("space");
+    let best = search(&m, &space, &caps).best.expect("something fits");
+    let (_, by_default) = job("Qwen/Qwen2.5-VL-7B-Instruct", JobSettings::default());
+    assert_eq!(best.job.images, by_default.images);
+    assert_eq!(best.job.images.per_sample, 1);
+    let again = estimate(&m, &best.job, &caps.profile).unwrap();
+    assert_eq!(again.peak_device_bytes, best.estimate.peak_device_bytes);
+}
+
+/// Multimodal Gemma 3 has no FlashAttention path in transformers: a job that asks for it is
+/// refused, and the search never picks it.
+#[test]
+fn gemma3_with_images_runs_no_flash_attention() {
+    use moro_core::job::{Attention, against};
+    use moro_core::search::{Caps, Request, Space, search};
+    let m = spec("google/gemma-3-4b-it");
+    let flash = JobSettings {
+        attention: Some(Attention::Flash),
+        ..JobSettings::default()
+    };
+    let j = flash.resolve_for(&m).unwrap();
+    let e = against::check(&j, &m, None).unwrap_err();
+    assert_eq!(e.field, "attention");
+    let gpu = moro_core::hardware::presets()
+        .iter()
+        .find(|p| p.id == "h100-sxm")
+        .and_then(|p| p.to_device(None))
+        .expect("h100-sxm");
+    let caps = Caps::of_device(&gpu);
+    let space = Space::new(&m, &Request::default(), &caps).expect("space");
+    assert!(!space.attentions.contains(&Attention::Flash));
+    let best = search(&m, &space, &caps).best.expect("fits an H100");
+    assert_ne!(best.job.attention, Attention::Flash);
+}

@@ -151,6 +151,7 @@ pub(crate) fn gemma3(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, Arch
             // tokens, <end_of_image>, "\n\n" (each "\n\n" one token).
             sequence_tokens: tokens + 4,
         },
+        flash_attention: false,
     })
 }
 
@@ -201,6 +202,7 @@ pub(crate) fn llava(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, ArchE
             class_tokens: 1,
             sequence_tokens: side * side + u64::from(full),
         },
+        flash_attention: true,
     })
 }
 
@@ -287,5 +289,6 @@ pub(crate) fn qwen_vl(
             min_pixels: 3136,
             max_pixels: 12_845_056,
         },
+        flash_attention: true,
     })
 }

@@ -51,6 +51,20 @@ pub fn check(
             Attention::Eager => {}
         }
     }
+    if job.attention == Attention::Flash
+        && job.stack.profile().transformers_modules
+        && model.vision.as_ref().is_some_and(|v| !v.flash_attention)
+    {
+        return Err(JobError {
+            field: "attention",
+            message: format!(
+                "multimodal {} does not run FlashAttention in transformers \
+                 (`_supports_flash_attn = False`: it would drop the bidirectional mask over \
+                 image tokens); use `sdpa` or `eager`",
+                model.model_type
+            ),
+        });
+    }
     if job.method == Method::Qlora && model.linears().any(|(_, l)| !job.is_module(l)) {
         warnings.push(format!(
             "qlora on {}: bitsandbytes quantizes nn.Linear modules only, and the experts are \

@@ -295,12 +295,12 @@ impl JobSettings {
             job.quantization = Quantization::Mxfp4;
         }
         if let Some(v) = &model.vision {
-            let (width, height) = v.default_image_size();
+            let d = v.default_images();
             if self.images_per_sample.is_none() {
-                job.images.per_sample = 1;
+                job.images.per_sample = d.per_sample;
             }
             if self.image_size.is_none() {
-                (job.images.width, job.images.height) = (width, height);
+                (job.images.width, job.images.height) = (d.width, d.height);
             }
         }
         job.lora.targets = crate::targets::resolve(model, &job.lora.targets);

@@ -177,6 +177,9 @@ pub struct Space {
     /// LoRA targets of the attention set, resolved onto this model.
     #[serde(skip)]
     attention_targets: Targets,
+    /// The images of each sample: a vision-language model's default (one image at the
+    /// processor's size, [`crate::job::JobSettings::resolve_for`]), none for a text model.
+    pub images: crate::vision::Images,
 }
 
 impl Space {
@@ -265,9 +268,10 @@ impl Space {
         };
         // Attention sinks have no SDPA path, and FlashAttention 2 drops them (transformers
         // 5.24 passes `s_aux` to FA3 and FA4 kernels only): eager is what runs them.
+        let flash_model = model.vision.as_ref().is_none_or(|v| v.flash_attention);
         let attentions = if model.attention_sinks {
             vec![Attention::Eager]
-        } else if caps.flash_attention {
+        } else if caps.flash_attention && flash_model {
             vec![Attention::Flash, Attention::Sdpa]
         } else {
             vec![Attention::Sdpa]
@@ -292,6 +296,10 @@ impl Space {
             },
             objective: request.objective,
             attention_targets: crate::targets::resolve(model, &Targets::Names(names)),
+            images: model
+                .vision
+                .as_ref()
+                .map_or_else(Default::default, crate::vision::VisionSpec::default_images),
         })
     }
 
@@ -409,6 +417,7 @@ impl Space {
                 nodes: c.layout.nodes.max(1),
                 reduce_bucket: self.parallel.reduce_bucket,
             },
+            images: self.images,
             ..Job::default()
         };
         if c.method.is_peft() {
