@@ -371,6 +371,11 @@ pub struct ModelSpec {
     /// The vision tower and projector of a vision-language model; `None` for text models.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vision: Option<crate::vision::VisionSpec>,
+    /// The bitsandbytes storage of a pre-quantized checkpoint (`quantization_config` with
+    /// `quant_method: bitsandbytes`, as Unsloth's `*-bnb-4bit` repositories ship): its
+    /// weights load quantized, so a job on it is QLoRA unless it says otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prequantized: Option<crate::job::Quantization>,
 }
 
 /// The gated activation inside a fused expert, as the saved tensors differ.

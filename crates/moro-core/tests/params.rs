@@ -704,6 +704,18 @@ const CATALOG: &[Row] = &[
         6_979_588_096,
         None
     ),
+    row!(
+        "unsloth--llama-3-8b-bnb-4bit",
+        8_030_261_248,
+        6_979_588_096,
+        None
+    ),
+    row!(
+        "unsloth--llama-3-8b-Instruct-bnb-4bit",
+        8_030_261_248,
+        6_979_588_096,
+        None
+    ),
 ];
 
 /// Models added for the validation set (not in docs/model-params.md). Expected totals were
@@ -1201,4 +1213,44 @@ fn roberta_base_by_hand() {
     assert_eq!(embeddings + 12 * layer + h * h + h, 124_645_632);
     assert_eq!(spec.total_params(), 124_055_040 + (h * h + h) + (h * 2 + 2));
     assert!(!spec.encoder.expect("an encoder").pooler_reads_view);
+}
+
+/// A pre-quantized checkpoint (Unsloth's `*-bnb-4bit`) declares its bitsandbytes storage in
+/// `quantization_config`: NF4 with double quantization here, so a job on it is QLoRA unless
+/// it says otherwise, and estimates as QLoRA on the base model's identical architecture.
+#[test]
+fn prequantized_checkpoints_default_to_their_storage() {
+    use moro_core::estimate::{DeviceProfile, estimate};
+    use moro_core::job::{JobSettings, Method, Quantization};
+    let unsloth = catalog_spec("unsloth--llama-3-8b-bnb-4bit");
+    assert_eq!(unsloth.prequantized, Some(Quantization::Nf4Dq));
+    let base = catalog_spec("meta-llama--Meta-Llama-3-8B");
+    assert_eq!(base.prequantized, None);
+    let job = JobSettings::default().resolve_for(&unsloth).unwrap();
+    assert_eq!(
+        (job.method, job.quantization),
+        (Method::Qlora, Quantization::Nf4Dq)
+    );
+    let qlora = JobSettings {
+        method: Some(Method::Qlora),
+        ..JobSettings::default()
+    };
+    let on_base = qlora.resolve_for(&base).unwrap();
+    let lora = JobSettings {
+        method: Some(Method::Lora),
+        ..JobSettings::default()
+    };
+    assert_eq!(lora.resolve_for(&unsloth).unwrap().method, Method::Qlora);
+    let full = JobSettings {
+        method: Some(Method::Full),
+        ..JobSettings::default()
+    };
+    let e = full.resolve_for(&unsloth).unwrap_err();
+    assert_eq!(e.field, "method");
+    assert!(e.message.contains("quantization_config"), "{}", e.message);
+    let d = DeviceProfile::default();
+    assert_eq!(
+        estimate(&unsloth, &job, &d).unwrap().peak_device_bytes,
+        estimate(&base, &on_base, &d).unwrap().peak_device_bytes
+    );
 }

@@ -894,3 +894,24 @@ fn margin_is_the_largest_level_bound() {
     let small = Table::builtin().upper_levels(class, [MIB, MIB, MIB]);
     assert_eq!(small.device, MIB + 512 * MIB);
 }
+
+/// A pre-quantized checkpoint (Unsloth's `*-bnb-4bit`) is searched as QLoRA over its own
+/// storage; a full fine-tune of it is refused.
+#[test]
+fn prequantized_checkpoints_search_qlora_only() {
+    use moro_core::job::Quantization;
+    let m = moro_core::catalog::load(
+        moro_core::catalog::find("unsloth/llama-3-8b-bnb-4bit").expect("in the catalog"),
+    )
+    .expect("parses");
+    let caps = Caps::of_device(&device("rtx-4090"));
+    let space = Space::new(&m, &Request::default(), &caps).expect("space");
+    assert_eq!(space.methods, vec![Method::Qlora]);
+    let best = search(&m, &space, &caps).best.expect("fits a 4090");
+    assert_eq!(best.job.quantization, Quantization::Nf4Dq);
+    let full = Request {
+        method: MethodChoice::Only(Method::Full),
+        ..Request::default()
+    };
+    assert!(Space::new(&m, &full, &caps).is_err());
+}

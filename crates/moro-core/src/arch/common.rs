@@ -353,6 +353,7 @@ pub(crate) fn build(p: Plan) -> Result<ModelSpec, ArchError> {
         mxfp4_experts: false,
         expert_gate: None,
         vision: None,
+        prequantized: None,
     };
     let total = checked_total(&spec)?;
     if total > MAX_TOTAL_PARAMS {

@@ -111,6 +111,48 @@ pub fn parse_config(bytes: &[u8]) -> Result<ModelSpec, ArchError> {
     let model_type = c
         .opt_str("model_type")?
         .ok_or_else(|| c.err("model_type", "is missing"))?;
+    let mut spec = by_type(&c, model_type)?;
+    spec.prequantized = prequantized(&c)?;
+    Ok(spec)
+}
+
+/// The bitsandbytes storage a `quantization_config` declares (transformers 5.24
+/// `BitsAndBytesConfig`: `load_in_4bit` with `bnb_4bit_quant_type` nf4 or fp4 and
+/// `bnb_4bit_use_double_quant`, or `load_in_8bit`); `None` without one or for other methods.
+fn prequantized(c: &cfg::Cfg<'_>) -> Result<Option<crate::job::Quantization>, ArchError> {
+    use crate::job::Quantization;
+    let Some(q) = c.opt_object("quantization_config")? else {
+        return Ok(None);
+    };
+    let q = cfg::Cfg::nested(q, "quantization_config");
+    if q.opt_str("quant_method")? != Some("bitsandbytes") {
+        return Ok(None);
+    }
+    if q.bool_or("load_in_8bit", false)? {
+        return Ok(Some(Quantization::Int8));
+    }
+    if !q.bool_or("load_in_4bit", false)? {
+        return Ok(None);
+    }
+    let double = q.bool_or("bnb_4bit_use_double_quant", false)?;
+    Ok(Some(
+        match (q.opt_str("bnb_4bit_quant_type")?.unwrap_or("fp4"), double) {
+            ("nf4", true) => Quantization::Nf4Dq,
+            ("nf4", false) => Quantization::Nf4,
+            ("fp4", true) => Quantization::Fp4Dq,
+            ("fp4", false) => Quantization::Fp4,
+            (other, _) => {
+                return Err(q.err(
+                    "bnb_4bit_quant_type",
+                    format!("`{other}` is not nf4 or fp4"),
+                ));
+            }
+        },
+    ))
+}
+
+fn by_type(c: &cfg::Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchError> {
+    let c = *c;
     match model_type {
         "llama" | "mistral" | "mixtral" => llama::parse(&c, model_type),
         "qwen2" | "qwen2_moe" | "qwen3" | "qwen3_moe" => qwen2::parse(&c, model_type),

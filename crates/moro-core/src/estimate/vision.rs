@@ -195,6 +195,7 @@ fn tower_model(v: &VisionSpec) -> ModelSpec {
         mxfp4_experts: false,
         expert_gate: None,
         vision: None,
+        prequantized: None,
     }
 }
 

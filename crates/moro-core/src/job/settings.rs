@@ -278,14 +278,46 @@ impl JobSettings {
     }
 
     /// The job for `model`: [`Self::resolve`], then the defaults that depend on the model
-    /// and the LoRA targets bound to its modules ([`crate::targets::resolve`]). A model with
+    /// (a pre-quantized checkpoint's storage, [`crate::model::ModelSpec::prequantized`]; a
+    /// vision-language model's images) and the LoRA targets bound to its modules
+    /// ([`crate::targets::resolve`]). A model with
     /// attention sinks runs eager attention unless told otherwise: transformers 5.24 falls
     /// back to eager when SDPA, its default, is not supported (`get_correct_attn_implementation`).
     ///
     /// # Errors
     /// As [`Self::resolve`].
     pub fn resolve_for(&self, model: &crate::model::ModelSpec) -> Result<Job, JobError> {
-        let mut job = self.resolve()?;
+        // A pre-quantized checkpoint loads in its own storage: QLoRA (or quantized inference)
+        // unless the job says otherwise.
+        let stored;
+        let settings = match model.prequantized {
+            Some(q) if self.quantization.is_none() => {
+                let method = match self.method {
+                    Some(Method::Full) => {
+                        return Err(JobError {
+                            field: "method",
+                            message: format!(
+                                "the checkpoint stores {} weights (`quantization_config`), which \
+                                 a full fine-tune cannot train; use lora or qlora, or its \
+                                 16-bit base model",
+                                q.as_str()
+                            ),
+                        });
+                    }
+                    // LoRA on quantized weights is QLoRA.
+                    Some(Method::Lora) => Some(Method::Qlora),
+                    m => m,
+                };
+                stored = Self {
+                    quantization: Some(q),
+                    method,
+                    ..self.clone()
+                };
+                &stored
+            }
+            _ => self,
+        };
+        let mut job = settings.resolve()?;
         if self.attention.is_none() && model.attention_sinks {
             job.attention = Attention::Eager;
         }

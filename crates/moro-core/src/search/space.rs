@@ -177,6 +177,9 @@ pub struct Space {
     /// LoRA targets of the attention set, resolved onto this model.
     #[serde(skip)]
     attention_targets: Targets,
+    /// The storage of QLoRA's base: a pre-quantized checkpoint's own, else
+    /// [`QLORA_QUANTIZATION`](super::QLORA_QUANTIZATION).
+    pub qlora_quantization: Quantization,
     /// The images of each sample: a vision-language model's default (one image at the
     /// processor's size, [`crate::job::JobSettings::resolve_for`]), none for a text model.
     pub images: crate::vision::Images,
@@ -238,6 +241,21 @@ impl Space {
                 format!("must be between 1 and {}, got {effective_batch}", 1 << 20),
             );
         }
+        // A pre-quantized checkpoint trains adapters over its own storage only.
+        let methods = match model.prequantized {
+            Some(q) if request.method == MethodChoice::Only(Method::Full) => {
+                return invalid(
+                    "method",
+                    format!(
+                        "the checkpoint stores {} weights (`quantization_config`), which a full \
+                         fine-tune cannot train; use lora or qlora, or its 16-bit base model",
+                        q.as_str()
+                    ),
+                );
+            }
+            Some(_) => vec![Method::Qlora],
+            None => methods,
+        };
         let methods: Vec<Method> = if caps.bitsandbytes {
             methods
         } else {
@@ -296,6 +314,7 @@ impl Space {
             },
             objective: request.objective,
             attention_targets: crate::targets::resolve(model, &Targets::Names(names)),
+            qlora_quantization: model.prequantized.unwrap_or(QLORA_QUANTIZATION),
             images: model
                 .vision
                 .as_ref()
@@ -394,7 +413,7 @@ impl Space {
         let mut job = Job {
             method: c.method,
             quantization: if c.method == Method::Qlora {
-                QLORA_QUANTIZATION
+                self.qlora_quantization
             } else {
                 Quantization::None
             },
