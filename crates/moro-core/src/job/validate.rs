@@ -1,0 +1,408 @@
+//! A job's values checked against each other and the model, before anything is estimated.
+
+use super::*;
+
+impl Job {
+    /// The images and vision settings against the model: images need a vision tower, and
+    /// what trains in it must be something the method trains.
+    fn validate_images(&self, model: &ModelSpec) -> Result<(), JobError> {
+        use crate::vision::{MAX_IMAGE_SIDE, MAX_IMAGES_PER_SAMPLE};
+        let err = |field, message: String| Err(JobError { field, message });
+        let i = &self.images;
+        let Some(v) = &model.vision else {
+            if i.per_sample > 0 {
+                return err(
+                    "training.images_per_sample",
+                    format!(
+                        "{} is a text model (no vision tower): it takes no images",
+                        model.model_type
+                    ),
+                );
+            }
+            if self.vision != VisionTraining::Frozen {
+                return err(
+                    "training.vision",
+                    format!("{} has no vision tower to train", model.model_type),
+                );
+            }
+            return Ok(());
+        };
+        if i.per_sample > MAX_IMAGES_PER_SAMPLE {
+            return err(
+                "training.images_per_sample",
+                format!(
+                    "must be at most {MAX_IMAGES_PER_SAMPLE}, got {}",
+                    i.per_sample
+                ),
+            );
+        }
+        if i.per_sample > 0 {
+            for (what, side) in [("width", i.width), ("height", i.height)] {
+                if side == 0 || side > MAX_IMAGE_SIDE {
+                    return err(
+                        "training.image_size",
+                        format!(
+                            "the {what} must be between 1 and {MAX_IMAGE_SIDE} pixels, got {side}"
+                        ),
+                    );
+                }
+            }
+            // Qwen-VL's `smart_resize` refuses aspect ratios over 200.
+            if matches!(v.tokens, crate::vision::ImageTokens::Dynamic { .. })
+                && i.width.max(i.height) > 200 * i.width.min(i.height)
+            {
+                return err(
+                    "training.image_size",
+                    format!(
+                        "{} × {} has an aspect ratio over 200, which the processor refuses",
+                        i.width, i.height
+                    ),
+                );
+            }
+        }
+        let added = v.added_tokens(i);
+        if model.max_position_embeddings > 0
+            && self.method != Method::Inference
+            && self.seq_len + added > model.max_position_embeddings.max(self.seq_len)
+        {
+            return err(
+                "training.image_size",
+                format!(
+                    "{} image tokens and {} text tokens are more than the model's {} positions",
+                    added, self.seq_len, model.max_position_embeddings
+                ),
+            );
+        }
+        match (self.vision, self.method) {
+            (VisionTraining::Adapted, m) if !m.is_peft() => err(
+                "training.vision",
+                format!(
+                    "`adapted` puts adapters in the tower, which a {} job does not train; \
+                     use `trained` for a full fine-tune",
+                    m.as_str()
+                ),
+            ),
+            (VisionTraining::Trained, m) if m != Method::Full => err(
+                "training.vision",
+                format!(
+                    "`trained` trains the tower's weights, which a {} job keeps frozen; \
+                     use `adapted` for adapters in the tower",
+                    m.as_str()
+                ),
+            ),
+            (VisionTraining::Adapted, _) if self.peft != PeftKind::Lora => err(
+                "training.vision",
+                "`adapted` is modelled for LoRA adapters only".to_owned(),
+            ),
+            _ => Ok(()),
+        }
+    }
+
+    /// Checks the job's values against each other and the model.
+    ///
+    /// # Errors
+    /// The first invalid field.
+    pub fn validate(&self, model: &ModelSpec) -> Result<(), JobError> {
+        let err = |field, message: String| Err(JobError { field, message });
+        if self.micro_batch_size == 0 || self.micro_batch_size > MAX_BATCH {
+            return err(
+                "micro_batch_size",
+                format!(
+                    "must be between 1 and {MAX_BATCH}, got {}",
+                    self.micro_batch_size
+                ),
+            );
+        }
+        if self.seq_len == 0 || self.seq_len > MAX_SEQ_LEN {
+            return err(
+                "max_seq_length",
+                format!(
+                    "must be between 1 and {MAX_SEQ_LEN} tokens, got {}",
+                    self.seq_len
+                ),
+            );
+        }
+        if model.position_embeddings > 0 && self.seq_len > model.position_embeddings {
+            return err(
+                "max_seq_length",
+                format!(
+                    "{} has {} learned positions (`n_positions`): a longer sequence indexes past \
+                     its position embedding; use at most {}",
+                    model.model_type, model.position_embeddings, model.position_embeddings
+                ),
+            );
+        }
+        self.validate_images(model)?;
+        if self.grad_accum == 0 || self.grad_accum > 1 << 20 {
+            return err(
+                "gradient_accumulation_steps",
+                format!("must be between 1 and {}, got {}", 1 << 20, self.grad_accum),
+            );
+        }
+        let p = &self.parallel;
+        for (name, v) in [
+            ("parallel.data_parallel", p.data_parallel),
+            ("parallel.tensor_parallel", p.tensor_parallel),
+            ("parallel.pipeline", p.pipeline),
+            ("parallel.nodes", p.nodes),
+        ] {
+            if v == 0 || v > 1 << 16 {
+                return err(name, format!("must be between 1 and 65536, got {v}"));
+            }
+        }
+        if let Some(b) = p.reduce_bucket
+            && (b == 0 || b > 1 << 34)
+        {
+            return err(
+                "parallel.reduce_bucket",
+                format!("must be between 1 and {} elements, got {b}", 1u64 << 34),
+            );
+        }
+        if !p.gpus().is_multiple_of(p.nodes) {
+            return err(
+                "parallel.nodes",
+                format!(
+                    "{} GPUs cannot be spread evenly over {} nodes",
+                    p.gpus(),
+                    p.nodes
+                ),
+            );
+        }
+        if (self.peft.is_adapter() || self.peft.is_other_peft()) && !self.method.is_peft() {
+            return err(
+                "peft",
+                format!(
+                    "`{}` trains on a frozen base: use method lora (or qlora with a quantized \
+                     base), not {}",
+                    self.peft.as_str(),
+                    self.method.as_str()
+                ),
+            );
+        }
+        if self.peft.is_adapter() && !self.stack.profile().trains_llama_adapter {
+            return err(
+                "peft",
+                format!(
+                    "`{}` is lit-gpt's LLaMA-Adapter (lit_gpt/adapter.py); it is modelled for \
+                     the litgpt stack only",
+                    self.peft.as_str()
+                ),
+            );
+        }
+        if self.peft.is_other_peft() {
+            if self.parallel.sharding != Sharding::None || self.parallel.tensor_parallel > 1 {
+                return err(
+                    "peft",
+                    format!(
+                        "`{}` is modelled on one GPU or data parallel; use LoRA with sharding or \
+                         tensor parallelism",
+                        self.peft.as_str()
+                    ),
+                );
+            }
+            if self.peft == PeftKind::LoKr && self.lora.decompose_factor == Some(0) {
+                return err(
+                    "decompose_factor",
+                    "must be at least 1 (leave it out for PEFT's -1, factors near the square \
+                     root)"
+                        .to_owned(),
+                );
+            }
+            if self.peft.uses_virtual_tokens() && !(1..=1 << 20).contains(&self.lora.virtual_tokens)
+            {
+                return err(
+                    "virtual_tokens",
+                    format!(
+                        "must be between 1 and {}, got {}",
+                        1 << 20,
+                        self.lora.virtual_tokens
+                    ),
+                );
+            }
+        }
+        if self.method.is_peft() && self.peft.uses_targets() {
+            let r = self.lora.rank;
+            if r == 0 && self.peft != PeftKind::Ia3 {
+                return err("lora_rank", "must be at least 1".to_owned());
+            }
+            // VeRA's shared random projections commonly exceed the hidden size (r = 256 to
+            // 1,024); IA³ has no rank.
+            if r > model.hidden_size
+                && matches!(
+                    self.peft,
+                    PeftKind::Lora | PeftKind::AdaLora | PeftKind::LoHa | PeftKind::LoKr
+                )
+            {
+                return err(
+                    "lora_rank",
+                    format!(
+                        "{r} is above the model's hidden size {}; a rank that large is a full \
+                         fine-tune with extra steps",
+                        model.hidden_size
+                    ),
+                );
+            }
+            if self.peft == PeftKind::Oft
+                && let Some((_, l)) = model
+                    .linears()
+                    .find(|(_, l)| self.adapts(l) && !l.in_features.is_multiple_of(r.max(1)))
+            {
+                return err(
+                    "lora_rank",
+                    format!(
+                        "OFT's r ({r}) must divide the input width of every target; `{}` has {}",
+                        l.name, l.in_features
+                    ),
+                );
+            }
+            if self.lora.dropout > 0.0
+                && let Some((_, l)) = model
+                    .linears()
+                    .find(|(_, l)| self.adapts(l) && self.adapts_stacked(l))
+            {
+                return err(
+                    "lora_dropout",
+                    format!(
+                        "{} with `{}` among the targets: PEFT puts LoRA on {}'s stacked experts \
+                         with a ParamWrapper, which refuses lora_dropout != 0 (PEFT 0.21 \
+                         `ParamWrapper.update_layer`); set lora_dropout to 0 or target the \
+                         attention only",
+                        self.lora.dropout, l.name, model.model_type
+                    ),
+                );
+            }
+            // `gate_up_proj` holds both: PEFT refuses to adapt one half (`_convert_peft_config_moe`).
+            let mut halves: Vec<(&str, bool)> = model
+                .linears()
+                .filter(|(_, l)| {
+                    self.adapts_stacked(l)
+                        && l.role == crate::model::LinearRole::Expert
+                        && l.out_features != model.hidden_size
+                })
+                .map(|(_, l)| (l.name.as_str(), self.adapts(l)))
+                .collect();
+            halves.dedup();
+            if halves.iter().any(|h| h.1) && halves.iter().any(|h| !h.1) {
+                let name = |on: bool| {
+                    halves
+                        .iter()
+                        .filter(|h| h.1 == on)
+                        .map(|h| h.0)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                return err(
+                    "target_modules",
+                    format!(
+                        "`{}` without `{}`: {} stacks them into one gate_up_proj, and PEFT \
+                         adapts both or neither",
+                        name(true),
+                        name(false),
+                        model.model_type
+                    ),
+                );
+            }
+            if !(0.0..1.0).contains(&self.lora.dropout) {
+                return err(
+                    "lora_dropout",
+                    format!("must be in [0, 1), got {}", self.lora.dropout),
+                );
+            }
+            if !self.lora.alpha.is_finite() || self.lora.alpha <= 0.0 {
+                return err(
+                    "lora_alpha",
+                    format!("must be positive, got {}", self.lora.alpha),
+                );
+            }
+            if let Targets::Names(names) = &self.lora.targets {
+                let mut known: Vec<&str> = model
+                    .linears()
+                    .filter(|(_, l)| self.is_module(l))
+                    .map(|(_, l)| l.name.as_str())
+                    .collect();
+                known.dedup();
+                if names.is_empty() {
+                    let why = if model.linears().any(|(_, l)| !self.is_module(l)) {
+                        format!(
+                            "names no nn.Linear module of this model ({}: its experts and \
+                             router are fused parameters, which PEFT's target_modules do not \
+                             reach); it has: {}",
+                            model.model_type,
+                            known.join(", ")
+                        )
+                    } else {
+                        "is empty".to_owned()
+                    };
+                    return err("target_modules", why);
+                }
+                for n in names {
+                    if !model.linears().any(|(_, l)| &l.name == n) {
+                        return err(
+                            "target_modules",
+                            format!(
+                                "`{n}` is not a Linear of this model ({}); it has: {}",
+                                model.model_type,
+                                known.join(", ")
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+        if self.method == Method::Qlora
+            && !matches!(self.quantization, q if q.is_bnb4() || q == Quantization::Int8 || q == Quantization::Gptq4)
+        {
+            return err(
+                "quantization",
+                "QLoRA needs a quantized base (nf4, nf4-dq, fp4, fp4-dq, int8)".to_owned(),
+            );
+        }
+        if model.encoder.is_some() && self.method == Method::Inference {
+            return err(
+                "method",
+                format!(
+                    "`{}` is an encoder (no generation, no KV cache); moro models its \
+                     fine-tuning only",
+                    model.model_type
+                ),
+            );
+        }
+        if self.quantization == Quantization::Mxfp4 {
+            if !model.mxfp4_experts {
+                return err(
+                    "quantization",
+                    format!(
+                        "mxfp4 is gpt-oss's own expert format; {} has no MXFP4 experts",
+                        model.model_type
+                    ),
+                );
+            }
+            if self.method != Method::Inference {
+                return err(
+                    "quantization",
+                    "mxfp4 experts have no backward pass in transformers 5.24; a fine-tune \
+                     loads them dequantized (`Mxfp4Config(dequantize=True)`): use `none`"
+                        .to_owned(),
+                );
+            }
+        }
+        if self.method == Method::Full && self.quantization != Quantization::None {
+            return err(
+                "quantization",
+                "a full fine-tune cannot train quantized weights; use lora/qlora or none"
+                    .to_owned(),
+            );
+        }
+        if self.optimizer_in_backward && self.grad_accum > 1 {
+            return err(
+                "optimizer_in_backward",
+                format!(
+                    "steps each parameter as soon as its gradient exists, so gradients cannot \
+                     accumulate; set gradient_accumulation_steps to 1 (got {})",
+                    self.grad_accum
+                ),
+            );
+        }
+        Ok(())
+    }
+}
