@@ -716,6 +716,24 @@ const CATALOG: &[Row] = &[
         6_979_588_096,
         None
     ),
+    row!(
+        "HuggingFaceTB--SmolLM3-3B",
+        3_075_098_624,
+        2_812_430_336,
+        None
+    ),
+    row!(
+        "ibm-granite--granite-3.3-8b-instruct",
+        8_170_864_640,
+        7_969_509_376,
+        None
+    ),
+    row!(
+        "allenai--Olmo-3.1-32B-Instruct",
+        32_233_522_176,
+        31_206_675_456,
+        None
+    ),
 ];
 
 /// Models added for the validation set (not in docs/model-params.md). Expected totals were
@@ -883,6 +901,11 @@ fn sliding_window_patterns_follow_the_configs() {
     assert_eq!(
         attention_split(&catalog_spec("mistralai--Mistral-7B-v0.3")),
         (32, vec![])
+    );
+    // OLMo 3.1 32B: `layer_types` three sliding (4096) then one full, over 64 layers.
+    assert_eq!(
+        attention_split(&catalog_spec("allenai--Olmo-3.1-32B-Instruct")),
+        (16, vec![(48, 4096)])
     );
     // Gemma 2 9B: 42 layers alternating, even indices sliding (4096).
     assert_eq!(

@@ -24,20 +24,31 @@ pub(crate) fn parse(c: &Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchErro
     )?;
     // LlamaConfig has `attention_bias`/`mlp_bias` (default false); Mistral/Mixtral have neither
     // and build every projection without bias.
-    let llama = model_type == "llama";
+    // SmolLM3 (NoPE on every fourth layer: no parameter or saved tensor differs) and Granite
+    // (scalar embedding, residual, attention and logits multipliers: no parameters, no
+    // saved tensors) are Llama modules by module (transformers 5.24 `modeling_smollm3.py`,
+    // `modeling_granite.py`).
+    let llama = matches!(model_type, "llama" | "smollm3" | "granite");
     let attention_bias = llama && c.bool_or("attention_bias", false)?;
     let mlp_bias = llama && c.bool_or("mlp_bias", false)?;
-    // Context defaults: LlamaConfig 2048; MistralConfig / MixtralConfig 4096 * 32.
+    // Context defaults: LlamaConfig and GraniteConfig 2048; SmolLM3Config 32768;
+    // MistralConfig / MixtralConfig 4096 * 32.
     let max_positions = common::max_positions(
         c,
         &["max_position_embeddings"],
-        if llama { 2048 } else { 4096 * 32 },
+        match model_type {
+            "llama" | "granite" => 2048,
+            "smollm3" => 32768,
+            _ => 4096 * 32,
+        },
     )?;
     // Sliding window: MistralConfig defaults to 4096 when the key is absent (Mistral 7B v0.1
-    // uses it on every layer); MixtralConfig defaults to none; Llama has no window.
+    // uses it on every layer); MixtralConfig defaults to none; SmolLM3 only with
+    // `use_sliding_window`; Llama and Granite have no window.
     let window = match model_type {
         "mistral" => common::sliding_window(c, Some(4096))?,
         "mixtral" => common::sliding_window(c, None)?,
+        "smollm3" if c.bool_or("use_sliding_window", false)? => common::sliding_window(c, None)?,
         _ => None,
     };
     let attention = common::uniform(c, layers, window)?;
@@ -76,8 +87,9 @@ pub(crate) fn parse(c: &Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchErro
         intermediate,
         heads,
         vocab,
-        // LlamaConfig / MistralConfig / MixtralConfig: tie_word_embeddings defaults to false.
-        tie: c.bool_or("tie_word_embeddings", false)?,
+        // LlamaConfig / MistralConfig / MixtralConfig / GraniteConfig: tie_word_embeddings
+        // defaults to false; SmolLM3Config to true.
+        tie: c.bool_or("tie_word_embeddings", model_type == "smollm3")?,
         position_embeddings: 0,
         max_positions,
         norm: NormKind::RmsNorm,

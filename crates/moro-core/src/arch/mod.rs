@@ -85,6 +85,9 @@ pub const SUPPORTED: &[&str] = &[
     "deepseek_v3",
     "gpt_oss",
     "olmo2",
+    "olmo3",
+    "smollm3",
+    "granite",
     "gpt2",
     "gpt_bigcode",
     "gpt_neox",
@@ -154,7 +157,7 @@ fn prequantized(c: &cfg::Cfg<'_>) -> Result<Option<crate::job::Quantization>, Ar
 fn by_type(c: &cfg::Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchError> {
     let c = *c;
     match model_type {
-        "llama" | "mistral" | "mixtral" => llama::parse(&c, model_type),
+        "llama" | "mistral" | "mixtral" | "smollm3" | "granite" => llama::parse(&c, model_type),
         "qwen2" | "qwen2_moe" | "qwen3" | "qwen3_moe" => qwen2::parse(&c, model_type),
         "gemma" | "gemma2" | "gemma3" | "gemma3_text" => gemma::parse(&c, model_type),
         "qwen2_vl" | "qwen2_5_vl" => vlm::qwen_vl(&c, model_type),
@@ -162,7 +165,7 @@ fn by_type(c: &cfg::Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchError> {
         "phi3" => phi3::parse(&c),
         "deepseek_v2" | "deepseek_v3" => deepseek::parse(&c, model_type),
         "gpt_oss" => gpt_oss::parse(&c),
-        "olmo2" => olmo2::parse(&c),
+        "olmo2" | "olmo3" => olmo2::parse(&c, model_type),
         "gpt2" | "gpt_bigcode" => gpt2::parse(&c, model_type),
         "gpt_neox" => gpt_neox::parse(&c),
         // Falcon's original remote-code checkpoints say RefinedWeb / RefinedWebModel.
