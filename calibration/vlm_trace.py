@@ -774,13 +774,26 @@ def run_matrix() -> None:
                 cmd = [sys.executable, os.path.abspath(__file__), "--config", config,
                        "--text-layers", str(tl), "--vision-layers", str(vl), *args, *img_args,
                        "--batch", "1", "--seq", "512", "--label", label, "--out", TRACES]
-                print(label, flush=True)
-                t = time.time()
-                r = subprocess.run(cmd)
-                print("  rc=%d %.0fs" % (r.returncode, time.time() - t), flush=True)
-                if r.returncode != 0:
-                    with open(TRACES, "a") as f:
-                        f.write(json.dumps({"label": label, "failed": True, "returncode": r.returncode}) + "\n")
+                run_case(label, cmd)
+    # Gemma 3 with a long text: its 4-D image mask (mem-efficient SDPA, K/V repeated per head)
+    # grows with the sequence squared.
+    label = "google--gemma-3-4b-it-T4-V8 lora bf16 frozen b1 s4096 1x896x896"
+    if label not in done:
+        run_case(label, [sys.executable, os.path.abspath(__file__), "--config",
+                         find_config("google--gemma-3-4b-it"), "--text-layers", "4",
+                         "--vision-layers", "8", "--method", "lora", "--precision", "bf16",
+                         "--images-per-sample", "1", "--image-size", "896x896", "--batch", "1",
+                         "--seq", "4096", "--label", label, "--out", TRACES])
+
+
+def run_case(label: str, cmd: list) -> None:
+    print(label, flush=True)
+    t = time.time()
+    r = subprocess.run(cmd)
+    print("  rc=%d %.0fs" % (r.returncode, time.time() - t), flush=True)
+    if r.returncode != 0:
+        with open(TRACES, "a") as f:
+            f.write(json.dumps({"label": label, "failed": True, "returncode": r.returncode}) + "\n")
 
 
 IMAGE_SIZES = [(224, 224), (640, 480), (896, 896), (1280, 720), (1920, 1080), (4000, 3000)]

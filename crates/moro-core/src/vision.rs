@@ -45,6 +45,11 @@ pub struct VisionSpec {
     /// (`Gemma3ForConditionalGeneration._supports_flash_attn = False`: FlashAttention drops
     /// the bidirectional mask over image tokens).
     pub flash_attention: bool,
+    /// Whether the language model attends bidirectionally within each image's tokens, so
+    /// that transformers builds a 4-D attention mask for every batch with images, as for a
+    /// padded batch (Gemma 3: `token_type_ids` → `create_masks_for_vision_model`): SDPA then
+    /// runs its mem-efficient kernel with K and V repeated to every query head.
+    pub image_attention_mask: bool,
 }
 
 /// How the processor turns one image into placeholder tokens and tower patches.

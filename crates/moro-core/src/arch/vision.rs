@@ -152,6 +152,7 @@ pub(crate) fn gemma3(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, Arch
             sequence_tokens: tokens + 4,
         },
         flash_attention: false,
+        image_attention_mask: true,
     })
 }
 
@@ -203,6 +204,7 @@ pub(crate) fn llava(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, ArchE
             sequence_tokens: side * side + u64::from(full),
         },
         flash_attention: true,
+        image_attention_mask: false,
     })
 }
 
@@ -290,5 +292,6 @@ pub(crate) fn qwen_vl(
             max_pixels: 12_845_056,
         },
         flash_attention: true,
+        image_attention_mask: false,
     })
 }

@@ -19,12 +19,22 @@ use crate::job::{Job, Method, Padding, VisionTraining};
 use crate::model::{LayerGroup, Linear, LinearRole, ModelSpec};
 use crate::vision::{ImageTokens, VisionSpec};
 
-/// The job the language model runs: the images' tokens added to every sequence.
+/// The job the language model runs: the images' tokens added to every sequence, and, where
+/// images make transformers build a 4-D attention mask ([`VisionSpec::image_attention_mask`]),
+/// the attention of a masked batch.
 #[must_use]
 pub fn with_image_tokens<'a>(model: &ModelSpec, job: &'a Job) -> Cow<'a, Job> {
     match &model.vision {
         Some(v) if job.images.per_sample > 0 => Cow::Owned(Job {
             seq_len: job.seq_len + v.added_tokens(&job.images),
+            padding: if v.image_attention_mask
+                && job.padding == Padding::Packed
+                && job.stack.profile().transformers_modules
+            {
+                Padding::Padded
+            } else {
+                job.padding
+            },
             ..job.clone()
         }),
         _ => Cow::Borrowed(job),
