@@ -9,7 +9,7 @@ wrapper answers it as an sm90 GPU (H100/H200) would, then runs the fake-CUDA ora
 
 `--matrix moe` regenerates validation/oracle-traces/moe.jsonl (the cases
 crates/moro-core/tests/moe.rs checks; about 8 minutes on two cores): gpt-oss-20b whole, and
-Mixtral-8x7B and Qwen3-30B-A3B cut to 4 layers, from their configs in data/models (gpt-oss
+Mixtral-8x7B, Qwen3-30B-A3B and GLM-4.5-Air cut to 4 layers, from their configs in data/models (gpt-oss
 without its `quantization_config`: a fine-tune dequantizes the MXFP4 experts to bf16,
 `Mxfp4Config(dequantize=True)`, as the OpenAI cookbook and TRL's gpt-oss recipe load it).
 
@@ -40,6 +40,7 @@ MODELS = [
     ("openai--gpt-oss-20b", None, "q_proj,k_proj,v_proj,o_proj", "eager"),
     ("mistralai--Mixtral-8x7B-v0.1", 4, "q_proj,k_proj,v_proj,o_proj,w1,w2,w3", "sdpa"),
     ("Qwen--Qwen3-30B-A3B", 4, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", "sdpa"),
+    ("zai-org--GLM-4.5-Air", 4, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", "sdpa"),
 ]
 
 # (case, oracle arguments) traced on every model.

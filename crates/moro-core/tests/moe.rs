@@ -2,8 +2,8 @@
 //! `nn.Linear`s) against the training step traced on fake CUDA tensors
 //! (`calibration/moe_trace.py`: `../shared/oracle` with transformers 5.24's `grouped_mm`
 //! experts; torch 2.15, PEFT 0.21.2, bitsandbytes 0.50.2; the traces in
-//! `validation/oracle-traces/moe.jsonl`): gpt-oss-20b, and Mixtral-8x7B and Qwen3-30B-A3B cut
-//! to 4 layers; and against the module tree transformers builds (what PEFT and bitsandbytes
+//! `validation/oracle-traces/moe.jsonl`): gpt-oss-20b, and Mixtral-8x7B, Qwen3-30B-A3B and
+//! GLM-4.5-Air cut to 4 layers; and against the module tree transformers builds (what PEFT and bitsandbytes
 //! can reach).
 //!
 //! By hand, gpt-oss-20b: 24 layers of attention (q 2,880 → 4,096, k and v → 512, o back,
@@ -128,7 +128,35 @@ fn models() -> Vec<(&'static str, ModelSpec, &'static [&'static str], Attention)
             &SEVEN,
             Attention::Sdpa,
         ),
+        (
+            "zai-org--GLM-4.5-Air-L4",
+            cut("zai-org/GLM-4.5-Air", 4),
+            &SEVEN,
+            Attention::Sdpa,
+        ),
     ]
+}
+
+/// The allocated peak as the oracle's loop sees it. The oracle drops the model's output
+/// before `backward()` (`del out`), so none of the loss's buffers outlive lm_head's backward
+/// there; moro keeps the residue the training loops measured on the H200 do
+/// (`Loss::after_backward`, `tests/accuracy.rs`) through the last layer's backward. That
+/// residue is left out here, and matters only where that layer's backward is the peak
+/// (GLM-4.5-Air's checkpointed LoRA, whose recompute holds 4.4 GB of merged expert weights).
+fn oracle_level(e: &moro_core::estimate::Estimate) -> u64 {
+    use moro_core::estimate::{Component, Phase};
+    e.phases
+        .iter()
+        .map(|p| {
+            p.total()
+                - if p.phase == Phase::LayerBackward {
+                    p.component(Component::LogitsLoss)
+                } else {
+                    0
+                }
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// Within 3 % of every trace at the allocated level.
@@ -142,7 +170,7 @@ fn allocated_peak_matches_the_traces() {
             let e = estimate(&m, &j, &DeviceProfile::default()).expect("valid job");
             let want = traced(&label);
             #[allow(clippy::cast_precision_loss)]
-            let err = e.peak_allocated_bytes as f64 / want as f64 - 1.0;
+            let err = oracle_level(&e) as f64 / want as f64 - 1.0;
             eprintln!("{label}: {:+.2} %", err * 100.0);
             if err.abs() > 0.03 {
                 failures.push(format!("{label}: {:+.2} %", err * 100.0));

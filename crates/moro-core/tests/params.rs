@@ -734,6 +734,18 @@ const CATALOG: &[Row] = &[
         31_206_675_456,
         None
     ),
+    row!(
+        "zai-org--GLM-4.5-Air",
+        106_852_245_504,
+        105_610_731_520,
+        Some(1342)
+    ),
+    row!(
+        "zai-org--GLM-4.6",
+        352_797_814_784,
+        351_245_922_304,
+        Some(3363)
+    ),
 ];
 
 /// Models added for the validation set (not in docs/model-params.md). Expected totals were

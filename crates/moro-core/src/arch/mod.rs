@@ -18,6 +18,7 @@ mod common;
 mod deepseek;
 mod falcon;
 mod gemma;
+mod glm4_moe;
 mod gpt2;
 mod gpt_neox;
 mod gpt_oss;
@@ -83,6 +84,7 @@ pub const SUPPORTED: &[&str] = &[
     "phi3",
     "deepseek_v2",
     "deepseek_v3",
+    "glm4_moe",
     "gpt_oss",
     "olmo2",
     "olmo3",
@@ -164,6 +166,7 @@ fn by_type(c: &cfg::Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchError> {
         "llava" => vlm::llava(&c),
         "phi3" => phi3::parse(&c),
         "deepseek_v2" | "deepseek_v3" => deepseek::parse(&c, model_type),
+        "glm4_moe" => glm4_moe::parse(&c),
         "gpt_oss" => gpt_oss::parse(&c),
         "olmo2" | "olmo3" => olmo2::parse(&c, model_type),
         "gpt2" | "gpt_bigcode" => gpt2::parse(&c, model_type),
