@@ -746,6 +746,18 @@ const CATALOG: &[Row] = &[
         351_245_922_304,
         Some(3363)
     ),
+    row!(
+        "allenai--OLMo-2-0425-1B",
+        1_484_916_736,
+        1_073_874_944,
+        None
+    ),
+    row!(
+        "allenai--Olmo-3-7B-Instruct",
+        7_298_011_136,
+        6_476_533_760,
+        None
+    ),
 ];
 
 /// Models added for the validation set (not in docs/model-params.md). Expected totals were
