@@ -915,3 +915,16 @@ fn prequantized_checkpoints_search_qlora_only() {
     };
     assert!(Space::new(&m, &full, &caps).is_err());
 }
+
+/// Without bitsandbytes (Apple GPUs) a bitsandbytes checkpoint cannot load: the search says
+/// so and points at the base model, rather than suggesting LoRA on it.
+#[test]
+fn prequantized_checkpoints_on_apple_name_the_reason() {
+    let m = moro_core::catalog::load(
+        moro_core::catalog::find("unsloth/llama-3-8b-bnb-4bit").expect("in the catalog"),
+    )
+    .expect("parses");
+    let caps = Caps::of_device(&device("apple-m3-max-64gb"));
+    let err = Space::new(&m, &Request::default(), &caps).unwrap_err();
+    assert!(err.to_string().contains("16-bit base model"), "{err}");
+}

@@ -265,12 +265,14 @@ impl Space {
                 .collect()
         };
         if methods.is_empty() {
-            return invalid(
-                "method",
+            let message = if model.prequantized.is_some() {
+                "the checkpoint stores bitsandbytes weights (`quantization_config`), which do \
+                 not load on this device (Apple GPUs: no bitsandbytes); use its 16-bit base model"
+            } else {
                 "QLoRA needs bitsandbytes, which does not run on this device (Apple GPUs); \
                  use lora or full"
-                    .to_owned(),
-            );
+            };
+            return invalid("method", message.to_owned());
         }
         let optimizers: Vec<Optimizer> = OPTIMIZERS
             .iter()
