@@ -139,27 +139,45 @@ pub fn step(model: &ModelSpec, job: &Job, r: &Regime) -> VisionStep {
     VisionStep {
         forward_transient,
         pixels,
-        saved: acts.all_layers() + projector_saved(v, tokens, b),
+        saved: acts.all_layers() + projector_saved(v, images, tokens, b),
         one_layer: acts.one_layer,
         backward_transient: acts.layer_backward_transient,
     }
 }
 
-/// What the projector saves for backward when it sits between trained parts, per family:
-/// the inputs of its norm (fp32), Linears and activation. [DERIVED]
-fn projector_saved(v: &VisionSpec, patches: u64, b: u64) -> u64 {
+/// What the projector saves for backward when it sits between trained parts: a leading
+/// norm's fp32 input (Qwen-VL's `ln_q`, Gemma 3's `mm_soft_emb_norm`: the projector's
+/// non-Linear parameters), each Linear's input, and the activation's input between the two
+/// Linears (the first one's output). The Linears read `patches · h / in` rows: every patch
+/// (LLaVA), or merged patches (Qwen-VL's merger, `in` = merge² · h). Gemma 3's projector has
+/// no Linear: its 4 × 4 average pool saves every patch, then the norm and the bare projection
+/// weight read the pooled tokens. [DERIVED]
+fn projector_saved(v: &VisionSpec, images: u64, patches: u64, b: u64) -> u64 {
     let h = v.hidden_size;
-    match v.tokens {
-        // Qwen-VL's merger: `ln_q` over every patch, then `mlp.0`, GELU and `mlp.2` over
-        // merged tokens of 4·h each.
-        ImageTokens::Dynamic { .. } => patches * h * (4 + b) + 3 * patches * h * b,
-        // LLaVA: `linear_1`, GELU and `linear_2` over every patch.
-        ImageTokens::Fixed {
-            class_tokens: 1, ..
-        } => 3 * patches * h * b,
-        // Gemma 3: the pool's input, then `mm_soft_emb_norm` and the projection over the
-        // pooled tokens.
-        ImageTokens::Fixed { .. } => patches * h * b + patches / 16 * h * (4 + b),
+    let norm = |rows: u64| {
+        if v.projector_other_params > 0 {
+            4 * rows * h
+        } else {
+            0
+        }
+    };
+    match (v.projector.first(), v.tokens) {
+        (Some(first), _) => {
+            let rows = patches * h / first.in_features.max(1);
+            let inputs: u64 = v.projector.iter().map(|l| l.in_features).sum();
+            norm(patches) + rows * b * (inputs + first.out_features)
+        }
+        (
+            None,
+            ImageTokens::Fixed {
+                sequence_tokens, ..
+            },
+        ) => {
+            // The soft tokens: the full image sequence less its four boundary tokens.
+            let pooled = images * sequence_tokens.saturating_sub(4);
+            patches * h * b + norm(pooled) + pooled * h * b
+        }
+        (None, ImageTokens::Dynamic { .. }) => norm(patches),
     }
 }
 
