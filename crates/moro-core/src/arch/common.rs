@@ -127,6 +127,30 @@ pub(crate) fn routed_experts(
         .collect()
 }
 
+/// A DeepSeekMoE-style block's Linears: the [`router`], routed experts `gate_proj`/`up_proj`/
+/// `down_proj` of `moe_i` ([`routed_experts`]), and, when `shared_i` > 0, one always-active
+/// shared gated MLP of `shared_i` (Qwen2-MoE, DeepSeek V2/V3, GLM-4.5).
+pub(crate) fn moe_linears(
+    h: u64,
+    experts: u64,
+    top_k: u64,
+    moe_i: u64,
+    shared_i: u64,
+) -> Vec<Linear> {
+    let mut linears = vec![router(h, experts)];
+    linears.extend(routed_experts(
+        ["gate_proj", "up_proj", "down_proj"],
+        h,
+        moe_i,
+        experts,
+        top_k,
+    ));
+    if shared_i > 0 {
+        linears.extend(gated_mlp(h, shared_i, false, LinearRole::SharedExpert));
+    }
+    linears
+}
+
 /// Validates MoE routing numbers: `top_k` (named `k_key`) must be in `1..=experts`.
 pub(crate) fn check_top_k(
     c: &Cfg<'_>,

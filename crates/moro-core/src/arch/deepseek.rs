@@ -88,17 +88,7 @@ pub(crate) fn parse(c: &Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchErro
         )?;
         let shared = c.uint_or("n_shared_experts", u64::from(v3), MAX_EXPERTS)?;
         let shared_i = cfg::mul(moe_i, shared, "n_shared_experts")?;
-        let names = ["gate_proj", "up_proj", "down_proj"];
-        let mut linears = vec![common::router(hidden, experts)];
-        linears.extend(common::routed_experts(names, hidden, moe_i, experts, top_k));
-        if shared_i > 0 {
-            linears.extend(common::gated_mlp(
-                hidden,
-                shared_i,
-                false,
-                LinearRole::SharedExpert,
-            ));
-        }
+        let linears = common::moe_linears(hidden, experts, top_k, moe_i, shared_i);
         let default_method = if v3 { "noaux_tc" } else { "greedy" };
         let correction = c.opt_str("topk_method")?.unwrap_or(default_method) == "noaux_tc";
         let spec = MoeSpec {

@@ -40,22 +40,7 @@ pub(crate) fn parse(c: &Cfg<'_>) -> Result<ModelSpec, ArchError> {
     let shared = c.uint_or("n_shared_experts", 1, MAX_EXPERTS)?;
     let shared_i = cfg::mul(moe_i, shared, "n_shared_experts")?;
     let first_dense = c.uint_or("first_k_dense_replace", 1, MAX_LAYERS)?;
-    let mut linears = vec![common::router(hidden, experts)];
-    linears.extend(common::routed_experts(
-        ["gate_proj", "up_proj", "down_proj"],
-        hidden,
-        moe_i,
-        experts,
-        top_k,
-    ));
-    if shared_i > 0 {
-        linears.extend(common::gated_mlp(
-            hidden,
-            shared_i,
-            false,
-            LinearRole::SharedExpert,
-        ));
-    }
+    let linears = common::moe_linears(hidden, experts, top_k, moe_i, shared_i);
     let moe = MoeSpec {
         num_experts: experts,
         experts_per_token: top_k,

@@ -139,21 +139,8 @@ fn moe_block(
     };
     let step = c.dim_or("decoder_sparse_step", 1, MAX_LAYERS)?;
     let dense_only = c.uint_list("mlp_only_layers")?;
-    let mut linears = vec![common::router(hidden, experts)];
-    linears.extend(common::routed_experts(
-        ["gate_proj", "up_proj", "down_proj"],
-        hidden,
-        moe_i,
-        experts,
-        top_k,
-    ));
+    let mut linears = common::moe_linears(hidden, experts, top_k, moe_i, shared_i);
     if shared_i > 0 {
-        linears.extend(common::gated_mlp(
-            hidden,
-            shared_i,
-            false,
-            LinearRole::SharedExpert,
-        ));
         linears.push(Linear::new(
             "shared_expert_gate",
             hidden,
