@@ -355,7 +355,6 @@ pub fn estimate_without_replay(
     device: &DeviceProfile,
 ) -> Result<Estimate, JobError> {
     job.validate(model)?;
-    let images = job;
     let with_images = vision::with_image_tokens(model, job);
     let job: &Job = &with_images;
     let prompted;
@@ -390,13 +389,7 @@ pub fn estimate_without_replay(
             step_segments: 0,
         }
     } else {
-        let mut step = training_phases(model, job, &regime, device, &par);
-        add_vision(
-            &mut step.phases,
-            &vision::step(model, images, &regime),
-            2 * device.cublas_workspace_bytes,
-        );
-        step
+        training_phases(model, job, &regime, device, &par)
     };
     Ok(finish(model, job, &regime, device, &par, step))
 }
@@ -731,6 +724,9 @@ fn training_phases(
             ),
         ]),
     });
+    // The vision tower's forward, saved tensors and backward (`job`'s images and batch are
+    // the tower's whatever the language model's sequence became).
+    add_vision(&mut phases, &vision::step(model, job, regime), cublas);
     StepPhases {
         step_segments: step_segments(model, job, regime, par, &phases, head.largest_block),
         largest_freed_block: largest_freed_block(model, job, regime, &head, par.tp),

@@ -84,14 +84,15 @@ pub fn tower_recorded(model: &ModelSpec, job: &Job) -> bool {
             && job.versions.transformers.is_none_or(|t| t >= (5, 0)))
 }
 
-/// The tower's share of `job`'s step (`job` as given, before [`with_image_tokens`]).
+/// The tower's share of `job`'s training step (`job` as given, before
+/// [`with_image_tokens`]).
 #[must_use]
 pub fn step(model: &ModelSpec, job: &Job, r: &Regime) -> VisionStep {
     let Some(v) = &model.vision else {
         return VisionStep::default();
     };
     let images = job.micro_batch_size * job.images.per_sample;
-    if images == 0 || job.method == Method::Inference && job.images.per_sample == 0 {
+    if images == 0 {
         return VisionStep::default();
     }
     let shape = v.tokens.shape(job.images.width, job.images.height);
@@ -117,7 +118,7 @@ pub fn step(model: &ModelSpec, job: &Job, r: &Regime) -> VisionStep {
             ImageTokens::Fixed { image_size, .. } => 3 * image_size * image_size,
         }
         * 4;
-    if !tower_recorded(model, job) || job.method == Method::Inference {
+    if !tower_recorded(model, job) {
         return VisionStep {
             forward_transient,
             pixels,
