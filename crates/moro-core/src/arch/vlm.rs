@@ -12,20 +12,14 @@ use crate::model::ModelSpec;
 /// or the top level (the released ones), tying and dtype from the top level when the text
 /// part does not say.
 pub(crate) fn qwen_vl(top: &Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchError> {
-    let text = top.opt_object("text_config")?;
     let mut merged = Map::new();
-    if let Some(t) = text {
-        merged.clone_from(t);
-    }
-    inherit(
-        top,
-        &mut merged,
-        &["tie_word_embeddings", "torch_dtype", "dtype"],
-    );
-    let c = if text.is_some() {
-        Cfg::nested(&merged, "text_config")
-    } else {
-        *top
+    let c = match top.opt_object("text_config")? {
+        Some(text) => {
+            merged.clone_from(text);
+            inherit(top, &mut merged, INHERITED);
+            Cfg::nested(&merged, "text_config")
+        }
+        None => *top,
     };
     let mut spec = qwen2::parse(&c, "qwen2")?;
     spec.vision = Some(vision::qwen_vl(top, model_type, spec.hidden_size)?);
@@ -71,6 +65,9 @@ pub(crate) fn llava(top: &Cfg<'_>) -> Result<ModelSpec, ArchError> {
     spec.model_type = "llava".to_owned();
     Ok(spec)
 }
+
+/// Keys a multimodal config may hold at its top level for its text part.
+const INHERITED: &[&str] = &["tie_word_embeddings", "torch_dtype", "dtype"];
 
 /// Copies `keys` from the top level into the text part where the text part lacks them.
 fn inherit(top: &Cfg<'_>, text: &mut Map<String, Value>, keys: &[&str]) {
