@@ -40,7 +40,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-HARNESS_VERSION = 3
+HARNESS_VERSION = 4
 GIB = 1 << 30
 MIB = 1 << 20
 SOURCE_KEY = "moro-calibration"
@@ -77,6 +77,9 @@ class Job:
     targets: Tuple[str, ...] = DEFAULT_TARGETS
     layers: Any = None
     new_tokens: int = 0  # inference only: tokens generated after a `seq`-token prompt
+    dora: bool = False  # PEFT LoraConfig(use_dora=True)
+    liger: bool = False  # the HF Trainer's use_liger_kernel=True (Liger's defaults per model)
+    compile: bool = False  # the HF Trainer's torch_compile=True: torch.compile(model)
     quick: bool = False  # part of `moro calibrate`'s short grid
     why: str = ""
 
@@ -99,6 +102,8 @@ class Job:
             parts.append("r%d/a%d/d%g/%s" % (self.lora_r, self.lora_alpha, self.lora_dropout,
                                              ",".join(self.targets)))
         parts.append("L" + ("full" if self.layers is None else str(self.layers)))
+        # Settings added in harness v4: named only when on, so older keys stay as they were.
+        parts += [name for name in ("dora", "liger", "compile") if getattr(self, name)]
         return "|".join(parts)
 
     def short_id(self) -> str:
@@ -124,6 +129,8 @@ class Job:
             out.append("bitsandbytes")
         if self.attn == "flash_attention_2":
             out.append("flash_attn")
+        if self.liger:
+            out.append("liger_kernel")
         return out
 
 
@@ -197,7 +204,24 @@ def grid(name: str = "full") -> List[Job]:
         Job(Q7, "inference", precision="bf16", batch=4, seq=2048, new_tokens=256, ckpt=False,
             why="inference: Qwen2.5 bf16, batch 4"),
     ]
-    jobs += knobs + others + inference
+    l1b = Job("meta-llama/Llama-3.2-1B-Instruct", "full", precision="bf16",
+              why="setting: tied 1B full FT, pure bf16 (the v4 baseline for the settings)")
+    settings = [
+        r(lora8, liger=True, why="setting: Liger kernels (LoRA, checkpointing)"),
+        r(lora8, ckpt=False, liger=True, why="setting: Liger kernels, no checkpointing"),
+        r(lora8, batch=2, liger=True, why="setting: Liger kernels, micro batch 2"),
+        r(lora8, dora=True, why="setting: DoRA (LoRA, checkpointing)"),
+        r(lora8, ckpt=False, compile=True, why="setting: torch.compile, no checkpointing"),
+        r(lora8, compile=True, why="setting: torch.compile with checkpointing"),
+        l1b,
+        r(l1b, liger=True, why="setting: Liger kernels, tied 1B full FT"),
+        r(l1b, compile=True, why="setting: torch.compile, tied 1B full FT"),
+        r(l1b, ckpt=False, seq=1024, compile=True,
+          why="setting: torch.compile, tied 1B full FT, no checkpointing"),
+        r(l1b, ckpt=False, seq=1024, why="setting: tied 1B full FT, no checkpointing"),
+        Job(Q7, "lora", liger=True, why="setting: Liger kernels on Qwen2.5 (152k vocab)"),
+    ]
+    jobs += knobs + others + settings + inference
     if name == "quick":
         return [j for j in jobs if j.quick]
     if name == "full":
@@ -310,6 +334,9 @@ PRECISION_TEXT = {
     "fp32": "fp32 (32-true, no autocast)",
 }
 
+LIGER_LOSS = ("Liger fused linear cross-entropy (use_liger_kernel=True: the model's own "
+              "apply_liger_kernel_to_* defaults, logits never materialized)")
+
 OPTIMIZER_TEXT = {
     "adamw_torch_fused": "adamw_torch_fused (torch.optim.AdamW fused=True)",
     "adamw_torch": "adamw_torch (torch.optim.AdamW foreach=True)",
@@ -322,7 +349,8 @@ OPTIMIZER_TEXT = {
 def framework_version(versions: Dict[str, Optional[str]]) -> str:
     """`torch X, transformers Y, ...`: the packages that shape the measured step. TRL is not
     named: the harness does not use it (moro would read the row as the TRL stack)."""
-    names = ("torch", "transformers", "peft", "accelerate", "bitsandbytes", "flash_attn")
+    names = ("torch", "transformers", "peft", "accelerate", "bitsandbytes", "flash_attn",
+             "liger_kernel")
     return ", ".join("%s %s" % (n, versions[n]) for n in names if versions.get(n))
 
 
@@ -362,7 +390,7 @@ def build_rows(job: Job, result: Dict[str, Any], machine: Dict[str, Any],
     lora = None
     if job.method in ("lora", "qlora"):
         lora = {"r": job.lora_r, "alpha": job.lora_alpha, "dropout": job.lora_dropout,
-                "target_modules": list(job.targets)}
+                "target_modules": list(job.targets), "use_dora": job.dora}
     calib = {
         "harness_version": HARNESS_VERSION,
         "allocated_bytes": result.get("allocated_bytes"),
@@ -434,9 +462,10 @@ def build_rows(job: Job, result: Dict[str, Any], machine: Dict[str, Any],
         "global_batch_size": job.batch,
         "gradient_checkpointing": job.ckpt and job.method != "inference",
         "attention_impl": job.attn,
-        "loss_impl": None if job.method == "inference"
+        "loss_impl": None if job.method == "inference" else LIGER_LOSS if job.liger
         else "HF ForCausalLMLoss cross_entropy (full fp32 logits)",
-        "torch_compile": False,
+        "liger_kernels": (result.get("checks") or {}).get("liger") if job.liger else None,
+        "torch_compile": job.compile,
         "activation_offload": False,
         "optimizer_in_backward": False,
         "cpu_offload": None,
@@ -966,11 +995,19 @@ def run_grid(args: argparse.Namespace, jobs: List[Job],
 
 def package_versions() -> Dict[str, Optional[str]]:
     out: Dict[str, Optional[str]] = {}
+    from importlib import metadata
+
     for name in ("torch", "transformers", "peft", "accelerate", "bitsandbytes", "flash_attn",
-                 "trl", "pynvml"):
+                 "trl", "pynvml", "liger_kernel", "triton"):
         try:
             mod = __import__(name)
-            out[name] = str(getattr(mod, "__version__", "present"))
+            version = getattr(mod, "__version__", None)
+            if version is None:
+                try:
+                    version = metadata.version(name.replace("_", "-"))
+                except metadata.PackageNotFoundError:
+                    version = "present"
+            out[name] = str(version)
         except Exception:  # noqa: BLE001 - a broken optional package counts as absent
             out[name] = None
     try:
@@ -1284,8 +1321,16 @@ def prepare_training(job: Job, model):
         from peft import LoraConfig, get_peft_model
 
         lcfg = LoraConfig(r=job.lora_r, lora_alpha=job.lora_alpha, lora_dropout=job.lora_dropout,
-                          target_modules=list(job.targets), bias="none", task_type="CAUSAL_LM")
+                          target_modules=list(job.targets), bias="none", task_type="CAUSAL_LM",
+                          use_dora=job.dora)
         model = get_peft_model(model, lcfg)
+    if job.liger:
+        # Trainer.__init__ (transformers 5): with use_liger_kernel it calls
+        # _apply_liger_kernel_to_instance on the model, or on a PEFT model's base model.
+        from liger_kernel.transformers import _apply_liger_kernel_to_instance
+
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        _apply_liger_kernel_to_instance(model=base)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = make_optimizer(job, params)
@@ -1299,6 +1344,12 @@ def prepare_training(job: Job, model):
         for module in model.modules():
             if isinstance(module, torch.nn.Embedding):
                 manager.register_module_override(module, "weight", {"optim_bits": 32})
+    if job.compile:
+        # Trainer with torch_compile=True: torch.compile(model) with the default backend
+        # (inductor) and mode; the optimizer keeps the uncompiled parameters (the same ones).
+        import torch
+
+        model = torch.compile(model)
     return model, opt
 
 
@@ -1461,8 +1512,18 @@ def model_checks(model) -> Dict[str, Any]:
     tied = None
     if emb is not None and out is not None:
         tied = getattr(emb, "weight", None) is getattr(out, "weight", None)
+    liger = {}
+    for m in model.modules():
+        name = type(m).__name__
+        if name.startswith("Liger"):
+            liger[name] = liger.get(name, 0) + 1
+    forward = getattr(getattr(base, "forward", None), "__func__", None)
+    if forward is not None and "lce_forward" in getattr(forward, "__name__", ""):
+        liger["fused_linear_cross_entropy"] = forward.__module__ + "." + forward.__name__
     return {
         "tied_embeddings": tied,
+        "liger": liger or None,
+        "compiled": type(model).__name__ == "OptimizedModule",
         "param_dtypes": dtypes,
         "attn_implementation": getattr(cfg, "_attn_implementation", None),
         "gradient_checkpointing": bool(getattr(base, "is_gradient_checkpointing", False)),
