@@ -486,6 +486,9 @@ impl Ctx<'_> {
         // fp32 when the weights stay fp32 (`ModelSpec::fp32_norms`).
         let normed = if m.fp32_norms { 4 } else { s };
         let per_norm = match m.norm {
+            // `LigerRMSNorm` (liger-kernel 0.8.5 `ops/rms_norm.py`) saves its input and one
+            // fp32 `rstd` per row, whether or not its weight trains.
+            NormKind::RmsNorm if job.liger.rms_norm => s * h + 4,
             NormKind::RmsNorm => 4 * h + if full { normed * h } else { 0 },
             NormKind::LayerNorm => s * h,
         };
@@ -499,7 +502,10 @@ impl Ctx<'_> {
         } else {
             n_norms * per_norm
         };
-        if peft && job.peft == PeftKind::LnTuning {
+        if peft
+            && job.peft == PeftKind::LnTuning
+            && !(job.liger.rms_norm && m.norm == NormKind::RmsNorm)
+        {
             // A trainable norm weight: `self.weight * hidden_states.to(input_dtype)` saves the
             // normalized input for the weight's gradient (transformers `LlamaRMSNorm`).
             bytes += n_norms * h * s;
@@ -574,7 +580,12 @@ impl Ctx<'_> {
         // MLP core.
         let i_act = m.active_intermediate(g.moe) / tp;
         let mlp_o = o;
-        bytes += if m.gated_mlp {
+        bytes += if m.gated_mlp && job.liger.glu && !g.moe {
+            // `LigerSiLUMulFunction` / `LigerGELUMulFunction` (liger-kernel 0.8.5
+            // `ops/swiglu.py`, `ops/geglu.py`) save the gate and up projections and
+            // recompute the activation in backward.
+            2 * mlp_o * i_act
+        } else if m.gated_mlp {
             3 * mlp_o * i_act
         } else {
             mlp_o * i_act
@@ -1018,7 +1029,13 @@ impl Activations {
         // Final norm: fp32 copy; trainable weight saves `normed`; lm_head's input is saved
         // when lm_head is trainable (and cast per autocast from an fp32 stream).
         let full = job.method == Method::Full;
-        let mut head = 4 * h + if full { r.stream_bytes * h + 2 * h } else { 0 };
+        // With Liger's RMSNorm the final norm saves its input and an fp32 `rstd` per row.
+        let final_norm = if job.liger.rms_norm && model.norm == NormKind::RmsNorm {
+            r.stream_bytes * h + 4
+        } else {
+            4 * h + if full { r.stream_bytes * h } else { 0 }
+        };
+        let mut head = final_norm + if full { 2 * h } else { 0 };
         let mut head_fixed = 0u64;
         if adapter && job.peft == PeftKind::AdapterV2 {
             // v2: `ln_f` is trainable (RMSNorm saves the fp32 `x_normed` for its weight), and

@@ -31,7 +31,7 @@ pub mod weights;
 
 use serde::{Deserialize, Serialize};
 
-use crate::job::{Job, JobError, Method, Sharding};
+use crate::job::{Job, JobError, LossImpl, Method, Sharding};
 use crate::model::ModelSpec;
 use crate::units::{MIB, round_up};
 
@@ -625,8 +625,18 @@ fn training_phases(
     // lookup's dense `embedding_dense_backward` output); autograd sums them out of place, so
     // the incoming V·h gradient and the V·h sum coexist with `.grad` (the oracle peaks at
     // `step2.backward:add.Tensor` for tied models).
+    // A fused linear cross-entropy instead hands back lm_head's gradient as the plain
+    // contiguous buffer it accumulated in forward (liger-kernel 0.8.5
+    // `fused_linear_cross_entropy_forward`: `grad_weight`), which the engine's input buffer
+    // owns alone and so adds the lookup's gradient into in place
+    // (`torch/csrc/autograd/input_buffer.cpp` `accumulate`): only the incoming V·h exists.
+    let tied_copies = if job.loss_impl() == LossImpl::Fused {
+        1
+    } else {
+        2
+    };
     let tied_add = if job.method == Method::Full && model.tie_word_embeddings {
-        2 * model.embedding_params() * regime::grad_bytes(job, regime) / par.tp.max(1)
+        tied_copies * model.embedding_params() * regime::grad_bytes(job, regime) / par.tp.max(1)
     } else {
         0
     };

@@ -11,9 +11,11 @@ use crate::model::ModelSpec;
 use crate::stack::DefaultLoss;
 
 pub mod against;
+mod liger;
 pub mod settings;
 mod validate;
 
+pub use liger::Liger;
 pub use settings::JobSettings;
 
 /// Training (or inference) method.
@@ -825,6 +827,18 @@ pub struct Job {
     /// What trains in a vision-language model's tower and projector.
     #[serde(default)]
     pub vision: VisionTraining,
+    /// Liger Kernel's kernels patched into the model (none by default).
+    #[serde(default, skip_serializing_if = "liger_off")]
+    pub liger: Liger,
+    /// `torch.compile` of the model (the HF Trainer's `torch_compile=True`, torchtune's
+    /// `compile: True`): AOTAutograd's partitioner decides what is saved.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub compile: bool,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+const fn liger_off(l: &Liger) -> bool {
+    !l.any()
 }
 
 /// What a vision-language job trains in the vision tower and projector.
@@ -867,6 +881,8 @@ impl Default for Job {
             peft: PeftKind::Lora,
             images: crate::vision::Images::default(),
             vision: VisionTraining::Frozen,
+            liger: Liger::default(),
+            compile: false,
         }
     }
 }
@@ -943,6 +959,7 @@ impl Job {
     pub fn loss_impl(&self) -> LossImpl {
         match self.loss {
             Some(l) => l,
+            None if self.liger.fused_linear_cross_entropy => LossImpl::Fused,
             None => match self.stack.profile().default_loss {
                 DefaultLoss::Chunked => LossImpl::Chunked,
                 DefaultLoss::SftTrainer if self.versions.trl_chunked_loss() => LossImpl::ChunkedNll,

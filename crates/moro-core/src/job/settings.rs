@@ -8,8 +8,8 @@
 //! trains bf16 weights). So the same intent gives the same [`Job`], whichever way it came.
 
 use super::{
-    Attention, Job, JobError, KvDtype, LoraConfig, LossImpl, Method, Offload, Optimizer, Padding,
-    Parallel, PeftKind, Precision, Quantization, Sharding, Stack, Targets, Versions,
+    Attention, Job, JobError, KvDtype, Liger, LoraConfig, LossImpl, Method, Offload, Optimizer,
+    Padding, Parallel, PeftKind, Precision, Quantization, Sharding, Stack, Targets, Versions,
     VisionTraining,
 };
 use crate::stack::{DefaultCheckpointing, DefaultPrecision};
@@ -87,6 +87,10 @@ pub struct JobSettings {
     pub image_size: Option<(u64, u64)>,
     /// `training.vision`. Default: frozen.
     pub vision: Option<VisionTraining>,
+    /// `training.liger` / `training.liger_kernels`: Liger's kernels. Default: none.
+    pub liger: Option<Liger>,
+    /// `training.compile`: `torch.compile` of the model. Default: false.
+    pub compile: Option<bool>,
 }
 
 /// Takes `a`, else `b`, field by field.
@@ -109,7 +113,7 @@ impl JobSettings {
             padding, optimizer, gradient_checkpointing, optimizer_in_backward, attention,
             precision, stack, loss, kv_dtype, gpus, tensor_parallel, pipeline_parallel,
             sharding, offload, nodes, reduce_bucket, versions, images_per_sample, image_size,
-            vision,
+            vision, liger, compile,
         )
     }
 
@@ -136,6 +140,8 @@ impl JobSettings {
                     "optimizer_in_backward",
                     self.optimizer_in_backward == Some(true),
                 ),
+                ("liger", self.liger.is_some_and(Liger::any)),
+                ("compile", self.compile == Some(true)),
             ];
             if let Some((field, _)) = training.iter().find(|(_, given)| *given) {
                 return Err(JobError {
@@ -274,6 +280,8 @@ impl JobSettings {
                 (None, None) => base.images,
             },
             vision: self.vision.unwrap_or(base.vision),
+            liger: self.liger.unwrap_or_default(),
+            compile: self.compile.unwrap_or(false),
         })
     }
 
@@ -537,6 +545,8 @@ mod tests {
             images_per_sample: Some(job.images.per_sample),
             image_size: Some((job.images.width, job.images.height)),
             vision: Some(job.vision),
+            liger: Some(job.liger),
+            compile: Some(job.compile),
         }
     }
 

@@ -421,7 +421,16 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         Attention::Sdpa
     };
     let loss_text = text(v, "loss_impl").to_ascii_lowercase();
-    let loss = if loss_text.contains("liger") || loss_text.contains("fused") {
+    // `use_liger_kernel=True` patches every kernel the model type has; a row naming only a
+    // fused loss ran that loss alone.
+    let liger = if loss_text.contains("use_liger_kernel") {
+        crate::job::Liger::ALL
+    } else {
+        crate::job::Liger::default()
+    };
+    let loss = if liger.any() {
+        None
+    } else if loss_text.contains("liger") || loss_text.contains("fused") {
         Some(LossImpl::Fused)
     } else if loss_text.contains("chunk") {
         Some(LossImpl::Chunked)
@@ -558,6 +567,8 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         // The measured rows are text-only runs.
         images: crate::vision::Images::default(),
         vision: crate::job::VisionTraining::Frozen,
+        liger,
+        compile: truthy(v, "torch_compile") == Some(true),
     };
 
     let metric_text = text(v, "metric").to_ascii_lowercase();
