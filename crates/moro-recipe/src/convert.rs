@@ -7,7 +7,7 @@
 //! except for longest-first padding (lit-gpt's 2023 scripts, measured rows only), which comes
 //! back as padded.
 
-use moro_core::job::{Job, JobError, JobSettings, Padding, Parallel, PeftKind};
+use moro_core::job::{Job, JobError, JobSettings, Liger, Padding, Parallel, PeftKind};
 
 use crate::choices::{LrScheduler, Method};
 use crate::error::RecipeError;
@@ -95,6 +95,10 @@ impl Recipe {
             output_dir: extras.output_dir,
             versions: LibraryVersions::from_versions(&job.versions),
             optimizer_in_backward: job.optimizer_in_backward,
+            liger: job.liger == Liger::ALL,
+            liger_kernels: (job.liger.any() && job.liger != Liger::ALL)
+                .then(|| job.liger.names().into_iter().map(str::to_owned).collect()),
+            compile: job.compile,
             images_per_sample: (job.images.per_sample > 0).then_some(job.images.per_sample),
             image_size: (job.images.per_sample > 0)
                 .then(|| format!("{}x{}", job.images.width, job.images.height)),
@@ -198,6 +202,21 @@ impl Recipe {
                 .transpose()
                 .map_err(|e| RecipeError::value("training.image_size", e))?,
             vision: t.vision.map(Into::into),
+            liger: match &t.liger_kernels {
+                Some(names) if names.is_empty() => {
+                    return Err(RecipeError::value(
+                        "training.liger_kernels",
+                        "is empty; name the kernels (rms_norm, swiglu, rope, \
+                         fused_linear_cross_entropy) or write `liger: true` for all",
+                    ));
+                }
+                Some(names) => Some(
+                    Liger::from_names(names)
+                        .map_err(|e| RecipeError::value("training.liger_kernels", e))?,
+                ),
+                None => t.liger.then_some(Liger::ALL),
+            },
+            compile: t.compile.then_some(true),
         })
     }
 
@@ -233,7 +252,10 @@ pub fn job_field_path(field: &str) -> String {
         | "stack"
         | "loss"
         | "packing"
-        | "optimizer_in_backward" => {
+        | "optimizer_in_backward"
+        | "liger"
+        | "liger_kernels"
+        | "compile" => {
             format!("training.{field}")
         }
         "lora_rank"

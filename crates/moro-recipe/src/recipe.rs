@@ -303,6 +303,20 @@ pub struct TrainingSection {
     /// `optimizer_in_bwd: True`); needs `gradient_accumulation_steps: 1`. Default: false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub optimizer_in_backward: bool,
+    /// Liger Kernel (the HF Trainer's and TRL's `use_liger_kernel: true`): every kernel
+    /// Liger has for the model (RMSNorm, SwiGLU/GeGLU, RoPE, fused linear cross-entropy).
+    /// Default: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub liger: bool,
+    /// Only these Liger kernels, by Liger's names: `rms_norm`, `swiglu`, `rope`,
+    /// `fused_linear_cross_entropy` (axolotl's `liger_*` keys). Default: all of them when
+    /// `liger` is true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub liger_kernels: Option<Vec<String>>,
+    /// `torch.compile` the model (the HF Trainer's `torch_compile: true`, torchtune's
+    /// `compile: True`). Default: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub compile: bool,
     /// Images per sample (vision-language models). Default: 1 on a vision-language model,
     /// else 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -447,6 +461,9 @@ impl Default for TrainingSection {
             output_dir: None,
             versions: None,
             optimizer_in_backward: false,
+            liger: false,
+            liger_kernels: None,
+            compile: false,
             images_per_sample: None,
             image_size: None,
             vision: None,

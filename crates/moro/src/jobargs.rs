@@ -3,8 +3,8 @@
 
 use clap::Args;
 use moro_core::job::{
-    Attention, JobSettings, LossImpl, Method, Offload, Optimizer, Padding, PeftKind, Precision,
-    Quantization, Sharding, Stack, Targets, VisionTraining,
+    Attention, JobSettings, Liger, LossImpl, Method, Offload, Optimizer, Padding, PeftKind,
+    Precision, Quantization, Sharding, Stack, Targets, VisionTraining,
 };
 
 use moro_recipe::choices;
@@ -160,6 +160,18 @@ pub(crate) struct JobArgs {
     /// Loss: standard, chunked-nll, chunked, fused [default: the stack's].
     #[arg(long, value_parser = parse_loss, help_heading = "Training")]
     pub(crate) loss: Option<LossImpl>,
+    /// Liger Kernel, as `use_liger_kernel=True`: every kernel Liger has for the model
+    /// (RMSNorm, SwiGLU/GeGLU, RoPE, fused linear cross-entropy); `--liger=false` turns a
+    /// recipe's off.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", help_heading = "Training")]
+    pub(crate) liger: Option<bool>,
+    /// Only these Liger kernels, comma-separated: rms_norm, swiglu, rope,
+    /// fused_linear_cross_entropy (axolotl's `liger_*` keys).
+    #[arg(long, value_parser = parse_liger_kernels, help_heading = "Training")]
+    pub(crate) liger_kernels: Option<Liger>,
+    /// torch.compile the model (the HF Trainer's `torch_compile`, torchtune's `compile`).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", help_heading = "Training")]
+    pub(crate) compile: Option<bool>,
     /// GPUs in all (data × tensor parallel) [default: the count --hardware names, else 1].
     #[arg(long, value_parser = parse_count, help_heading = "Parallel")]
     pub(crate) gpus: Option<u64>,
@@ -230,6 +242,22 @@ impl JobArgs {
             images_per_sample: self.images_per_sample,
             image_size: self.image_size,
             vision: self.vision,
+            liger: match (self.liger_kernels, self.liger) {
+                (Some(kernels), _) => Some(kernels),
+                (None, Some(true)) => Some(Liger::ALL),
+                (None, Some(false)) => Some(Liger::default()),
+                (None, None) => None,
+            },
+            compile: self.compile,
         }
     }
+}
+
+/// `--liger-kernels rms_norm,swiglu,...`.
+fn parse_liger_kernels(s: &str) -> Result<Liger, String> {
+    let names: Vec<&str> = s.split(',').filter(|n| !n.trim().is_empty()).collect();
+    if names.is_empty() {
+        return Err("name the kernels: rms_norm, swiglu, rope, fused_linear_cross_entropy".into());
+    }
+    Liger::from_names(&names)
 }

@@ -988,3 +988,90 @@ fn moe_settings_transformers_cannot_run_are_refused() {
     ]);
     assert!(o.code == 0 || o.code == 1, "{}", o.stderr);
 }
+
+/// `--liger` models Liger's kernels and names what it changes; settings Liger cannot take are
+/// refused naming the field (docs/liger-kernels.md).
+#[test]
+fn liger_is_estimated_and_its_contradictions_are_refused() {
+    let base = [
+        "estimate",
+        "--model",
+        "meta-llama/Llama-3.1-8B",
+        "--method",
+        "lora",
+        "--seq-len",
+        "2048",
+        "--gradient-checkpointing=false",
+        "--json",
+    ];
+    let plain = json(&base);
+    let mut with = base.to_vec();
+    with.push("--liger");
+    let liger = json(&with);
+    let (p, l) = (
+        plain["peak_allocated_bytes"].as_u64().unwrap(),
+        liger["peak_allocated_bytes"].as_u64().unwrap(),
+    );
+    // Per layer and token, RMSNorm (2 × 2h saved less, frozen weights) and SwiGLU (2I less):
+    // (4·4096 + 2·14336) B × 2048 tokens × 32 layers ≈ 2.75 GiB; and the fp32 logits.
+    let per_layers = (4 * 4096 + 2 * 14336) * 2048 * 32;
+    assert!(p - l > per_layers, "{p} → {l}");
+    assert_eq!(liger["job"]["liger"]["rms_norm"], true, "{liger}");
+
+    for (args, field) in [
+        (
+            &["--model", "Qwen/Qwen1.5-MoE-A2.7B-Chat", "--liger"][..],
+            "liger",
+        ),
+        (
+            &["--model", "EleutherAI/pythia-410m", "--liger"][..],
+            "liger",
+        ),
+        (
+            &[
+                "--model",
+                "meta-llama/Llama-3.1-8B",
+                "--liger",
+                "--stack",
+                "torchtune",
+            ][..],
+            "liger",
+        ),
+        (
+            &[
+                "--model",
+                "meta-llama/Llama-3.1-8B",
+                "--liger",
+                "--loss",
+                "chunked",
+            ][..],
+            "loss",
+        ),
+        (
+            &[
+                "--model",
+                "meta-llama/Llama-3.1-8B",
+                "--method",
+                "inference",
+                "--liger",
+            ][..],
+            "liger",
+        ),
+        (
+            &[
+                "--model",
+                "meta-llama/Llama-3.1-8B",
+                "--liger-kernels",
+                "layer_norm",
+            ][..],
+            "liger_kernels",
+        ),
+    ] {
+        let mut a = vec!["estimate", "--json"];
+        a.extend_from_slice(args);
+        let o = run(&a);
+        assert_eq!(o.code, 2, "{args:?}: {}", o.stdout);
+        let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+        assert_eq!(v["error"]["field"], field, "{args:?}: {v}");
+    }
+}

@@ -104,6 +104,16 @@ const SETTINGS: &[Setting] = &[
         key: "training.loss",
     },
     Setting {
+        name: "liger",
+        flag: "--liger",
+        key: "training.liger",
+    },
+    Setting {
+        name: "kernels",
+        flag: "--liger-kernels",
+        key: "training.liger_kernels",
+    },
+    Setting {
         name: "gpus",
         flag: "--gpus",
         key: "parallel.gpus",
@@ -215,6 +225,14 @@ const CASES: &[Case] = &[
         &["method=lora", "dora=true", "targets=q_proj,v_proj"],
     ),
     case(LLAMA8, &["method=qlora", "dora=true"]),
+    // Liger's kernels: all of them, or some.
+    case(LLAMA8, &["method=lora", "liger=true"]),
+    case(LLAMA8, &["method=lora", "liger=true", "gc=false"]),
+    case(QWEN15, &["method=full", "kernels=rms_norm,swiglu"]),
+    case(
+        LLAMA3B,
+        &["stack=trl", "kernels=fused_linear_cross_entropy"],
+    ),
     case(LLAMA3B, &["method=lora", "peft=vera", "rank=256"]),
     case(LLAMA3B, &["method=lora", "peft=adalora", "rank=64"]),
     case(LLAMA3B, &["method=lora", "peft=loha", "rank=32"]),
@@ -301,7 +319,7 @@ fn flags(c: &Case) -> Vec<String> {
             continue;
         }
         let s = setting(name);
-        if name == "gc" {
+        if name == "gc" || name == "liger" {
             v.push(format!("{}={value}", s.flag));
         } else {
             v.push(s.flag.to_owned());
@@ -327,7 +345,7 @@ fn yaml(c: &Case) -> String {
         } else {
             setting(name).key.split_once('.').unwrap()
         };
-        let value = if name == "targets" && value != "all-linear" {
+        let value = if (name == "targets" && value != "all-linear") || name == "kernels" {
             format!("[{value}]")
         } else {
             value.to_owned()

@@ -126,8 +126,18 @@ fn jobs() -> Vec<Job> {
             height: 720,
         },
         vision: moro_core::job::VisionTraining::Adapted,
+        liger: moro_core::job::Liger {
+            rms_norm: true,
+            glu: true,
+            ..moro_core::job::Liger::default()
+        },
+        compile: true,
     };
     v.push(all);
+    v.push(Job {
+        liger: moro_core::job::Liger::ALL,
+        ..d.clone()
+    });
     v.push(Job {
         optimizer_in_backward: true,
         ..d.clone()

@@ -347,6 +347,12 @@ fn describe(job: &Job) -> String {
         job.attention.as_str(),
         job.stack.as_str()
     ));
+    if job.liger.any() {
+        s.push_str(&format!(", Liger ({})", job.liger.names().join(", ")));
+    }
+    if job.compile {
+        s.push_str(", torch.compile");
+    }
     if job.parallel.gpus() > 1 {
         s.push_str(&format!(
             ", {} GPUs ({})",
