@@ -1,7 +1,7 @@
 //! [`Plan`]: the recipe with every default applied, read once for all formats, and the
 //! warnings that hold whatever the format (tensor parallelism, an unknown LoRA target, ...).
 
-use moro_core::job::{DEFAULT_TARGETS, Job, LoraConfig, LossImpl, PeftKind, Targets};
+use moro_core::job::{DEFAULT_TARGETS, Job, Liger, LoraConfig, LossImpl, PeftKind, Targets};
 use moro_core::model::ModelSpec;
 use moro_recipe::Recipe;
 use moro_recipe::TrainingSection;
@@ -79,6 +79,8 @@ pub(crate) struct Plan<'a> {
     /// `training.gradient_checkpointing`, resolved.
     pub(crate) checkpointing: bool,
     pub(crate) loss: LossImpl,
+    /// Liger's kernels: the recipe's, or its fused loss alone ([`Plan::liger_kernels`]).
+    pub(crate) liger: Liger,
     pub(crate) dist: Dist,
     /// `parallel.reduce_bucket_size` (DeepSpeed); `None`: "auto".
     pub(crate) reduce_bucket: Option<u64>,
@@ -269,12 +271,28 @@ impl<'a> Plan<'a> {
             precision: job.precision.into(),
             checkpointing: job.gradient_checkpointing,
             loss: job.loss_impl(),
+            liger: job.liger,
             dist,
             reduce_bucket: jp.reduce_bucket,
             nodes,
             output_dir,
             warnings,
         })
+    }
+
+    /// The Liger kernels a Trainer-based export turns on: the recipe's, or, for a
+    /// `loss: fused` recipe without them, Liger's fused linear cross-entropy alone.
+    pub(crate) fn liger_kernels(&self) -> Liger {
+        if self.liger.any() {
+            self.liger
+        } else if self.loss == LossImpl::Fused {
+            Liger {
+                fused_linear_cross_entropy: true,
+                ..Liger::default()
+            }
+        } else {
+            Liger::default()
+        }
     }
 
     /// Whether the GPUs span several nodes.

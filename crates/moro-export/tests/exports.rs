@@ -173,7 +173,11 @@ fn every_key_is_one_the_trainer_accepts() {
                     if f.name == "ds_config.json" || e.format == Format::Deepspeed {
                         (list("deepspeed.txt"), &[])
                     } else {
-                        (list("hf-trainer.txt"), &["gradient_checkpointing_kwargs"])
+                        (
+                            list("hf-trainer.txt"),
+                            // Keyword arguments of Liger's `apply_liger_kernel_to_*`.
+                            &["gradient_checkpointing_kwargs", "liger_kernel_config"],
+                        )
                     };
                 let mut keys = Vec::new();
                 json_keys(&v, "", opaque, &mut keys);

@@ -1,6 +1,5 @@
 //! axolotl: one YAML config.
 
-use moro_core::job::LossImpl;
 use moro_recipe::choices::{Attention, Method, Precision, Quantization, Strategy};
 
 use super::*;
@@ -119,19 +118,23 @@ pub(crate) fn axolotl(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
     if p.t.packing && p.t.attention == Attention::Eager {
         w.push("training.packing with eager attention: axolotl packs only with flash/sdpa-style kernels".to_owned());
     }
-    match p.loss {
-        LossImpl::Fused => {
-            m.set(
-                "plugins",
-                Value::from(vec!["axolotl.integrations.liger.LigerPlugin"]),
-            );
-            w.push(
-                "training.loss = fused: enabled axolotl's LigerPlugin; set its `liger_fused_linear_cross_entropy: \
-                 true` (a plugin key outside axolotl's core schema)"
-                    .to_owned(),
-            );
-        }
-        _ => hf_loss_warning(p, "axolotl", &mut w),
+    let liger = p.liger_kernels();
+    if liger.any() {
+        // axolotl's LigerPlugin (`integrations/liger/args.py`) applies only the kernels whose
+        // keys are true, before the model is built.
+        m.set(
+            "plugins",
+            Value::from(vec!["axolotl.integrations.liger.LigerPlugin"]),
+        );
+        m.set("liger_rope", liger.rope);
+        m.set("liger_rms_norm", liger.rms_norm);
+        m.set("liger_glu_activation", liger.glu);
+        m.set(
+            "liger_fused_linear_cross_entropy",
+            liger.fused_linear_cross_entropy,
+        );
+    } else {
+        hf_loss_warning(p, "axolotl", &mut w);
     }
     stack_warning(p, "axolotl", &mut w);
 

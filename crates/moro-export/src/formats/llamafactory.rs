@@ -1,6 +1,5 @@
 //! LLaMA-Factory: one YAML config for `llamafactory-cli train`.
 
-use moro_core::job::LossImpl;
 use moro_recipe::choices::{Attention, Precision};
 
 use super::*;
@@ -104,14 +103,25 @@ pub(crate) fn llamafactory(p: &Plan<'_>, main: &str) -> Result<Out, ExportError>
         "gradient_checkpointing",
         "gradient_checkpointing_kwargs",
         "use_liger_kernel",
+        "liger_kernel_config",
     ] {
         hf.0.retain(|(key, _)| key != k);
     }
     if !p.checkpointing {
         m.set("disable_gradient_checkpointing", true);
     }
-    if p.loss == LossImpl::Fused {
+    let liger = p.liger_kernels();
+    if liger.any() {
+        // LLaMA-Factory applies the model's defaults, every kernel (`model/model_utils/
+        // liger_kernel.py` `apply_liger_kernel`): a subset saves at most what was estimated.
         m.set("enable_liger_kernel", true);
+        if liger != moro_core::job::Liger::ALL {
+            w.push(format!(
+                "training.liger_kernels = {}: LLaMA-Factory's enable_liger_kernel turns on all of \
+                 Liger's kernels for the model, which keep no more memory than estimated",
+                liger.names().join(", ")
+            ));
+        }
     } else {
         hf_loss_warning(p, "LLaMA-Factory", &mut w);
     }

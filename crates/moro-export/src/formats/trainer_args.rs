@@ -1,6 +1,6 @@
 //! Settings every transformers-Trainer-based format shares, and the warnings about them.
 
-use moro_core::job::LossImpl;
+use moro_core::job::{Liger, LossImpl};
 use moro_recipe::choices::{LrScheduler, Method, Quantization};
 
 use super::*;
@@ -57,8 +57,12 @@ pub(super) fn hf_training_args(p: &Plan<'_>, m: &mut Map, warnings: &mut Vec<Str
         k.set("use_reentrant", false);
         m.set("gradient_checkpointing_kwargs", k);
     }
-    if p.loss == LossImpl::Fused {
+    let liger = p.liger_kernels();
+    if liger.any() {
         m.set("use_liger_kernel", true);
+        if liger != Liger::ALL {
+            m.set("liger_kernel_config", liger_kernel_config(liger));
+        }
     }
     if matches!(p.dist, Dist::Zero { .. }) {
         m.set("deepspeed", DS_CONFIG_NAME);
@@ -101,4 +105,21 @@ pub(super) fn quant_gptq_note(p: &Plan<'_>, trainer: &str, warnings: &mut Vec<St
              quantization_config; model.base must be a GPTQ checkpoint"
         ));
     }
+}
+
+/// `TrainingArguments.liger_kernel_config`: the keywords `_apply_liger_kernel_to_instance`
+/// passes to the model's `apply_liger_kernel_to_*`, which keeps those its signature has
+/// (liger-kernel 0.8.5 `monkey_patch.py`): `swiglu` for SwiGLU models, `geglu` for Gemma's.
+pub(super) fn liger_kernel_config(liger: Liger) -> Map {
+    let mut k = Map::new();
+    k.set("rope", liger.rope);
+    k.set("rms_norm", liger.rms_norm);
+    k.set("swiglu", liger.glu);
+    k.set("geglu", liger.glu);
+    k.set("cross_entropy", false);
+    k.set(
+        "fused_linear_cross_entropy",
+        liger.fused_linear_cross_entropy,
+    );
+    k
 }

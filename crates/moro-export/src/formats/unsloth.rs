@@ -39,6 +39,14 @@ pub(crate) fn unsloth(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
     let mut sft = sft_config_kwargs(p, &mut w, false);
     // Unsloth checkpoints through get_peft_model / from_pretrained, not the Trainer flag.
     sft.retain(|(k, _)| k != "gradient_checkpointing" && k != "gradient_checkpointing_kwargs");
+    // Unsloth patches the same modules and the loss with its own kernels.
+    sft.retain(|(k, _)| k != "use_liger_kernel" && k != "liger_kernel_config");
+    if p.liger.any() {
+        w.push(format!(
+            "training.liger_kernels = {}: Unsloth uses its own kernels instead of Liger's; not exported",
+            p.liger.names().join(", ")
+        ));
+    }
     match p.loss {
         LossImpl::Standard | LossImpl::StandardLegacy | LossImpl::StandardNoUpcast => {}
         _ => w.push(format!(

@@ -27,6 +27,7 @@
 #     --fp16 true \
 #     --gradient_checkpointing false \
 #     --use_liger_kernel true \
+#     --liger_kernel_config '{"rope":false,"rms_norm":false,"swiglu":false,"geglu":false,"cross_entropy":false,"fused_linear_cross_entropy":true}' \
 #     --logging_steps 10 \
 #     --save_strategy epoch \
 #     --report_to none
@@ -56,6 +57,7 @@ training_args = SFTConfig(
     fp16=True,
     gradient_checkpointing=False,
     use_liger_kernel=True,
+    liger_kernel_config={"rope": False, "rms_norm": False, "swiglu": False, "geglu": False, "cross_entropy": False, "fused_linear_cross_entropy": True},
     logging_steps=10,
     save_strategy="epoch",
     report_to="none",

@@ -42,7 +42,6 @@ training_args = SFTConfig(
     optim_args="momentum=0.9",
     bf16=False,
     fp16=True,
-    use_liger_kernel=True,
     logging_steps=10,
     save_strategy="epoch",
     report_to="none",
