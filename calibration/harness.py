@@ -204,8 +204,8 @@ def grid(name: str = "full") -> List[Job]:
         Job(Q7, "inference", precision="bf16", batch=4, seq=2048, new_tokens=256, ckpt=False,
             why="inference: Qwen2.5 bf16, batch 4"),
     ]
-    l1b = Job("meta-llama/Llama-3.2-1B-Instruct", "full", precision="bf16",
-              why="setting: tied 1B full FT, pure bf16 (the v4 baseline for the settings)")
+    # The baseline of the 1B settings is the `arch: tied embeddings` job (same key).
+    l1b = others[2]
     settings = [
         r(lora8, liger=True, why="setting: Liger kernels (LoRA, checkpointing)"),
         r(lora8, ckpt=False, liger=True, why="setting: Liger kernels, no checkpointing"),
@@ -213,7 +213,6 @@ def grid(name: str = "full") -> List[Job]:
         r(lora8, dora=True, why="setting: DoRA (LoRA, checkpointing)"),
         r(lora8, ckpt=False, compile=True, why="setting: torch.compile, no checkpointing"),
         r(lora8, compile=True, why="setting: torch.compile with checkpointing"),
-        l1b,
         r(l1b, liger=True, why="setting: Liger kernels, tied 1B full FT"),
         r(l1b, compile=True, why="setting: torch.compile, tied 1B full FT"),
         r(l1b, ckpt=False, seq=1024, compile=True,
