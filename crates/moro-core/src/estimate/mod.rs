@@ -626,10 +626,13 @@ fn training_phases(
     // the incoming V·h gradient and the V·h sum coexist with `.grad` (the oracle peaks at
     // `step2.backward:add.Tensor` for tied models).
     // A fused linear cross-entropy instead hands back lm_head's gradient as the plain
-    // contiguous buffer it accumulated in forward (liger-kernel 0.8.5
-    // `fused_linear_cross_entropy_forward`: `grad_weight`), which the engine's input buffer
-    // owns alone and so adds the lookup's gradient into in place
-    // (`torch/csrc/autograd/input_buffer.cpp` `accumulate`): only the incoming V·h exists.
+    // buffer it filled in forward (liger-kernel 0.8.5 `fused_linear_cross_entropy_forward`:
+    // `grad_weight`), a dense tensor the engine's input buffer owns alone, so the lookup's
+    // gradient is added into it in place (`torch/csrc/autograd/input_buffer.cpp`
+    // `can_accumulate_inplace`): only the incoming V·h exists. The H200 rows agree at both
+    // ends (validation/h200/settings.jsonl, tied Llama-3.2-1B: with Liger one copy fits
+    // 9.77 GiB; eager, one copy would come in 1.4–1.9 % under). The oracle's fake tensors are
+    // a tensor subclass, which that check always sends out of place.
     let tied_copies = if job.loss_impl() == LossImpl::Fused {
         1
     } else {
