@@ -203,11 +203,10 @@ impl Recipe {
                 .map_err(|e| RecipeError::value("training.image_size", e))?,
             vision: t.vision.map(Into::into),
             liger: match &t.liger_kernels {
-                Some(names) if names.is_empty() => {
+                Some(_) if t.liger => {
                     return Err(RecipeError::value(
                         "training.liger_kernels",
-                        "is empty; name the kernels (rms_norm, swiglu, rope, \
-                         fused_linear_cross_entropy) or write `liger: true` for all",
+                        "names some kernels while `liger: true` asks for all; keep one of them",
                     ));
                 }
                 Some(names) => Some(

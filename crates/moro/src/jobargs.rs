@@ -167,7 +167,7 @@ pub(crate) struct JobArgs {
     pub(crate) liger: Option<bool>,
     /// Only these Liger kernels, comma-separated: rms_norm, swiglu, rope,
     /// fused_linear_cross_entropy (axolotl's `liger_*` keys).
-    #[arg(long, value_parser = parse_liger_kernels, help_heading = "Training")]
+    #[arg(long, value_parser = parse_liger_kernels, conflicts_with = "liger", help_heading = "Training")]
     pub(crate) liger_kernels: Option<Liger>,
     /// torch.compile the model (the HF Trainer's `torch_compile`, torchtune's `compile`).
     #[arg(long, num_args = 0..=1, default_missing_value = "true", help_heading = "Training")]
@@ -256,8 +256,5 @@ impl JobArgs {
 /// `--liger-kernels rms_norm,swiglu,...`.
 fn parse_liger_kernels(s: &str) -> Result<Liger, String> {
     let names: Vec<&str> = s.split(',').filter(|n| !n.trim().is_empty()).collect();
-    if names.is_empty() {
-        return Err("name the kernels: rms_norm, swiglu, rope, fused_linear_cross_entropy".into());
-    }
     Liger::from_names(&names)
 }

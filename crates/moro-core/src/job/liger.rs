@@ -102,8 +102,12 @@ impl Liger {
     /// The kernels named in `names` (Liger's keywords or moro's spellings).
     ///
     /// # Errors
-    /// An unknown name, with the known ones.
+    /// No name, or an unknown one, with the known ones.
     pub fn from_names<S: AsRef<str>>(names: &[S]) -> Result<Self, String> {
+        let known = || NAMES.map(|(n, _)| n).join(", ");
+        if names.is_empty() {
+            return Err(format!("names no kernel; known: {}", known()));
+        }
         let mut out = Self::default();
         for raw in names {
             let name = raw.as_ref().trim().to_ascii_lowercase().replace('-', "_");
@@ -114,7 +118,7 @@ impl Liger {
                 return Err(format!(
                     "`{}` is not a Liger kernel moro models; known: {}",
                     raw.as_ref(),
-                    NAMES.map(|(n, _)| n).join(", ")
+                    known()
                 ));
             };
             match i {
@@ -150,6 +154,12 @@ mod tests {
         let err = Liger::from_names(&["layer_norm"]).unwrap_err();
         assert!(err.contains("known: rms_norm, swiglu"), "{err}");
         assert!(!Liger::default().any());
+        let empty: [&str; 0] = [];
+        assert!(
+            Liger::from_names(&empty)
+                .unwrap_err()
+                .contains("names no kernel")
+        );
     }
 
     #[test]

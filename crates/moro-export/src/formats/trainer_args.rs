@@ -110,7 +110,7 @@ pub(super) fn quant_gptq_note(p: &Plan<'_>, trainer: &str, warnings: &mut Vec<St
 /// `TrainingArguments.liger_kernel_config`: the keywords `_apply_liger_kernel_to_instance`
 /// passes to the model's `apply_liger_kernel_to_*`, which keeps those its signature has
 /// (liger-kernel 0.8.5 `monkey_patch.py`): `swiglu` for SwiGLU models, `geglu` for Gemma's.
-pub(super) fn liger_kernel_config(liger: Liger) -> Map {
+fn liger_kernel_config(liger: Liger) -> Map {
     let mut k = Map::new();
     k.set("rope", liger.rope);
     k.set("rms_norm", liger.rms_norm);

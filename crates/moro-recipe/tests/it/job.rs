@@ -428,3 +428,32 @@ fn engine_nodes_errors_name_the_field() {
     job.parallel.nodes = 3;
     assert!(job.validate(&model).is_ok());
 }
+
+#[test]
+fn liger_keys_resolve_and_contradictions_name_the_field() {
+    let liger = |training: &str| {
+        ok(&format!("model:\n  base: m\ntraining:\n{training}"))
+            .to_job()
+            .map(|j| j.liger)
+    };
+    assert_eq!(liger("  liger: true\n"), Ok(moro_core::job::Liger::ALL));
+    let some = liger("  liger_kernels: [rms_norm, swiglu]\n").unwrap();
+    assert!(some.rms_norm && some.glu && !some.rope && !some.fused_linear_cross_entropy);
+    for (training, needle) in [
+        ("  liger_kernels: []\n", "names no kernel"),
+        (
+            "  liger_kernels: [layer_norm]\n",
+            "`layer_norm` is not a Liger kernel",
+        ),
+        (
+            "  liger: true\n  liger_kernels: [rope]\n",
+            "while `liger: true` asks for all",
+        ),
+    ] {
+        let e = liger(training).unwrap_err().to_string();
+        assert!(
+            e.contains("training.liger_kernels") && e.contains(needle),
+            "{e}"
+        );
+    }
+}
