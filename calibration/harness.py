@@ -1511,9 +1511,12 @@ def model_checks(model) -> Dict[str, Any]:
     tied = None
     if emb is not None and out is not None:
         tied = getattr(emb, "weight", None) is getattr(out, "weight", None)
+    # Liger patches an existing model by binding its kernels' `forward` onto each module
+    # instance (`monkey_patch.py` `_bind_method_to_module`), so count those, not classes.
     liger = {}
     for m in model.modules():
-        name = type(m).__name__
+        bound = m.__dict__.get("forward")
+        name = getattr(getattr(bound, "__func__", None), "__qualname__", "")
         if name.startswith("Liger"):
             liger[name] = liger.get(name, 0) + 1
     forward = getattr(getattr(base, "forward", None), "__func__", None)
