@@ -455,7 +455,13 @@ def make_backend(rec):
         def pfn(joint, joint_inputs, **kw):
             entry["num_fwd_outputs"] = kw.get("num_fwd_outputs")
             entry["joint_nodes"] = len(joint.graph.nodes)
-            fw, bw = cfx.partition_fn(joint, joint_inputs, **kw)
+            # Inductor's compile_fx sets the fake mode before its joint-graph passes; the
+            # random-op pass (LoRA dropout) reads it.
+            from torch._guards import detect_fake_mode
+            from torch._inductor.virtualized import V
+
+            with V.set_fake_mode(detect_fake_mode(joint_inputs)):
+                fw, bw = cfx.partition_fn(joint, joint_inputs, **kw)
             entry["fw"] = fw
             entry["bw"] = bw
             return fw, bw
@@ -604,7 +610,7 @@ def run_case(args, cfg, notes):
                         from peft import LoraConfig, get_peft_model
 
                         targets = [t for t in LORA_TARGETS if any(n.endswith(t) for n, _ in model.named_modules())]
-                        lcfg = LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=0.0,
+                        lcfg = LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r, lora_dropout=args.lora_dropout,
                                           target_modules=targets, bias="none")
                         peft_model = get_peft_model(model, lcfg, autocast_adapter_dtype=True)
                         # trace the wrapped module itself (PeftModel.forward only forwards to it),
@@ -626,7 +632,9 @@ def run_case(args, cfg, notes):
     BT = B * T
     result = {"model": os.path.basename(args.config).removesuffix(".json"), "case": args.case,
               "precision": precision, "method": method, "lora": method == "lora",
-              "lora_r": args.lora_r if method == "lora" else None, "B": B, "T": T, "layers": args.layers,
+              "lora_r": args.lora_r if method == "lora" else None,
+              "lora_dropout": args.lora_dropout if method == "lora" else None,
+              "B": B, "T": T, "layers": args.layers,
               "attn": args.attn, "mask": args.mask, "dims": dm, "base_dtype": dtype_name(base_dtype),
               "autocast_bf16": autocast}
     ac = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if autocast else contextlib.nullcontext
@@ -763,6 +771,7 @@ def main(argv=None):
                         "LoRA bf16 base + fp32 adapters")
     p.add_argument("--method", choices=["full", "lora"], default="full")
     p.add_argument("--lora-r", type=int, default=16)
+    p.add_argument("--lora-dropout", type=float, default=0.0)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")

@@ -345,6 +345,17 @@ pub struct ModelSpec {
     /// whose saved output is one more logits-sized tensor ([`crate::estimate`]'s loss).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub logit_softcapping: bool,
+    /// `attn_logit_softcapping` (Gemma 2): eager attention caps its scores with
+    /// `tanh(x / cap) · cap`, and `tanh` saves its output, one more 16-bit score tensor per
+    /// layer ([`crate::estimate::activations`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub attn_softcapping: bool,
+    /// RoPE builds q and k with `torch.cat` of the rotated and passed-through parts
+    /// (transformers 5.25 `phi3` `apply_rotary_pos_emb`), so q is laid out (batch, heads,
+    /// tokens, dim), SDPA's output comes back in that layout and `transpose(1, 2)
+    /// .contiguous()` copies it for o_proj: a trainable o_proj saves that copy.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rope_by_concat: bool,
     /// `q_norm` and `k_norm`: an RMSNorm over each head's `head_dim` on the q and k
     /// projections' outputs before RoPE (transformers 5.24 `Qwen3Attention.forward`), whose
     /// fp32 inputs and `rsqrt` are saved for backward ([`crate::estimate::activations`]).
@@ -356,9 +367,10 @@ pub struct ModelSpec {
     /// path for them (`GptOssPreTrainedModel._supports_sdpa = False`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub attention_sinks: bool,
-    /// The norm weights stay fp32 in a 16-bit model (`_keep_in_fp32_modules`, gpt-oss), so
-    /// `weight * normed` multiplies in fp32 and saves the fp32 `normed` when the weight
-    /// trains.
+    /// The norm weights multiply in fp32 in a 16-bit model, so `weight * normed` saves the
+    /// fp32 `normed` when the weight trains: gpt-oss keeps them fp32
+    /// (`_keep_in_fp32_modules`); Gemma's norms compute `normed * (1.0 + weight.float())`
+    /// (transformers `GemmaRMSNorm`, `Gemma2RMSNorm`, `Gemma3RMSNorm`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub fp32_norms: bool,
     /// The checkpoint stores its experts in MXFP4 (`quantization_config.quant_method:

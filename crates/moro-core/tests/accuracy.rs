@@ -238,32 +238,37 @@ fn h200_measurements_are_reproduced() {
 /// Settings measured on the H200 on 2026-12-04 (`validation/h200/settings.jsonl`, harness v4,
 /// liger-kernel 0.8.5): Liger's kernels (`use_liger_kernel=True`) on Llama-3.1-8B LoRA with
 /// and without checkpointing and at micro-batch 2, on a tied Llama-3.2-1B full fine-tune and
-/// on Qwen2.5-7B LoRA, and DoRA. Without Liger's RMSNorm and SwiGLU kernels in the model the
-/// 8B LoRA without checkpointing was +10.4 % over (only the fused loss was modelled); the
-/// tied full fine-tune +7.1 % (two tied gradient copies where the fused loss leaves one).
+/// on Qwen2.5-7B LoRA, DoRA, and `torch.compile`. Without Liger's RMSNorm and SwiGLU kernels
+/// in the model the 8B LoRA without checkpointing was +10.4 % over (only the fused loss was
+/// modelled); the tied full fine-tune +7.1 % (two tied gradient copies where the fused loss
+/// leaves one). Compiled, by the traces alone (docs/torch-compile.md): 8B LoRA without
+/// checkpointing −1.8 % (eager 31.78 GiB, compiled 26.82), 1B full −1.6 % (compiled 0.49
+/// GiB above eager: the logits' gradient kept for the tied embedding's).
 #[test]
-fn h200_liger_and_dora_rows_are_reproduced() {
+fn h200_liger_dora_and_compile_rows_are_reproduced() {
     let (text, rows) = rows_by_id("h200/settings.jsonl");
     let r = validate(&text, &CatalogModels, false);
     print_summary("h200 settings", &r);
-    let mut liger_allocated = 0;
+    let (mut liger_allocated, mut compiled_allocated) = (0, 0);
     for row in &r.rows {
         let v = &rows[&row.id];
         let loss = v["loss_impl"].as_str().unwrap_or("");
-        let compiled = v["torch_compile"].as_bool() == Some(true);
-        let Some(e) = row.error else {
-            assert!(compiled, "{} not predicted", row.id);
-            continue;
-        };
+        let e = row
+            .error
+            .unwrap_or_else(|| panic!("{} not predicted", row.id));
         let level = v["level"].as_str().unwrap_or("");
         if level == "allocated" {
             assert!((-0.03..=0.03).contains(&e), "{} {e}", row.id);
             if loss.contains("use_liger_kernel") {
                 liger_allocated += 1;
             }
+            if v["torch_compile"].as_bool() == Some(true) {
+                compiled_allocated += 1;
+            }
         } else {
             assert!(e >= -0.06, "{} {e}", row.id);
         }
     }
     assert_eq!(liger_allocated, 5);
+    assert_eq!(compiled_allocated, 2);
 }

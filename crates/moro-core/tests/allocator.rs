@@ -185,6 +185,8 @@ fn gemma2_softcapping_keeps_one_more_logits_tensor() {
     let without = run(
         &ModelSpec {
             logit_softcapping: false,
+            attn_softcapping: false,
+            rope_by_concat: false,
             ..m.clone()
         },
         &j,

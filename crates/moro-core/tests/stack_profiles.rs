@@ -9,9 +9,15 @@ use moro_core::stack::{DefaultCheckpointing, KbitPrepare};
 fn formulas_never_name_a_stack() {
     let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
-    for dir in ["estimate", "search"] {
-        for e in std::fs::read_dir(src.join(dir)).expect("source folder") {
-            files.push(e.expect("entry").path());
+    let mut dirs = vec![src.join("estimate"), src.join("search")];
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(dir).expect("source folder") {
+            let path = e.expect("entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                files.push(path);
+            }
         }
     }
     let mut seen = 0;

@@ -371,6 +371,8 @@ pub(crate) fn build(p: Plan) -> Result<ModelSpec, ArchError> {
         load_dtype: p.load_dtype,
         encoder: None,
         logit_softcapping: false,
+        attn_softcapping: false,
+        rope_by_concat: false,
         qk_norm: false,
         attention_sinks: false,
         fp32_norms: false,

@@ -169,5 +169,9 @@ fn text_model(
         load_dtype: dtype,
     })?;
     spec.logit_softcapping = logit_softcapping;
+    // Gemma2Config defaults `attn_logit_softcapping` to 50.0; Gemma 3 has none.
+    spec.attn_softcapping =
+        v2 && (!c.has_key("attn_logit_softcapping") || c.has("attn_logit_softcapping"));
+    spec.fp32_norms = true;
     Ok(spec)
 }

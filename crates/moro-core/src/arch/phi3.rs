@@ -41,7 +41,7 @@ pub(crate) fn parse(c: &Cfg<'_>) -> Result<ModelSpec, ArchError> {
     // Phi3Config: sliding_window defaults to none.
     let window = common::sliding_window(c, None)?;
     let attention = common::uniform(c, layers, window)?;
-    common::build(Plan {
+    let mut spec = common::build(Plan {
         model_type: "phi3".to_owned(),
         hidden,
         intermediate,
@@ -64,5 +64,7 @@ pub(crate) fn parse(c: &Cfg<'_>) -> Result<ModelSpec, ArchError> {
         mla: None,
         final_norm: hidden,
         load_dtype: c.dtype_or(Dtype::Bf16)?,
-    })
+    })?;
+    spec.rope_by_concat = true;
+    Ok(spec)
 }

@@ -1,7 +1,7 @@
 //! Logits and loss buffers (memory-anatomy §3).
 
 use crate::job::{Job, LossImpl, Method};
-use crate::model::ModelSpec;
+use crate::model::{AttentionKind, ModelSpec};
 use crate::stack::LossCode;
 
 use super::Regime;
@@ -28,6 +28,15 @@ pub struct Loss {
     /// or one chunk's): the caching allocator's reserve keeps a block of this size
     /// ([`super::allocated_and_reserve`]).
     pub largest_block: u64,
+    /// Zero gradients autograd materializes, at the start of a compiled backward, for the
+    /// graph's outputs the loss does not reach: the key/value cache ([`compiled_tangents`]).
+    /// Each layer's are freed as its backward runs.
+    pub output_tangents: u64,
+    /// The logits' gradient a compiled backward keeps to its end when lm_head's weight is a
+    /// tied embedding: Inductor adds lm_head's weight gradient to the lookup's in one
+    /// `addmm(embedding_grad, grad_logitsᵀ, x)` after the last layer (torch 2.15, the
+    /// traced backward of a tied Llama).
+    pub held_for_tied_grad: u64,
 }
 
 impl Loss {
@@ -45,6 +54,33 @@ impl Loss {
             backward_transient: 0,
             after_backward: 0,
             largest_block: logits * 4,
+            output_tangents: 0,
+            held_for_tied_grad: 0,
+        }
+    }
+
+    /// transformers' `ForCausalLMLoss` inside a graph `torch.compile` partitions and Inductor
+    /// generates (torch 2.15; traced on CPU with Inductor's own code generation,
+    /// docs/torch-compile.md "Loss head"): the `.float()` upcast, `log_softmax` and the
+    /// one-hot `nll_loss_backward` (Inductor's `optimize_scatter_upon_const_tensor`) fuse into
+    /// reductions and one pointwise kernel, so no fp32 logits exist. The forward keeps the
+    /// 16-bit logits, the graph's output and saved for backward. The backward adds the zero
+    /// gradient autograd materializes for that output (`CompiledFunction` is an
+    /// `autograd.Function` with `materialize_grads`) and the 16-bit logits gradient: three
+    /// logits-sized tensors. A Gemma 2 final softcap leaves the pre-cap `mm` output as a
+    /// forward transient.
+    fn compiled(model: &ModelSpec, job: &Job, r: &Regime, tv: u64) -> Self {
+        let logits = tv * if r.autocast { 2 } else { r.compute_bytes };
+        let tied = job.method == Method::Full && model.tie_word_embeddings;
+        Self {
+            forward_peak: logits,
+            forward_transient: if model.logit_softcapping { logits } else { 0 },
+            backward_peak: 3 * logits,
+            backward_transient: 0,
+            after_backward: 0,
+            largest_block: logits,
+            output_tangents: compiled_tangents(model, job, r),
+            held_for_tied_grad: if tied { logits } else { 0 },
         }
     }
 
@@ -69,6 +105,9 @@ impl Loss {
             0
         };
         let torchtune = job.stack.profile().loss_code == LossCode::Torchtune;
+        if job.compile {
+            return Self::compiled(model, job, r, tv);
+        }
         match r.loss {
             // transformers `ForCausalLMLoss`: `logits.float()` then `F.cross_entropy`
             // (log_softmax saves its fp32 output). Forward: bf16 logits (2) + fp32 copy (4)
@@ -87,6 +126,7 @@ impl Loss {
                 backward_transient: 0,
                 after_backward: 4 * tv,
                 largest_block: 4 * tv,
+                ..Self::default()
             },
             // No upcast and no autocast: logits (2) + shifted copy (2) + log-probs (2) in
             // forward; log-probs + nll grad + log_softmax grad (2 + 2 + 2) in backward. Under
@@ -100,6 +140,7 @@ impl Loss {
                     backward_transient: 0,
                     after_backward: e * tv,
                     largest_block: e * tv,
+                    ..Self::default()
                 }
             }
             LossImpl::Standard | LossImpl::StandardLegacy | LossImpl::StandardNoUpcast => {
@@ -119,6 +160,7 @@ impl Loss {
                     backward_transient: 0,
                     after_backward: 2 * tv,
                     largest_block: 4 * tv,
+                    ..Self::default()
                 }
             }
             // TRL ≥ 1.7 `chunked_nll`: no logits tensor; the shifted and gathered hidden
@@ -136,6 +178,7 @@ impl Loss {
                     backward_transient: chunk + w + t * h * s,
                     after_backward: t * h * s,
                     largest_block: block.max(v * h * 4),
+                    ..Self::default()
                 }
             }
             // litgpt: the chunked lm_head returns a list of bf16 logit chunks kept alive by
@@ -154,6 +197,7 @@ impl Loss {
                     backward_transient: 10 * chunk,
                     after_backward: 2 * tv,
                     largest_block: 4 * chunk,
+                    ..Self::default()
                 }
             }
             // litgpt: `lm_head_chunk_size=128` returns a list of bf16 chunks, which Fabric's
@@ -172,6 +216,7 @@ impl Loss {
                     backward_transient: 10 * chunk,
                     after_backward: 4 * tv,
                     largest_block: 4 * chunk,
+                    ..Self::default()
                 }
             }
             // Liger fused linear cross-entropy: gradients computed in forward; grad_input
@@ -193,8 +238,36 @@ impl Loss {
                     backward_transient: 0,
                     after_backward: t * h * 2,
                     largest_block: chunk / 2,
+                    ..Self::default()
                 }
             }
         }
     }
+}
+
+/// The key/value cache's zero gradients in a compiled step without checkpointing: a
+/// transformers model keeps `use_cache` from its config while training unless checkpointing
+/// turns it off, so each layer's keys and values are outputs of the compiled graph, and the
+/// backward receives a materialized zero gradient for each (traced: `aten.zeros` of every
+/// layer's key and value shape when the compiled backward starts). A sliding-window layer's
+/// cache keeps the window's last tokens (`DynamicSlidingWindowLayer`).
+#[must_use]
+pub fn compiled_tangents(model: &ModelSpec, job: &Job, r: &Regime) -> u64 {
+    if !job.compile || job.gradient_checkpointing {
+        return 0;
+    }
+    let e = if r.autocast { 2 } else { r.compute_bytes };
+    let kv = model.kv_width();
+    model
+        .layers
+        .iter()
+        .map(|g| {
+            let tokens = match g.attention {
+                AttentionKind::Full => job.seq_len,
+                AttentionKind::Sliding { window } => job.seq_len.min(window),
+            };
+            g.count * 2 * kv * tokens * e
+        })
+        .sum::<u64>()
+        * job.micro_batch_size
 }

@@ -584,6 +584,7 @@ fn training_phases(
                 // A quantized lm_head is dequantized again for its backward.
                 cublas
                     + head.backward_transient
+                    + head.output_tangents
                     + if regime.quantize_lm_head { dequant } else { 0 }
                     + comm_bwd
                     + unit_at_loss,
@@ -611,6 +612,7 @@ fn training_phases(
                 Component::Transients,
                 cublas
                     + acts.layer_backward_transient
+                    + head.output_tangents
                     + dequant.max(dora_recompute)
                     + comm_bwd
                     + par.unit_grad_assembly
@@ -640,6 +642,7 @@ fn training_phases(
     };
     let tied_add = if job.method == Method::Full && model.tie_word_embeddings {
         tied_copies * model.embedding_params() * regime::grad_bytes(job, regime) / par.tp.max(1)
+            + head.held_for_tied_grad
     } else {
         0
     };

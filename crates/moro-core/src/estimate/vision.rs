@@ -218,6 +218,8 @@ fn tower_model(v: &VisionSpec) -> ModelSpec {
         load_dtype: crate::model::Dtype::Bf16,
         encoder: None,
         logit_softcapping: false,
+        attn_softcapping: false,
+        rope_by_concat: false,
         qk_norm: false,
         attention_sinks: false,
         fp32_norms: false,

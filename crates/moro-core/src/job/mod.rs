@@ -534,6 +534,21 @@ pub enum LossImpl {
     Fused,
 }
 
+impl LossImpl {
+    /// The name moro.yaml's `training.loss` gives it.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Standard => "standard",
+            Self::StandardLegacy => "standard-legacy",
+            Self::StandardNoUpcast => "standard-no-upcast",
+            Self::ChunkedNll => "chunked-nll",
+            Self::Chunked => "chunked",
+            Self::Fused => "fused",
+        }
+    }
+}
+
 /// Whether every sample fills `seq_len` or batches are padded to their longest sample.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -406,6 +406,96 @@ impl Job {
         self.validate_kernels(model)
     }
 
+    /// `torch.compile` against what was traced (docs/torch-compile.md): transformers' dense
+    /// decoder layers with RMSNorm and a gated MLP, full fine-tuning or plain LoRA, SDPA or
+    /// FlashAttention (Gemma 2's soft-capped eager attention), transformers' own loss, one
+    /// GPU or plain data parallel.
+    fn validate_compile(&self, model: &ModelSpec) -> Result<(), JobError> {
+        let refuse = |field, what: String| {
+            Err(JobError {
+                field,
+                message: format!(
+                    "torch.compile is modelled from traces of transformers' dense decoder \
+                     layers; {what}"
+                ),
+            })
+        };
+        if !self.stack.profile().transformers_modules {
+            return refuse(
+                "compile",
+                format!(
+                    "the {} stack compiles its own modules, which were not traced: drop it",
+                    self.stack.as_str()
+                ),
+            );
+        }
+        let dense = model.moe.is_none() && model.mla.is_none() && !model.attention_sinks;
+        if model.encoder.is_some()
+            || model.vision.is_some()
+            || !dense
+            || !model.gated_mlp
+            || model.norm != crate::model::NormKind::RmsNorm
+        {
+            return refuse(
+                "compile",
+                format!(
+                    "`{}` (mixture of experts, vision, encoder, LayerNorm or ungated MLP \
+                     layers) was not traced under compile: drop it",
+                    model.model_type
+                ),
+            );
+        }
+        if self.attention == Attention::Eager && !model.logit_softcapping {
+            return refuse(
+                "attention",
+                "eager attention was traced only for Gemma 2's soft-capped scores: use sdpa"
+                    .to_owned(),
+            );
+        }
+        if self.quantization != Quantization::None {
+            return refuse(
+                "quantization",
+                "bitsandbytes' 4-bit and 8-bit matmuls under compile were not traced: \
+                 drop compile, or train LoRA on unquantized weights"
+                    .to_owned(),
+            );
+        }
+        if self.method.is_peft() && (self.peft != PeftKind::Lora || self.lora.dora) {
+            let field = if self.lora.dora { "dora" } else { "peft" };
+            return refuse(
+                field,
+                "only plain LoRA adapters were traced under compile: drop compile".to_owned(),
+            );
+        }
+        if self.liger.any() {
+            return refuse(
+                "liger",
+                "Liger's Triton kernels are opaque to the partitioner and were not traced \
+                 with it: choose one of liger and compile"
+                    .to_owned(),
+            );
+        }
+        if self.loss_impl() != LossImpl::Standard {
+            return refuse(
+                "loss",
+                format!(
+                    "the `{}` loss was not traced under compile; transformers' own loss \
+                     (`loss: standard`, transformers ≥ 4.49) was",
+                    self.loss_impl().as_str()
+                ),
+            );
+        }
+        let p = &self.parallel;
+        if p.sharding != Sharding::None || p.tensor_parallel > 1 || p.pipeline > 1 {
+            return refuse(
+                "compile",
+                "sharded, tensor- and pipeline-parallel steps were traced without it: drop it"
+                    .to_owned(),
+            );
+        }
+        Ok(())
+    }
+
     /// Liger's kernels and `torch.compile` against the stack, the model and the loss.
     fn validate_kernels(&self, model: &ModelSpec) -> Result<(), JobError> {
         let err = |field, message: String| Err(JobError { field, message });
@@ -417,15 +507,7 @@ impl Job {
             );
         }
         if self.compile {
-            // validation/h200/settings.jsonl: an 8B LoRA step without checkpointing kept
-            // 16 % less compiled than eager, a 1B full fine-tune without it 5 % more.
-            return err(
-                "compile",
-                "torch.compile is not modelled yet: AOTAutograd's partitioner decides what is \
-                 saved (on an H200 a compiled step kept from 16 % less to 5 % more than eager); \
-                 estimate without it and keep that headroom"
-                    .to_owned(),
-            );
+            self.validate_compile(model)?;
         }
         if !self.liger.any() {
             return Ok(());

@@ -456,9 +456,6 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         Padding::Padded
     };
 
-    if truthy(v, "torch_compile") == Some(true) {
-        return Err("torch.compile fuses ops and saves fewer activations; not modelled yet".into());
-    }
     if kind.contains("much shorter") || kind.contains("data dependent") {
         return Err(format!(
             "sequence length is data-dependent (`{kind}`); only an upper bound is known"

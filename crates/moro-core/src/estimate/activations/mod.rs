@@ -32,6 +32,8 @@ use crate::stack::AttentionModule;
 use super::Regime;
 use super::weights::{ADAPTER_PROMPT_LENGTH, ADAPTER_START_LAYER};
 
+mod compiled;
+
 /// Activation bytes for one GPU's micro-batch.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Activations {
@@ -514,7 +516,10 @@ impl Ctx<'_> {
         // Linear inputs, per group.
         let o = self.linear_out_bytes(s);
         let attn_b = self.attn_bytes(o);
-        bytes += self.linear_inputs(g, true);
+        // SDPA and FlashAttention save their output, which o_proj reads unless RoPE's
+        // layout makes it a copy; eager attention's `matmul(probs, v)` saves only its inputs.
+        let out_saved = litgpt || (job.attention != Attention::Eager && !m.rope_by_concat);
+        bytes += self.linear_inputs(g, out_saved);
         if m.qk_norm {
             bytes += self.qk_norm_bytes(o);
         }
@@ -568,10 +573,16 @@ impl Ctx<'_> {
             }
             Attention::Eager if m.attention_sinks => self.eager_sinks_core(attn_b),
             Attention::Eager => {
-                // q, repeat_kv-expanded k and v, fp32 softmax + bf16 probs.
-                attn_b * 3 * ad + a * (seq + prefix) * (4 + attn_b)
+                // q, repeat_kv-expanded k and v, fp32 softmax + bf16 probs; Gemma 2's
+                // soft cap adds `tanh`'s saved output.
+                let capped = if m.attn_softcapping { attn_b } else { 0 };
+                attn_b * 3 * ad + a * (seq + prefix) * (4 + attn_b + capped)
             }
         };
+
+        if !litgpt {
+            bytes += self.fused_qkv_view(g);
+        }
 
         if g.moe && m.expert_gate.is_some() {
             return bytes + self.fused_experts_bytes(o);
@@ -1013,8 +1024,11 @@ impl Activations {
             if held_by_loop {
                 retained += g.count * ctx.quantized_inputs(g);
             }
+            // Under checkpointing transformers' layers break the compiled graph and run
+            // eagerly (docs/torch-compile.md, "Gradient checkpointing under compile").
             let layer = match &model.encoder {
                 Some(enc) => ctx.encoder_layer_bytes(g, enc),
+                None if job.compile && !job.gradient_checkpointing => ctx.compiled_layer_bytes(g),
                 None => ctx.layer_bytes(g),
             };
             one = one.max(layer);
@@ -1035,7 +1049,11 @@ impl Activations {
         } else {
             4 * h + if full { r.stream_bytes * h } else { 0 }
         };
-        let mut head = final_norm + if full { 2 * h } else { 0 };
+        let mut head = if job.compile {
+            ctx.compiled_head_bytes()
+        } else {
+            final_norm + if full { 2 * h } else { 0 }
+        };
         let mut head_fixed = 0u64;
         if adapter && job.peft == PeftKind::AdapterV2 {
             // v2: `ln_f` is trainable (RMSNorm saves the fp32 `x_normed` for its weight), and
