@@ -81,6 +81,8 @@ pub(crate) struct Plan<'a> {
     pub(crate) loss: LossImpl,
     /// Liger's kernels: the recipe's, or its fused loss alone ([`Plan::liger_kernels`]).
     pub(crate) liger: Liger,
+    /// `training.compile`: the Trainer's `torch_compile`.
+    pub(crate) compile: bool,
     pub(crate) dist: Dist,
     /// `parallel.reduce_bucket_size` (DeepSpeed); `None`: "auto".
     pub(crate) reduce_bucket: Option<u64>,
@@ -272,6 +274,7 @@ impl<'a> Plan<'a> {
             checkpointing: job.gradient_checkpointing,
             loss: job.loss_impl(),
             liger: job.liger,
+            compile: job.compile,
             dist,
             reduce_bucket: jp.reduce_bucket,
             nodes,

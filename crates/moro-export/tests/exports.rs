@@ -856,3 +856,34 @@ fn reduce_bucket_size_is_exported() {
         e.warnings
     );
 }
+
+/// `training.compile` becomes each trainer's `torch_compile`; Unsloth, which compiles its
+/// own kernels, says it is not exported.
+#[test]
+fn compile_is_exported_as_torch_compile() {
+    let text = "model:\n  base: meta-llama/Llama-3.1-8B\n  method: lora\ntraining:\n  compile: true\n  gradient_checkpointing: false\n";
+    let recipe = moro_recipe::parse(text).unwrap();
+    let m = model(&recipe.model.base);
+    let of = |f: Format| export(f, &recipe, Some(&m), &Options::default()).unwrap();
+    let hf: serde_json::Value =
+        serde_json::from_str(file_of(&of(Format::HfTrainer), "training_args.json")).unwrap();
+    assert_eq!(hf["torch_compile"], true, "{hf}");
+    for (f, file) in [
+        (Format::Axolotl, "axolotl.yaml"),
+        (Format::Llamafactory, "llamafactory.yaml"),
+    ] {
+        let v = yaml_json(file_of(&of(f), file));
+        assert_eq!(v["torch_compile"], true, "{f}: {v}");
+    }
+    assert!(file_of(&of(Format::Trl), "train_trl.py").contains("torch_compile=True"));
+    let unsloth = of(Format::Unsloth);
+    assert!(!file_of(&unsloth, "train_unsloth.py").contains("torch_compile"));
+    assert!(
+        unsloth
+            .warnings
+            .iter()
+            .any(|w| w.contains("training.compile")),
+        "{:?}",
+        unsloth.warnings
+    );
+}

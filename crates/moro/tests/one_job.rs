@@ -114,6 +114,11 @@ const SETTINGS: &[Setting] = &[
         key: "training.liger_kernels",
     },
     Setting {
+        name: "compile",
+        flag: "--compile",
+        key: "training.compile",
+    },
+    Setting {
         name: "gpus",
         flag: "--gpus",
         key: "parallel.gpus",
@@ -228,6 +233,9 @@ const CASES: &[Case] = &[
     // Liger's kernels: all of them, or some.
     case(LLAMA8, &["method=lora", "liger=true"]),
     case(LLAMA8, &["method=lora", "liger=true", "gc=false"]),
+    // torch.compile, with and without checkpointing.
+    case(LLAMA8, &["method=lora", "compile=true", "gc=false"]),
+    case(QWEN15, &["method=full", "compile=true"]),
     case(QWEN15, &["method=full", "kernels=rms_norm,swiglu"]),
     case(
         LLAMA3B,
@@ -319,7 +327,7 @@ fn flags(c: &Case) -> Vec<String> {
             continue;
         }
         let s = setting(name);
-        if name == "gc" || name == "liger" {
+        if name == "gc" || name == "liger" || name == "compile" {
             v.push(format!("{}={value}", s.flag));
         } else {
             v.push(s.flag.to_owned());

@@ -115,6 +115,10 @@ pub(crate) fn axolotl(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
         m.set("gradient_checkpointing_kwargs", k);
     }
     m.set("attn_implementation", p.hf_attention());
+    if p.compile {
+        // axolotl passes `torch_compile` to the Trainer's arguments.
+        m.set("torch_compile", true);
+    }
     if p.t.packing && p.t.attention == Attention::Eager {
         w.push("training.packing with eager attention: axolotl packs only with flash/sdpa-style kernels".to_owned());
     }

@@ -64,6 +64,10 @@ pub(super) fn hf_training_args(p: &Plan<'_>, m: &mut Map, warnings: &mut Vec<Str
             m.set("liger_kernel_config", liger_kernel_config(liger));
         }
     }
+    if p.compile {
+        // transformers `Trainer._wrap_model`: `torch.compile(model)` with the default backend.
+        m.set("torch_compile", true);
+    }
     if matches!(p.dist, Dist::Zero { .. }) {
         m.set("deepspeed", DS_CONFIG_NAME);
     }

@@ -41,6 +41,14 @@ pub(crate) fn unsloth(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
     sft.retain(|(k, _)| k != "gradient_checkpointing" && k != "gradient_checkpointing_kwargs");
     // Unsloth patches the same modules and the loss with its own kernels.
     sft.retain(|(k, _)| k != "use_liger_kernel" && k != "liger_kernel_config");
+    sft.retain(|(k, _)| k != "torch_compile");
+    if p.compile {
+        w.push(
+            "training.compile: Unsloth compiles its own kernels and patches the model; the \
+             Trainer's torch_compile is not exported"
+                .to_owned(),
+        );
+    }
     if p.liger.any() {
         w.push(format!(
             "training.liger_kernels = {}: Unsloth uses its own kernels instead of Liger's; not exported",
@@ -51,7 +59,7 @@ pub(crate) fn unsloth(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
         LossImpl::Standard | LossImpl::StandardLegacy | LossImpl::StandardNoUpcast => {}
         _ => w.push(format!(
             "training.loss = {}: Unsloth uses its own fused cross-entropy",
-            loss_name(p.loss)
+            p.loss.as_str()
         )),
     }
     let launch = script_launch(p, main);
@@ -126,15 +134,4 @@ pub(crate) fn unsloth(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
         ("train_dataset", code("dataset")),
     ];
     Ok(sft_script_out(p, main, s, &trainer_kw, w, launch))
-}
-
-pub(super) const fn loss_name(l: LossImpl) -> &'static str {
-    match l {
-        LossImpl::Standard => "standard",
-        LossImpl::StandardLegacy => "standard-legacy",
-        LossImpl::StandardNoUpcast => "standard-no-upcast",
-        LossImpl::ChunkedNll => "chunked-nll",
-        LossImpl::Chunked => "chunked",
-        LossImpl::Fused => "fused",
-    }
 }
