@@ -6,7 +6,12 @@ use moro_core::bound::{self, Point, RegimeScore, Table};
 use moro_core::validation::{CatalogModels, points, validate};
 
 /// The measured sets: published runs, the H200 calibration runs, the fake-CUDA traces.
-const SETS: [&str; 3] = ["measured.jsonl", "h200/measured.jsonl", "oracle.jsonl"];
+const SETS: [&str; 4] = [
+    "measured.jsonl",
+    "h200/measured.jsonl",
+    "h200/settings.jsonl",
+    "oracle.jsonl",
+];
 
 fn all_points() -> Vec<Point> {
     SETS.iter()
