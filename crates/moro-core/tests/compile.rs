@@ -71,6 +71,8 @@ fn per_layer_per_token(m: &ModelSpec, job: &Job) -> f64 {
     acts.one_layer as f64 / (job.micro_batch_size * job.seq_len) as f64
 }
 
+/// Every layer, compiled and eager, within 0.5 % of its trace (the largest gap is 64 B per
+/// token; the flash kernel's 8-byte philox state is not modelled).
 #[test]
 fn compiled_layers_save_what_the_partitioner_saves() {
     let rows = rows("layer");
@@ -88,7 +90,7 @@ fn compiled_layers_save_what_the_partitioner_saves() {
             let ours = per_layer_per_token(&m, &job);
             let traced = row[side]["per_layer_per_token"].as_f64().unwrap();
             let err = (ours - traced) / traced;
-            if err.abs() > 0.03 {
+            if err.abs() > 0.005 {
                 wrong.push(format!(
                     "{what} {side}: {ours:.0} B/token per layer vs traced {traced:.0} ({:+.1} %)",
                     100.0 * err

@@ -1069,11 +1069,16 @@ fn liger_is_estimated_and_its_contradictions_are_refused() {
     ] {
         let mut a = vec!["estimate", "--json"];
         a.extend_from_slice(args);
-        let o = run(&a);
-        assert_eq!(o.code, 2, "{args:?}: {}", o.stdout);
-        let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
-        assert_eq!(v["error"]["field"], field, "{args:?}: {v}");
+        assert_refused(&a, field);
     }
+}
+
+/// `args` exit 2 with a JSON error naming `field`.
+fn assert_refused(args: &[&str], field: &str) {
+    let o = run(args);
+    assert_eq!(o.code, 2, "{args:?}: {}", o.stdout);
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+    assert_eq!(v["error"]["field"], field, "{args:?}: {v}");
 }
 
 /// `--compile` models what Inductor's partitioner saves (docs/torch-compile.md) and refuses,
@@ -1119,9 +1124,6 @@ fn compile_is_estimated_and_what_was_not_traced_is_refused() {
             a.extend_from_slice(&["--model", "meta-llama/Llama-3.1-8B"]);
         }
         a.extend_from_slice(args);
-        let o = run(&a);
-        assert_eq!(o.code, 2, "{args:?}: {}", o.stdout);
-        let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
-        assert_eq!(v["error"]["field"], field, "{args:?}: {v}");
+        assert_refused(&a, field);
     }
 }
