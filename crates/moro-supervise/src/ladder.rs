@@ -3,7 +3,10 @@
 //! Pure: jobs in, a job out; predictions come from a closure the caller hands in.
 //!
 //! The five levels, in order of least harm to the result (issue 5 §2):
-//! 1. divide `micro_batch_size` by its smallest prime factor (halve it when even) and multiply
+//! 1. turn on Liger's kernels where the caller says the job takes them
+//!    ([`LadderContext::liger`]): the same step computed with less memory (no logits tensor,
+//!    fused norms and activations; docs/liger-kernels.md); then divide `micro_batch_size` by
+//!    its smallest prime factor (halve it when even) and multiply
 //!    `gradient_accumulation_steps` by the same factor, so the effective batch stays exactly
 //!    the same, down to a micro-batch of 1;
 //! 2. turn on gradient checkpointing;
@@ -33,7 +36,7 @@
 //!
 //! Inference jobs are not healed.
 
-use moro_core::job::{Job, Method, Optimizer, Quantization};
+use moro_core::job::{Job, Liger, Method, Optimizer, Quantization};
 use moro_core::units::human;
 
 /// Shortest `max_seq_length` level 5 will cut to.
@@ -55,6 +58,9 @@ pub struct LadderContext<'a> {
     /// Lengths at the dataset's lower percentiles (p95, p90), where known: the cuts level 5
     /// makes before it halves blindly.
     pub dataset_shorter: &'a [u64],
+    /// Whether the job takes Liger's kernels (its stack, model and loss do: the caller
+    /// validates the job with them on), so level 1 may turn them on.
+    pub liger: bool,
 }
 
 impl LadderContext<'_> {
@@ -79,6 +85,8 @@ pub enum Fit {
 /// A field the ladder changes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Field {
+    /// `liger`.
+    Liger,
     /// `micro_batch_size`.
     MicroBatch,
     /// `gradient_accumulation_steps`.
@@ -102,7 +110,7 @@ impl Field {
     #[must_use]
     pub const fn level(self) -> u8 {
         match self {
-            Self::MicroBatch | Self::GradAccum => 1,
+            Self::Liger | Self::MicroBatch | Self::GradAccum => 1,
             Self::GradientCheckpointing => 2,
             Self::Optimizer => 3,
             Self::Method | Self::Quantization => 4,
@@ -114,6 +122,7 @@ impl Field {
     #[must_use]
     pub const fn key(self) -> &'static str {
         match self {
+            Self::Liger => "liger",
             Self::MicroBatch => "micro_batch_size",
             Self::GradAccum => "gradient_accumulation_steps",
             Self::GradientCheckpointing => "gradient_checkpointing",
@@ -208,6 +217,7 @@ impl Heal {
         let mut quant_said = false;
         for c in &self.changes {
             match c.field {
+                Field::Liger => parts.push("Liger's kernels on".to_owned()),
                 Field::MicroBatch => parts.push(format!("micro_batch {}→{}", c.before, c.after)),
                 Field::GradAccum => {}
                 Field::GradientCheckpointing => parts.push("gradient checkpointing on".to_owned()),
@@ -273,7 +283,7 @@ pub fn next_heal(job: &Job, ctx: &LadderContext<'_>) -> Result<Heal, NoHeal> {
     let mut cur = job.clone();
     let mut first: Option<(Job, Option<u64>)> = None;
     let mut passed_over = 0;
-    while let Some(next) = single_step(&cur, ctx.dataset_p99, ctx.dataset_shorter) {
+    while let Some(next) = single_step(&cur, ctx.liger, ctx.dataset_p99, ctx.dataset_shorter) {
         cur = next;
         let pred = ctx.predict(&cur);
         if first.is_none() {
@@ -366,6 +376,7 @@ pub fn diff(a: &Job, b: &Job) -> Vec<Change> {
             });
         }
     };
+    push(Field::Liger, liger_value(a.liger), liger_value(b.liger));
     push(
         Field::MicroBatch,
         a.micro_batch_size.to_string(),
@@ -407,14 +418,36 @@ pub fn diff(a: &Job, b: &Job) -> Vec<Change> {
     out
 }
 
+/// `liger` as moro.yaml writes it: `true` for every kernel, else the kernels' names.
+fn liger_value(l: Liger) -> String {
+    if l == Liger::ALL {
+        "true".to_owned()
+    } else if l.any() {
+        l.names().join(",")
+    } else {
+        "false".to_owned()
+    }
+}
+
 fn on_off(b: bool) -> String {
     if b { "on" } else { "off" }.to_owned()
 }
 
-/// The least harmful single change to `job`, or `None` when every level is at its floor.
+/// The least harmful single change to `job`, or `None` when every level is at its floor;
+/// `liger`: whether the job takes Liger's kernels ([`LadderContext::liger`]).
 #[must_use]
-pub fn single_step(job: &Job, dataset_p99: Option<u64>, dataset_shorter: &[u64]) -> Option<Job> {
+pub fn single_step(
+    job: &Job,
+    liger: bool,
+    dataset_p99: Option<u64>,
+    dataset_shorter: &[u64],
+) -> Option<Job> {
     let mut j = job.clone();
+    // Level 1: Liger's kernels first; they change no hyper-parameter.
+    if liger && j.liger != Liger::ALL {
+        j.liger = Liger::ALL;
+        return Some(j);
+    }
     // Level 1 (not with the optimizer step in backward, which cannot accumulate).
     if j.micro_batch_size > 1 && !j.optimizer_in_backward {
         let p = smallest_prime_factor(j.micro_batch_size);
@@ -527,6 +560,7 @@ mod tests {
             margin: 0,
             dataset_p99: None,
             dataset_shorter: &[],
+            liger: false,
         }
     }
 
@@ -563,6 +597,30 @@ mod tests {
         assert_eq!(next_heal(&j, &c).err(), Some(NoHeal::Exhausted));
     }
 
+    /// Where the job takes Liger's kernels they are the first rung: the same micro-batch and
+    /// hyper-parameters, resumable; where it does not, the ladder starts at the micro-batch.
+    #[test]
+    fn liger_is_the_first_rung_where_the_job_takes_it() {
+        // Liger's kernels, in the toy: 1 GiB less (no logits tensor).
+        let est = |j: &Job| toy(j).map(|b| b - if j.liger.any() { 1024 * MIB } else { 0 });
+        let before = toy(&job()).unwrap();
+        let mut c = ctx(&est, Some(before - 512 * MIB));
+        c.liger = true;
+        let h = next_heal(&job(), &c).unwrap();
+        assert_eq!(h.fit, Fit::Predicted);
+        assert_eq!(h.level, 1);
+        assert_eq!(h.job.liger, Liger::ALL);
+        assert_eq!(h.job.micro_batch_size, 8);
+        assert_eq!(h.short(), "Liger's kernels on");
+        assert_eq!(h.description(), "liger false→true");
+        assert!(h.resume_compatible());
+
+        c.liger = false;
+        let h = next_heal(&job(), &c).unwrap();
+        assert_eq!(h.job.liger, Liger::default());
+        assert_eq!(h.short(), "micro_batch 8→4");
+    }
+
     /// With the optimizer step in backward, gradients cannot accumulate: the first step is
     /// checkpointing, the micro-batch is left alone.
     #[test]
@@ -573,7 +631,7 @@ mod tests {
             optimizer_in_backward: true,
             ..Job::default()
         };
-        let n = single_step(&j, None, &[]).expect("a step exists");
+        let n = single_step(&j, false, None, &[]).expect("a step exists");
         assert_eq!((n.micro_batch_size, n.grad_accum), (4, 1));
         assert!(n.gradient_checkpointing);
     }
@@ -589,7 +647,7 @@ mod tests {
                 };
                 let eff = mb * accum;
                 while j.micro_batch_size > 1 {
-                    let Some(n) = single_step(&j, None, &[]) else {
+                    let Some(n) = single_step(&j, false, None, &[]) else {
                         panic!("no step at mb {mb}")
                     };
                     assert!(n.micro_batch_size < j.micro_batch_size);
@@ -616,9 +674,9 @@ mod tests {
             grad_accum: 1,
             ..job()
         };
-        let a = single_step(&j, None, &[]).unwrap_or_else(|| panic!("step"));
+        let a = single_step(&j, false, None, &[]).unwrap_or_else(|| panic!("step"));
         assert_eq!((a.micro_batch_size, a.grad_accum), (3, 2));
-        let b = single_step(&a, None, &[]).unwrap_or_else(|| panic!("step"));
+        let b = single_step(&a, false, None, &[]).unwrap_or_else(|| panic!("step"));
         assert_eq!((b.micro_batch_size, b.grad_accum), (1, 6));
     }
 
@@ -690,6 +748,7 @@ mod tests {
             margin: 0,
             dataset_p99: Some(700),
             dataset_shorter: &[],
+            liger: false,
         };
         let h = next_heal(&j, &c).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(h.level, 5);
@@ -724,6 +783,7 @@ mod tests {
             margin: 0,
             dataset_p99: Some(1234),
             dataset_shorter: &shorter,
+            liger: false,
         };
         let h = next_heal(&j, &c).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(h.short(), "max_seq_length 1234→900, LoRA rank 16→8");

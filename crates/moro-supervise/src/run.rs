@@ -160,6 +160,9 @@ pub struct RunOptions {
     pub grace: Duration,
     /// Catch and forward SIGINT/SIGTERM/SIGHUP/SIGQUIT (the CLI sets this; see `process`).
     pub forward_signals: bool,
+    /// Whether the job takes Liger's kernels, so the ladder may turn them on
+    /// ([`crate::ladder::LadderContext::liger`]).
+    pub liger_heal: bool,
 }
 
 impl RunOptions {
@@ -188,6 +191,7 @@ impl RunOptions {
             env: Vec::new(),
             grace: Duration::from_secs(30),
             forward_signals: true,
+            liger_heal: false,
         }
     }
 }
@@ -555,6 +559,7 @@ pub fn run(opts: RunOptions, hooks: Hooks<'_>) -> Result<RunReport, Error> {
             margin,
             dataset_p99: opts.dataset_p99,
             dataset_shorter: &opts.dataset_shorter,
+            liger: opts.liger_heal,
         };
         let predicted = ctx_pred.predict(&job);
         let miss = prediction_miss(predicted, opts.budget, &oom);
@@ -616,6 +621,7 @@ pub fn run(opts: RunOptions, hooks: Hooks<'_>) -> Result<RunReport, Error> {
             margin,
             dataset_p99: opts.dataset_p99,
             dataset_shorter: &opts.dataset_shorter,
+            liger: opts.liger_heal,
         };
         let heal = match next_heal(&job, &ctx) {
             Ok(h) => h,

@@ -30,6 +30,12 @@ training:
   auto_heal: true
 ";
 
+/// [`RECIPE`] with its loss named: a job that cannot take Liger's kernels (they replace the
+/// loss), so the ladder starts at the micro-batch.
+fn recipe_without_liger() -> String {
+    format!("{RECIPE}  loss: standard\n")
+}
+
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake_trainer.py")
 }
@@ -122,7 +128,8 @@ fn yaml_value(text: &str, key: &str) -> Option<String> {
 
 #[test]
 fn heals_once_resumes_and_succeeds() {
-    let case = Case::new(RECIPE);
+    let recipe = recipe_without_liger();
+    let case = Case::new(&recipe);
     let out = case.run(
         &["--no-detect", "--output-dir", "out", "--resume-flag", "hf"],
         &[("FAKE_BUDGET_MIB", "6400")],
@@ -175,7 +182,7 @@ fn heals_once_resumes_and_succeeds() {
         yaml_value(&healed, "base").as_deref(),
         Some("Qwen/Qwen2.5-0.5B")
     );
-    case.assert_recipe_unchanged(RECIPE);
+    case.assert_recipe_unchanged(&recipe);
 
     // Two starts: the second on the healed recipe, resuming from the checkpoint.
     let starts = case.starts();
@@ -190,10 +197,55 @@ fn heals_once_resumes_and_succeeds() {
     assert!(argv.contains("--resume_from_checkpoint"), "{argv}");
 }
 
+/// Where the job takes Liger's kernels they are the first heal: the same micro-batch and
+/// hyper-parameters, written as `liger: true` into the healed recipe, resumed from the
+/// checkpoint. (Qwen2.5-0.5B, 2 × 1024 tokens: the real estimator predicts 10.72 GiB → 5.43
+/// GiB, most of it the logits of a 151,936-token vocabulary.)
+#[test]
+fn liger_is_the_first_heal_where_the_job_takes_it() {
+    let case = Case::new(RECIPE);
+    let out = case.run(
+        &["--no-detect", "--output-dir", "out", "--resume-flag", "hf"],
+        &[("FAKE_BUDGET_MIB", "6400")],
+    );
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("heal 1 of at most 5 (level 1): liger false→true"),
+        "{err}"
+    );
+    assert!(
+        err.contains("run succeeded after 1 heal (Liger's kernels on)"),
+        "{err}"
+    );
+    let healed = case.read("moro.healed.yaml");
+    assert_eq!(
+        yaml_value(&healed, "liger").as_deref(),
+        Some("true"),
+        "{healed}"
+    );
+    assert_eq!(
+        yaml_value(&healed, "micro_batch_size").as_deref(),
+        Some("2"),
+        "{healed}"
+    );
+    let starts = case.starts();
+    assert_eq!(starts.len(), 2);
+    assert_eq!(starts[1]["resumed_from_step"], 2);
+    let h = &case.journal()[0];
+    let (before, after) = (
+        h["predicted_before_bytes"].as_u64().unwrap(),
+        h["predicted_after_bytes"].as_u64().unwrap(),
+    );
+    assert!(after < before, "{h}");
+    case.assert_recipe_unchanged(RECIPE);
+}
+
 #[test]
 fn walks_down_the_ladder_to_the_optimizer() {
     // 6000 MiB: micro-batch 1 (6320) and checkpointing (6128) still OOM; paged 8-bit fits.
-    let case = Case::new(RECIPE);
+    let recipe = recipe_without_liger();
+    let case = Case::new(&recipe);
     let out = case.run(&["--no-detect"], &[("FAKE_BUDGET_MIB", "6000")]);
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(0), "{err}");
@@ -213,12 +265,13 @@ fn walks_down_the_ladder_to_the_optimizer() {
         Some("paged_adamw_8bit")
     );
     assert!(err.contains("run succeeded after 3 heals"), "{err}");
-    case.assert_recipe_unchanged(RECIPE);
+    case.assert_recipe_unchanged(&recipe);
 }
 
 #[test]
 fn to_axolotl_exports_the_config_and_heals_it() {
-    let case = Case::new(RECIPE);
+    let recipe = recipe_without_liger();
+    let case = Case::new(&recipe);
     let out = case
         .command(
             &["--no-detect", "--to", "axolotl", "--output-dir", "out"],
@@ -264,7 +317,7 @@ fn to_axolotl_exports_the_config_and_heals_it() {
         "{argv}"
     );
     assert_eq!(starts[1]["resumed_from_step"], 2);
-    case.assert_recipe_unchanged(RECIPE);
+    case.assert_recipe_unchanged(&recipe);
 }
 
 #[test]

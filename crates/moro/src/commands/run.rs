@@ -135,6 +135,7 @@ pub(crate) fn run(args: &RunArgs) -> Result<ExitCode> {
         .map(|d| [d.p95_tokens, d.p90_tokens].into_iter().flatten().collect())
         .unwrap_or_default();
     opts.max_heals = max_heals;
+    opts.liger_heal = takes_liger(&prepared.spec, &prepared.job);
     opts.correction =
         crate::profile::config_dir().map(|d| d.join(crate::profile::CORRECTIONS_FILE));
     opts.config = format.map(|f| opts.journal.with_file_name(f.default_file_name()));
@@ -310,6 +311,15 @@ fn budget_target(args: &RunArgs) -> Result<Option<Target>> {
         detected: true,
         spec: "detect".to_owned(),
     }))
+}
+
+/// Whether `job` takes Liger's kernels, all of them (its stack patches transformers' modules,
+/// liger-kernel patches the model, its loss is Liger's or unset): then the heal ladder may
+/// turn them on.
+fn takes_liger(spec: &ModelSpec, job: &Job) -> bool {
+    let mut with = job.clone();
+    with.liger = moro_core::job::Liger::ALL;
+    with.validate(spec).is_ok()
 }
 
 /// The upper bound on the device peak of `job` (`None` when the estimator cannot say): the
