@@ -90,6 +90,7 @@ fn quality_cmp(a: &Config, b: &Config) -> Ordering {
         .then(opt(a.optimizer).cmp(&opt(b.optimizer)))
         .then((a.attention == Attention::Flash).cmp(&(b.attention == Attention::Flash)))
         .then(deepspeed(&a.layout).cmp(&deepspeed(&b.layout)))
+        .then(b.liger.cmp(&a.liger))
 }
 
 /// The documented speed order.
@@ -115,6 +116,7 @@ fn speed_cmp(a: &Config, b: &Config) -> Ordering {
         .then(a.micro_batch.cmp(&b.micro_batch))
         .then(method(a.method).cmp(&method(b.method)))
         .then((a.attention == Attention::Flash).cmp(&(b.attention == Attention::Flash)))
+        .then(a.liger.cmp(&b.liger))
         .then(opt(a.optimizer).cmp(&opt(b.optimizer)))
         .then(all_linear(a).cmp(&all_linear(b)))
         .then(rank(a).cmp(&rank(b)))
@@ -189,6 +191,15 @@ fn brute_layouts(cluster: Option<Cluster>, stack: Stack) -> Vec<Layout> {
     out
 }
 
+/// Whether the search may turn Liger's kernels on: transformers' modules (the hf and trl
+/// stacks) and a model type liger-kernel 0.8.5 patches, of those these tests search
+/// (`liger_kernel/transformers/monkey_patch.py` `MODEL_TYPE_TO_APPLY_LIGER_FN`: llama,
+/// mistral, qwen2 and gemma2 are there, phi is not).
+fn liger_by_hand(model_type: &str, stack: Stack) -> bool {
+    matches!(stack, Stack::Hf | Stack::Trl)
+        && matches!(model_type, "llama" | "mistral" | "qwen2" | "gemma2")
+}
+
 /// The whole space of issue 3 §2 and issue 6 §3, enumerated by hand.
 fn brute_configs(
     dev: &Device,
@@ -196,6 +207,7 @@ fn brute_configs(
     seq_lens: &[u64],
     effective_batch: u64,
     layouts: &[Layout],
+    ligers: &[bool],
 ) -> Vec<Config> {
     let precisions: &[Precision] = if dev.supports_bf16 {
         &[Precision::Bf16Mixed, Precision::Bf16]
@@ -241,18 +253,21 @@ fn brute_configs(
                                     let mut b = 1;
                                     while b <= share {
                                         if share.is_multiple_of(b) {
-                                            out.push(Config {
-                                                method,
-                                                targets,
-                                                rank,
-                                                precision,
-                                                gradient_checkpointing,
-                                                optimizer,
-                                                attention,
-                                                seq_len,
-                                                micro_batch: b,
-                                                layout,
-                                            });
+                                            for &liger in ligers {
+                                                out.push(Config {
+                                                    method,
+                                                    targets,
+                                                    rank,
+                                                    precision,
+                                                    gradient_checkpointing,
+                                                    optimizer,
+                                                    attention,
+                                                    liger,
+                                                    seq_len,
+                                                    micro_batch: b,
+                                                    layout,
+                                                });
+                                            }
                                         }
                                         b *= 2;
                                     }
@@ -329,7 +344,12 @@ fn check_brute_force(model_id: &str, hw: &str, request: &Request) {
     .filter(|m| dev.vendor != moro_core::hardware::Vendor::Apple || *m != Method::Qlora)
     .collect();
     let layouts = brute_layouts(request.cluster, request.stack);
-    let all = brute_configs(&dev, &methods, &seq_lens, eb, &layouts);
+    let ligers: &[bool] = if liger_by_hand(&spec.model_type, request.stack) {
+        &[false, true]
+    } else {
+        &[false]
+    };
+    let all = brute_configs(&dev, &methods, &seq_lens, eb, &layouts, ligers);
     assert_eq!(
         all.len(),
         moro_core::search::all_configs(&space).len(),

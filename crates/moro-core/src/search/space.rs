@@ -5,8 +5,8 @@ use serde::Serialize;
 
 use crate::estimate::DeviceProfile;
 use crate::job::{
-    Attention, Job, MAX_BATCH, Method, Optimizer, Padding, Parallel, Precision, Quantization,
-    Stack, Targets,
+    Attention, Job, Liger, MAX_BATCH, Method, Optimizer, Padding, Parallel, Precision,
+    Quantization, Stack, Targets,
 };
 use crate::model::ModelSpec;
 
@@ -167,6 +167,8 @@ pub struct Space {
     pub optimizers: Vec<Optimizer>,
     /// Attention implementations.
     pub attentions: Vec<Attention>,
+    /// Liger's kernels, off and (where the stack and model take them) on.
+    pub ligers: Vec<bool>,
     /// Stack (fixed).
     pub stack: Stack,
     /// The request's fixed layout (its tensor and pipeline degrees; the data-parallel degree,
@@ -297,6 +299,18 @@ impl Space {
             vec![Attention::Sdpa]
         };
         let names = ATTENTION_TARGETS.iter().map(|s| (*s).to_owned()).collect();
+        // Liger's kernels where the job takes them: transformers' modules, a model
+        // liger-kernel patches (`Job::validate`).
+        let liger_probe = Job {
+            stack: request.stack,
+            liger: Liger::ALL,
+            ..Job::default()
+        };
+        let ligers = if liger_probe.validate(model).is_ok() {
+            vec![false, true]
+        } else {
+            vec![false]
+        };
         Ok(Self {
             methods,
             seq_lens,
@@ -308,6 +322,7 @@ impl Space {
             checkpointing: vec![false, true],
             optimizers,
             attentions,
+            ligers,
             stack: request.stack,
             parallel: if request.cluster.is_some() {
                 Parallel::single()
@@ -389,18 +404,21 @@ impl Space {
                     for &gradient_checkpointing in &self.checkpointing {
                         for &optimizer in &self.optimizers {
                             for &attention in &self.attentions {
-                                out.push(Config {
-                                    method,
-                                    targets,
-                                    rank,
-                                    precision,
-                                    gradient_checkpointing,
-                                    optimizer,
-                                    attention,
-                                    seq_len,
-                                    micro_batch: 1,
-                                    layout,
-                                });
+                                for &liger in &self.ligers {
+                                    out.push(Config {
+                                        method,
+                                        targets,
+                                        rank,
+                                        precision,
+                                        gradient_checkpointing,
+                                        optimizer,
+                                        attention,
+                                        liger,
+                                        seq_len,
+                                        micro_batch: 1,
+                                        layout,
+                                    });
+                                }
                             }
                         }
                     }
@@ -439,6 +457,11 @@ impl Space {
                 reduce_bucket: self.parallel.reduce_bucket,
             },
             images: self.images,
+            liger: if c.liger {
+                Liger::ALL
+            } else {
+                Liger::default()
+            },
             ..Job::default()
         };
         if c.method.is_peft() {
@@ -467,6 +490,8 @@ pub struct Config {
     pub optimizer: Optimizer,
     /// Attention.
     pub attention: Attention,
+    /// Liger's kernels (every one: the Trainer's `use_liger_kernel`).
+    pub liger: bool,
     /// Sequence length.
     pub seq_len: u64,
     /// Micro batch (per GPU).

@@ -497,11 +497,22 @@ fn header(
     )
 }
 
+/// The header line of a recipe the search gave Liger's kernels ("" otherwise).
+fn liger_line(cand: &Candidate) -> String {
+    if cand.job.liger.any() {
+        "liger: Liger's kernels compute the same step with less memory (no logits tensor); the \
+         trainer's environment needs the liger-kernel package\n"
+            .to_owned()
+    } else {
+        String::new()
+    }
+}
+
 /// The header lines of a multi-GPU recipe: the GPUs and strategy chosen, the rule, the host
 /// RAM offload needs, and how to export it.
 fn layout_lines(request: &Request, cand: &Candidate) -> String {
     let Some(cluster) = request.cluster else {
-        return String::new();
+        return liger_line(cand);
     };
     let gpus = cand.job.parallel.gpus();
     let nodes = cand.job.parallel.nodes;
@@ -520,6 +531,7 @@ fn layout_lines(request: &Request, cand: &Candidate) -> String {
         layout_of(&cand.job).strategy_text()
     );
     s.push_str(&host_text(cand));
+    s.push_str(&liger_line(cand));
     if gpus > 1 {
         s.push_str(
             "`moro recipe export --to deepspeed|accelerate|trl|...` writes the launcher configs \
@@ -556,6 +568,9 @@ pub(crate) fn describe(job: &Job) -> String {
             ""
         }
     ));
+    if job.liger.any() {
+        s.push_str(", Liger");
+    }
     if job.parallel.gpus() > 1 {
         s.push_str(&format!(
             ", {} GPUs {}",
