@@ -136,6 +136,16 @@ impl Liger {
     pub fn patches(model_type: &str) -> bool {
         PATCHED_MODEL_TYPES.contains(&model_type)
     }
+
+    /// Whether the Trainer's instance patch (`_apply_liger_kernel_to_instance`) swaps the
+    /// attention's `q_norm` and `k_norm` for `LigerRMSNorm` too: liger-kernel 0.8.5
+    /// `apply_liger_kernel_to_qwen3` / `_qwen3_moe` / `_gemma3_text` patch
+    /// `decoder_layer.self_attn.q_norm` and `k_norm`; Olmo 2/3 reach them only through the
+    /// class swap, which a model already built does not see (docs/liger-kernels.md).
+    #[must_use]
+    pub fn patches_qk_norm(model_type: &str) -> bool {
+        matches!(model_type, "qwen3" | "qwen3_moe" | "gemma3_text")
+    }
 }
 
 #[cfg(test)]

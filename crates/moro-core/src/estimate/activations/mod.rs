@@ -212,10 +212,16 @@ impl Ctx<'_> {
     /// `MulBackward0`), the `rsqrt` (one fp32 per head) by `RsqrtBackward0`; a trainable norm
     /// weight (full fine-tune) also saves `hidden_states.to(input_dtype)`. RoPE's multiplies
     /// save only cos and sin (traces: `validation/oracle-traces/qwen3-no-checkpointing.jsonl`).
+    /// Liger's RMSNorm, where the Trainer's patch reaches these norms
+    /// ([`crate::job::Liger::patches_qk_norm`]), saves the input and the `rstd` only.
     fn qk_norm_bytes(&self, o: u64) -> u64 {
         let tp = self.tp.max(1);
         let width = (self.m.q_width() + self.m.kv_width()) / tp;
         let heads = (self.m.num_heads + self.m.num_kv_heads) / tp;
+        if self.job.liger.rms_norm && crate::job::Liger::patches_qk_norm(&self.m.model_type) {
+            // `LigerRMSNorm` saves its input and one fp32 `rstd` per row, one row per head.
+            return o * width + 4 * heads;
+        }
         let weight_grad = if self.job.method == Method::Full {
             o * width
         } else {

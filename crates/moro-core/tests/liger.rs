@@ -1,5 +1,7 @@
-//! Liger's fused linear cross-entropy and the plain `nn.Linear` + `CrossEntropyLoss` head
-//! against liger-kernel's own published memory benchmark (`validation/liger-flce-benchmark.csv`:
+//! Liger's kernels against independent figures.
+//!
+//! Its fused linear cross-entropy and the plain `nn.Linear` + `CrossEntropyLoss` head against
+//! liger-kernel's own published memory benchmark (`validation/liger-flce-benchmark.csv`:
 //! liger-kernel 0.4.2 on an A100, `max_memory_allocated` over forward and backward of an
 //! H 4,096 → V 128,256 bf16 head, BT = 4,096 … 32,768 tokens).
 //!
@@ -84,4 +86,34 @@ fn the_published_head_benchmark_is_reproduced() {
         rows += 1;
     }
     assert_eq!(rows, 8);
+}
+
+/// Qwen3's q and k norms are `LigerRMSNorm` after the Trainer's patch (liger-kernel 0.8.5
+/// `apply_liger_kernel_to_qwen3` patches `self_attn.q_norm` and `k_norm` on the instance).
+/// By hand, Qwen3-8B LoRA under bf16 autocast, per token and layer, Liger's RMSNorm against
+/// transformers': the two layer norms keep their bf16 input (2h) and an fp32 rstd instead of
+/// the fp32 upcast (4h), 2·(2·4096 − 4); the q/k norms keep the bf16 projections (2 B) instead
+/// of their fp32 upcast (4 B) over 32·128 + 8·128 = 5,120 values: 2·5120. 26,616 B in all.
+#[test]
+fn liger_rms_norm_reaches_qwen3_q_and_k_norms() {
+    use moro_core::estimate::activations::Activations;
+    use moro_core::job::Liger;
+    let m = catalog::load(catalog::find("Qwen/Qwen3-8B").expect("in catalog")).expect("parses");
+    let per_layer = |liger: Liger| {
+        let job = Job {
+            method: Method::Lora,
+            precision: Precision::Bf16Mixed,
+            gradient_checkpointing: false,
+            micro_batch_size: 1,
+            seq_len: 1024,
+            liger,
+            ..Job::default()
+        };
+        Activations::new(&m, &job, &Regime::resolve(&m, &job), 1).one_layer / 1024
+    };
+    let rms_only = Liger {
+        rms_norm: true,
+        ..Liger::default()
+    };
+    assert_eq!(per_layer(Liger::default()) - per_layer(rms_only), 26_616);
 }
