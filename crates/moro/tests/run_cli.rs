@@ -241,6 +241,23 @@ fn liger_is_the_first_heal_where_the_job_takes_it() {
     case.assert_recipe_unchanged(RECIPE);
 }
 
+/// An Unsloth export drops Liger for Unsloth's own kernels, so the ladder does not offer it.
+#[test]
+fn no_liger_heal_for_an_unsloth_export() {
+    let case = Case::new(RECIPE);
+    let out = case.run(
+        &["--no-detect", "--to", "unsloth"],
+        &[("FAKE_BUDGET_MIB", "6400")],
+    );
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("heal 1 of at most 5 (level 1): micro_batch_size 2→1"),
+        "{err}"
+    );
+    assert!(!err.contains("liger"), "{err}");
+}
+
 #[test]
 fn walks_down_the_ladder_to_the_optimizer() {
     // 6000 MiB: micro-batch 1 (6320) and checkpointing (6128) still OOM; paged 8-bit fits.

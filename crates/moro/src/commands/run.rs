@@ -135,7 +135,8 @@ pub(crate) fn run(args: &RunArgs) -> Result<ExitCode> {
         .map(|d| [d.p95_tokens, d.p90_tokens].into_iter().flatten().collect())
         .unwrap_or_default();
     opts.max_heals = max_heals;
-    opts.liger_heal = takes_liger(&prepared.spec, &prepared.job);
+    // Unsloth's export drops Liger for its own kernels: turning it on would heal nothing.
+    opts.liger_heal = format != Some(Format::Unsloth) && takes_liger(&prepared.spec, &prepared.job);
     opts.correction =
         crate::profile::config_dir().map(|d| d.join(crate::profile::CORRECTIONS_FILE));
     opts.config = format.map(|f| opts.journal.with_file_name(f.default_file_name()));
