@@ -1004,14 +1004,7 @@ fn liger_is_estimated_and_its_contradictions_are_refused() {
         "--gradient-checkpointing=false",
         "--json",
     ];
-    let plain = json(&base);
-    let mut with = base.to_vec();
-    with.push("--liger");
-    let liger = json(&with);
-    let (p, l) = (
-        plain["peak_allocated_bytes"].as_u64().unwrap(),
-        liger["peak_allocated_bytes"].as_u64().unwrap(),
-    );
+    let (p, l, liger) = peaks_without_and_with(&base, "--liger");
     // Per layer and token, RMSNorm (2 × 2h saved less, frozen weights) and SwiGLU (2I less):
     // (4·4096 + 2·14336) B × 2048 tokens × 32 layers ≈ 2.75 GiB; and the fp32 logits.
     let per_layers = (4 * 4096 + 2 * 14336) * 2048 * 32;
@@ -1073,6 +1066,19 @@ fn liger_is_estimated_and_its_contradictions_are_refused() {
     }
 }
 
+/// The allocated peaks of `base` without and with `flag`, and the estimate with it.
+fn peaks_without_and_with(base: &[&str], flag: &str) -> (u64, u64, serde_json::Value) {
+    let without = json(base);
+    let mut args = base.to_vec();
+    args.push(flag);
+    let with = json(&args);
+    (
+        without["peak_allocated_bytes"].as_u64().unwrap(),
+        with["peak_allocated_bytes"].as_u64().unwrap(),
+        with,
+    )
+}
+
 /// `args` exit 2 with a JSON error naming `field`.
 fn assert_refused(args: &[&str], field: &str) {
     let o = run(args);
@@ -1098,14 +1104,7 @@ fn compile_is_estimated_and_what_was_not_traced_is_refused() {
         "--gradient-checkpointing=false",
         "--json",
     ];
-    let eager = json(&base);
-    let mut with = base.to_vec();
-    with.push("--compile");
-    let compiled = json(&with);
-    let (e, c) = (
-        eager["peak_allocated_bytes"].as_u64().unwrap(),
-        compiled["peak_allocated_bytes"].as_u64().unwrap(),
-    );
+    let (e, c, compiled) = peaks_without_and_with(&base, "--compile");
     // The traced per-layer difference alone, 69,632 B/token × 2048 tokens × 32 layers
     // (4.25 GiB); the H200 measured 4.96 GiB less compiled.
     assert!(e - c > 69_632 * 2048 * 32, "{e} → {c}");
