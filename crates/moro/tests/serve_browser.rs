@@ -399,5 +399,34 @@ fn the_page_shows_the_engines_numbers() {
     assert!(verdict.contains("lora_rank"), "{verdict}");
 
     browser.type_into("#lora_rank", "16");
+
+    // Liger's kernels turned on in the form: the CLI's `--liger` numbers.
+    browser.click("#liger option[value='true']");
+    browser.showing(&["liger=true"]);
+    let shown = browser.shown();
+    let job = json!({"model": "Qwen/Qwen2.5-7B", "method": "qlora", "seq_len": 8192,
+                     "hardware": "a100-sxm4-80gb", "lora_rank": 16, "liger": true});
+    let (with_liger, _, _) = expected(&server, &job);
+    assert_eq!(shown["levels"], json!(with_liger), "{shown}");
+    assert_ne!(with_liger, levels, "Liger changes the estimate");
+    let cli = moro(dir.path())
+        .args([
+            "estimate",
+            "--model",
+            "Qwen/Qwen2.5-7B",
+            "--method",
+            "qlora",
+            "--seq-len",
+            "8192",
+            "--hardware",
+            "a100-sxm4-80gb",
+            "--liger",
+            "--json",
+        ])
+        .assert()
+        .get_output()
+        .stdout
+        .clone();
+    assert_eq!(gib(&json_of(&cli)["peak_device_bytes"]), with_liger[2]);
     browser.screenshot(390, 1500, "serve-phone.png");
 }

@@ -4,7 +4,9 @@
 
 const $ = (id) => document.getElementById(id);
 const FIELDS = ["model", "method", "seq_len", "hardware", "micro_batch_size", "grad_accum",
-  "optimizer", "gradient_checkpointing", "attention", "precision", "lora_rank", "stack", "dataset"];
+  "optimizer", "gradient_checkpointing", "attention", "precision", "lora_rank", "stack", "liger",
+  "compile", "dataset"];
+const SWITCHES = new Set(["gradient_checkpointing", "liger", "compile"]);
 const NUMBERS = new Set(["seq_len", "micro_batch_size", "grad_accum", "lora_rank"]);
 const SIZE = /^\s*\d+(\.\d+)?\s*[bBmM]\s*$/;
 const GIB = 1024 ** 3;
@@ -19,7 +21,7 @@ function values() {
     const raw = $(f).value.trim();
     if (raw === "") continue;
     if (NUMBERS.has(f)) v[f] = Number(raw);
-    else if (f === "gradient_checkpointing") v[f] = raw === "true";
+    else if (SWITCHES.has(f)) v[f] = raw === "true";
     else v[f] = raw;
   }
   return v;
