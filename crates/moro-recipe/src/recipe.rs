@@ -313,8 +313,8 @@ pub struct TrainingSection {
     /// `liger` is true.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub liger_kernels: Option<Vec<String>>,
-    /// `torch.compile` the model (the HF Trainer's `torch_compile: true`, torchtune's
-    /// `compile: True`). Default: false.
+    /// `torch.compile` the model, as the HF Trainer's `torch_compile: true` does (traced for
+    /// Llama, Mistral, Qwen2/3, Phi-3 and Gemma 2 layers). Default: false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub compile: bool,
     /// Images per sample (vision-language models). Default: 1 on a vision-language model,

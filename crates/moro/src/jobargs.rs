@@ -169,7 +169,8 @@ pub(crate) struct JobArgs {
     /// fused_linear_cross_entropy (axolotl's `liger_*` keys).
     #[arg(long, value_parser = parse_liger_kernels, conflicts_with = "liger", help_heading = "Training")]
     pub(crate) liger_kernels: Option<Liger>,
-    /// torch.compile the model (the HF Trainer's `torch_compile`, torchtune's `compile`).
+    /// torch.compile the model, as the HF Trainer's `torch_compile` does (traced for Llama,
+    /// Mistral, Qwen2/3, Phi-3 and Gemma 2 layers: docs/torch-compile.md).
     #[arg(long, num_args = 0..=1, default_missing_value = "true", help_heading = "Training")]
     pub(crate) compile: Option<bool>,
     /// GPUs in all (data × tensor parallel) [default: the count --hardware names, else 1].
