@@ -195,8 +195,10 @@ fn brute_layouts(cluster: Option<Cluster>, stack: Stack) -> Vec<Layout> {
 /// stacks) and a model type liger-kernel 0.8.5 patches, of those these tests search
 /// (`liger_kernel/transformers/monkey_patch.py` `MODEL_TYPE_TO_APPLY_LIGER_FN`: llama,
 /// mistral, qwen2 and gemma2 are there, phi is not).
-fn liger_by_hand(model_type: &str, stack: Stack) -> bool {
-    matches!(stack, Stack::Hf | Stack::Trl)
+fn liger_by_hand(model_type: &str, stack: Stack, dev: &Device) -> bool {
+    // Triton, which Liger's kernels are, does not run on Apple GPUs.
+    dev.vendor != moro_core::hardware::Vendor::Apple
+        && matches!(stack, Stack::Hf | Stack::Trl)
         && matches!(model_type, "llama" | "mistral" | "qwen2" | "gemma2")
 }
 
@@ -344,7 +346,7 @@ fn check_brute_force(model_id: &str, hw: &str, request: &Request) {
     .filter(|m| dev.vendor != moro_core::hardware::Vendor::Apple || *m != Method::Qlora)
     .collect();
     let layouts = brute_layouts(request.cluster, request.stack);
-    let ligers: &[bool] = if liger_by_hand(&spec.model_type, request.stack) {
+    let ligers: &[bool] = if liger_by_hand(&spec.model_type, request.stack, &dev) {
         &[false, true]
     } else {
         &[false]

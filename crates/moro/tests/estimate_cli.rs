@@ -1059,6 +1059,16 @@ fn liger_is_estimated_and_its_contradictions_are_refused() {
             ][..],
             "liger_kernels",
         ),
+        (
+            &[
+                "--model",
+                "meta-llama/Llama-3.2-3B",
+                "--liger",
+                "--hardware",
+                "apple-m4-16gb",
+            ][..],
+            "liger",
+        ),
     ] {
         let mut a = vec!["estimate", "--json"];
         a.extend_from_slice(args);

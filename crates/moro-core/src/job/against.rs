@@ -12,7 +12,7 @@ use crate::model::ModelSpec;
 /// A setting the hardware cannot run: FlashAttention 2 below compute capability 8.0
 /// (flash-attn 2.x `csrc/flash_attn/flash_api.cpp`: "FlashAttention only supports Ampere GPUs
 /// or newer.") or on an Apple GPU; bitsandbytes quantization on an Apple GPU (bitsandbytes
-/// has no Metal backend).
+/// has no Metal backend); Liger's Triton kernels on an Apple GPU.
 pub fn check(
     job: &Job,
     model: &ModelSpec,
@@ -96,6 +96,16 @@ pub fn check(
             message: format!(
                 "bitsandbytes and GPTQ kernels need CUDA or ROCm; {} is an Apple GPU (MLX \
                  quantizes its own way)",
+                d.name
+            ),
+        });
+    }
+    if d.vendor == Vendor::Apple && job.liger.any() {
+        return Err(JobError {
+            field: "liger",
+            message: format!(
+                "Liger's kernels are Triton kernels, which run on CUDA and ROCm; {} is an Apple \
+                 GPU: drop liger",
                 d.name
             ),
         });

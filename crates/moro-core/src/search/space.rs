@@ -114,6 +114,9 @@ pub struct Caps {
     /// bitsandbytes runs here (CUDA and ROCm builds; not Apple's MPS): 4-bit bases and
     /// 8-bit optimizer states are offered only then.
     pub bitsandbytes: bool,
+    /// Triton kernels run here (CUDA and ROCm; not Apple's MPS): Liger's kernels are offered
+    /// only then.
+    pub triton: bool,
 }
 
 impl Caps {
@@ -127,6 +130,7 @@ impl Caps {
             profile: DeviceProfile::for_compute_capability(device.compute_capability),
             host_bytes: None,
             bitsandbytes: device.vendor != crate::hardware::Vendor::Apple,
+            triton: device.vendor != crate::hardware::Vendor::Apple,
         }
     }
 }
@@ -299,14 +303,14 @@ impl Space {
             vec![Attention::Sdpa]
         };
         let names = ATTENTION_TARGETS.iter().map(|s| (*s).to_owned()).collect();
-        // Liger's kernels where the job takes them: transformers' modules, a model
-        // liger-kernel patches (`Job::validate`).
+        // Liger's kernels where the job takes them (transformers' modules, a model
+        // liger-kernel patches: `Job::validate`) and Triton runs.
         let liger_probe = Job {
             stack: request.stack,
             liger: Liger::ALL,
             ..Job::default()
         };
-        let ligers = if liger_probe.validate(model).is_ok() {
+        let ligers = if caps.triton && liger_probe.validate(model).is_ok() {
             vec![false, true]
         } else {
             vec![false]

@@ -252,6 +252,9 @@ pub(crate) fn caps_of(target: &Target) -> Option<Caps> {
         bitsandbytes: devices
             .iter()
             .all(|d| d.vendor != moro_core::hardware::Vendor::Apple),
+        triton: devices
+            .iter()
+            .all(|d| d.vendor != moro_core::hardware::Vendor::Apple),
     })
 }
 

@@ -91,6 +91,8 @@ struct Prepared {
     spec: ModelSpec,
     device: DeviceProfile,
     budget: Option<u64>,
+    /// The job takes Liger's kernels on this hardware ([`takes_liger`]).
+    liger_heal: bool,
 }
 
 pub(crate) fn run(args: &RunArgs) -> Result<ExitCode> {
@@ -136,7 +138,7 @@ pub(crate) fn run(args: &RunArgs) -> Result<ExitCode> {
         .unwrap_or_default();
     opts.max_heals = max_heals;
     // Unsloth's export drops Liger for its own kernels: turning it on would heal nothing.
-    opts.liger_heal = format != Some(Format::Unsloth) && takes_liger(&prepared.spec, &prepared.job);
+    opts.liger_heal = format != Some(Format::Unsloth) && prepared.liger_heal;
     opts.correction =
         crate::profile::config_dir().map(|d| d.join(crate::profile::CORRECTIONS_FILE));
     opts.config = format.map(|f| opts.journal.with_file_name(f.default_file_name()));
@@ -286,12 +288,18 @@ fn prepare(args: &RunArgs) -> Result<Prepared> {
         }
     }
     let budget = setup.target.as_ref().and_then(Target::memory_bytes);
+    let gpu = setup
+        .target
+        .as_ref()
+        .and_then(|t| t.hardware.devices.first());
+    let liger_heal = takes_liger(&setup.model.spec, &setup.job, gpu);
     Ok(Prepared {
         recipe: loaded.recipe,
         job: setup.job,
         spec: setup.model.spec,
         device,
         budget,
+        liger_heal,
     })
 }
 
@@ -314,13 +322,13 @@ fn budget_target(args: &RunArgs) -> Result<Option<Target>> {
     }))
 }
 
-/// Whether `job` takes Liger's kernels, all of them (its stack patches transformers' modules,
-/// liger-kernel patches the model, its loss is Liger's or unset): then the heal ladder may
-/// turn them on.
-fn takes_liger(spec: &ModelSpec, job: &Job) -> bool {
+/// Whether `job` takes Liger's kernels, all of them, on `gpu` (its stack patches
+/// transformers' modules, liger-kernel patches the model, its loss is Liger's or unset, and
+/// Triton runs on the GPU): then the heal ladder may turn them on.
+fn takes_liger(spec: &ModelSpec, job: &Job, gpu: Option<&moro_core::hardware::Device>) -> bool {
     let mut with = job.clone();
     with.liger = moro_core::job::Liger::ALL;
-    with.validate(spec).is_ok()
+    with.validate(spec).is_ok() && moro_core::job::against::check(&with, spec, gpu).is_ok()
 }
 
 /// The upper bound on the device peak of `job` (`None` when the estimator cannot say): the
