@@ -269,6 +269,26 @@ fn gib(v: &Value) -> String {
     format!("{:.2}", v.as_u64().unwrap() as f64 / f64::from(1u32 << 30))
 }
 
+/// `moro estimate`'s device level, as the page prints it, for the page's Qwen2.5-7B QLoRA
+/// job at 8192 tokens on an A100 with `extra` flags.
+fn cli_device_gib(dir: &Path, extra: &[&str]) -> String {
+    let mut args = vec![
+        "estimate",
+        "--model",
+        "Qwen/Qwen2.5-7B",
+        "--method",
+        "qlora",
+        "--seq-len",
+        "8192",
+        "--hardware",
+        "a100-sxm4-80gb",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    let out = moro(dir).args(&args).assert().get_output().stdout.clone();
+    gib(&json_of(&out)["peak_device_bytes"])
+}
+
 /// The levels and bounds of the API's estimate, as the page prints them.
 fn expected(server: &Server, job: &Value) -> (Vec<String>, Vec<String>, Value) {
     let (status, _, body) = server.post("/api/estimate", &job.to_string());
@@ -367,24 +387,7 @@ fn the_page_shows_the_engines_numbers() {
     let (levels, upper, _) = expected(&server, &job);
     assert_eq!(shown["levels"], json!(levels), "{shown}");
     assert_eq!(shown["upper"], json!(upper), "{shown}");
-    let cli = moro(dir.path())
-        .args([
-            "estimate",
-            "--model",
-            "Qwen/Qwen2.5-7B",
-            "--method",
-            "qlora",
-            "--seq-len",
-            "8192",
-            "--hardware",
-            "a100-sxm4-80gb",
-            "--json",
-        ])
-        .assert()
-        .get_output()
-        .stdout
-        .clone();
-    assert_eq!(gib(&json_of(&cli)["peak_device_bytes"]), levels[2]);
+    assert_eq!(cli_device_gib(dir.path(), &[]), levels[2]);
 
     // The URL alone reproduces the page.
     let url = format!("{}/{}", server.url, shown["url"].as_str().unwrap());
@@ -409,24 +412,6 @@ fn the_page_shows_the_engines_numbers() {
     let (with_liger, _, _) = expected(&server, &job);
     assert_eq!(shown["levels"], json!(with_liger), "{shown}");
     assert_ne!(with_liger, levels, "Liger changes the estimate");
-    let cli = moro(dir.path())
-        .args([
-            "estimate",
-            "--model",
-            "Qwen/Qwen2.5-7B",
-            "--method",
-            "qlora",
-            "--seq-len",
-            "8192",
-            "--hardware",
-            "a100-sxm4-80gb",
-            "--liger",
-            "--json",
-        ])
-        .assert()
-        .get_output()
-        .stdout
-        .clone();
-    assert_eq!(gib(&json_of(&cli)["peak_device_bytes"]), with_liger[2]);
+    assert_eq!(cli_device_gib(dir.path(), &["--liger"]), with_liger[2]);
     browser.screenshot(390, 1500, "serve-phone.png");
 }
