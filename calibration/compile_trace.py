@@ -103,6 +103,12 @@ def versions() -> dict:
         v["peft"] = peft.__version__
     except Exception:  # pragma: no cover
         pass
+    try:
+        import torchtune
+
+        v["torchtune"] = torchtune.__version__
+    except Exception:  # pragma: no cover
+        pass
     return v
 
 
@@ -268,6 +274,102 @@ def build_stack(cfg, n_layers, mask_mode, ckpt):
     if ckpt:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return st
+
+
+def torchtune_kwargs(cfg, n_layers) -> dict:
+    """torchtune's llama3_2 builder arguments for an HF Llama config (torchtune 0.4
+    `models/llama3_2/_model_builders.py`: `llama3_2_3b` passes these same fields)."""
+    rs = getattr(cfg, "rope_scaling", None) or {}
+    return dict(vocab_size=cfg.vocab_size, num_layers=n_layers, num_heads=cfg.num_attention_heads,
+                num_kv_heads=cfg.num_key_value_heads, embed_dim=cfg.hidden_size,
+                max_seq_len=cfg.max_position_embeddings, intermediate_dim=cfg.intermediate_size,
+                rope_base=int(cfg.rope_theta if hasattr(cfg, "rope_theta") else
+                              (cfg.rope_parameters or {}).get("rope_theta", 500000)),
+                norm_eps=cfg.rms_norm_eps, scale_factor=int(rs.get("factor", 32)))
+
+
+def build_torchtune_stack(cfg, n_layers, ckpt, lora_r, lora_dropout, lora):
+    """torchtune's own decoder layers (`TransformerSelfAttentionLayer`), as its recipes
+    build them: `llama3_2` / `lora_llama3_2` with the 3B LoRA config's targets
+    (q_proj, v_proj, output_proj and the MLP), `set_trainable_params` on the adapters,
+    and with `--case ckpt` `training.set_activation_checkpointing` (torchtune 0.4)."""
+    import torch
+    from torchtune.models.llama3_2 import llama3_2, lora_llama3_2
+
+    from torchtune.models.llama3_1._position_embeddings import Llama3ScaledRoPE
+
+    def apply_scaling(self, freqs, scale_factor, low_freq_factor, high_freq_factor, old_context_len):
+        # torchtune's loop over `freqs` branches on values (no fake tensor can); the same
+        # formula with `torch.where`: equal shapes, equal dtype.
+        wavelen = 2 * math.pi / freqs
+        smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+        mid = (1 - smooth) * freqs / scale_factor + smooth * freqs
+        return torch.where(wavelen < old_context_len / high_freq_factor, freqs,
+                           torch.where(wavelen > old_context_len / low_freq_factor, freqs / scale_factor, mid))
+
+    Llama3ScaledRoPE.apply_scaling = apply_scaling
+    kw = torchtune_kwargs(cfg, n_layers)
+    if lora:
+        from torchtune.modules.peft import get_adapter_params, set_trainable_params
+
+        base = lora_llama3_2(lora_attn_modules=["q_proj", "v_proj", "output_proj"], apply_lora_to_mlp=True,
+                             apply_lora_to_output=False, lora_rank=lora_r, lora_alpha=2 * lora_r,
+                             lora_dropout=lora_dropout, **kw)
+        set_trainable_params(base, get_adapter_params(base))
+    else:
+        base = llama3_2(**kw)
+
+    class Stack(torch.nn.Module):
+        """What `TransformerDecoder.forward` does between the embedding and the final norm
+        (no mask: SDPA `is_causal`; a packed batch's flex-attention BlockMask saves the same
+        q, k, v, output and logsumexp)."""
+
+        def __init__(self):
+            super().__init__()
+            self.layers = base.layers
+
+        def forward(self, hidden_states, position_ids):
+            for layer in self.layers:
+                hidden_states = layer(hidden_states)
+            return hidden_states
+
+    st = Stack()
+    if ckpt:
+        from torchtune import modules, training
+
+        training.set_activation_checkpointing(st, auto_wrap_policy={modules.TransformerSelfAttentionLayer})
+    return st
+
+
+def build_torchtune_loss(cfg, chunks):
+    """torchtune's output projection over `chunks` chunks of the final hidden state
+    (`TransformerDecoder.chunked_output`) and `CEWithChunkedOutputLoss` with only
+    `compute_cross_entropy` compiled, as `training.compile_loss` does (torchtune 0.4).
+    The compiled call is made by the traced module itself: the chunking stays eager."""
+    import torch
+    from torchtune.modules.loss import CEWithChunkedOutputLoss
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.output = torch.nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+            self.loss = CEWithChunkedOutputLoss(num_output_chunks=chunks) if chunks else StandardLoss()
+
+        def forward(self, hidden_states, labels):
+            if not chunks:
+                # `TransformerDecoder.forward`: `self.output(h).float()`, eager
+                return self.loss.compute_cross_entropy(self.output(hidden_states).float().flatten(0, 1),
+                                                       labels.reshape(-1))
+            logits = [self.output(c) for c in hidden_states.chunk(chunks, dim=1)]
+            return self.loss(logits, labels)
+
+    class StandardLoss(torch.nn.Module):
+        """`loss: torch.nn.CrossEntropyLoss`, the whole module compiled by `compile_loss`."""
+
+        def compute_cross_entropy(self, logits, labels):
+            return torch.nn.functional.cross_entropy(logits, labels, ignore_index=-100)
+
+    return Head()
 
 
 def build_loss(cfg):
@@ -598,7 +700,12 @@ def run_case(args, cfg, notes):
             torch.set_default_dtype(base_dtype)
             try:
                 with torch.device("cuda"):
-                    if args.case == "loss":
+                    if args.builder == "torchtune" and args.case == "loss":
+                        model = build_torchtune_loss(cfg, args.chunks)
+                    elif args.builder == "torchtune":
+                        model = build_torchtune_stack(cfg, n_layers, args.case == "ckpt", args.lora_r,
+                                                      args.lora_dropout, method == "lora")
+                    elif args.case == "loss":
                         model = build_loss(cfg)
                     else:
                         model = build_stack(cfg, n_layers, args.mask, args.case == "ckpt")
@@ -606,7 +713,7 @@ def run_case(args, cfg, notes):
                         # LoRA leaves lm_head frozen (not a target): only hidden_states needs a grad
                         for p_ in model.parameters():
                             p_.requires_grad_(False)
-                    elif method == "lora":
+                    elif method == "lora" and args.builder == "hf":
                         from peft import LoraConfig, get_peft_model
 
                         targets = [t for t in LORA_TARGETS if any(n.endswith(t) for n, _ in model.named_modules())]
@@ -631,6 +738,7 @@ def run_case(args, cfg, notes):
 
     BT = B * T
     result = {"model": os.path.basename(args.config).removesuffix(".json"), "case": args.case,
+              "builder": args.builder, "chunks": args.chunks if args.case == "loss" else None,
               "precision": precision, "method": method, "lora": method == "lora",
               "lora_r": args.lora_r if method == "lora" else None,
               "lora_dropout": args.lora_dropout if method == "lora" else None,
@@ -660,7 +768,15 @@ def run_case(args, cfg, notes):
                 "break_reasons": [str(x.reason)[:400] for x in ex.break_reasons]}
             torch._dynamo.reset()
         rec = []
-        compiled = torch.compile(model, backend=make_backend(rec), fullgraph=not args.allow_breaks, dynamic=False)
+        if args.builder == "torchtune" and args.case == "loss":
+            # `training.compile_loss`: only the upcast + cross-entropy is compiled, once per
+            # chunk shape; the output projection and the chunking run eagerly.
+            model.loss.compute_cross_entropy = torch.compile(
+                model.loss.compute_cross_entropy, backend=make_backend(rec), fullgraph=True, dynamic=False)
+            compiled = model
+        else:
+            compiled = torch.compile(model, backend=make_backend(rec), fullgraph=not args.allow_breaks,
+                                     dynamic=False)
         SDPA_CALLS.clear()
         t0 = time.time()
         with fm, ac():
@@ -778,6 +894,13 @@ def main(argv=None):
     p.add_argument("--mask", choices=["none", "hf"], default="none",
                    help="none: no mask, SDPA is_causal (HF eager on GPU). hf: HF create_causal_mask inside the "
                         "traced region (what a whole-model torch.compile runs)")
+    p.add_argument("--builder", choices=["hf", "torchtune"], default="hf",
+                   help="hf: transformers' modules (+ PEFT LoRA). torchtune: torchtune's llama3_2 layers (+ its "
+                        "LoRA on q, v, output_proj and the MLP) and, for --case loss, its chunked output and "
+                        "CEWithChunkedOutputLoss with compute_cross_entropy compiled; needs torchtune importable")
+    p.add_argument("--chunks", type=int, default=8,
+                   help="torchtune loss: num_output_chunks; 0 for the standard loss (fp32 logits from the model, "
+                        "the CrossEntropyLoss module compiled)")
     p.add_argument("--explain", action="store_true", help="also run torch._dynamo.explain (graph breaks)")
     p.add_argument("--allow-breaks", action="store_true", help="compile without fullgraph=True")
     p.add_argument("--constant-folding", action="store_true",
@@ -795,6 +918,11 @@ def main(argv=None):
         args.layers = 1
 
     notes = setup(args.oracle_dir)
+    if args.builder == "torchtune":
+        # torchao builds lookup tables with real arithmetic at import: import outside the fake mode
+        import torchtune.models.llama3_2  # noqa: F401
+        import torchtune.modules.loss  # noqa: F401
+        import torchtune.training  # noqa: F401
     cfg = make_hf_config(args.config, args.attn, args.override)
     res = run_case(args, cfg, notes)
     BT = args.batch * args.seq
