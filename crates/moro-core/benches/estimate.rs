@@ -49,6 +49,7 @@ fn torchtune_nf4_load(bencher: divan::Bencher, id: &str) {
         stack: moro_core::job::Stack::Torchtune,
         versions: moro_core::job::Versions {
             torchao: Some((0, 1)),
+            torchtune: None,
             ..moro_core::job::Versions::default()
         },
         ..qlora(512)

@@ -99,6 +99,7 @@ impl Recipe {
             liger_kernels: (job.liger.any() && job.liger != Liger::ALL)
                 .then(|| job.liger.names().into_iter().map(str::to_owned).collect()),
             compile: job.compile,
+            activation_offload: job.activation_offload,
             images_per_sample: (job.images.per_sample > 0).then_some(job.images.per_sample),
             image_size: (job.images.per_sample > 0)
                 .then(|| format!("{}x{}", job.images.width, job.images.height)),
@@ -216,6 +217,7 @@ impl Recipe {
                 None => t.liger.then_some(Liger::ALL),
             },
             compile: t.compile.then_some(true),
+            activation_offload: t.activation_offload.then_some(true),
         })
     }
 
@@ -254,7 +256,8 @@ pub fn job_field_path(field: &str) -> String {
         | "optimizer_in_backward"
         | "liger"
         | "liger_kernels"
-        | "compile" => {
+        | "compile"
+        | "activation_offload" => {
             format!("training.{field}")
         }
         "lora_rank"

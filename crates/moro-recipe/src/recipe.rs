@@ -317,6 +317,10 @@ pub struct TrainingSection {
     /// Llama, Mistral, Qwen2/3, Phi-3 and Gemma 2 layers). Default: false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub compile: bool,
+    /// Offload the checkpointed activations to host memory (torchtune's
+    /// `enable_activation_offloading: True`; needs gradient checkpointing). Default: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub activation_offload: bool,
     /// Images per sample (vision-language models). Default: 1 on a vision-language model,
     /// else 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -375,6 +379,14 @@ pub struct LibraryVersions {
         schemars(regex(pattern = r"^[0-9]+\.[0-9]+(\.[0-9]+)?$"))
     )]
     pub torchao: Option<String>,
+    /// torchtune version (e.g. `"0.2"`; before 0.3 its recipes kept a shifted copy of the
+    /// fp32 logits through backward).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(regex(pattern = r"^[0-9]+\.[0-9]+(\.[0-9]+)?$"))
+    )]
+    pub torchtune: Option<String>,
 }
 
 impl LibraryVersions {
@@ -398,6 +410,7 @@ impl LibraryVersions {
             trl: two("training.versions.trl", &self.trl)?,
             torch: two("training.versions.torch", &self.torch)?,
             torchao: two("training.versions.torchao", &self.torchao)?,
+            torchtune: two("training.versions.torchtune", &self.torchtune)?,
         })
     }
 
@@ -410,6 +423,7 @@ impl LibraryVersions {
             trl: v.trl.map(|(a, b)| format!("{a}.{b}")),
             torch: v.torch.map(|(a, b)| format!("{a}.{b}")),
             torchao: v.torchao.map(|(a, b)| format!("{a}.{b}")),
+            torchtune: v.torchtune.map(|(a, b)| format!("{a}.{b}")),
         })
     }
 }
@@ -464,6 +478,7 @@ impl Default for TrainingSection {
             liger: false,
             liger_kernels: None,
             compile: false,
+            activation_offload: false,
             images_per_sample: None,
             image_size: None,
             vision: None,

@@ -173,6 +173,10 @@ pub(crate) struct JobArgs {
     /// Mistral, Qwen2/3, Phi-3 and Gemma 2 layers: docs/torch-compile.md).
     #[arg(long, num_args = 0..=1, default_missing_value = "true", help_heading = "Training")]
     pub(crate) compile: Option<bool>,
+    /// Offload the checkpointed activations to host memory, as torchtune's
+    /// `enable_activation_offloading` does (needs gradient checkpointing).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", help_heading = "Training")]
+    pub(crate) activation_offload: Option<bool>,
     /// GPUs in all (data × tensor parallel) [default: the count --hardware names, else 1].
     #[arg(long, value_parser = parse_count, help_heading = "Parallel")]
     pub(crate) gpus: Option<u64>,
@@ -250,6 +254,7 @@ impl JobArgs {
                 (None, None) => None,
             },
             compile: self.compile,
+            activation_offload: self.activation_offload,
         }
     }
 }

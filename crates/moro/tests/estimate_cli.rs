@@ -1123,7 +1123,11 @@ fn compile_is_estimated_and_what_was_not_traced_is_refused() {
     for (args, field) in [
         (&["--method", "qlora"][..], "quantization"),
         (&["--model", "Qwen/Qwen1.5-MoE-A2.7B-Chat"][..], "compile"),
-        (&["--stack", "torchtune"][..], "compile"),
+        (&["--stack", "litgpt"][..], "compile"),
+        (
+            &["--stack", "torchtune", "--model", "Qwen/Qwen2.5-7B"][..],
+            "compile",
+        ),
         (&["--liger"][..], "liger"),
         (&["--dora"][..], "dora"),
         (&["--attention", "eager"][..], "attention"),
@@ -1135,4 +1139,44 @@ fn compile_is_estimated_and_what_was_not_traced_is_refused() {
         a.extend_from_slice(args);
         assert_refused(&a, field);
     }
+}
+
+/// torchtune's activation offloading keeps two layer inputs on the GPU and moves the rest
+/// to pinned host memory: Llama-3.2-3B at 2 × 4,096 tokens, 28 layers of 2 · 3,072 B per
+/// token each, 26 of them offloaded (1.22 GiB) by hand. Without checkpointing, or on a
+/// stack whose offloading moro has not read, it is refused naming the field.
+#[test]
+fn activation_offload_moves_checkpoints_to_the_host() {
+    let base = [
+        "estimate",
+        "--model",
+        "meta-llama/Llama-3.2-3B",
+        "--stack",
+        "torchtune",
+        "--method",
+        "lora",
+        "--micro-batch-size",
+        "2",
+        "--seq-len",
+        "4096",
+        "--json",
+    ];
+    let checkpointed = [&base[..], &["--gradient-checkpointing"]].concat();
+    let (e, o, offloaded) = peaks_without_and_with(&checkpointed, "--activation-offload");
+    let by_hand = 26 * 2 * 3072 * 8192;
+    assert_eq!(
+        offloaded["host_bytes"].as_u64(),
+        Some(by_hand),
+        "{offloaded}"
+    );
+    assert!(e - o <= by_hand && e - o > by_hand / 2, "{e} → {o}");
+    let mut unchecked = base.to_vec();
+    unchecked.push("--activation-offload");
+    assert_refused(&unchecked, "activation_offload");
+    let hf: Vec<&str> = checkpointed
+        .iter()
+        .map(|a| if *a == "torchtune" { "hf" } else { *a })
+        .chain(["--activation-offload"])
+        .collect();
+    assert_refused(&hf, "activation_offload");
 }

@@ -119,6 +119,11 @@ const SETTINGS: &[Setting] = &[
         key: "training.compile",
     },
     Setting {
+        name: "act_offload",
+        flag: "--activation-offload",
+        key: "training.activation_offload",
+    },
+    Setting {
         name: "gpus",
         flag: "--gpus",
         key: "parallel.gpus",
@@ -236,6 +241,18 @@ const CASES: &[Case] = &[
     // torch.compile, with and without checkpointing.
     case(LLAMA8, &["method=lora", "compile=true", "gc=false"]),
     case(QWEN15, &["method=full", "compile=true"]),
+    // torchtune: its per-layer compile, its activation offloading.
+    case(LLAMA3B, &["stack=torchtune", "method=full", "compile=true"]),
+    case(
+        LLAMA3B,
+        &[
+            "stack=torchtune",
+            "method=lora",
+            "compile=true",
+            "gc=true",
+            "act_offload=true",
+        ],
+    ),
     case(QWEN15, &["method=full", "kernels=rms_norm,swiglu"]),
     case(
         LLAMA3B,

@@ -2,7 +2,7 @@
 
 use crate::job::{Job, LossImpl, Method};
 use crate::model::{AttentionKind, ModelSpec};
-use crate::stack::LossCode;
+use crate::stack::{CompileScope, LossCode};
 
 use super::Regime;
 
@@ -105,9 +105,10 @@ impl Loss {
             0
         };
         let torchtune = job.stack.profile().loss_code == LossCode::Torchtune;
-        if job.compile {
+        if job.compile && job.stack.profile().compile == CompileScope::Model {
             return Self::compiled(model, job, r, tv);
         }
+        let shifted_copy = job.versions.torchtune_shifted_logits_copy();
         match r.loss {
             // transformers `ForCausalLMLoss`: `logits.float()` then `F.cross_entropy`
             // (log_softmax saves its fp32 output). Forward: bf16 logits (2) + fp32 copy (4)
@@ -119,12 +120,42 @@ impl Loss {
             // the recipe keeps `logits = logits[..., :-1, :].contiguous().transpose(1, 2)`
             // alive through backward: shifted fp32 logits (4) + log-probs (4) in forward,
             // plus the nll and log_softmax gradients (4 + 4) in backward.
-            LossImpl::Standard if torchtune => Self {
+            //
+            // torchtune ≥ 0.3 shifts the labels, not the logits, and `del logits` after the
+            // loss: fp32 logits (4) + log-probs (4) in forward, the log-probs and the two
+            // gradients (4 + 4 + 4) in backward. With `compile_loss` (0.3) the compiled
+            // `CrossEntropyLoss` saves its fp32 input and one fp32 max and log-sum per row,
+            // and its backward makes the logits' fp32 gradient in one kernel: 4 after the
+            // forward (the model's bf16 output lives next to its fp32 cast for a moment), 8
+            // at the backward (traced, `compile-torchtune.jsonl` case `loss`, chunks 0). Only
+            // the LoRA recipes keep it: `full_finetune_single_device.py` (0.3–0.6) calls
+            // `training.compile_loss(self._loss_fn)` without taking the compiled module it
+            // returns, so a full fine-tune's standard loss runs eagerly (the chunked loss is
+            // compiled in place either way).
+            LossImpl::Standard if torchtune && shifted_copy => Self {
                 forward_peak: 8 * tv,
                 forward_transient: 0,
                 backward_peak: 16 * tv,
                 backward_transient: 0,
                 after_backward: 4 * tv,
+                largest_block: 4 * tv,
+                ..Self::default()
+            },
+            LossImpl::Standard if torchtune && job.compile && job.method.is_peft() => Self {
+                forward_peak: 4 * tv,
+                forward_transient: 2 * tv,
+                backward_peak: 8 * tv,
+                backward_transient: 0,
+                after_backward: 2 * tv,
+                largest_block: 4 * tv,
+                ..Self::default()
+            },
+            LossImpl::Standard if torchtune => Self {
+                forward_peak: 8 * tv,
+                forward_transient: 0,
+                backward_peak: 12 * tv,
+                backward_transient: 0,
+                after_backward: 2 * tv,
                 largest_block: 4 * tv,
                 ..Self::default()
             },
@@ -188,6 +219,22 @@ impl Loss {
             // torchtune `CEWithChunkedOutputLoss` (8 chunks): each bf16 chunk is upcast
             // (`logits.float()`) and its fp32 log-probs saved (4 B/logit); the recipe
             // `del logits` frees the bf16 list before backward.
+            // Compiled (`compile_loss` compiles `compute_cross_entropy` only): each chunk's
+            // graph saves its bf16 logits and one fp32 max and log-sum per row (traced,
+            // `compile-torchtune.jsonl` case `loss`); the upcast and the log-softmax never
+            // exist, and the backward makes each chunk's bf16 gradient in one kernel.
+            LossImpl::Chunked if torchtune && job.compile => {
+                let chunk = t.div_ceil(8) * v;
+                Self {
+                    forward_peak: 2 * tv,
+                    forward_transient: 0,
+                    backward_peak: 2 * tv,
+                    backward_transient: 2 * chunk,
+                    after_backward: 0,
+                    largest_block: 2 * chunk,
+                    ..Self::default()
+                }
+            }
             LossImpl::Chunked if torchtune => {
                 let chunk = t.div_ceil(8) * v;
                 Self {

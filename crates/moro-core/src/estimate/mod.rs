@@ -885,7 +885,7 @@ fn finish(
         peak_phase: Phase::Load,
         components: vec![],
         phases,
-        host_bytes: par.host_bytes,
+        host_bytes: par.host_bytes + activations::offloaded_checkpoints(model, job, regime),
         total_params: model.total_params(),
         trainable_params: regime.trainable_params,
         regime: regime.clone(),

@@ -725,6 +725,9 @@ pub struct Versions {
     /// torchao `(major, minor)` (torchtune's NF4 weights).
     #[serde(default)]
     pub torchao: Option<(u32, u32)>,
+    /// torchtune `(major, minor)`.
+    #[serde(default)]
+    pub torchtune: Option<(u32, u32)>,
 }
 
 impl Versions {
@@ -773,6 +776,16 @@ impl Versions {
     #[must_use]
     pub fn trainer_embedding_override(&self) -> bool {
         self.transformers.is_none_or(|v| v >= (4, 19))
+    }
+
+    /// torchtune's recipes before 0.3 kept a `.contiguous()` copy of the shifted fp32 logits
+    /// alive through backward (`logits = logits[..., :-1, :].contiguous()`,
+    /// `recipes/full_finetune_single_device.py` at v0.2.1); 0.3 shifts the labels instead
+    /// (`torch.hstack((labels[..., 1:], self.ignore_labels_cache[...]))`) and `del logits`
+    /// after the loss.
+    #[must_use]
+    pub fn torchtune_shifted_logits_copy(&self) -> bool {
+        self.torchtune.is_some_and(|v| v < (0, 3))
     }
 
     /// TRL 1.7 made `chunked_nll` the default SFT loss (commit b58947c).
@@ -849,6 +862,10 @@ pub struct Job {
     /// `compile: True`): AOTAutograd's partitioner decides what is saved.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub compile: bool,
+    /// Activation offloading to host memory under checkpointing (torchtune's
+    /// `enable_activation_offloading: True`, `training/_activation_offloading.py`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub activation_offload: bool,
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
@@ -898,6 +915,7 @@ impl Default for Job {
             vision: VisionTraining::Frozen,
             liger: Liger::default(),
             compile: false,
+            activation_offload: false,
         }
     }
 }

@@ -91,6 +91,8 @@ pub struct JobSettings {
     pub liger: Option<Liger>,
     /// `training.compile`: `torch.compile` of the model. Default: false.
     pub compile: Option<bool>,
+    /// `training.activation_offload`: checkpoints offloaded to host memory. Default: false.
+    pub activation_offload: Option<bool>,
 }
 
 /// Takes `a`, else `b`, field by field.
@@ -113,7 +115,7 @@ impl JobSettings {
             padding, optimizer, gradient_checkpointing, optimizer_in_backward, attention,
             precision, stack, loss, kv_dtype, gpus, tensor_parallel, pipeline_parallel,
             sharding, offload, nodes, reduce_bucket, versions, images_per_sample, image_size,
-            vision, liger, compile,
+            vision, liger, compile, activation_offload,
         )
     }
 
@@ -142,6 +144,7 @@ impl JobSettings {
                 ),
                 ("liger", self.liger.is_some_and(Liger::any)),
                 ("compile", self.compile == Some(true)),
+                ("activation_offload", self.activation_offload == Some(true)),
             ];
             if let Some((field, _)) = training.iter().find(|(_, given)| *given) {
                 return Err(JobError {
@@ -282,6 +285,7 @@ impl JobSettings {
             vision: self.vision.unwrap_or(base.vision),
             liger: self.liger.unwrap_or_default(),
             compile: self.compile.unwrap_or(false),
+            activation_offload: self.activation_offload.unwrap_or(false),
         })
     }
 
@@ -547,6 +551,7 @@ mod tests {
             vision: Some(job.vision),
             liger: Some(job.liger),
             compile: Some(job.compile),
+            activation_offload: Some(job.activation_offload),
         }
     }
 

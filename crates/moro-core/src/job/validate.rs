@@ -1,6 +1,7 @@
 //! A job's values checked against each other and the model, before anything is estimated.
 
 use super::*;
+use crate::stack::CompileScope;
 
 impl Job {
     /// The images and vision settings against the model: images need a vision tower, and
@@ -411,6 +412,10 @@ impl Job {
     /// FlashAttention (Gemma 2's soft-capped eager attention), transformers' own loss, one
     /// GPU or plain data parallel.
     fn validate_compile(&self, model: &ModelSpec) -> Result<(), JobError> {
+        let scope = self.stack.profile().compile;
+        if scope == CompileScope::Layers {
+            return self.validate_layer_compile(model);
+        }
         let refuse = |field, what: String| {
             Err(JobError {
                 field,
@@ -420,7 +425,7 @@ impl Job {
                 ),
             })
         };
-        if !self.stack.profile().transformers_modules {
+        if scope == CompileScope::Untraced {
             return refuse(
                 "compile",
                 format!(
@@ -499,6 +504,71 @@ impl Job {
         Ok(())
     }
 
+    /// torchtune's per-layer compile against what was traced
+    /// (`validation/oracle-traces/compile-torchtune.jsonl`): its Llama decoder layers
+    /// (`TransformerSelfAttentionLayer` as the llama2, llama3, 3.1 and 3.2 builders make
+    /// them), full or LoRA, its standard and chunked losses, one GPU.
+    fn validate_layer_compile(&self, model: &ModelSpec) -> Result<(), JobError> {
+        let refuse = |field, what: &str| {
+            Err(JobError {
+                field,
+                message: format!(
+                    "torch.compile is modelled for torchtune from traces of its Llama \
+                     decoder layers; {what}"
+                ),
+            })
+        };
+        let dense = model.moe.is_none() && model.mla.is_none() && model.vision.is_none();
+        if model.model_type != "llama" || !dense {
+            return refuse(
+                "compile",
+                &format!("`{}` layers were not traced: drop it", model.model_type),
+            );
+        }
+        if self.method.is_peft() && (self.peft != PeftKind::Lora || self.lora.dora) {
+            let field = if self.lora.dora { "dora" } else { "peft" };
+            return refuse(field, "only plain LoRA adapters were traced: drop compile");
+        }
+        if !matches!(self.loss_impl(), LossImpl::Standard | LossImpl::Chunked) {
+            return refuse(
+                "loss",
+                "its `standard` and `chunked` losses were traced: choose one of them",
+            );
+        }
+        let p = &self.parallel;
+        if p.sharding != Sharding::None || p.tensor_parallel > 1 || p.pipeline > 1 {
+            return refuse("compile", "sharded steps were traced without it: drop it");
+        }
+        Ok(())
+    }
+
+    /// Activation offloading against the stack and checkpointing.
+    fn validate_activation_offload(&self) -> Result<(), JobError> {
+        if !self.activation_offload {
+            return Ok(());
+        }
+        if !self.stack.profile().activation_offload {
+            return Err(JobError {
+                field: "activation_offload",
+                message: format!(
+                    "is modelled for torchtune's `enable_activation_offloading` (its \
+                     `OffloadActivations`); the {} stack has none that was read: drop it",
+                    self.stack.as_str()
+                ),
+            });
+        }
+        if !self.gradient_checkpointing {
+            return Err(JobError {
+                field: "activation_offload",
+                message: "offloads the checkpointed layer inputs and needs gradient \
+                          checkpointing (torchtune raises otherwise): turn \
+                          gradient_checkpointing on"
+                    .to_owned(),
+            });
+        }
+        Ok(())
+    }
+
     /// Liger's kernels and `torch.compile` against the stack, the model and the loss.
     fn validate_kernels(&self, model: &ModelSpec) -> Result<(), JobError> {
         let err = |field, message: String| Err(JobError { field, message });
@@ -509,6 +579,7 @@ impl Job {
                 "is a training setting; moro models inference without it: drop it".to_owned(),
             );
         }
+        self.validate_activation_offload()?;
         if self.compile {
             self.validate_compile(model)?;
         }

@@ -1,8 +1,8 @@
 //! transformers `Trainer` + PEFT + bitsandbytes (+ accelerate).
 
 use super::{
-    AdapterDtype, AttentionModule, DefaultCheckpointing, DefaultLoss, DefaultPrecision, FsdpWrap,
-    KbitPrepare, KvCacheLayout, LossCode, Nf4Kernel, StackProfile,
+    AdapterDtype, AttentionModule, CompileScope, DefaultCheckpointing, DefaultLoss,
+    DefaultPrecision, FsdpWrap, KbitPrepare, KvCacheLayout, LossCode, Nf4Kernel, StackProfile,
 };
 use crate::job::{Offload, Sharding};
 
@@ -47,6 +47,8 @@ pub(super) const PROFILE: StackProfile = StackProfile {
     kv_cache: KvCacheLayout::Transformers,
     tp_replicates_embeddings: false,
     fsdp: FsdpWrap::PerUnit,
+    compile: CompileScope::Model,
+    activation_offload: false,
     multi_gpu_layouts: MULTI_GPU,
     offload_layouts: OFFLOAD,
 };

@@ -2,8 +2,8 @@
 //! Fabric's precision plugins and FSDP wrapping.
 
 use super::{
-    AdapterDtype, AttentionModule, DefaultCheckpointing, DefaultLoss, DefaultPrecision, FsdpWrap,
-    KbitPrepare, KvCacheLayout, LossCode, Nf4Kernel, StackProfile,
+    AdapterDtype, AttentionModule, CompileScope, DefaultCheckpointing, DefaultLoss,
+    DefaultPrecision, FsdpWrap, KbitPrepare, KvCacheLayout, LossCode, Nf4Kernel, StackProfile,
 };
 use crate::job::{Offload, Sharding};
 
@@ -29,6 +29,8 @@ pub(super) const PROFILE: StackProfile = StackProfile {
     kv_cache: KvCacheLayout::Litgpt,
     tp_replicates_embeddings: true,
     fsdp: FsdpWrap::Lightning,
+    compile: CompileScope::Untraced,
+    activation_offload: false,
     multi_gpu_layouts: &[(Sharding::FsdpFullShard, Offload::None)],
     offload_layouts: &[],
 };

@@ -70,6 +70,10 @@ pub struct StackProfile {
     pub tp_replicates_embeddings: bool,
     /// How FSDP wraps the model.
     pub fsdp: FsdpWrap,
+    /// What `torch.compile` compiles.
+    pub compile: CompileScope,
+    /// Checkpointed activations can be offloaded to host memory.
+    pub activation_offload: bool,
     /// Layouts on several GPUs the recipe search offers (plain DDP is `Sharding::None`); a hybrid
     /// shard only where the GPUs span nodes.
     pub multi_gpu_layouts: &'static [(Sharding, Offload)],
@@ -174,6 +178,28 @@ pub enum AttentionModule {
     /// litgpt's `CausalSelfAttention`: one fused qkv Linear (`LoRAQKVLinear` under LoRA),
     /// causal only (no padding mask), and `Attention::Eager` as SDPA's math kernel.
     LitgptFusedQkv,
+    /// torchtune's `MultiHeadAttention`: separate q/k/v projections, and with grouped-query
+    /// attention k and v `expand`ed and reshaped to every head (copies the kernel saves)
+    /// before SDPA (torchtune 0.1–0.6 `modules/attention.py`; traced, torchtune 0.4:
+    /// `validation/oracle-traces/compile-torchtune.jsonl`).
+    TorchtuneExpandedKv,
+}
+
+/// What `torch.compile` compiles in a stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompileScope {
+    /// The whole model (the HF Trainer's `torch_compile`: `model.compile()`); under
+    /// gradient checkpointing transformers' layers break the graph and run eagerly
+    /// (docs/torch-compile.md).
+    Model,
+    /// Each decoder layer on its own, checkpointed or not, and the loss
+    /// (torchtune 0.4 `training/_compile.py`: `compile_model` compiles every
+    /// `TransformerSelfAttentionLayer`, `compile_loss` the loss, only
+    /// `compute_cross_entropy` of the chunked one); the embedding, final norm and output
+    /// projection stay eager.
+    Layers,
+    /// Not traced: refused.
+    Untraced,
 }
 
 /// Layout of the inference KV cache.

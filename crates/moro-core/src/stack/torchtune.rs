@@ -1,8 +1,8 @@
 //! torchtune: its recipes and model code, torchao's NF4 for QLoRA, FSDP full shard.
 
 use super::{
-    AdapterDtype, AttentionModule, DefaultCheckpointing, DefaultLoss, DefaultPrecision, FsdpWrap,
-    KbitPrepare, KvCacheLayout, LossCode, Nf4Kernel, StackProfile,
+    AdapterDtype, AttentionModule, CompileScope, DefaultCheckpointing, DefaultLoss,
+    DefaultPrecision, FsdpWrap, KbitPrepare, KvCacheLayout, LossCode, Nf4Kernel, StackProfile,
 };
 use crate::job::{Offload, Sharding};
 
@@ -18,7 +18,7 @@ pub(super) const PROFILE: StackProfile = StackProfile {
     autocast_keeps_fp32_module: false,
     unties_embeddings: false,
     nf4: Nf4Kernel::Torchao,
-    attention_module: AttentionModule::Transformers,
+    attention_module: AttentionModule::TorchtuneExpandedKv,
     transformers_modules: false,
     lm_head_chunk_tokens: None,
     loop_keeps_previous_loss: false,
@@ -28,6 +28,8 @@ pub(super) const PROFILE: StackProfile = StackProfile {
     kv_cache: KvCacheLayout::Transformers,
     tp_replicates_embeddings: false,
     fsdp: FsdpWrap::PerUnit,
+    compile: CompileScope::Layers,
+    activation_offload: true,
     multi_gpu_layouts: &[(Sharding::FsdpFullShard, Offload::None)],
     offload_layouts: &[(Sharding::FsdpFullShard, Offload::OptimizerAndParams)],
 };

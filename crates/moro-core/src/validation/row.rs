@@ -461,9 +461,7 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
             "sequence length is data-dependent (`{kind}`); only an upper bound is known"
         ));
     }
-    if truthy(v, "activation_offload") == Some(true) {
-        return Err("activation offloading to the CPU is not modelled yet".into());
-    }
+    let activation_offload = truthy(v, "activation_offload") == Some(true);
 
     // Parallelism.
     let gpus = num(v, "num_gpus").unwrap_or(1).max(1);
@@ -553,6 +551,12 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
                 (stack == Stack::Torchtune && version_of(&fw, "torchtune") == Some((0, 1)))
                     .then_some((0, 1))
             }),
+            // A row that names no release: torchtune 0.3.0 was released on 2024-09-18.
+            torchtune: version_of(&fw, "torchtune").or_else(|| {
+                let when = text(v, "measured_when");
+                (stack == Stack::Torchtune && !when.is_empty() && when.as_str() < "2024-09")
+                    .then_some((0, 2))
+            }),
         },
         peft,
         kv_dtype: if precision == Precision::Fp32 || fp32_kv {
@@ -566,6 +570,7 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         vision: crate::job::VisionTraining::Frozen,
         liger,
         compile: truthy(v, "torch_compile") == Some(true),
+        activation_offload,
     };
 
     let metric_text = text(v, "metric").to_ascii_lowercase();

@@ -69,6 +69,7 @@ fn every_field_maps() {
             trl: Some((0, 25)),
             torch: None,
             torchao: None,
+            torchtune: None,
         }
     );
     let extras = ok(FULL).extras();
@@ -117,6 +118,7 @@ fn jobs() -> Vec<Job> {
             trl: Some((0, 9)),
             torch: Some((1, 13)),
             torchao: Some((0, 1)),
+            torchtune: Some((0, 2)),
         },
         optimizer_in_backward: false,
         peft: PeftKind::Lora,
@@ -132,6 +134,7 @@ fn jobs() -> Vec<Job> {
             ..moro_core::job::Liger::default()
         },
         compile: true,
+        activation_offload: true,
     };
     v.push(all);
     v.push(Job {

@@ -109,6 +109,7 @@ impl Ctx<'_> {
             // A padding mask sends SDPA to the mem-efficient kernel, which takes k and v
             // expanded to every head (transformers `use_gqa_in_sdpa`); the mask is shared.
             Attention::Sdpa if job.padding.has_mask() => attn_b * 4 * ad + 4 * a,
+            Attention::Sdpa | Attention::Flash if self.expands_kv() => attn_b * 4 * ad + 4 * a,
             Attention::Sdpa | Attention::Flash => attn_b * (2 * ad + 2 * kd) + 4 * a,
         };
         bytes += self.fused_qkv_view(g);

@@ -27,7 +27,7 @@
 
 use crate::job::{Attention, Job, Method, Padding, PeftKind, Quantization};
 use crate::model::{EncoderSpec, ExpertGate, LayerGroup, Linear, LinearRole, ModelSpec, NormKind};
-use crate::stack::AttentionModule;
+use crate::stack::{AttentionModule, CompileScope};
 
 use super::Regime;
 use super::weights::{ADAPTER_PROMPT_LENGTH, ADAPTER_START_LAYER};
@@ -70,6 +70,24 @@ pub struct Activations {
     /// (`finetune/lora.py`: `loss = chunked_cross_entropy(...)`, `fabric.backward(loss / …)`)
     /// keeps that graph until the next step rebinds it after its forward and loss.
     pub previous_step_quantized_inputs: u64,
+}
+
+/// Layer checkpoints on the GPU at once under torchtune's `OffloadActivations` (torchtune
+/// 0.4 `training/_activation_offloading.py`, `use_streams=True`): the forward stash keeps
+/// the last `max_fwd_stash_size = 5` packed tensors, and a checkpointed layer packs two
+/// (`_NoopSaveInputs` saves an empty dummy and the layer input); the backward brings one
+/// layer's input back while the previous one waits for its event.
+const OFFLOAD_CHECKPOINTS_ON_GPU: u64 = 2;
+
+/// Bytes of layer checkpoints `job` offloads to pinned host memory
+/// ([`Job::activation_offload`]): every layer's input but those on the GPU at once.
+#[must_use]
+pub fn offloaded_checkpoints(model: &ModelSpec, job: &Job, r: &Regime) -> u64 {
+    if !(job.activation_offload && job.gradient_checkpointing) {
+        return 0;
+    }
+    let layers = model.num_layers.saturating_sub(OFFLOAD_CHECKPOINTS_ON_GPU);
+    layers * r.stream_bytes * model.hidden_size * job.micro_batch_size * job.seq_len
 }
 
 /// Bytes per element of an encoder's eager attention probabilities: autocast runs `softmax`
@@ -559,7 +577,7 @@ impl Ctx<'_> {
                 b
             }
             Attention::Flash | Attention::Sdpa => {
-                let kv = if padded && job.attention == Attention::Sdpa {
+                let kv = if (padded && job.attention == Attention::Sdpa) || self.expands_kv() {
                     ad
                 } else {
                     kd
@@ -869,6 +887,12 @@ impl Ctx<'_> {
         bytes
     }
 
+    /// The attention module copies k and v to every head before the kernel
+    /// ([`AttentionModule::TorchtuneExpandedKv`]).
+    pub(super) fn expands_kv(&self) -> bool {
+        self.job.stack.profile().attention_module == AttentionModule::TorchtuneExpandedKv
+    }
+
     /// Backward transient of one layer, per token.
     fn layer_backward(&self, g: &LayerGroup) -> u64 {
         let tp = self.tp.max(1);
@@ -1006,6 +1030,7 @@ impl Activations {
             && r.quantized_saves_input
             && job.padding != Padding::LongestFirst;
         let adapter = job.peft.is_adapter() && job.method.is_peft();
+        let scope = job.stack.profile().compile;
         let mut idx = 0u64;
         for g in &model.layers {
             if adapter {
@@ -1031,10 +1056,13 @@ impl Activations {
                 retained += g.count * ctx.quantized_inputs(g);
             }
             // Under checkpointing transformers' layers break the compiled graph and run
-            // eagerly (docs/torch-compile.md, "Gradient checkpointing under compile").
+            // eagerly (docs/torch-compile.md, "Gradient checkpointing under compile");
+            // torchtune's compiled layers are checkpointed whole and recomputed compiled.
+            let compiled_layers =
+                job.compile && (!job.gradient_checkpointing || scope == CompileScope::Layers);
             let layer = match &model.encoder {
                 Some(enc) => ctx.encoder_layer_bytes(g, enc),
-                None if job.compile && !job.gradient_checkpointing => ctx.compiled_layer_bytes(g),
+                None if compiled_layers => ctx.compiled_layer_bytes(g),
                 None => ctx.layer_bytes(g),
             };
             one = one.max(layer);
@@ -1046,6 +1074,10 @@ impl Activations {
                     layer
                 };
         }
+        // Offloading moves each checkpoint to host memory once the stream has copied it.
+        if job.activation_offload && job.gradient_checkpointing {
+            all = all.min(model.num_layers.min(OFFLOAD_CHECKPOINTS_ON_GPU) * ckpt);
+        }
         // Final norm: fp32 copy; trainable weight saves `normed`; lm_head's input is saved
         // when lm_head is trainable (and cast per autocast from an fp32 stream).
         let full = job.method == Method::Full;
@@ -1055,7 +1087,7 @@ impl Activations {
         } else {
             4 * h + if full { r.stream_bytes * h } else { 0 }
         };
-        let mut head = if job.compile {
+        let mut head = if job.compile && scope == CompileScope::Model {
             ctx.compiled_head_bytes()
         } else {
             final_norm + if full { 2 * h } else { 0 }

@@ -5,8 +5,8 @@
 const $ = (id) => document.getElementById(id);
 const FIELDS = ["model", "method", "seq_len", "hardware", "micro_batch_size", "grad_accum",
   "optimizer", "gradient_checkpointing", "attention", "precision", "lora_rank", "stack", "liger",
-  "compile", "dataset"];
-const SWITCHES = new Set(["gradient_checkpointing", "liger", "compile"]);
+  "compile", "activation_offload", "dataset"];
+const SWITCHES = new Set(["gradient_checkpointing", "liger", "compile", "activation_offload"]);
 const NUMBERS = new Set(["seq_len", "micro_batch_size", "grad_accum", "lora_rank"]);
 const SIZE = /^\s*\d+(\.\d+)?\s*[bBmM]\s*$/;
 const GIB = 1024 ** 3;
