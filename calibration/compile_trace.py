@@ -262,12 +262,17 @@ def build_stack(cfg, n_layers, mask_mode, ckpt):
                 masks["full_attention"] = create_causal_mask(**kw)
                 if "sliding_attention" in (getattr(self.cfg, "layer_types", None) or []):
                     masks["sliding_attention"] = create_sliding_window_causal_mask(**kw)
-            pe = self.rotary_emb(hidden_states, position_ids)
             types = getattr(self.cfg, "layer_types", None)
+            if getattr(self.rotary_emb, "layer_types", None):
+                # Gemma 3: one rotary embedding per layer type (`Gemma3TextModel.forward`)
+                pes = {t: self.rotary_emb(hidden_states, position_ids, t) for t in set(types)}
+            else:
+                pe = self.rotary_emb(hidden_states, position_ids)
+                pes = None
             for i, layer in enumerate(self.layers):
                 m = masks[types[i]] if types else masks["full_attention"]
                 hidden_states = layer(hidden_states, attention_mask=m, position_ids=position_ids,
-                                      position_embeddings=pe)
+                                      position_embeddings=pes[types[i]] if pes else pe)
             return hidden_states
 
     st = Stack()
@@ -757,6 +762,8 @@ def run_case(args, cfg, notes):
             r["eager_items"], _ = trace_eager(model, (hidden, second), autocast, fm, hidden)
             r["eager_sdpa_calls"] = dict(SDPA_CALLS)
             del model, hidden, second
+        if args.skip_compiled:
+            return r
         torch._dynamo.reset()
         fm = FakeTensorMode(allow_non_fake_inputs=True)
         model, hidden, second = build(fm, n_layers)
@@ -906,6 +913,7 @@ def main(argv=None):
     p.add_argument("--constant-folding", action="store_true",
                    help="keep Inductor's joint-graph constant folding on (needs a real GPU: it evaluates on device)")
     p.add_argument("--skip-eager", action="store_true")
+    p.add_argument("--skip-compiled", action="store_true", help="trace eager PyTorch only")
     p.add_argument("--no-diff", action="store_true",
                    help="do not also trace N+1 layers (per-layer bytes then = N-layer total minus shared, / N)")
     p.add_argument("--skip-fwd-side-effects", action="store_true",

@@ -357,7 +357,8 @@ pub struct ModelSpec {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub rope_by_concat: bool,
     /// `q_norm` and `k_norm`: an RMSNorm over each head's `head_dim` on the q and k
-    /// projections' outputs before RoPE (transformers 5.24 `Qwen3Attention.forward`), whose
+    /// projections' outputs before RoPE (transformers 5.24 `Qwen3Attention.forward`, Gemma 3's
+    /// `Gemma3Attention.forward`), whose
     /// fp32 inputs and `rsqrt` are saved for backward ([`crate::estimate::activations`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub qk_norm: bool,

@@ -233,3 +233,31 @@ fn torchtune_compiled_losses_keep_what_their_traces_keep() {
         );
     }
 }
+
+/// Gemma 3's q/k norms (`Gemma3RMSNorm` over each head, fp32 throughout: its input, one
+/// `rsqrt` per head and, for a trainable weight, the fp32 normalized output), traced eager
+/// on gemma-3-1b-pt (`validation/oracle-traces/gemma3-layers.jsonl`, the same tracer with
+/// `--skip-compiled`): bf16 full fine-tune and LoRA r = 16 on the seven projections, 1,024
+/// tokens. By hand, q (4 heads × 256) and k (1 × 256): 4·1,280 + 4·5 (+ 4·1,280 full).
+#[test]
+fn gemma3_layers_save_their_qk_norms() {
+    let m = model("google/gemma-3-1b-pt");
+    let rows: Vec<serde_json::Value> =
+        include_str!("../../../validation/oracle-traces/gemma3-layers.jsonl")
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("json"))
+            .collect();
+    assert_eq!(rows.len(), 2, "full and LoRA");
+    for row in &rows {
+        let job = traced_job(row, false);
+        let traced = row["eager_saved_bytes"].as_f64().unwrap() / job.seq_len as f64;
+        let moro = per_layer_per_token(&m, &job);
+        let gap = (moro - traced) / traced;
+        assert!(
+            gap.abs() < 0.005,
+            "{}: moro {moro:.0} vs traced {traced:.0} B/token ({:+.2} %)",
+            row["method"],
+            gap * 100.0
+        );
+    }
+}

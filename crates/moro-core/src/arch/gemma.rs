@@ -173,5 +173,7 @@ fn text_model(
     spec.attn_softcapping =
         v2 && (!c.has_key("attn_logit_softcapping") || c.has("attn_logit_softcapping"));
     spec.fp32_norms = true;
+    // Gemma 3's `q_norm` and `k_norm` (transformers 5.24 `Gemma3Attention.forward`).
+    spec.qk_norm = v3;
     Ok(spec)
 }

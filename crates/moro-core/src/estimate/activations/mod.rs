@@ -223,7 +223,8 @@ impl Ctx<'_> {
         if self.r.autocast { 2 } else { qkv_bytes }
     }
 
-    /// Saved bytes per token of `q_norm` and `k_norm` ([`ModelSpec::qk_norm`]), with `o`
+    /// Saved bytes per token of `q_norm` and `k_norm` ([`ModelSpec::qk_norm`]; Gemma 3 traced
+    /// in `validation/oracle-traces/gemma3-layers.jsonl`), with `o`
     /// bytes per element of the q/k projections' outputs. transformers 5.24
     /// `Qwen3RMSNorm.forward`: `hidden_states.to(torch.float32)` is saved by `pow` and by the
     /// multiply with `torch.rsqrt(variance + eps)` (one fp32 storage, `PowBackward0` /
@@ -240,10 +241,12 @@ impl Ctx<'_> {
             // `LigerRMSNorm` saves its input and one fp32 `rstd` per row, one row per head.
             return o * width + 4 * heads;
         }
-        let weight_grad = if self.job.method == Method::Full {
-            o * width
-        } else {
-            0
+        // Gemma 3's norms stay fp32 through `output * (1.0 + self.weight.float())`
+        // (`ModelSpec::fp32_norms`): the product saves the fp32 normalized input.
+        let weight_grad = match (self.job.method == Method::Full, self.m.fp32_norms) {
+            (false, _) => 0,
+            (true, true) => 4 * width,
+            (true, false) => o * width,
         };
         4 * width + 4 * heads + weight_grad
     }
