@@ -1180,3 +1180,56 @@ fn activation_offload_moves_checkpoints_to_the_host() {
         .collect();
     assert_refused(&hf, "activation_offload");
 }
+
+/// The README's table of the bound's coverage is what `moro validate` prints for the
+/// command it names.
+#[test]
+fn readme_bound_table_is_what_validate_prints() {
+    let readme = include_str!("../../../README.md");
+    let start = readme
+        .find("(`moro validate validation/")
+        .expect("the README names the command");
+    let after = &readme[start + 2..];
+    let command = &after[..after.find('`').unwrap()];
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../");
+    let files: Vec<String> = command
+        .split(' ')
+        .skip(2)
+        .map(|f| format!("{root}{f}"))
+        .collect();
+    let mut args = vec!["validate"];
+    args.extend(files.iter().map(String::as_str));
+    let o = run(&args);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let percent = |p: &str| p.replace('%', " %").replace("100.0 %", "100 %");
+    let table = &readme[start..];
+    let mut checked = 0;
+    for line in table.lines().skip_while(|l| !l.starts_with("| one GPU")) {
+        if !line.starts_with('|') {
+            break;
+        }
+        let regime = line.split('|').nth(1).unwrap().trim();
+        let printed = o
+            .stdout
+            .lines()
+            .find(|l| {
+                l.strip_prefix(regime).is_some_and(|r| {
+                    r.starts_with("  ") && r.trim_start().starts_with(char::is_numeric)
+                })
+            })
+            .unwrap_or_else(|| panic!("`{regime}` is not printed:\n{}", o.stdout));
+        let v: Vec<&str> = printed[regime.len()..].split_whitespace().collect();
+        let row = format!(
+            "| {regime} | {} | {} | {} | {} | {} | {} |",
+            v[0],
+            v[1],
+            percent(v[2]),
+            v[3],
+            percent(v[4]),
+            v[5]
+        );
+        assert_eq!(line, row);
+        checked += 1;
+    }
+    assert!(checked >= 6, "{checked} rows");
+}
