@@ -37,6 +37,12 @@ pub struct Loss {
     /// `addmm(embedding_grad, grad_logitsᵀ, x)` after the last layer (torch 2.15, the
     /// traced backward of a tied Llama).
     pub held_for_tied_grad: u64,
+    /// The chunks' logit gradients still waiting when lm_head's backward starts: with the
+    /// output projected chunk by chunk before any loss runs (torchtune's
+    /// `chunked_output`), every chunk's loss node is newer than every projection, and the
+    /// autograd engine runs the newest ready node first (`ReadyQueue`, by sequence number),
+    /// so all the losses' backward runs before the first projection's.
+    pub held_at_head_backward: u64,
 }
 
 impl Loss {
@@ -56,6 +62,7 @@ impl Loss {
             largest_block: logits * 4,
             output_tangents: 0,
             held_for_tied_grad: 0,
+            held_at_head_backward: 0,
         }
     }
 
@@ -81,6 +88,7 @@ impl Loss {
             largest_block: logits,
             output_tangents: compiled_tangents(model, job, r),
             held_for_tied_grad: if tied { logits } else { 0 },
+            held_at_head_backward: 0,
         }
     }
 
@@ -232,6 +240,7 @@ impl Loss {
                     backward_transient: 2 * chunk,
                     after_backward: 0,
                     largest_block: 2 * chunk,
+                    held_at_head_backward: 2 * tv,
                     ..Self::default()
                 }
             }
@@ -244,6 +253,7 @@ impl Loss {
                     backward_transient: 10 * chunk,
                     after_backward: 2 * tv,
                     largest_block: 4 * chunk,
+                    held_at_head_backward: 2 * tv,
                     ..Self::default()
                 }
             }

@@ -570,26 +570,55 @@ fn training_phases(
         ]),
     });
     // Backward of the loss: all activations still alive, the loss's backward buffers.
+    let loss_backward = base(vec![
+        (Component::Gradients, grads_in_fwd),
+        (
+            Component::Activations,
+            all_layers + acts.head + acts.autocast_weight_cache,
+        ),
+        (Component::LogitsLoss, head.backward_peak),
+        (
+            Component::Transients,
+            // A quantized lm_head is dequantized again for its backward.
+            cublas
+                + head.backward_transient
+                + head.output_tangents
+                + if regime.quantize_lm_head { dequant } else { 0 }
+                + comm_bwd
+                + unit_at_loss,
+        ),
+    ]);
+    // A chunked output's first projection backward, after every chunk's loss backward
+    // ([`loss::Loss::held_at_head_backward`]): a trainable lm_head's gradient, and the next
+    // chunk's gradient of the same weight before the engine adds it in (two V·h), next to
+    // the chunks' logit gradients and the hidden state's gradient.
+    let head_backward = base(vec![
+        (Component::Gradients, grads_in_fwd.max(par.head_grads)),
+        (
+            Component::Activations,
+            all_layers + acts.head + acts.autocast_weight_cache,
+        ),
+        (Component::LogitsLoss, head.held_at_head_backward),
+        (
+            Component::Transients,
+            cublas
+                + par.head_grads
+                + job.micro_batch_size * job.seq_len * model.hidden_size * regime.stream_bytes
+                + comm_bwd
+                + unit_at_loss,
+        ),
+    ]);
+    let sum = |v: &[(Component, u64)]| v.iter().map(|(_, b)| b).sum::<u64>();
     phases.push(PhaseBytes {
         phase: Phase::LossBackward,
-        components: base(vec![
-            (Component::Gradients, grads_in_fwd),
-            (
-                Component::Activations,
-                all_layers + acts.head + acts.autocast_weight_cache,
-            ),
-            (Component::LogitsLoss, head.backward_peak),
-            (
-                Component::Transients,
-                // A quantized lm_head is dequantized again for its backward.
-                cublas
-                    + head.backward_transient
-                    + head.output_tangents
-                    + if regime.quantize_lm_head { dequant } else { 0 }
-                    + comm_bwd
-                    + unit_at_loss,
-            ),
-        ]),
+        components: if par.head_grads > 0
+            && head.held_at_head_backward > 0
+            && sum(&head_backward) > sum(&loss_backward)
+        {
+            head_backward
+        } else {
+            loss_backward
+        },
     });
     // Backward through the last layer: under checkpointing its activations are recomputed
     // (the checkpoints of every layer plus one full layer); the layer's backward transients.
