@@ -163,6 +163,8 @@ fn brute_layouts(cluster: Option<Cluster>, stack: Stack) -> Vec<Layout> {
                 (Sharding::FsdpFullShard, Offload::None),
             ],
             Stack::Torchtune | Stack::Litgpt => vec![(Sharding::FsdpFullShard, Offload::None)],
+            // Unsloth: one GPU or plain data parallel.
+            Stack::Unsloth => vec![(Sharding::None, Offload::None)],
         };
         if nodes > 1 && matches!(stack, Stack::Hf | Stack::Trl) {
             v.push((Sharding::FsdpHybridShard, Offload::None));
@@ -176,7 +178,7 @@ fn brute_layouts(cluster: Option<Cluster>, stack: Stack) -> Vec<Layout> {
                     (Sharding::FsdpFullShard, Offload::OptimizerAndParams),
                 ]),
                 Stack::Torchtune => v.push((Sharding::FsdpFullShard, Offload::OptimizerAndParams)),
-                Stack::Litgpt => {}
+                Stack::Litgpt | Stack::Unsloth => {}
             }
         }
         for (sharding, offload) in v {

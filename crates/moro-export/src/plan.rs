@@ -83,6 +83,10 @@ pub(crate) struct Plan<'a> {
     pub(crate) liger: Liger,
     /// `training.compile`: the Trainer's `torch_compile`.
     pub(crate) compile: bool,
+    /// `training.optimizer`, resolved (the stack's default when unsaid).
+    pub(crate) optimizer: moro_recipe::choices::Optimizer,
+    /// `training.activation_offload`, resolved.
+    pub(crate) activation_offload: bool,
     pub(crate) dist: Dist,
     /// `parallel.reduce_bucket_size` (DeepSpeed); `None`: "auto".
     pub(crate) reduce_bucket: Option<u64>,
@@ -275,6 +279,8 @@ impl<'a> Plan<'a> {
             loss: job.loss_impl(),
             liger: job.liger,
             compile: job.compile,
+            optimizer: job.optimizer.into(),
+            activation_offload: job.activation_offload,
             dist,
             reduce_bucket: jp.reduce_bucket,
             nodes,
@@ -378,7 +384,7 @@ impl<'a> Plan<'a> {
     /// spells `sgd` with `optim_args="momentum=0.9"`.
     pub(crate) fn hf_optim(&self) -> (&'static str, Option<&'static str>) {
         use moro_recipe::choices::Optimizer as O;
-        match self.t.optimizer {
+        match self.optimizer {
             O::SgdMomentum => ("sgd", Some("momentum=0.9")),
             o => (o.as_str(), None),
         }

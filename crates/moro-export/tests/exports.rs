@@ -887,3 +887,31 @@ fn compile_is_exported_as_torch_compile() {
         unsloth.warnings
     );
 }
+
+/// A recipe planned on the unsloth stack exports the checkpointing it was estimated with:
+/// `"unsloth"` (inputs offloaded to host memory, its default) or `True` (plain), and no
+/// warning that another stack was planned.
+#[test]
+fn unsloth_exports_the_checkpointing_it_estimated() {
+    for (offload, expected) in [
+        ("", "use_gradient_checkpointing=\"unsloth\""),
+        (
+            "  activation_offload: false\n",
+            "use_gradient_checkpointing=True",
+        ),
+    ] {
+        let text = format!(
+            "model:\n  base: meta-llama/Llama-3.1-8B\n  method: qlora\ntraining:\n  stack: unsloth\n{offload}"
+        );
+        let recipe = moro_recipe::parse(&text).unwrap();
+        let m = model(&recipe.model.base);
+        let e = export(Format::Unsloth, &recipe, Some(&m), &Options::default()).unwrap();
+        let script = file_of(&e, "train_unsloth.py");
+        assert!(script.contains(expected), "{offload:?}: {script}");
+        assert!(
+            !e.warnings.iter().any(|w| w.contains("training.stack")),
+            "{:?}",
+            e.warnings
+        );
+    }
+}

@@ -252,6 +252,8 @@ choice! {
         Litgpt = "litgpt" => Litgpt,
         /// torchtune.
         Torchtune = "torchtune" => Torchtune,
+        /// Unsloth's FastLanguageModel on TRL.
+        Unsloth = "unsloth" => Unsloth,
     }
 }
 

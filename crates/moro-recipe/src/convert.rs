@@ -77,7 +77,7 @@ impl Recipe {
             micro_batch_size: job.micro_batch_size,
             gradient_accumulation_steps: job.grad_accum,
             max_seq_length: job.seq_len,
-            optimizer: job.optimizer.into(),
+            optimizer: Some(job.optimizer.into()),
             gradient_checkpointing: Some(job.gradient_checkpointing),
             auto_heal: extras.auto_heal,
             precision: Some(job.precision.into()),
@@ -99,7 +99,14 @@ impl Recipe {
             liger_kernels: (job.liger.any() && job.liger != Liger::ALL)
                 .then(|| job.liger.names().into_iter().map(str::to_owned).collect()),
             compile: job.compile,
-            activation_offload: job.activation_offload,
+            // Said when on, or when the stack would otherwise turn it on.
+            activation_offload: (job.activation_offload
+                || job
+                    .stack
+                    .profile()
+                    .activation_offload
+                    .is_some_and(moro_core::stack::ActivationOffload::by_default))
+            .then_some(job.activation_offload),
             images_per_sample: (job.images.per_sample > 0).then_some(job.images.per_sample),
             image_size: (job.images.per_sample > 0)
                 .then(|| format!("{}x{}", job.images.width, job.images.height)),
@@ -175,7 +182,7 @@ impl Recipe {
             } else {
                 Padding::Padded
             }),
-            optimizer: Some(t.optimizer.into()),
+            optimizer: t.optimizer.map(Into::into),
             gradient_checkpointing: t.gradient_checkpointing,
             optimizer_in_backward: Some(t.optimizer_in_backward),
             attention: Some(t.attention.into()),
@@ -217,7 +224,7 @@ impl Recipe {
                 None => t.liger.then_some(Liger::ALL),
             },
             compile: t.compile.then_some(true),
-            activation_offload: t.activation_offload.then_some(true),
+            activation_offload: t.activation_offload,
         })
     }
 

@@ -241,9 +241,10 @@ pub struct TrainingSection {
     #[serde(default = "defaults::max_seq_length")]
     #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 16_777_216)))]
     pub max_seq_length: u64,
-    /// Optimizer (HF Trainer `optim` name). Default: `adamw_torch_fused`.
-    #[serde(default = "defaults::optimizer")]
-    pub optimizer: Optimizer,
+    /// Optimizer (HF Trainer `optim` name). Default: the stack's (`adamw_torch_fused`;
+    /// Unsloth's notebooks' `adamw_8bit` on the unsloth stack).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer: Option<Optimizer>,
     /// Gradient checkpointing. Default: the stack's: on for `trl` (`SFTConfig`), on for QLoRA
     /// on `hf` (PEFT's `prepare_model_for_kbit_training`), else off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -317,10 +318,11 @@ pub struct TrainingSection {
     /// Llama, Mistral, Qwen2/3, Phi-3 and Gemma 2 layers). Default: false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub compile: bool,
-    /// Offload the checkpointed activations to host memory (torchtune's
-    /// `enable_activation_offloading: True`; needs gradient checkpointing). Default: false.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub activation_offload: bool,
+    /// Offload the checkpointed layer inputs to host memory (torchtune's
+    /// `enable_activation_offloading: True`, Unsloth's `"unsloth"` checkpointing; needs
+    /// gradient checkpointing). Default: the stack's (on for unsloth when checkpointing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub activation_offload: Option<bool>,
     /// Images per sample (vision-language models). Default: 1 on a vision-language model,
     /// else 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -457,7 +459,7 @@ impl Default for TrainingSection {
             micro_batch_size: defaults::micro_batch_size(),
             gradient_accumulation_steps: defaults::gradient_accumulation_steps(),
             max_seq_length: defaults::max_seq_length(),
-            optimizer: defaults::optimizer(),
+            optimizer: None,
             gradient_checkpointing: None,
             auto_heal: false,
             precision: None,
@@ -478,7 +480,7 @@ impl Default for TrainingSection {
             liger: false,
             liger_kernels: None,
             compile: false,
-            activation_offload: false,
+            activation_offload: None,
             images_per_sample: None,
             image_size: None,
             vision: None,
@@ -690,7 +692,7 @@ impl<'de> Deserialize<'de> for Components {
 
 /// Defaults of omitted fields, taken from the engine's [`Job::default`].
 mod defaults {
-    use super::{Attention, Job, Offload, Optimizer, Stack, Strategy};
+    use super::{Attention, Job, Offload, Stack, Strategy};
     use moro_core::job::Padding;
 
     pub(super) fn micro_batch_size() -> u64 {
@@ -701,9 +703,6 @@ mod defaults {
     }
     pub(super) fn max_seq_length() -> u64 {
         Job::default().seq_len
-    }
-    pub(super) fn optimizer() -> Optimizer {
-        Job::default().optimizer.into()
     }
     pub(super) fn attention() -> Attention {
         Job::default().attention.into()

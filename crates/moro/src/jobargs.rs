@@ -154,7 +154,7 @@ pub(crate) struct JobArgs {
     /// bf16 for full fine-tuning and inference].
     #[arg(long, value_parser = parse_precision, help_heading = "Training")]
     pub(crate) precision: Option<Precision>,
-    /// Training stack: hf, trl, litgpt, torchtune [default: hf].
+    /// Training stack: hf, trl, litgpt, torchtune, unsloth [default: hf].
     #[arg(long, value_parser = parse_stack, help_heading = "Training")]
     pub(crate) stack: Option<Stack>,
     /// Loss: standard, chunked-nll, chunked, fused [default: the stack's].

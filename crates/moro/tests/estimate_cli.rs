@@ -1233,3 +1233,50 @@ fn readme_bound_table_is_what_validate_prints() {
     }
     assert!(checked >= 6, "{checked} rows");
 }
+
+/// `--stack unsloth` estimates what Unsloth's kernels keep and refuses, naming the field,
+/// what was not read of it.
+#[test]
+fn unsloth_stack_is_estimated_and_what_was_not_read_is_refused() {
+    let base = [
+        "estimate",
+        "--json",
+        "--model",
+        "meta-llama/Llama-3.1-8B",
+        "--method",
+        "qlora",
+        "--seq-len",
+        "2048",
+        "--micro-batch-size",
+        "2",
+    ];
+    let trl = json(&[&base[..], &["--stack", "trl"]].concat());
+    let with = json(&[&base[..], &["--stack", "unsloth"]].concat());
+    let (trl, unsloth) = (
+        trl["peak_allocated_bytes"].as_u64().unwrap(),
+        with["peak_allocated_bytes"].as_u64().unwrap(),
+    );
+    // No logits tensor and offloaded checkpoints: less than TRL's step.
+    assert!(unsloth < trl, "{trl} → {unsloth}");
+    assert_eq!(with["job"]["stack"], "unsloth", "{with}");
+    assert!(with["host_bytes"].as_u64().unwrap() > 0, "{with}");
+    for (args, field) in [
+        (&["--model", "google/gemma-2-9b"][..], "stack"),
+        (&["--method", "full"][..], "method"),
+        (&["--liger"][..], "liger"),
+        (&["--loss", "standard"][..], "loss"),
+        (&["--attention", "eager"][..], "attention"),
+    ] {
+        let mut a = base.to_vec();
+        if args.contains(&"--method") || args.contains(&"--model") {
+            a.truncate(2);
+            a.extend_from_slice(&["--seq-len", "2048"]);
+            if !args.contains(&"--model") {
+                a.extend_from_slice(&["--model", "meta-llama/Llama-3.1-8B"]);
+            }
+        }
+        a.extend_from_slice(&["--stack", "unsloth"]);
+        a.extend_from_slice(args);
+        assert_refused(&a, field);
+    }
+}

@@ -241,6 +241,12 @@ const CASES: &[Case] = &[
     // torch.compile, with and without checkpointing.
     case(LLAMA8, &["method=lora", "compile=true", "gc=false"]),
     case(QWEN15, &["method=full", "compile=true"]),
+    // Unsloth: its defaults (offloaded checkpoints, fused loss), and plain checkpointing.
+    case(LLAMA8, &["stack=unsloth", "method=qlora"]),
+    case(
+        QWEN7,
+        &["stack=unsloth", "method=lora", "act_offload=false"],
+    ),
     // torchtune: its per-layer compile, its activation offloading.
     case(LLAMA3B, &["stack=torchtune", "method=full", "compile=true"]),
     case(

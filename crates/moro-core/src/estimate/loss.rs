@@ -276,6 +276,31 @@ impl Loss {
                     ..Self::default()
                 }
             }
+            // Unsloth's `unsloth_fused_ce_loss` (unsloth_zoo 2026.8.13
+            // `fused_losses/cross_entropy_loss.py`): per chunk, `grad_and_value` of lm_head,
+            // the fp32 upcast and the cross-entropy, compiled (`accumulate_chunk`), so the
+            // chunk's 16-bit logits and their 16-bit gradient are its transient (as Inductor
+            // generates the compiled HF loss, docs/torch-compile.md); kept for backward only
+            // `grad_inputs` (T·h) and a trainable lm_head's gradient. One chunk while its
+            // fp32 logits fit the 4 GiB target (`get_chunk_size`, the target is also capped
+            // at half the free memory), else a multiple of four.
+            LossImpl::Fused if job.stack.profile().loss_code == LossCode::Unsloth => {
+                let grad_w = if job.method == Method::Full {
+                    v * h * r.param_bytes
+                } else {
+                    0
+                };
+                let chunk = t.div_ceil(unsloth_ce_chunks(t, v)) * v;
+                Self {
+                    forward_peak: t * h * s + grad_w,
+                    forward_transient: 4 * chunk,
+                    backward_peak: t * h * s + grad_w,
+                    backward_transient: 0,
+                    after_backward: t * h * s,
+                    largest_block: 2 * chunk,
+                    ..Self::default()
+                }
+            }
             // Liger fused linear cross-entropy: gradients computed in forward; grad_input
             // (T·h) and, when lm_head trains, grad_weight (V·h) stay alive; chunk logits of
             // `next_power_of_2(T / ceil(V/h))` rows (§3.5).
@@ -299,6 +324,19 @@ impl Loss {
                 }
             }
         }
+    }
+}
+
+/// Chunks of Unsloth's fused cross-entropy over `t` tokens and `v` logits each: one while
+/// the fp32 logits fit 4 GiB, else the ratio rounded up to a multiple of four
+/// (unsloth_zoo 2026.8.13 `get_chunk_size`).
+fn unsloth_ce_chunks(t: u64, v: u64) -> u64 {
+    let target = 4 << 30;
+    let bytes = t * v * 4;
+    if bytes <= target {
+        1
+    } else {
+        bytes.div_ceil(target).div_ceil(4) * 4
     }
 }
 

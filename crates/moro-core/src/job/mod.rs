@@ -495,11 +495,20 @@ pub enum Stack {
     Litgpt,
     /// torchtune (chunked cross-entropy, bf16 adapters).
     Torchtune,
+    /// Unsloth's `FastLanguageModel` on TRL (its fused LoRA kernels, fused cross-entropy and
+    /// host-offloaded checkpoints).
+    Unsloth,
 }
 
 impl Stack {
     /// All values.
-    pub const ALL: [Self; 4] = [Self::Hf, Self::Trl, Self::Litgpt, Self::Torchtune];
+    pub const ALL: [Self; 5] = [
+        Self::Hf,
+        Self::Trl,
+        Self::Litgpt,
+        Self::Torchtune,
+        Self::Unsloth,
+    ];
 
     /// The name on the command line and in moro.yaml.
     #[must_use]
@@ -509,6 +518,7 @@ impl Stack {
             Self::Trl => "trl",
             Self::Litgpt => "litgpt",
             Self::Torchtune => "torchtune",
+            Self::Unsloth => "unsloth",
         }
     }
 }
@@ -987,6 +997,29 @@ impl Job {
         }
     }
 
+    /// The checkpointing in words for a job line: ", checkpointing", with its inputs
+    /// offloaded to host memory, or nothing.
+    #[must_use]
+    pub const fn checkpointing_in_words(&self) -> &'static str {
+        match (self.gradient_checkpointing, self.activation_offload) {
+            (false, _) => "",
+            (true, false) => ", checkpointing",
+            (true, true) => ", checkpointing offloaded to host memory",
+        }
+    }
+
+    /// Unsloth's fused LoRA kernels run the layers: its patch applies to LoRA without
+    /// dropout or DoRA (unsloth 2026.8.19 `FastLlamaModel.patch_peft_model`); otherwise
+    /// PEFT's own `Linear.forward` does.
+    #[must_use]
+    pub fn unsloth_kernels(&self) -> bool {
+        self.stack.profile().layer_kernels == crate::stack::LayerKernels::UnslothFused
+            && self.method.is_peft()
+            && self.peft == PeftKind::Lora
+            && !self.lora.dora
+            && self.lora.dropout == 0.0
+    }
+
     /// The loss the stack uses unless told otherwise.
     #[must_use]
     pub fn loss_impl(&self) -> LossImpl {
@@ -995,6 +1028,7 @@ impl Job {
             None if self.liger.fused_linear_cross_entropy => LossImpl::Fused,
             None => match self.stack.profile().default_loss {
                 DefaultLoss::Chunked => LossImpl::Chunked,
+                DefaultLoss::Fused => LossImpl::Fused,
                 DefaultLoss::SftTrainer if self.versions.trl_chunked_loss() => LossImpl::ChunkedNll,
                 DefaultLoss::ModelCode | DefaultLoss::SftTrainer => {
                     if self.versions.shift_logits_copy() {

@@ -233,7 +233,9 @@ impl JobSettings {
         let lora = LoraConfig {
             rank,
             alpha,
-            dropout: self.lora_dropout.unwrap_or(d.dropout),
+            dropout: self
+                .lora_dropout
+                .unwrap_or(stack.profile().default_lora_dropout),
             targets: self.target_modules.clone().unwrap_or(d.targets),
             dora: self.dora.unwrap_or(d.dora),
             feedforward: self.feedforward_modules.clone(),
@@ -249,7 +251,7 @@ impl JobSettings {
             micro_batch_size: self.micro_batch_size.unwrap_or(base.micro_batch_size),
             seq_len: self.seq_len.unwrap_or(base.seq_len),
             grad_accum: self.grad_accum.unwrap_or(base.grad_accum),
-            optimizer: self.optimizer.unwrap_or(base.optimizer),
+            optimizer: self.optimizer.unwrap_or(stack.profile().default_optimizer),
             gradient_checkpointing,
             attention: self.attention.unwrap_or(base.attention),
             precision,
@@ -285,7 +287,14 @@ impl JobSettings {
             vision: self.vision.unwrap_or(base.vision),
             liger: self.liger.unwrap_or_default(),
             compile: self.compile.unwrap_or(false),
-            activation_offload: self.activation_offload.unwrap_or(false),
+            // Unsloth's `"unsloth"` checkpointing offloads whenever it checkpoints.
+            activation_offload: self.activation_offload.unwrap_or(
+                gradient_checkpointing
+                    && stack
+                        .profile()
+                        .activation_offload
+                        .is_some_and(crate::stack::ActivationOffload::by_default),
+            ),
         })
     }
 

@@ -134,6 +134,7 @@ impl Job {
             );
         }
         self.validate_images(model)?;
+        self.validate_unsloth(model)?;
         if self.grad_accum == 0 || self.grad_accum > 1 << 20 {
             return err(
                 "gradient_accumulation_steps",
@@ -542,17 +543,94 @@ impl Job {
         Ok(())
     }
 
+    /// The Unsloth stack against what was read of it (docs/unsloth-memory.md): its
+    /// hand-written decoder path (`FastLlamaModel` and the Mistral, Qwen2, Qwen3 and Gemma
+    /// subclasses), LoRA or QLoRA on one GPU or data parallel, its fused cross-entropy.
+    fn validate_unsloth(&self, model: &ModelSpec) -> Result<(), JobError> {
+        if self.stack != Stack::Unsloth {
+            return Ok(());
+        }
+        let refuse = |field, what: &str| {
+            Err(JobError {
+                field,
+                message: format!("{what} (read from unsloth 2026.8): use stack trl"),
+            })
+        };
+        const READ: [&str; 5] = ["llama", "mistral", "qwen2", "qwen3", "gemma"];
+        let dense = model.moe.is_none() && model.vision.is_none() && model.encoder.is_none();
+        if !READ.contains(&model.model_type.as_str()) || !dense {
+            return refuse(
+                "stack",
+                &format!(
+                    "what Unsloth's kernels save in `{}` layers was not read (read: {})",
+                    model.model_type,
+                    READ.join(", ")
+                ),
+            );
+        }
+        match self.method {
+            Method::Lora | Method::Qlora => {}
+            Method::Full => {
+                return refuse(
+                    "method",
+                    "Unsloth's full fine-tuning runs its compiled FastModel path, whose saved \
+                     tensors were not read",
+                );
+            }
+            Method::Inference => {
+                return refuse("method", "Unsloth's inference path was not read");
+            }
+        }
+        if self.method.is_peft() && self.peft != PeftKind::Lora {
+            return refuse("peft", "Unsloth trains LoRA adapters only");
+        }
+        if !matches!(self.quantization, Quantization::None | Quantization::Nf4Dq) {
+            return refuse(
+                "quantization",
+                "Unsloth's `load_in_4bit` is NF4 with double quantization; 8-bit and GPTQ \
+                 bases go through its FastModel path",
+            );
+        }
+        if self.attention == Attention::Eager {
+            return refuse(
+                "attention",
+                "Unsloth chooses FlashAttention or SDPA itself; eager attention is not one of them",
+            );
+        }
+        if self.loss_impl() != LossImpl::Fused {
+            return refuse(
+                "loss",
+                "Unsloth computes its fused cross-entropy (`loss: fused`); the full-logits \
+                 path (`UNSLOTH_RETURN_LOGITS=1`) was not modelled",
+            );
+        }
+        if self.liger.any() {
+            return refuse(
+                "liger",
+                "Unsloth patches the same modules with its own kernels",
+            );
+        }
+        let p = &self.parallel;
+        if p.sharding != Sharding::None || p.tensor_parallel > 1 || p.pipeline > 1 {
+            return refuse(
+                "strategy",
+                "Unsloth trains on one GPU or with plain data parallel",
+            );
+        }
+        Ok(())
+    }
+
     /// Activation offloading against the stack and checkpointing.
     fn validate_activation_offload(&self) -> Result<(), JobError> {
         if !self.activation_offload {
             return Ok(());
         }
-        if !self.stack.profile().activation_offload {
+        if self.stack.profile().activation_offload.is_none() {
             return Err(JobError {
                 field: "activation_offload",
                 message: format!(
-                    "is modelled for torchtune's `enable_activation_offloading` (its \
-                     `OffloadActivations`); the {} stack has none that was read: drop it",
+                    "is modelled for torchtune's `enable_activation_offloading` and Unsloth's \
+                     `\"unsloth\"` checkpointing; the {} stack has none that was read: drop it",
                     self.stack.as_str()
                 ),
             });
@@ -561,8 +639,7 @@ impl Job {
             return Err(JobError {
                 field: "activation_offload",
                 message: "offloads the checkpointed layer inputs and needs gradient \
-                          checkpointing (torchtune raises otherwise): turn \
-                          gradient_checkpointing on"
+                          checkpointing: turn gradient_checkpointing on"
                     .to_owned(),
             });
         }

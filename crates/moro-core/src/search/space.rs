@@ -466,8 +466,16 @@ impl Space {
             } else {
                 Liger::default()
             },
+            // The stack's own checkpointing (Unsloth's offloads its inputs).
+            activation_offload: c.gradient_checkpointing
+                && self
+                    .stack
+                    .profile()
+                    .activation_offload
+                    .is_some_and(crate::stack::ActivationOffload::by_default),
             ..Job::default()
         };
+        job.lora.dropout = self.stack.profile().default_lora_dropout;
         if c.method.is_peft() {
             job.lora.rank = c.rank;
             job.lora.alpha = alpha_for_rank(c.rank);

@@ -2,9 +2,10 @@
 
 use super::{
     AdapterDtype, AttentionModule, CompileScope, DefaultCheckpointing, DefaultLoss,
-    DefaultPrecision, FsdpWrap, KbitPrepare, KvCacheLayout, LossCode, Nf4Kernel, StackProfile,
+    DefaultPrecision, FsdpWrap, KbitPrepare, KvCacheLayout, LayerKernels, LossCode, Nf4Kernel,
+    StackProfile,
 };
-use crate::job::{Offload, Sharding};
+use crate::job::{Offload, Optimizer, Sharding};
 
 /// DDP, DeepSpeed's stages and FSDP's strategies through accelerate.
 pub(super) const MULTI_GPU: &[(Sharding, Offload)] = &[
@@ -48,7 +49,10 @@ pub(super) const PROFILE: StackProfile = StackProfile {
     tp_replicates_embeddings: false,
     fsdp: FsdpWrap::PerUnit,
     compile: CompileScope::Model,
-    activation_offload: false,
+    activation_offload: None,
+    layer_kernels: LayerKernels::Model,
+    default_lora_dropout: 0.05,
+    default_optimizer: Optimizer::AdamwTorchFused,
     multi_gpu_layouts: MULTI_GPU,
     offload_layouts: OFFLOAD,
 };

@@ -3,9 +3,10 @@
 
 use super::{
     AdapterDtype, AttentionModule, CompileScope, DefaultCheckpointing, DefaultLoss,
-    DefaultPrecision, FsdpWrap, KbitPrepare, KvCacheLayout, LossCode, Nf4Kernel, StackProfile,
+    DefaultPrecision, FsdpWrap, KbitPrepare, KvCacheLayout, LayerKernels, LossCode, Nf4Kernel,
+    StackProfile,
 };
-use crate::job::{Offload, Sharding};
+use crate::job::{Offload, Optimizer, Sharding};
 
 /// The litgpt stack.
 pub(super) const PROFILE: StackProfile = StackProfile {
@@ -30,7 +31,10 @@ pub(super) const PROFILE: StackProfile = StackProfile {
     tp_replicates_embeddings: true,
     fsdp: FsdpWrap::Lightning,
     compile: CompileScope::Untraced,
-    activation_offload: false,
+    activation_offload: None,
+    layer_kernels: LayerKernels::Model,
+    default_lora_dropout: 0.05,
+    default_optimizer: Optimizer::AdamwTorchFused,
     multi_gpu_layouts: &[(Sharding::FsdpFullShard, Offload::None)],
     offload_layouts: &[],
 };

@@ -13,11 +13,12 @@ mod hf;
 mod litgpt;
 mod torchtune;
 mod trl;
+mod unsloth;
 
 use crate::job::{Offload, Sharding, Stack};
 
 /// The facts of one training stack.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StackProfile {
     /// Precision when not told: bf16 weights without autocast for every method, or the HF
     /// Trainer's choice ([`crate::job::settings::default_precision`]).
@@ -72,8 +73,14 @@ pub struct StackProfile {
     pub fsdp: FsdpWrap,
     /// What `torch.compile` compiles.
     pub compile: CompileScope,
-    /// Checkpointed activations can be offloaded to host memory.
-    pub activation_offload: bool,
+    /// How checkpointed layer inputs go to host memory, where the stack can.
+    pub activation_offload: Option<ActivationOffload>,
+    /// Whose code runs a decoder layer's forward and what it saves.
+    pub layer_kernels: LayerKernels,
+    /// LoRA dropout when not told.
+    pub default_lora_dropout: f64,
+    /// The optimizer when not told.
+    pub default_optimizer: crate::job::Optimizer,
     /// Layouts on several GPUs the recipe search offers (plain DDP is `Sharding::None`); a hybrid
     /// shard only where the GPUs span nodes.
     pub multi_gpu_layouts: &'static [(Sharding, Offload)],
@@ -114,6 +121,8 @@ pub enum DefaultLoss {
     SftTrainer,
     /// The stack's own chunked cross-entropy.
     Chunked,
+    /// The stack's own fused linear cross-entropy (Unsloth's `unsloth_fused_ce_loss`).
+    Fused,
 }
 
 /// The logits buffers of a stack's loss where they differ from transformers'.
@@ -127,6 +136,8 @@ pub enum LossCode {
     /// torchtune: `self.output(h).float()` for the standard loss (0.1), and
     /// `CEWithChunkedOutputLoss` over 8 chunks.
     Torchtune,
+    /// Unsloth: `unsloth_fused_ce_loss` for the fused loss.
+    Unsloth,
 }
 
 /// Whether `prepare_model_for_kbit_training` runs on a quantized base (PEFT `other.py`:
@@ -185,6 +196,54 @@ pub enum AttentionModule {
     TorchtuneExpandedKv,
 }
 
+/// How a stack offloads checkpointed layer inputs to host memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActivationOffload {
+    /// torchtune's `OffloadActivations` (`enable_activation_offloading`), off unless asked.
+    Torchtune,
+    /// Unsloth's `"unsloth"` gradient checkpointing (unsloth_zoo 2026.8
+    /// `gradient_checkpointing.py` `UnslothCheckpointFunction`), its default: each layer's
+    /// input copied to its own pinned host buffer on a side stream, the last layer's input
+    /// kept, and the backward reloading into one or two persistent GPU buffers (two when
+    /// more than 512 MiB is free); plain checkpointing below 512 tokens of
+    /// `max_seq_length` or 2²⁰ elements of hidden state (docs/unsloth-memory.md §2).
+    Unsloth,
+}
+
+impl ActivationOffload {
+    /// Layer inputs on the GPU at once.
+    #[must_use]
+    pub const fn checkpoints_on_gpu(self) -> u64 {
+        match self {
+            // torchtune 0.4 `training/_activation_offloading.py` (`use_streams=True`): the
+            // forward stash keeps the last `max_fwd_stash_size = 5` packed tensors, two per
+            // checkpointed layer (`_NoopSaveInputs` saves an empty dummy and the input);
+            // the backward brings one layer's input back while the previous one waits for
+            // its event.
+            Self::Torchtune => 2,
+            // The last layer's input and two reload buffers.
+            Self::Unsloth => 3,
+        }
+    }
+
+    /// Whether the stack offloads whenever it checkpoints, unless told not to.
+    #[must_use]
+    pub const fn by_default(self) -> bool {
+        matches!(self, Self::Unsloth)
+    }
+}
+
+/// Whose code runs a decoder layer and saves its tensors for backward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerKernels {
+    /// The model code's modules (transformers', litgpt's, torchtune's).
+    Model,
+    /// Unsloth's Triton RMSNorm and fused LoRA autograd functions (`LoRA_QKV`, `LoRA_W`,
+    /// `LoRA_MLP`: inputs saved, weights dequantized again in backward) where its patch
+    /// applies: LoRA without dropout, bias or DoRA (docs/unsloth-memory.md §3).
+    UnslothFused,
+}
+
 /// What `torch.compile` compiles in a stack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CompileScope {
@@ -232,6 +291,7 @@ impl Stack {
             Self::Trl => &trl::PROFILE,
             Self::Litgpt => &litgpt::PROFILE,
             Self::Torchtune => &torchtune::PROFILE,
+            Self::Unsloth => &unsloth::PROFILE,
         }
     }
 }

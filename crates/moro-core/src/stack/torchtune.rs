@@ -1,10 +1,11 @@
 //! torchtune: its recipes and model code, torchao's NF4 for QLoRA, FSDP full shard.
 
 use super::{
-    AdapterDtype, AttentionModule, CompileScope, DefaultCheckpointing, DefaultLoss,
-    DefaultPrecision, FsdpWrap, KbitPrepare, KvCacheLayout, LossCode, Nf4Kernel, StackProfile,
+    ActivationOffload, AdapterDtype, AttentionModule, CompileScope, DefaultCheckpointing,
+    DefaultLoss, DefaultPrecision, FsdpWrap, KbitPrepare, KvCacheLayout, LayerKernels, LossCode,
+    Nf4Kernel, StackProfile,
 };
-use crate::job::{Offload, Sharding};
+use crate::job::{Offload, Optimizer, Sharding};
 
 /// The torchtune stack.
 pub(super) const PROFILE: StackProfile = StackProfile {
@@ -29,7 +30,10 @@ pub(super) const PROFILE: StackProfile = StackProfile {
     tp_replicates_embeddings: false,
     fsdp: FsdpWrap::PerUnit,
     compile: CompileScope::Layers,
-    activation_offload: true,
+    activation_offload: Some(ActivationOffload::Torchtune),
+    layer_kernels: LayerKernels::Model,
+    default_lora_dropout: 0.05,
+    default_optimizer: Optimizer::AdamwTorchFused,
     multi_gpu_layouts: &[(Sharding::FsdpFullShard, Offload::None)],
     offload_layouts: &[(Sharding::FsdpFullShard, Offload::OptimizerAndParams)],
 };

@@ -140,7 +140,7 @@ pub(crate) fn axolotl(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
     } else {
         hf_loss_warning(p, "axolotl", &mut w);
     }
-    stack_warning(p, "axolotl", &mut w);
+    stack_warning(p, "axolotl", HF_STACKS, &mut w);
 
     let files = Vec::new();
     match p.dist {

@@ -14,7 +14,7 @@ pub(crate) fn hf_trainer(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
     let mut m = Map::new();
     hf_training_args(p, &mut m, &mut w);
     hf_loss_warning(p, "the HF Trainer", &mut w);
-    stack_warning(p, "the HF Trainer", &mut w);
+    stack_warning(p, "the HF Trainer", HF_STACKS, &mut w);
     // What TrainingArguments has no field for: loading and adapting the model, the data.
     w.push(format!(
         "TrainingArguments has no fields for the model: load `{}` with dtype={}, attn_implementation={}{} in your script",

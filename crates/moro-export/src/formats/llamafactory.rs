@@ -130,7 +130,7 @@ pub(crate) fn llamafactory(p: &Plan<'_>, main: &str) -> Result<Out, ExportError>
     if p.precision == Precision::Bf16 && !p.deepspeed() {
         m.set("pure_bf16", true);
     }
-    stack_warning(p, "LLaMA-Factory", &mut w);
+    stack_warning(p, "LLaMA-Factory", HF_STACKS, &mut w);
     m.0.extend(hf.0);
     m.set("plot_loss", true);
 

@@ -1,13 +1,17 @@
 //! Settings every transformers-Trainer-based format shares, and the warnings about them.
 
 use moro_core::job::{Liger, LossImpl};
-use moro_recipe::choices::{LrScheduler, Method, Quantization};
+use moro_recipe::choices::{LrScheduler, Method, Quantization, Stack};
 
 use super::*;
 use crate::plan::{DS_CONFIG_NAME, Dist, Plan};
 use crate::value::Map;
 
 /// Learning rate when the recipe has none.
+/// The stacks the HF Trainer's family (the Trainer, TRL, axolotl, LLaMA-Factory) runs as
+/// moro models them.
+pub(super) const HF_STACKS: &[Stack] = &[Stack::Hf, Stack::Trl];
+
 pub(super) const fn default_lr(method: Method) -> f64 {
     match method {
         Method::Full => 1e-5,
@@ -92,9 +96,14 @@ pub(super) fn hf_loss_warning(p: &Plan<'_>, trainer: &str, warnings: &mut Vec<St
     }
 }
 
-pub(super) fn stack_warning(p: &Plan<'_>, trainer: &str, warnings: &mut Vec<String>) {
-    use moro_recipe::choices::Stack;
-    if matches!(p.t.stack, Stack::Litgpt | Stack::Torchtune) {
+/// A warning when the recipe was planned on a stack other than `own`, the trainer's.
+pub(super) fn stack_warning(
+    p: &Plan<'_>,
+    trainer: &str,
+    own: &[Stack],
+    warnings: &mut Vec<String>,
+) {
+    if !own.contains(&p.t.stack) {
         warnings.push(format!(
             "training.stack = {}: the recipe was planned for another training stack; {trainer} allocates differently",
             p.t.stack

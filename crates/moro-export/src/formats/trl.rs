@@ -140,7 +140,7 @@ pub(super) const KBIT_DEVICE_MAP: &str = "{\"\": int(os.environ.get(\"LOCAL_RANK
 
 pub(crate) fn trl(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
     let mut w = Vec::new();
-    stack_warning(p, "TRL", &mut w);
+    stack_warning(p, "TRL", HF_STACKS, &mut w);
     quant_gptq_note(p, "transformers", &mut w);
     let dataset = p.dataset_or("trl-lib/Capybara", &mut w);
     let sft = sft_config_kwargs(p, &mut w, true);

@@ -1,7 +1,7 @@
 //! Unsloth: a `FastLanguageModel` + `SFTTrainer` script.
 
 use moro_core::job::LossImpl;
-use moro_recipe::choices::{Attention, Method, Quantization};
+use moro_recipe::choices::{Attention, Method, Quantization, Stack};
 
 use super::*;
 use crate::ExportError;
@@ -11,7 +11,7 @@ use crate::value::Value;
 
 pub(crate) fn unsloth(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
     let mut w = Vec::new();
-    stack_warning(p, "Unsloth", &mut w);
+    stack_warning(p, "Unsloth", &[Stack::Unsloth], &mut w);
     quant_gptq_note(p, "Unsloth", &mut w);
     if !matches!(p.dist, Dist::Single | Dist::Ddp { .. }) {
         w.push(format!(
@@ -63,10 +63,13 @@ pub(crate) fn unsloth(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
         )),
     }
     let launch = script_launch(p, main);
-    let gc: Py = if p.checkpointing {
-        "unsloth".into()
-    } else {
-        false.into()
+    // A recipe planned on the unsloth stack says whether its checkpoints go to host memory
+    // (`"unsloth"`) or stay (`True`); one planned on another stack gets Unsloth's default.
+    let offload = p.activation_offload || p.t.stack != Stack::Unsloth;
+    let gc: Py = match (p.checkpointing, offload) {
+        (false, _) => false.into(),
+        (true, true) => "unsloth".into(),
+        (true, false) => true.into(),
     };
 
     let mut s = script_header(p, "Unsloth", &launch, &mut w);

@@ -259,7 +259,7 @@ prop_compose! {
                 micro_batch_size: batch,
                 gradient_accumulation_steps: accum,
                 max_seq_length: seq,
-                optimizer: opt,
+                optimizer: Some(opt),
                 stack,
                 gradient_checkpointing: Some(flags.0),
                 auto_heal: flags.1,

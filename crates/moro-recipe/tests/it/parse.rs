@@ -25,7 +25,7 @@ fn the_product_example_reads_as_written() {
     assert_eq!(r.training.gradient_accumulation_steps, 8);
     assert_eq!(r.training.learning_rate, Some(2.0e-4));
     assert_eq!(r.training.max_seq_length, 2048);
-    assert_eq!(r.training.optimizer, Optimizer::Adamw8bit);
+    assert_eq!(r.training.optimizer, Some(Optimizer::Adamw8bit));
     assert_eq!(r.training.gradient_checkpointing, Some(true));
     assert!(r.training.auto_heal);
     // No method given: a quantized base means QLoRA.
@@ -89,7 +89,7 @@ fn aliases_and_yaml_11_booleans_are_accepted() {
         "model:\n  base: m\ntraining:\n  optimizer: adamw_bnb_8bit\n  attention: \
                 flash_attention_2\n  gradient_checkpointing: yes\n  auto_heal: on\n",
     );
-    assert_eq!(r.training.optimizer, Optimizer::Adamw8bit);
+    assert_eq!(r.training.optimizer, Some(Optimizer::Adamw8bit));
     assert!(r.training.gradient_checkpointing == Some(true) && r.training.auto_heal);
     // A number where free text goes is read as its text.
     assert_eq!(

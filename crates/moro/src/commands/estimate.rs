@@ -335,11 +335,7 @@ fn describe(job: &Job) -> String {
             job.optimizer.as_str(),
             job.precision.as_str(),
             job.precision_in_words(),
-            if job.gradient_checkpointing {
-                ", checkpointing"
-            } else {
-                ""
-            },
+            job.checkpointing_in_words(),
         ));
     }
     s.push_str(&format!(

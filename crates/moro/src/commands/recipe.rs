@@ -101,7 +101,7 @@ pub(crate) struct GenerateArgs {
     /// Sequences per optimizer step (micro batch × gradient accumulation) [default: 16].
     #[arg(long, value_parser = parse_positive)]
     pub(crate) effective_batch: Option<u64>,
-    /// Training stack: hf, trl, litgpt, torchtune.
+    /// Training stack: hf, trl, litgpt, torchtune, unsloth.
     #[arg(long, default_value = "hf", value_parser = parse_stack)]
     pub(crate) stack: Stack,
     /// What to optimize, after the longest context that fits (when --seq-len is not given):
@@ -565,11 +565,7 @@ pub(crate) fn describe(job: &Job) -> String {
         job.precision.as_str(),
         job.optimizer.as_str(),
         job.attention.as_str(),
-        if job.gradient_checkpointing {
-            ", checkpointing"
-        } else {
-            ""
-        }
+        job.checkpointing_in_words()
     ));
     if job.liger.any() {
         s.push_str(", Liger");

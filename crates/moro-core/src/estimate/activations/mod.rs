@@ -27,12 +27,13 @@
 
 use crate::job::{Attention, Job, Method, Padding, PeftKind, Quantization};
 use crate::model::{EncoderSpec, ExpertGate, LayerGroup, Linear, LinearRole, ModelSpec, NormKind};
-use crate::stack::{AttentionModule, CompileScope};
+use crate::stack::{ActivationOffload, AttentionModule, CompileScope};
 
 use super::Regime;
 use super::weights::{ADAPTER_PROMPT_LENGTH, ADAPTER_START_LAYER};
 
 mod compiled;
+mod unsloth;
 
 /// Activation bytes for one GPU's micro-batch.
 #[derive(Debug, Clone, Copy, Default)]
@@ -72,22 +73,33 @@ pub struct Activations {
     pub previous_step_quantized_inputs: u64,
 }
 
-/// Layer checkpoints on the GPU at once under torchtune's `OffloadActivations` (torchtune
-/// 0.4 `training/_activation_offloading.py`, `use_streams=True`): the forward stash keeps
-/// the last `max_fwd_stash_size = 5` packed tensors, and a checkpointed layer packs two
-/// (`_NoopSaveInputs` saves an empty dummy and the layer input); the backward brings one
-/// layer's input back while the previous one waits for its event.
-const OFFLOAD_CHECKPOINTS_ON_GPU: u64 = 2;
+/// Layer checkpoints on the GPU when `job` offloads them ([`Job::activation_offload`]), or
+/// `None` when every checkpoint stays: Unsloth checkpoints plainly below 512 tokens
+/// (`max_seq_length < 512`) or 2²⁰ elements of hidden state
+/// (`apply_unsloth_gradient_checkpointing`, `UnslothCheckpointFunction`).
+fn checkpoints_on_gpu(model: &ModelSpec, job: &Job) -> Option<u64> {
+    if !(job.activation_offload && job.gradient_checkpointing) {
+        return None;
+    }
+    let how = job.stack.profile().activation_offload?;
+    let elements = job.micro_batch_size * job.seq_len * model.hidden_size;
+    if how == ActivationOffload::Unsloth && (job.seq_len < 512 || elements <= 1 << 20) {
+        return None;
+    }
+    Some(model.num_layers.min(how.checkpoints_on_gpu()))
+}
 
 /// Bytes of layer checkpoints `job` offloads to pinned host memory
 /// ([`Job::activation_offload`]): every layer's input but those on the GPU at once.
 #[must_use]
 pub fn offloaded_checkpoints(model: &ModelSpec, job: &Job, r: &Regime) -> u64 {
-    if !(job.activation_offload && job.gradient_checkpointing) {
-        return 0;
-    }
-    let layers = model.num_layers.saturating_sub(OFFLOAD_CHECKPOINTS_ON_GPU);
-    layers * r.stream_bytes * model.hidden_size * job.micro_batch_size * job.seq_len
+    checkpoints_on_gpu(model, job).map_or(0, |on_gpu| {
+        (model.num_layers - on_gpu)
+            * r.stream_bytes
+            * model.hidden_size
+            * job.micro_batch_size
+            * job.seq_len
+    })
 }
 
 /// Bytes per element of an encoder's eager attention probabilities: autocast runs `softmax`
@@ -1066,6 +1078,7 @@ impl Activations {
             let layer = match &model.encoder {
                 Some(enc) => ctx.encoder_layer_bytes(g, enc),
                 None if compiled_layers => ctx.compiled_layer_bytes(g),
+                None if job.unsloth_kernels() => ctx.unsloth_layer_bytes(g),
                 None => ctx.layer_bytes(g),
             };
             one = one.max(layer);
@@ -1078,18 +1091,19 @@ impl Activations {
                 };
         }
         // Offloading moves each checkpoint to host memory once the stream has copied it.
-        if job.activation_offload && job.gradient_checkpointing {
-            all = all.min(model.num_layers.min(OFFLOAD_CHECKPOINTS_ON_GPU) * ckpt);
+        if let Some(on_gpu) = checkpoints_on_gpu(model, job) {
+            all = all.min(on_gpu * ckpt);
         }
         // Final norm: fp32 copy; trainable weight saves `normed`; lm_head's input is saved
         // when lm_head is trainable (and cast per autocast from an fp32 stream).
         let full = job.method == Method::Full;
         // With Liger's RMSNorm the final norm saves its input and an fp32 `rstd` per row.
-        let final_norm = if job.liger.rms_norm && model.norm == NormKind::RmsNorm {
-            r.stream_bytes * h + 4
-        } else {
-            4 * h + if full { r.stream_bytes * h } else { 0 }
-        };
+        let final_norm =
+            if (job.liger.rms_norm || job.unsloth_kernels()) && model.norm == NormKind::RmsNorm {
+                r.stream_bytes * h + 4
+            } else {
+                4 * h + if full { r.stream_bytes * h } else { 0 }
+            };
         let mut head = if job.compile && scope == CompileScope::Model {
             ctx.compiled_head_bytes()
         } else {
