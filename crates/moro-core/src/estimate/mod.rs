@@ -570,12 +570,10 @@ fn training_phases(
         ]),
     });
     // Backward of the loss: all activations still alive, the loss's backward buffers.
+    let saved_at_loss = all_layers + acts.head + acts.autocast_weight_cache;
     let loss_backward = base(vec![
         (Component::Gradients, grads_in_fwd),
-        (
-            Component::Activations,
-            all_layers + acts.head + acts.autocast_weight_cache,
-        ),
+        (Component::Activations, saved_at_loss),
         (Component::LogitsLoss, head.backward_peak),
         (
             Component::Transients,
@@ -594,10 +592,7 @@ fn training_phases(
     // the chunks' logit gradients and the hidden state's gradient.
     let head_backward = base(vec![
         (Component::Gradients, grads_in_fwd.max(par.head_grads)),
-        (
-            Component::Activations,
-            all_layers + acts.head + acts.autocast_weight_cache,
-        ),
+        (Component::Activations, saved_at_loss),
         (Component::LogitsLoss, head.held_at_head_backward),
         (
             Component::Transients,
