@@ -60,6 +60,14 @@ pub(crate) fn job_at(e: &moro_core::job::JobError, message: impl Into<String>) -
     anyhow::Error::new(u)
 }
 
+/// The recipe search's refusal, naming its field.
+pub(crate) fn search(e: &moro_core::search::SearchError) -> anyhow::Error {
+    let moro_core::search::SearchError::Invalid { field, .. } = e;
+    let mut u = UserError::new(e.to_string());
+    u.field = Some((*field).to_owned());
+    anyhow::Error::new(u)
+}
+
 /// Shorthand for a [`UserError`] with a hint.
 pub(crate) fn user_hint(message: impl Into<String>, hint: impl Into<String>) -> anyhow::Error {
     anyhow::Error::new(UserError::new(message).hint(hint))

@@ -1266,6 +1266,7 @@ fn unsloth_stack_is_estimated_and_what_was_not_read_is_refused() {
         (&["--liger"][..], "liger"),
         (&["--loss", "standard"][..], "loss"),
         (&["--attention", "eager"][..], "attention"),
+        (&["--hardware", "apple-m4-16gb"][..], "stack"),
     ] {
         let mut a = base.to_vec();
         if args.contains(&"--method") || args.contains(&"--model") {
@@ -1279,4 +1280,19 @@ fn unsloth_stack_is_estimated_and_what_was_not_read_is_refused() {
         a.extend_from_slice(args);
         assert_refused(&a, field);
     }
+    // The recipe search refuses it on a GPU without Triton too.
+    assert_refused(
+        &[
+            "recipe",
+            "generate",
+            "--json",
+            "--model",
+            "Qwen/Qwen2.5-0.5B",
+            "--stack",
+            "unsloth",
+            "--hardware",
+            "apple-m4-16gb",
+        ],
+        "stack",
+    );
 }

@@ -90,6 +90,17 @@ pub fn check(
             ),
         });
     }
+    if d.vendor == Vendor::Apple && job.stack.profile().triton_kernels {
+        return Err(JobError {
+            field: "stack",
+            message: format!(
+                "the {} stack's kernels are Triton kernels, which run on CUDA and ROCm; {} is an \
+                 Apple GPU",
+                job.stack.as_str(),
+                d.name
+            ),
+        });
+    }
     if d.vendor == Vendor::Apple && job.quantization != Quantization::None {
         return Err(JobError {
             field: "quantization",

@@ -199,6 +199,16 @@ impl Space {
     /// training method.
     pub fn new(model: &ModelSpec, request: &Request, caps: &Caps) -> Result<Self, SearchError> {
         let invalid = |field, message: String| Err(SearchError::Invalid { field, message });
+        if request.stack.profile().triton_kernels && !caps.triton {
+            return invalid(
+                "stack",
+                format!(
+                    "the {} stack's kernels are Triton kernels, which run on CUDA and ROCm, not \
+                     on this GPU",
+                    request.stack.as_str()
+                ),
+            );
+        }
         let methods = match request.method {
             MethodChoice::Auto => vec![Method::Full, Method::Lora, Method::Qlora],
             MethodChoice::Only(Method::Inference) => {

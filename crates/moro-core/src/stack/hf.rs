@@ -51,6 +51,7 @@ pub(super) const PROFILE: StackProfile = StackProfile {
     compile: CompileScope::Model,
     activation_offload: None,
     layer_kernels: LayerKernels::Model,
+    triton_kernels: false,
     default_lora_dropout: 0.05,
     default_optimizer: Optimizer::AdamwTorchFused,
     multi_gpu_layouts: MULTI_GPU,

@@ -77,6 +77,8 @@ pub struct StackProfile {
     pub activation_offload: Option<ActivationOffload>,
     /// Whose code runs a decoder layer's forward and what it saves.
     pub layer_kernels: LayerKernels,
+    /// Its own kernels are Triton's (CUDA and ROCm only).
+    pub triton_kernels: bool,
     /// LoRA dropout when not told.
     pub default_lora_dropout: f64,
     /// The optimizer when not told.

@@ -32,6 +32,7 @@ pub(super) const PROFILE: StackProfile = StackProfile {
     compile: CompileScope::Layers,
     activation_offload: Some(ActivationOffload::Torchtune),
     layer_kernels: LayerKernels::Model,
+    triton_kernels: false,
     default_lora_dropout: 0.05,
     default_optimizer: Optimizer::AdamwTorchFused,
     multi_gpu_layouts: &[(Sharding::FsdpFullShard, Offload::None)],

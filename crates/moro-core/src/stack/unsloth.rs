@@ -26,6 +26,7 @@ pub(super) const PROFILE: StackProfile = StackProfile {
     compile: CompileScope::Untraced,
     activation_offload: Some(ActivationOffload::Unsloth),
     layer_kernels: LayerKernels::UnslothFused,
+    triton_kernels: true,
     // `get_peft_model(lora_dropout=0)`; its notebooks' `optim="adamw_8bit"`.
     default_lora_dropout: 0.0,
     default_optimizer: Optimizer::Adamw8bit,

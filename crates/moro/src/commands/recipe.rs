@@ -881,7 +881,7 @@ pub(crate) fn run_generate(args: &GenerateArgs) -> Result<ExitCode> {
         cluster,
         objective: args.objective,
     };
-    let space = Space::new(&model.spec, &request, &caps).map_err(|e| user(e.to_string()))?;
+    let space = Space::new(&model.spec, &request, &caps).map_err(|e| crate::error::search(&e))?;
     if let Some(out) = &args.output
         && out.exists()
         && !args.force
