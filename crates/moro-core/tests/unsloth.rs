@@ -109,3 +109,21 @@ fn checkpoints_go_to_host_memory() {
         32 * 512 * 4096 * 2
     );
 }
+
+/// `UNSLOTH_RETURN_LOGITS=1` (`loss: standard`): the 16-bit logits and an fp32 log-sum-exp
+/// per row and 65,536-wide vocabulary chunk, the gradient written into the logits' buffer:
+/// 2 × 2,048 tokens of Llama-3.1-8B, 2·t·V + 4·t·2 by hand.
+#[test]
+fn the_full_logits_path_keeps_the_logits_once() {
+    let m = model("meta-llama/Llama-3.1-8B");
+    let job = Job {
+        loss: Some(moro_core::job::LossImpl::Standard),
+        ..unsloth(Method::Qlora, 2048, 2)
+    };
+    job.validate(&m).expect("modelled");
+    let r = Regime::resolve(&m, &job);
+    let l = Loss::new(&m, &job, &r, 1);
+    let t = 4096;
+    assert_eq!(l.forward_peak, 2 * t * 128_256 + 4 * t * 2);
+    assert_eq!(l.backward_peak, l.forward_peak);
+}

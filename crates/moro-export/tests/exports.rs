@@ -908,10 +908,26 @@ fn unsloth_exports_the_checkpointing_it_estimated() {
         let e = export(Format::Unsloth, &recipe, Some(&m), &Options::default()).unwrap();
         let script = file_of(&e, "train_unsloth.py");
         assert!(script.contains(expected), "{offload:?}: {script}");
+        assert!(!script.contains("UNSLOTH_RETURN_LOGITS"), "{script}");
         assert!(
-            !e.warnings.iter().any(|w| w.contains("training.stack")),
+            !e.warnings
+                .iter()
+                .any(|w| w.contains("training.stack") || w.contains("training.loss")),
             "{:?}",
             e.warnings
         );
     }
+    // `loss: standard` on the unsloth stack is its full-logits path.
+    let text = "model:\n  base: meta-llama/Llama-3.1-8B\n  method: qlora\ntraining:\n  stack: unsloth\n  loss: standard\n";
+    let recipe = moro_recipe::parse(text).unwrap();
+    let m = model(&recipe.model.base);
+    let e = export(Format::Unsloth, &recipe, Some(&m), &Options::default()).unwrap();
+    let script = file_of(&e, "train_unsloth.py");
+    let env = script
+        .find("os.environ[\"UNSLOTH_RETURN_LOGITS\"] = \"1\"")
+        .expect(script);
+    assert!(
+        env < script.find("from unsloth import").unwrap(),
+        "{script}"
+    );
 }

@@ -1264,7 +1264,7 @@ fn unsloth_stack_is_estimated_and_what_was_not_read_is_refused() {
         (&["--model", "google/gemma-2-9b"][..], "stack"),
         (&["--method", "full"][..], "method"),
         (&["--liger"][..], "liger"),
-        (&["--loss", "standard"][..], "loss"),
+        (&["--loss", "chunked"][..], "loss"),
         (&["--attention", "eager"][..], "attention"),
         (&["--hardware", "apple-m4-16gb"][..], "stack"),
     ] {

@@ -182,6 +182,24 @@ impl Loss {
                     ..Self::default()
                 }
             }
+            // Unsloth's full-logits path (`UNSLOTH_RETURN_LOGITS=1`; every release before
+            // 2024-11): lm_head's 16-bit logits and `Fast_CrossEntropyLoss`, which saves them
+            // with an fp32 log-sum-exp per row and per 65,536-wide vocabulary chunk
+            // (`MAX_FUSED_SIZE`) and writes the gradient into the logits' own buffer
+            // (unsloth 2026.8.19 `kernels/cross_entropy_loss.py`).
+            LossImpl::Standard if job.stack.profile().loss_code == LossCode::Unsloth => {
+                let e = if r.autocast { 2 } else { r.compute_bytes };
+                let lse = 4 * t * v.div_ceil(65_536);
+                Self {
+                    forward_peak: e * tv + lse,
+                    forward_transient: 0,
+                    backward_peak: e * tv + lse,
+                    backward_transient: 0,
+                    after_backward: 0,
+                    largest_block: e * tv,
+                    ..Self::default()
+                }
+            }
             LossImpl::Standard | LossImpl::StandardLegacy | LossImpl::StandardNoUpcast => {
                 let mut fwd = if r.compute_bytes == 4 && !r.autocast {
                     8

@@ -597,11 +597,11 @@ impl Job {
                 "Unsloth chooses FlashAttention or SDPA itself; eager attention is not one of them",
             );
         }
-        if self.loss_impl() != LossImpl::Fused {
+        if !matches!(self.loss_impl(), LossImpl::Fused | LossImpl::Standard) {
             return refuse(
                 "loss",
-                "Unsloth computes its fused cross-entropy (`loss: fused`); the full-logits \
-                 path (`UNSLOTH_RETURN_LOGITS=1`) was not modelled",
+                "Unsloth computes its fused cross-entropy (`loss: fused`), or with \
+                 `UNSLOTH_RETURN_LOGITS=1` the full logits (`loss: standard`)",
             );
         }
         if self.liger.any() {

@@ -55,8 +55,13 @@ pub(crate) fn unsloth(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
             p.liger.names().join(", ")
         ));
     }
+    let own = p.t.stack == Stack::Unsloth;
+    // On its own stack `loss: standard` is Unsloth's full-logits path, switched on by
+    // `UNSLOTH_RETURN_LOGITS=1`, and `loss: fused` its default.
+    let return_logits = own && p.loss == LossImpl::Standard;
     match p.loss {
         LossImpl::Standard | LossImpl::StandardLegacy | LossImpl::StandardNoUpcast => {}
+        LossImpl::Fused if own => {}
         _ => w.push(format!(
             "training.loss = {}: Unsloth uses its own fused cross-entropy",
             p.loss.as_str()
@@ -74,6 +79,11 @@ pub(crate) fn unsloth(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
 
     let mut s = script_header(p, "Unsloth", &launch, &mut w);
     s.push('\n');
+    if return_logits {
+        s.push_str(
+            "import os\n\n# The full-logits loss (`loss: standard`) moro estimated; set before Unsloth loads.\nos.environ[\"UNSLOTH_RETURN_LOGITS\"] = \"1\"\n\n",
+        );
+    }
     s.push_str(
         "from unsloth import FastLanguageModel  # first: Unsloth patches transformers and TRL\n\n",
     );
