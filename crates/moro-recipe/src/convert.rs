@@ -101,11 +101,7 @@ impl Recipe {
             compile: job.compile,
             // Said when on, or when the stack would otherwise turn it on.
             activation_offload: (job.activation_offload
-                || job
-                    .stack
-                    .profile()
-                    .activation_offload
-                    .is_some_and(moro_core::stack::ActivationOffload::by_default))
+                || job.stack.profile().offloads_by_default())
             .then_some(job.activation_offload),
             images_per_sample: (job.images.per_sample > 0).then_some(job.images.per_sample),
             image_size: (job.images.per_sample > 0)

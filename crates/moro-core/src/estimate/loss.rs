@@ -113,6 +113,7 @@ impl Loss {
             0
         };
         let torchtune = job.stack.profile().loss_code == LossCode::Torchtune;
+        let unsloth = job.stack.profile().loss_code == LossCode::Unsloth;
         if job.compile && job.stack.profile().compile == CompileScope::Model {
             return Self::compiled(model, job, r, tv);
         }
@@ -187,7 +188,7 @@ impl Loss {
             // with an fp32 log-sum-exp per row and per 65,536-wide vocabulary chunk
             // (`MAX_FUSED_SIZE`) and writes the gradient into the logits' own buffer
             // (unsloth 2026.8.19 `kernels/cross_entropy_loss.py`).
-            LossImpl::Standard if job.stack.profile().loss_code == LossCode::Unsloth => {
+            LossImpl::Standard if unsloth => {
                 let e = if r.autocast { 2 } else { r.compute_bytes };
                 let lse = 4 * t * v.div_ceil(65_536);
                 Self {
@@ -302,7 +303,7 @@ impl Loss {
             // `grad_inputs` (T·h) and a trainable lm_head's gradient. One chunk while its
             // fp32 logits fit the 4 GiB target (`get_chunk_size`, the target is also capped
             // at half the free memory), else a multiple of four.
-            LossImpl::Fused if job.stack.profile().loss_code == LossCode::Unsloth => {
+            LossImpl::Fused if unsloth => {
                 let grad_w = if job.method == Method::Full {
                     v * h * r.param_bytes
                 } else {

@@ -606,10 +606,7 @@ fn training_phases(
     let sum = |v: &[(Component, u64)]| v.iter().map(|(_, b)| b).sum::<u64>();
     phases.push(PhaseBytes {
         phase: Phase::LossBackward,
-        components: if par.head_grads > 0
-            && head.held_at_head_backward > 0
-            && sum(&head_backward) > sum(&loss_backward)
-        {
+        components: if head.held_at_head_backward > 0 && sum(&head_backward) > sum(&loss_backward) {
             head_backward
         } else {
             loss_backward

@@ -872,8 +872,9 @@ pub struct Job {
     /// `compile: True`): AOTAutograd's partitioner decides what is saved.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub compile: bool,
-    /// Activation offloading to host memory under checkpointing (torchtune's
-    /// `enable_activation_offloading: True`, `training/_activation_offloading.py`).
+    /// Checkpointed layer inputs offloaded to host memory (torchtune's
+    /// `enable_activation_offloading: True`, Unsloth's `"unsloth"` checkpointing): how,
+    /// and how many stay on the GPU, is the stack's [`crate::stack::ActivationOffload`].
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub activation_offload: bool,
 }

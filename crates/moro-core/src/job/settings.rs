@@ -288,13 +288,9 @@ impl JobSettings {
             liger: self.liger.unwrap_or_default(),
             compile: self.compile.unwrap_or(false),
             // Unsloth's `"unsloth"` checkpointing offloads whenever it checkpoints.
-            activation_offload: self.activation_offload.unwrap_or(
-                gradient_checkpointing
-                    && stack
-                        .profile()
-                        .activation_offload
-                        .is_some_and(crate::stack::ActivationOffload::by_default),
-            ),
+            activation_offload: self
+                .activation_offload
+                .unwrap_or(gradient_checkpointing && stack.profile().offloads_by_default()),
         })
     }
 

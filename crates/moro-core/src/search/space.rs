@@ -478,11 +478,7 @@ impl Space {
             },
             // The stack's own checkpointing (Unsloth's offloads its inputs).
             activation_offload: c.gradient_checkpointing
-                && self
-                    .stack
-                    .profile()
-                    .activation_offload
-                    .is_some_and(crate::stack::ActivationOffload::by_default),
+                && self.stack.profile().offloads_by_default(),
             ..Job::default()
         };
         job.lora.dropout = self.stack.profile().default_lora_dropout;

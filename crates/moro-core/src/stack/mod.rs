@@ -233,6 +233,28 @@ impl ActivationOffload {
     pub const fn by_default(self) -> bool {
         matches!(self, Self::Unsloth)
     }
+
+    /// Whether a step of `tokens` tokens (`seq_len` each) and `hidden` wide is offloaded
+    /// at all: Unsloth checkpoints plainly below 512 tokens of `max_seq_length` or 2²⁰
+    /// elements of hidden state (`apply_unsloth_gradient_checkpointing`,
+    /// `UnslothCheckpointFunction`).
+    #[must_use]
+    pub const fn applies(self, seq_len: u64, tokens: u64, hidden: u64) -> bool {
+        match self {
+            Self::Torchtune => true,
+            Self::Unsloth => seq_len >= 512 && tokens * hidden > 1 << 20,
+        }
+    }
+}
+
+impl StackProfile {
+    /// Whether a job of this stack offloads its checkpoints when it checkpoints and says
+    /// nothing about offloading.
+    #[must_use]
+    pub fn offloads_by_default(&self) -> bool {
+        self.activation_offload
+            .is_some_and(ActivationOffload::by_default)
+    }
 }
 
 /// Whose code runs a decoder layer and saves its tensors for backward.

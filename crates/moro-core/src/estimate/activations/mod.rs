@@ -27,7 +27,7 @@
 
 use crate::job::{Attention, Job, Method, Padding, PeftKind, Quantization};
 use crate::model::{EncoderSpec, ExpertGate, LayerGroup, Linear, LinearRole, ModelSpec, NormKind};
-use crate::stack::{ActivationOffload, AttentionModule, CompileScope};
+use crate::stack::{AttentionModule, CompileScope};
 
 use super::Regime;
 use super::weights::{ADAPTER_PROMPT_LENGTH, ADAPTER_START_LAYER};
@@ -74,19 +74,15 @@ pub struct Activations {
 }
 
 /// Layer checkpoints on the GPU when `job` offloads them ([`Job::activation_offload`]), or
-/// `None` when every checkpoint stays: Unsloth checkpoints plainly below 512 tokens
-/// (`max_seq_length < 512`) or 2²⁰ elements of hidden state
-/// (`apply_unsloth_gradient_checkpointing`, `UnslothCheckpointFunction`).
+/// `None` when every checkpoint stays ([`crate::stack::ActivationOffload::applies`]).
 fn checkpoints_on_gpu(model: &ModelSpec, job: &Job) -> Option<u64> {
     if !(job.activation_offload && job.gradient_checkpointing) {
         return None;
     }
     let how = job.stack.profile().activation_offload?;
-    let elements = job.micro_batch_size * job.seq_len * model.hidden_size;
-    if how == ActivationOffload::Unsloth && (job.seq_len < 512 || elements <= 1 << 20) {
-        return None;
-    }
-    Some(model.num_layers.min(how.checkpoints_on_gpu()))
+    let tokens = job.micro_batch_size * job.seq_len;
+    how.applies(job.seq_len, tokens, model.hidden_size)
+        .then(|| model.num_layers.min(how.checkpoints_on_gpu()))
 }
 
 /// Bytes of layer checkpoints `job` offloads to pinned host memory

@@ -24,11 +24,7 @@ impl Ctx<'_> {
     /// checkpointing (with it, the input is the checkpoint).
     pub(super) fn unsloth_layer_bytes(&self, g: &LayerGroup) -> u64 {
         let m = self.m;
-        let b = if self.r.autocast {
-            2
-        } else {
-            self.r.compute_bytes
-        };
+        let b = self.attn_bytes(self.r.compute_bytes);
         let h = m.hidden_size;
         let q = m.q_width();
         let kv = m.kv_width();
