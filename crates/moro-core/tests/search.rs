@@ -165,6 +165,8 @@ fn brute_layouts(cluster: Option<Cluster>, stack: Stack) -> Vec<Layout> {
             Stack::Torchtune | Stack::Litgpt => vec![(Sharding::FsdpFullShard, Offload::None)],
             // Unsloth: one GPU or plain data parallel.
             Stack::Unsloth => vec![(Sharding::None, Offload::None)],
+            // MLX: one Mac.
+            Stack::Mlx => vec![],
         };
         if nodes > 1 && matches!(stack, Stack::Hf | Stack::Trl) {
             v.push((Sharding::FsdpHybridShard, Offload::None));
@@ -178,7 +180,7 @@ fn brute_layouts(cluster: Option<Cluster>, stack: Stack) -> Vec<Layout> {
                     (Sharding::FsdpFullShard, Offload::OptimizerAndParams),
                 ]),
                 Stack::Torchtune => v.push((Sharding::FsdpFullShard, Offload::OptimizerAndParams)),
-                Stack::Litgpt | Stack::Unsloth => {}
+                Stack::Litgpt | Stack::Unsloth | Stack::Mlx => {}
             }
         }
         for (sharding, offload) in v {

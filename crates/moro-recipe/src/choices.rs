@@ -186,6 +186,22 @@ choice! {
         GptqInt4 = "gptq-int4" | "gptq" => Gptq4,
         /// gpt-oss's MXFP4 experts, kept for inference.
         Mxfp4 = "mxfp4" => Mxfp4,
+        /// MLX affine, 4 bits, groups of 64 (`mlx_lm.convert -q`, `mlx-community/*-4bit`).
+        Mlx4 = "mlx-4bit" | "mlx-4bit-g64" => Mlx4,
+        /// MLX affine, 8 bits, groups of 64.
+        Mlx8 = "mlx-8bit" | "mlx-8bit-g64" => Mlx8,
+        /// MLX affine, 2 bits, groups of 64.
+        Mlx2 = "mlx-2bit" => Mlx2,
+        /// MLX affine, 3 bits, groups of 64.
+        Mlx3 = "mlx-3bit" => Mlx3,
+        /// MLX affine, 5 bits, groups of 64.
+        Mlx5 = "mlx-5bit" => Mlx5,
+        /// MLX affine, 6 bits, groups of 64.
+        Mlx6 = "mlx-6bit" => Mlx6,
+        /// MLX affine, 4 bits, groups of 32.
+        Mlx4G32 = "mlx-4bit-g32" => Mlx4G32,
+        /// MLX affine, 8 bits, groups of 32.
+        Mlx8G32 = "mlx-8bit-g32" => Mlx8G32,
     }
 }
 
@@ -254,6 +270,8 @@ choice! {
         Torchtune = "torchtune" => Torchtune,
         /// Unsloth's FastLanguageModel on TRL.
         Unsloth = "unsloth" => Unsloth,
+        /// Apple's MLX, `mlx_lm.lora`.
+        Mlx = "mlx" | "mlx-lm" | "mlx_lm" => Mlx,
     }
 }
 

@@ -11,7 +11,9 @@ use moro_core::job::{Job, JobError, JobSettings, Liger, Padding, Parallel, PeftK
 
 use crate::choices::{LrScheduler, Method};
 use crate::error::RecipeError;
-use crate::recipe::{LibraryVersions, ModelSection, ParallelSection, Recipe, TrainingSection};
+use crate::recipe::{
+    LayerCount, LibraryVersions, ModelSection, ParallelSection, Recipe, TrainingSection,
+};
 
 /// Training settings that do not change memory but belong in a recipe (for exports and
 /// `moro run`).
@@ -103,6 +105,12 @@ impl Recipe {
             activation_offload: (job.activation_offload
                 || job.stack.profile().offloads_by_default())
             .then_some(job.activation_offload),
+            // Said on the stack that has it, whatever the value.
+            num_layers: job
+                .stack
+                .profile()
+                .default_adapted_layers
+                .map(|_| LayerCount::from_layers(job.adapted_layers)),
             images_per_sample: (job.images.per_sample > 0).then_some(job.images.per_sample),
             image_size: (job.images.per_sample > 0)
                 .then(|| format!("{}x{}", job.images.width, job.images.height)),
@@ -221,6 +229,7 @@ impl Recipe {
             },
             compile: t.compile.then_some(true),
             activation_offload: t.activation_offload,
+            adapted_layers: t.num_layers.map(LayerCount::layers),
         })
     }
 
@@ -260,7 +269,8 @@ pub fn job_field_path(field: &str) -> String {
         | "liger"
         | "liger_kernels"
         | "compile"
-        | "activation_offload" => {
+        | "activation_offload"
+        | "num_layers" => {
             format!("training.{field}")
         }
         "lora_rank"

@@ -323,6 +323,10 @@ pub struct TrainingSection {
     /// gradient checkpointing). Default: the stack's (on for unsloth when checkpointing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub activation_offload: Option<bool>,
+    /// How many of the last decoder layers train, or `all`: mlx_lm's `num_layers` (mlx stack
+    /// only). Default: the stack's (16 on mlx).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_layers: Option<LayerCount>,
     /// Images per sample (vision-language models). Default: 1 on a vision-language model,
     /// else 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -336,6 +340,46 @@ pub struct TrainingSection {
     /// reach the tower's Linears) or `trained` (full fine-tuning). Default: `frozen`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vision: Option<Vision>,
+}
+
+/// `training.num_layers`: a count, or `all`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[serde(untagged)]
+pub enum LayerCount {
+    /// The last this many layers.
+    Last(u64),
+    /// Every layer.
+    All(AllLayers),
+}
+
+/// The word `all`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+pub enum AllLayers {
+    /// Every layer (mlx_lm's `-1`).
+    #[serde(rename = "all")]
+    All,
+}
+
+impl LayerCount {
+    /// The engine's value: `None` for every layer.
+    #[must_use]
+    pub const fn layers(self) -> Option<u64> {
+        match self {
+            Self::Last(n) => Some(n),
+            Self::All(_) => None,
+        }
+    }
+
+    /// The file's value for the engine's.
+    #[must_use]
+    pub const fn from_layers(layers: Option<u64>) -> Self {
+        match layers {
+            Some(n) => Self::Last(n),
+            None => Self::All(AllLayers::All),
+        }
+    }
 }
 
 /// `training.versions:` — library versions as `MAJOR.MINOR[.PATCH]` strings (quote them:
@@ -389,6 +433,15 @@ pub struct LibraryVersions {
         schemars(regex(pattern = r"^[0-9]+\.[0-9]+(\.[0-9]+)?$"))
     )]
     pub torchtune: Option<String>,
+    /// MLX version (e.g. `"0.32.1"`; before 0.32.2 the loss's backward kept the shifted
+    /// logits, their softmax and the target gradient instead of the fused kernel's one
+    /// gradient).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(regex(pattern = r"^[0-9]+\.[0-9]+(\.[0-9]+)?$"))
+    )]
+    pub mlx: Option<String>,
 }
 
 impl LibraryVersions {
@@ -413,6 +466,11 @@ impl LibraryVersions {
             torch: two("training.versions.torch", &self.torch)?,
             torchao: two("training.versions.torchao", &self.torchao)?,
             torchtune: two("training.versions.torchtune", &self.torchtune)?,
+            mlx: self
+                .mlx
+                .as_deref()
+                .map(|s| parse_version("training.versions.mlx", s))
+                .transpose()?,
         })
     }
 
@@ -426,6 +484,7 @@ impl LibraryVersions {
             torch: v.torch.map(|(a, b)| format!("{a}.{b}")),
             torchao: v.torchao.map(|(a, b)| format!("{a}.{b}")),
             torchtune: v.torchtune.map(|(a, b)| format!("{a}.{b}")),
+            mlx: v.mlx.map(|(a, b, c)| format!("{a}.{b}.{c}")),
         })
     }
 }
@@ -481,6 +540,7 @@ impl Default for TrainingSection {
             liger_kernels: None,
             compile: false,
             activation_offload: None,
+            num_layers: None,
             images_per_sample: None,
             image_size: None,
             vision: None,

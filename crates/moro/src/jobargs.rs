@@ -177,6 +177,10 @@ pub(crate) struct JobArgs {
     /// `enable_activation_offloading` does (needs gradient checkpointing).
     #[arg(long, num_args = 0..=1, default_missing_value = "true", help_heading = "Training")]
     pub(crate) activation_offload: Option<bool>,
+    /// How many of the last decoder layers train, or `all`: mlx_lm's `--num-layers`
+    /// [default: 16 on the mlx stack; other stacks train every layer].
+    #[arg(long, value_parser = parse_layer_count, help_heading = "Training")]
+    pub(crate) num_layers: Option<LayerCount>,
     /// GPUs in all (data × tensor parallel) [default: the count --hardware names, else 1].
     #[arg(long, value_parser = parse_count, help_heading = "Parallel")]
     pub(crate) gpus: Option<u64>,
@@ -255,8 +259,20 @@ impl JobArgs {
             },
             compile: self.compile,
             activation_offload: self.activation_offload,
+            adapted_layers: self.num_layers.map(|n| n.0),
         }
     }
+}
+
+/// `--num-layers`: a count of layers, or `all` (`None`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LayerCount(pub(crate) Option<u64>);
+
+fn parse_layer_count(s: &str) -> Result<LayerCount, String> {
+    if s.trim().eq_ignore_ascii_case("all") || s.trim() == "-1" {
+        return Ok(LayerCount(None));
+    }
+    parse_count(s).map(|n| LayerCount(Some(n)))
 }
 
 /// `--liger-kernels rms_norm,swiglu,...`.

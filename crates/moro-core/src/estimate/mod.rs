@@ -21,6 +21,7 @@ pub mod dora;
 pub mod inference;
 pub mod load;
 pub mod loss;
+pub mod mlx;
 pub mod optimizer;
 pub mod parallel;
 pub mod regime;
@@ -331,6 +332,9 @@ pub fn add_replayed_steps(
     job: &Job,
     device: &DeviceProfile,
 ) {
+    if job.stack.profile().runtime == crate::stack::Runtime::Mlx {
+        return;
+    }
     let with_images = vision::with_image_tokens(model, job);
     let job: &Job = &with_images;
     let replayed = replay::step_fragmentation(model, job, &est.regime);
@@ -381,6 +385,13 @@ pub fn estimate_without_replay(
         model
     };
     let regime = Regime::resolve(model, job);
+    if job.stack.profile().runtime == crate::stack::Runtime::Mlx {
+        return Ok(finish_mlx(
+            model,
+            &regime,
+            mlx::training_phases(model, job, &regime),
+        ));
+    }
     let par = parallel::Sharded::new(model, job, &regime);
     let step = if job.method == Method::Inference {
         StepPhases {
@@ -917,6 +928,40 @@ fn finish(
     };
     set_levels(&mut est, device, outside, device.cuda_context_bytes);
     est
+}
+
+/// An MLX step's estimate: the peak of its phases is what `mx.get_peak_memory()` reports
+/// (live buffers; MLX's cache of freed buffers is not counted, and `mlx_lm` empties it after
+/// every step), and there is no allocator reserve, context or memory outside MLX's
+/// allocator to add.
+fn finish_mlx(model: &ModelSpec, regime: &Regime, phases: Vec<PhaseBytes>) -> Estimate {
+    let peak = phases
+        .iter()
+        .max_by_key(|p| p.total())
+        .cloned()
+        .unwrap_or(PhaseBytes {
+            phase: Phase::Load,
+            components: vec![],
+        });
+    let total = peak.total();
+    let mut components = peak.components;
+    components.retain(|c| c.1 > 0);
+    Estimate {
+        peak_allocated_bytes: total,
+        peak_reserved_bytes: total,
+        peak_device_bytes: total,
+        peak_phase: peak.phase,
+        components,
+        phases,
+        host_bytes: 0,
+        total_params: model.total_params(),
+        trainable_params: regime.trainable_params,
+        regime: regime.clone(),
+        largest_freed_block: 0,
+        load_reserved_bytes: 0,
+        replayed_fragmentation_bytes: 0,
+        step_segments_bytes: 0,
+    }
 }
 
 /// Sets the estimate's peak phase (the largest of its phases), its three levels and the

@@ -155,7 +155,7 @@ impl Regime {
             {
                 2
             }
-            AdapterDtype::PeftFp32 => 4,
+            AdapterDtype::PeftFp32 | AdapterDtype::Fp32 => 4,
         };
 
         // The residual stream takes the embedding's output dtype: fp32 when the embedding
@@ -234,6 +234,15 @@ impl Regime {
 /// projector ([`crate::job::VisionTraining`]).
 #[must_use]
 pub fn full_trainable_params(model: &ModelSpec, job: &Job) -> u64 {
+    if job.adapted_layers.is_some() || job.stack.profile().runtime == crate::stack::Runtime::Mlx {
+        // MLX's `num_layers`: only the last layers unfreeze (`l.unfreeze()` for each of
+        // `model.layers[-num_layers:]`), embeddings, final norm and head stay frozen.
+        return model
+            .layers
+            .iter()
+            .map(|g| job.trained_share(model, g.count) * g.layer_params())
+            .sum();
+    }
     if job.vision == crate::job::VisionTraining::Trained {
         model.total_params()
     } else {

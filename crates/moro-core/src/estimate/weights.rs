@@ -47,6 +47,17 @@ pub fn quantized_linear_bytes(l: &Linear, q: Quantization) -> u64 {
         }
         // `*_blocks` (two values a byte) and `*_scales` (one byte per 32 values).
         Quantization::Mxfp4 => n.div_ceil(2) + n.div_ceil(32),
+        // Scales and biases in a 16-bit model's dtype ([`crate::job::AffineQuant::bytes`]).
+        Quantization::Mlx2
+        | Quantization::Mlx3
+        | Quantization::Mlx4
+        | Quantization::Mlx5
+        | Quantization::Mlx6
+        | Quantization::Mlx8
+        | Quantization::Mlx4G32
+        | Quantization::Mlx8G32 => q
+            .mlx()
+            .map_or(n * 2, |a| a.bytes(l.out_features, l.in_features, 2)),
         Quantization::None => n * 2,
     }
 }
@@ -77,6 +88,9 @@ pub fn base_weight_bytes(model: &ModelSpec, job: &Job, r: &Regime) -> u64 {
     let q = job.quantization;
     if q == Quantization::None {
         return total * r.frozen_bytes;
+    }
+    if let Some(affine) = q.mlx() {
+        return super::mlx::weight_bytes(model, affine, r);
     }
     let mut quant = 0u64;
     let mut quantized_params = 0u64;
@@ -224,7 +238,7 @@ pub fn lora_tensors(model: &ModelSpec, job: &Job) -> Vec<(u64, (u64, u64))> {
         if !job.adapts(l) {
             continue;
         }
-        let copies = layers * l.count;
+        let copies = job.trained_share(model, layers) * l.count;
         if l.count > 1 && job.adapts_stacked(l) {
             // `ParamWrapper.update_layer`: `lora_A` in → r·E and `lora_B` r·E → out over the
             // stack. The gate and up stacks are one `gate_up_proj` at rank 2r (PEFT's

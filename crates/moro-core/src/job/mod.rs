@@ -217,8 +217,7 @@ impl PeftKind {
 }
 
 /// Storage of the frozen base weights.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Quantization {
     /// The load dtype (see [`Precision`]).
     None,
@@ -239,11 +238,52 @@ pub enum Quantization {
     /// 8-bit scale each; attention, router, embedding and lm_head stay 16-bit
     /// (`modules_to_not_convert`).
     Mxfp4,
+    /// MLX affine storage (`mlx_lm.convert -q`, the `mlx-community/*-2bit` repos): every
+    /// Linear and the embedding at 2 bits in groups of 64 ([`AffineQuant`]).
+    Mlx2,
+    /// MLX affine, 3 bits, groups of 64.
+    Mlx3,
+    /// MLX affine, 4 bits, groups of 64 (`mlx_lm.convert -q`'s default, the
+    /// `mlx-community/*-4bit` repos).
+    Mlx4,
+    /// MLX affine, 5 bits, groups of 64.
+    Mlx5,
+    /// MLX affine, 6 bits, groups of 64.
+    Mlx6,
+    /// MLX affine, 8 bits, groups of 64.
+    Mlx8,
+    /// MLX affine, 4 bits, groups of 32 (`--q-group-size 32`).
+    Mlx4G32,
+    /// MLX affine, 8 bits, groups of 32.
+    Mlx8G32,
+}
+
+/// MLX's affine quantization (mlx 0.32 `ops.cpp` `quantize`): `bits` per weight packed into
+/// uint32 words, and per group of `group_size` weights a scale and a bias in the weight's
+/// dtype.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AffineQuant {
+    /// Bits per weight.
+    pub bits: u64,
+    /// Weights per scale and bias.
+    pub group_size: u64,
+}
+
+impl AffineQuant {
+    /// Bytes of a `rows × cols` weight whose unquantized dtype has `dtype_bytes`: per row
+    /// `cols · bits / 32` uint32 words and a scale and a bias per group
+    /// (`{uint32, w.dtype(), w.dtype()}`, mlx `ops.cpp`).
+    #[must_use]
+    pub const fn bytes(self, rows: u64, cols: u64, dtype_bytes: u64) -> u64 {
+        let words = (cols * self.bits).div_ceil(32);
+        let groups = cols.div_ceil(self.group_size);
+        rows * (words * 4 + groups * 2 * dtype_bytes)
+    }
 }
 
 impl Quantization {
     /// All values.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 16] = [
         Self::None,
         Self::Int8,
         Self::Nf4,
@@ -252,7 +292,21 @@ impl Quantization {
         Self::Fp4Dq,
         Self::Gptq4,
         Self::Mxfp4,
+        Self::Mlx4,
+        Self::Mlx8,
+        Self::Mlx2,
+        Self::Mlx3,
+        Self::Mlx5,
+        Self::Mlx6,
+        Self::Mlx4G32,
+        Self::Mlx8G32,
     ];
+
+    /// The value named `s` ([`Quantization::as_str`]).
+    #[must_use]
+    pub fn from_name(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|q| q.as_str() == s)
+    }
 
     /// The name on the command line and in moro.yaml.
     #[must_use]
@@ -266,7 +320,32 @@ impl Quantization {
             Self::Fp4Dq => "fp4-dq",
             Self::Gptq4 => "gptq-int4",
             Self::Mxfp4 => "mxfp4",
+            Self::Mlx2 => "mlx-2bit",
+            Self::Mlx3 => "mlx-3bit",
+            Self::Mlx4 => "mlx-4bit",
+            Self::Mlx5 => "mlx-5bit",
+            Self::Mlx6 => "mlx-6bit",
+            Self::Mlx8 => "mlx-8bit",
+            Self::Mlx4G32 => "mlx-4bit-g32",
+            Self::Mlx8G32 => "mlx-8bit-g32",
         }
+    }
+
+    /// MLX's affine storage, if this is it.
+    #[must_use]
+    pub const fn mlx(self) -> Option<AffineQuant> {
+        let (bits, group_size) = match self {
+            Self::Mlx2 => (2, 64),
+            Self::Mlx3 => (3, 64),
+            Self::Mlx4 => (4, 64),
+            Self::Mlx5 => (5, 64),
+            Self::Mlx6 => (6, 64),
+            Self::Mlx8 => (8, 64),
+            Self::Mlx4G32 => (4, 32),
+            Self::Mlx8G32 => (8, 32),
+            _ => return None,
+        };
+        Some(AffineQuant { bits, group_size })
     }
 
     /// Whether this is a bitsandbytes 4-bit type.
@@ -279,6 +358,20 @@ impl Quantization {
     #[must_use]
     pub const fn double_quant(self) -> bool {
         matches!(self, Self::Nf4Dq | Self::Fp4Dq)
+    }
+}
+
+impl Serialize for Quantization {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Quantization {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        Self::from_name(&name)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown quantization `{name}`")))
     }
 }
 
@@ -498,16 +591,20 @@ pub enum Stack {
     /// Unsloth's `FastLanguageModel` on TRL (its fused LoRA kernels, fused cross-entropy and
     /// host-offloaded checkpoints).
     Unsloth,
+    /// Apple's MLX, `mlx_lm.lora` (its lazy graph, fp32 adapters on the last layers,
+    /// MLX-quantized bases; docs/mlx-memory.md).
+    Mlx,
 }
 
 impl Stack {
     /// All values.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::Hf,
         Self::Trl,
         Self::Litgpt,
         Self::Torchtune,
         Self::Unsloth,
+        Self::Mlx,
     ];
 
     /// The name on the command line and in moro.yaml.
@@ -519,6 +616,7 @@ impl Stack {
             Self::Litgpt => "litgpt",
             Self::Torchtune => "torchtune",
             Self::Unsloth => "unsloth",
+            Self::Mlx => "mlx",
         }
     }
 }
@@ -738,9 +836,21 @@ pub struct Versions {
     /// torchtune `(major, minor)`.
     #[serde(default)]
     pub torchtune: Option<(u32, u32)>,
+    /// MLX `(major, minor, patch)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mlx: Option<(u32, u32, u32)>,
 }
 
 impl Versions {
+    /// From mlx 0.32.2 `nn.losses.cross_entropy` runs the fused `mx.fast.cross_entropy` on a
+    /// GPU (`use_fast`), which keeps only the logits for its backward; before, the shifted
+    /// logits, their softmax and the scattered target gradient
+    /// ([`crate::estimate::mlx::UNFUSED_LOSS_COPIES`]).
+    #[must_use]
+    pub fn mlx_fused_cross_entropy(&self) -> bool {
+        self.mlx.is_none_or(|v| v >= (0, 32, 2))
+    }
+
     /// bitsandbytes before 0.43.2 saved each 4-bit matmul's input for backward
     /// (`ctx.tensors = (A, B)`); commit 9e753741 "fix QLoRA mem bug: delete useless buffered
     /// activation" (#1270), first released in 0.43.2, saves only the packed weight.
@@ -877,6 +987,10 @@ pub struct Job {
     /// and how many stay on the GPU, is the stack's [`crate::stack::ActivationOffload`].
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub activation_offload: bool,
+    /// How many decoder layers, the last ones, train (MLX's `num_layers`: `mlx_lm.lora`
+    /// adapts, or unfreezes, `model.layers[-num_layers:]`); `None`: every layer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapted_layers: Option<u64>,
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
@@ -927,6 +1041,7 @@ impl Default for Job {
             liger: Liger::default(),
             compile: false,
             activation_offload: false,
+            adapted_layers: None,
         }
     }
 }
@@ -957,6 +1072,19 @@ impl Job {
             && (self.is_module(l) || self.adapts_stacked(l))
             && (l.role != crate::model::LinearRole::Vision
                 || self.vision == VisionTraining::Adapted)
+    }
+
+    /// Of a group of `layers` decoder layers, how many train: all of them, or their share of
+    /// the last [`Job::adapted_layers`] (groups of a model whose layers differ are taken in
+    /// proportion).
+    #[must_use]
+    pub fn trained_share(&self, model: &crate::model::ModelSpec, layers: u64) -> u64 {
+        match self.adapted_layers {
+            Some(n) if n < model.num_layers && model.num_layers > 0 => {
+                (layers * n).div_ceil(model.num_layers)
+            }
+            _ => layers,
+        }
     }
 
     /// Whether `l` is an `nn.Linear` module in this job: always on a stack with its own
@@ -991,6 +1119,9 @@ impl Job {
             (Method::Full, Precision::Bf16) => "bf16 weights, no fp32 master copy",
             (Method::Full, Precision::Bf16Mixed) => "fp32 weights under bf16 autocast",
             (Method::Full, Precision::Fp16Mixed) => "fp32 weights under fp16 autocast",
+            (_, Precision::Bf16) if matches!(self.stack, Stack::Mlx) => {
+                "fp32 adapters on a bf16 model, no autocast"
+            }
             (_, Precision::Bf16) => "bf16 adapters, no autocast",
             (_, Precision::Bf16Mixed) => "fp32 adapters under bf16 autocast",
             (_, Precision::Fp16Mixed) => "fp32 adapters under fp16 autocast",

@@ -93,6 +93,9 @@ pub struct JobSettings {
     pub compile: Option<bool>,
     /// `training.activation_offload`: checkpoints offloaded to host memory. Default: false.
     pub activation_offload: Option<bool>,
+    /// `training.num_layers`: how many of the last decoder layers train, `Some(None)` for
+    /// all. Default: the stack's (MLX's 16; every layer elsewhere).
+    pub adapted_layers: Option<Option<u64>>,
 }
 
 /// Takes `a`, else `b`, field by field.
@@ -115,7 +118,7 @@ impl JobSettings {
             padding, optimizer, gradient_checkpointing, optimizer_in_backward, attention,
             precision, stack, loss, kv_dtype, gpus, tensor_parallel, pipeline_parallel,
             sharding, offload, nodes, reduce_bucket, versions, images_per_sample, image_size,
-            vision, liger, compile, activation_offload,
+            vision, liger, compile, activation_offload, adapted_layers,
         )
     }
 
@@ -216,7 +219,7 @@ impl JobSettings {
             _ => Method::Lora,
         });
         let quantization = self.quantization.unwrap_or(if method == Method::Qlora {
-            Quantization::Nf4Dq
+            stack.profile().default_quantization
         } else {
             Quantization::None
         });
@@ -227,7 +230,8 @@ impl JobSettings {
             .gradient_checkpointing
             .unwrap_or_else(|| default_checkpointing(stack, method, quantization));
         let d = LoraConfig::default();
-        let rank = self.lora_rank.unwrap_or(d.rank);
+        let profile = stack.profile();
+        let rank = self.lora_rank.unwrap_or(profile.default_lora_rank);
         #[allow(clippy::cast_precision_loss)] // ranks are far below 2^52
         let alpha = self.lora_alpha.unwrap_or(2.0 * rank as f64);
         let lora = LoraConfig {
@@ -236,7 +240,14 @@ impl JobSettings {
             dropout: self
                 .lora_dropout
                 .unwrap_or(stack.profile().default_lora_dropout),
-            targets: self.target_modules.clone().unwrap_or(d.targets),
+            targets: self
+                .target_modules
+                .clone()
+                .unwrap_or(if profile.adapts_all_linear {
+                    crate::job::Targets::AllLinear
+                } else {
+                    d.targets
+                }),
             dora: self.dora.unwrap_or(d.dora),
             feedforward: self.feedforward_modules.clone(),
             virtual_tokens: self.virtual_tokens.unwrap_or(d.virtual_tokens),
@@ -291,6 +302,9 @@ impl JobSettings {
             activation_offload: self
                 .activation_offload
                 .unwrap_or(gradient_checkpointing && stack.profile().offloads_by_default()),
+            adapted_layers: self
+                .adapted_layers
+                .unwrap_or(profile.default_adapted_layers),
         })
     }
 
@@ -557,6 +571,7 @@ mod tests {
             liger: Some(job.liger),
             compile: Some(job.compile),
             activation_offload: Some(job.activation_offload),
+            adapted_layers: Some(job.adapted_layers),
         }
     }
 

@@ -135,6 +135,7 @@ impl Job {
         }
         self.validate_images(model)?;
         self.validate_unsloth(model)?;
+        self.validate_mlx(model)?;
         if self.grad_accum == 0 || self.grad_accum > 1 << 20 {
             return err(
                 "gradient_accumulation_steps",
@@ -352,11 +353,13 @@ impl Job {
             }
         }
         if self.method == Method::Qlora
-            && !matches!(self.quantization, q if q.is_bnb4() || q == Quantization::Int8 || q == Quantization::Gptq4)
+            && !matches!(self.quantization, q if q.is_bnb4() || q == Quantization::Int8 || q == Quantization::Gptq4 || q.mlx().is_some())
         {
             return err(
                 "quantization",
-                "QLoRA needs a quantized base (nf4, nf4-dq, fp4, fp4-dq, int8)".to_owned(),
+                "QLoRA needs a quantized base (nf4, nf4-dq, fp4, fp4-dq, int8; mlx-4bit on \
+                 the mlx stack)"
+                    .to_owned(),
             );
         }
         if model.encoder.is_some() && self.method == Method::Inference {
@@ -615,6 +618,173 @@ impl Job {
             return refuse(
                 "strategy",
                 "Unsloth trains on one GPU or with plain data parallel",
+            );
+        }
+        Ok(())
+    }
+
+    /// What the MLX stack runs (mlx-lm 0.32 `lora.py`, `tuner/`; docs/mlx-memory.md), and MLX's
+    /// own settings on other stacks.
+    fn validate_mlx(&self, model: &ModelSpec) -> Result<(), JobError> {
+        let mlx_quant = self.quantization.mlx().is_some();
+        if self.stack != Stack::Mlx {
+            if mlx_quant {
+                return Err(JobError {
+                    field: "quantization",
+                    message: format!(
+                        "`{}` is MLX's storage, which only MLX loads: use stack mlx, or nf4-dq \
+                         on {}",
+                        self.quantization.as_str(),
+                        self.stack.as_str()
+                    ),
+                });
+            }
+            if self.adapted_layers.is_some() {
+                return Err(JobError {
+                    field: "num_layers",
+                    message: format!(
+                        "is mlx_lm's `num_layers` (the last N layers train); the {} stack \
+                         trains every layer: drop it, or use stack mlx",
+                        self.stack.as_str()
+                    ),
+                });
+            }
+            return Ok(());
+        }
+        let refuse = |field, what: String| {
+            Err(JobError {
+                field,
+                message: what,
+            })
+        };
+        let dense = model.moe.is_none()
+            && model.vision.is_none()
+            && model.encoder.is_none()
+            && model.mla.is_none();
+        if !dense {
+            return refuse(
+                "stack",
+                format!(
+                    "the MLX stack is modelled for dense text decoders; what MLX keeps for {}'s \
+                     experts, encoder or vision tower was not traced",
+                    model.model_type
+                ),
+            );
+        }
+        match self.method {
+            Method::Inference => {
+                return refuse(
+                    "method",
+                    "MLX inference (`mlx_lm.generate`) is not modelled: estimate it with stack hf"
+                        .to_owned(),
+                );
+            }
+            Method::Lora | Method::Qlora if self.peft != PeftKind::Lora || self.lora.dora => {
+                return refuse(
+                    "peft",
+                    "mlx_lm.lora trains LoRA and full fine-tunes here; its DoRA (which keeps \
+                     each adapted weight dequantized) is not traced yet"
+                        .to_owned(),
+                );
+            }
+            _ => {}
+        }
+        if self.quantization != Quantization::None && !mlx_quant {
+            return refuse(
+                "quantization",
+                format!(
+                    "`{}` is a bitsandbytes/GPTQ storage, which MLX does not load; MLX quantizes \
+                     with `mlx_lm.convert -q`: use mlx-4bit (or mlx-8bit, mlx-4bit-g32, …)",
+                    self.quantization.as_str()
+                ),
+            );
+        }
+        if self.method == Method::Qlora && !mlx_quant {
+            return refuse(
+                "quantization",
+                "QLoRA on MLX trains on an MLX-quantized model: use mlx-4bit (or another \
+                 mlx-Nbit)"
+                    .to_owned(),
+            );
+        }
+        if self.precision != Precision::Bf16 && self.precision != Precision::Fp32 {
+            return refuse(
+                "precision",
+                format!(
+                    "MLX has no autocast: the model computes in the dtype it was saved in; use \
+                     bf16 (or fp32), not {}",
+                    self.precision.as_str()
+                ),
+            );
+        }
+        if !matches!(
+            self.optimizer,
+            Optimizer::AdamwTorch
+                | Optimizer::AdamwTorchFused
+                | Optimizer::Sgd
+                | Optimizer::SgdMomentum
+        ) {
+            return refuse(
+                "optimizer",
+                format!(
+                    "`{}` is not one of mlx_lm's optimizers modelled here (adam, adamw, sgd): \
+                     bitsandbytes' 8-bit and paged states are CUDA's",
+                    self.optimizer.as_str()
+                ),
+            );
+        }
+        if self.attention == Attention::Flash {
+            return refuse(
+                "attention",
+                "FlashAttention is CUDA's; MLX trains through its own attention (sdpa)".to_owned(),
+            );
+        }
+        if self.loss.is_some_and(|l| l != LossImpl::Standard) {
+            return refuse(
+                "loss",
+                "mlx_lm.lora computes the full logits' cross-entropy (`loss: standard`)".to_owned(),
+            );
+        }
+        for (field, on, what) in [
+            (
+                "liger",
+                self.liger.any(),
+                "Liger's kernels are Triton's (CUDA)",
+            ),
+            (
+                "compile",
+                self.compile,
+                "torch.compile is PyTorch's; MLX compiles its step itself",
+            ),
+            (
+                "optimizer_in_backward",
+                self.optimizer_in_backward,
+                "torchtune's",
+            ),
+        ] {
+            if on {
+                return refuse(field, format!("is not an MLX setting ({what}): drop it"));
+            }
+        }
+        let p = &self.parallel;
+        if p.gpus() > 1 || p.sharding != Sharding::None || p.offload != Offload::None {
+            return refuse(
+                "strategy",
+                "MLX trains on one Mac here: DeepSpeed and FSDP are PyTorch's, and mlx.launch's \
+                 data parallel is not modelled"
+                    .to_owned(),
+            );
+        }
+        if let Some(n) = self.adapted_layers
+            && (n == 0 || n > model.num_layers)
+        {
+            return refuse(
+                "num_layers",
+                format!(
+                    "must be between 1 and the model's {} layers, or all, got {n} \
+                     (mlx_lm.lora raises the same ValueError)",
+                    model.num_layers
+                ),
             );
         }
         Ok(())

@@ -3,7 +3,7 @@
 use super::{
     AdapterDtype, AttentionModule, CompileScope, DefaultCheckpointing, DefaultLoss,
     DefaultPrecision, FsdpWrap, KbitPrepare, KvCacheLayout, LayerKernels, LossCode, Nf4Kernel,
-    StackProfile,
+    Runtime, StackProfile,
 };
 use crate::job::{Offload, Optimizer, Sharding};
 
@@ -54,6 +54,11 @@ pub(super) const PROFILE: StackProfile = StackProfile {
     triton_kernels: false,
     default_lora_dropout: 0.05,
     default_optimizer: Optimizer::AdamwTorchFused,
+    default_quantization: crate::job::Quantization::Nf4Dq,
+    default_lora_rank: 16,
+    adapts_all_linear: false,
+    default_adapted_layers: None,
+    runtime: Runtime::Torch,
     multi_gpu_layouts: MULTI_GPU,
     offload_layouts: OFFLOAD,
 };

@@ -11,6 +11,7 @@
 
 mod hf;
 mod litgpt;
+mod mlx;
 mod torchtune;
 mod trl;
 mod unsloth;
@@ -83,11 +84,36 @@ pub struct StackProfile {
     pub default_lora_dropout: f64,
     /// The optimizer when not told.
     pub default_optimizer: crate::job::Optimizer,
+    /// The quantization of a QLoRA job that does not say.
+    pub default_quantization: crate::job::Quantization,
+    /// LoRA's rank when not told.
+    pub default_lora_rank: u64,
+    /// LoRA adapts every Linear of the decoder layers when not told which (MLX's
+    /// `get_keys_for_lora`), rather than moro's seven Llama projections.
+    pub adapts_all_linear: bool,
+    /// Decoder layers that train when the job does not say: the last this many (MLX's
+    /// `num_layers`), or `None` for all of them.
+    pub default_adapted_layers: Option<u64>,
+    /// The array framework whose allocator and autodiff the step runs on.
+    pub runtime: Runtime,
     /// Layouts on several GPUs the recipe search offers (plain DDP is `Sharding::None`); a hybrid
     /// shard only where the GPUs span nodes.
     pub multi_gpu_layouts: &'static [(Sharding, Offload)],
     /// Layouts with CPU offload the search offers when the cluster allows it.
     pub offload_layouts: &'static [(Sharding, Offload)],
+}
+
+/// The framework a stack's step runs on: it decides what is kept for backward, how memory is
+/// counted and what the device adds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Runtime {
+    /// PyTorch on CUDA or ROCm: autograd's saved tensors, the caching allocator, the CUDA
+    /// context.
+    Torch,
+    /// MLX on Metal: a lazy graph whose arrays live while a backward node needs them, a buffer
+    /// cache outside the peak it reports (`mx.get_peak_memory`), no context
+    /// ([`crate::estimate::mlx`]).
+    Mlx,
 }
 
 /// Precision when the job does not say.
@@ -140,6 +166,8 @@ pub enum LossCode {
     Torchtune,
     /// Unsloth: `unsloth_fused_ce_loss` for the fused loss.
     Unsloth,
+    /// MLX: `nn.losses.cross_entropy` on 16-bit logits ([`crate::estimate::mlx`]).
+    Mlx,
 }
 
 /// Whether `prepare_model_for_kbit_training` runs on a quantized base (PEFT `other.py`:
@@ -163,6 +191,9 @@ pub enum AdapterDtype {
     PeftFp32,
     /// The model's own dtype (litgpt, torchtune).
     ModelDtype,
+    /// float32 whatever the model's dtype, with no autocast (MLX's `LoRALinear`:
+    /// `mx.random.uniform`/`mx.zeros` in the default dtype).
+    Fp32,
 }
 
 /// The 4-bit kernel of a stack's QLoRA.
@@ -316,6 +347,7 @@ impl Stack {
             Self::Litgpt => &litgpt::PROFILE,
             Self::Torchtune => &torchtune::PROFILE,
             Self::Unsloth => &unsloth::PROFILE,
+            Self::Mlx => &mlx::PROFILE,
         }
     }
 }

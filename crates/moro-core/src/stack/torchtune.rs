@@ -35,6 +35,11 @@ pub(super) const PROFILE: StackProfile = StackProfile {
     triton_kernels: false,
     default_lora_dropout: 0.05,
     default_optimizer: Optimizer::AdamwTorchFused,
+    default_quantization: crate::job::Quantization::Nf4Dq,
+    default_lora_rank: 16,
+    adapts_all_linear: false,
+    default_adapted_layers: None,
+    runtime: super::Runtime::Torch,
     multi_gpu_layouts: &[(Sharding::FsdpFullShard, Offload::None)],
     offload_layouts: &[(Sharding::FsdpFullShard, Offload::OptimizerAndParams)],
 };

@@ -191,6 +191,11 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
     };
     let quantization = if quant_text.is_empty() {
         Quantization::None
+    } else if let Some(q) =
+        Quantization::from_name(quant_text.trim_matches('"')).filter(|q| q.mlx().is_some())
+    {
+        // MLX's affine storage by its moro name (`mlx-4bit`).
+        q
     } else if quant_text.contains("gptq") {
         Quantization::Gptq4
     } else if quant_text.contains("mxfp4") {
@@ -217,7 +222,9 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         method
     };
 
-    let stack = if fw.contains("litgpt") || fw.contains("lit-gpt") {
+    let stack = if fw.contains("mlx") {
+        Stack::Mlx
+    } else if fw.contains("litgpt") || fw.contains("lit-gpt") {
         Stack::Litgpt
     } else if fw.contains("torchtune") {
         Stack::Torchtune
@@ -557,6 +564,13 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
                 (stack == Stack::Torchtune && !when.is_empty() && when.as_str() < "2024-09")
                     .then_some((0, 2))
             }),
+            // A row that names no release: mlx 0.32.2, the first with the fused
+            // cross-entropy, came out in August 2026.
+            mlx: version3_of(&fw, "mlx").or_else(|| {
+                let when = text(v, "measured_when");
+                (stack == Stack::Mlx && !when.is_empty() && when.as_str() < "2026-08")
+                    .then_some((0, 32, 1))
+            }),
         },
         peft,
         kv_dtype: if precision == Precision::Fp32 || fp32_kv {
@@ -571,6 +585,12 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         liger,
         compile: truthy(v, "torch_compile") == Some(true),
         activation_offload,
+        // MLX's `num_layers`, else the stack's default.
+        adapted_layers: match v.get("num_layers").and_then(Value::as_i64) {
+            Some(n) if n < 0 => None,
+            Some(n) => u64::try_from(n).ok(),
+            None => stack.profile().default_adapted_layers,
+        },
     };
 
     let metric_text = text(v, "metric").to_ascii_lowercase();

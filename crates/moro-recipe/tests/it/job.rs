@@ -70,6 +70,7 @@ fn every_field_maps() {
             torch: None,
             torchao: None,
             torchtune: None,
+            mlx: None,
         }
     );
     let extras = ok(FULL).extras();
@@ -119,6 +120,7 @@ fn jobs() -> Vec<Job> {
             torch: Some((1, 13)),
             torchao: Some((0, 1)),
             torchtune: Some((0, 2)),
+            mlx: Some((0, 32, 1)),
         },
         optimizer_in_backward: false,
         peft: PeftKind::Lora,
@@ -135,8 +137,17 @@ fn jobs() -> Vec<Job> {
         },
         compile: true,
         activation_offload: true,
+        adapted_layers: None,
     };
     v.push(all);
+    // MLX's own settings: its quantized storage and the last layers that train.
+    v.push(Job {
+        method: Method::Qlora,
+        quantization: Quantization::Mlx4G32,
+        stack: Stack::Mlx,
+        adapted_layers: Some(8),
+        ..d.clone()
+    });
     v.push(Job {
         liger: moro_core::job::Liger::ALL,
         ..d.clone()

@@ -401,24 +401,34 @@ pub(crate) fn render(
         &["level", "GiB", "at most", "what reports it"],
         &[false, true, true, false],
     );
-    lv.row(vec![
-        "allocated".into(),
-        gib(est.peak_allocated_bytes),
-        gib(judged.upper.allocated),
-        "torch.cuda.max_memory_allocated()".into(),
-    ]);
-    lv.row(vec![
-        "reserved".into(),
-        gib(est.peak_reserved_bytes),
-        gib(judged.upper.reserved),
-        "torch.cuda.max_memory_reserved()".into(),
-    ]);
-    lv.row(vec![
-        "device".into(),
-        gib(est.peak_device_bytes),
-        gib(judged.upper.device),
-        "nvidia-smi".into(),
-    ]);
+    if job.stack.profile().runtime == moro_core::stack::Runtime::Mlx {
+        // MLX reports one level: its live buffers (no cache, no context).
+        lv.row(vec![
+            "active".into(),
+            gib(est.peak_allocated_bytes),
+            gib(judged.upper.device),
+            "mx.get_peak_memory() (mlx_lm's \"Peak mem\", in GB of 10^9)".into(),
+        ]);
+    } else {
+        lv.row(vec![
+            "allocated".into(),
+            gib(est.peak_allocated_bytes),
+            gib(judged.upper.allocated),
+            "torch.cuda.max_memory_allocated()".into(),
+        ]);
+        lv.row(vec![
+            "reserved".into(),
+            gib(est.peak_reserved_bytes),
+            gib(judged.upper.reserved),
+            "torch.cuda.max_memory_reserved()".into(),
+        ]);
+        lv.row(vec![
+            "device".into(),
+            gib(est.peak_device_bytes),
+            gib(judged.upper.device),
+            "nvidia-smi".into(),
+        ]);
+    }
     out.push_str(&lv.render());
     out.push_str(&format!(
         "at most: the bound on each level, at or above {}\n",
