@@ -189,6 +189,8 @@ pub struct Space {
     /// The images of each sample: a vision-language model's default (one image at the
     /// processor's size, [`crate::job::JobSettings::resolve_for`]), none for a text model.
     pub images: crate::vision::Images,
+    /// The stack's trained layers on this model (MLX's 16, or all when the model has fewer).
+    pub adapted_layers: Option<u64>,
 }
 
 impl Space {
@@ -272,7 +274,10 @@ impl Space {
             Some(_) => vec![Method::Qlora],
             None => methods,
         };
-        let methods: Vec<Method> = if caps.bitsandbytes {
+        let profile = request.stack.profile();
+        // MLX quantizes with its own kernels, which run wherever MLX does.
+        let mlx = profile.runtime == crate::stack::Runtime::Mlx;
+        let methods: Vec<Method> = if caps.bitsandbytes || mlx {
             methods
         } else {
             methods
@@ -290,14 +295,22 @@ impl Space {
             };
             return invalid("method", message.to_owned());
         }
-        let optimizers: Vec<Optimizer> = OPTIMIZERS
-            .iter()
-            .copied()
-            .filter(|o| {
-                caps.bitsandbytes || !matches!(o, Optimizer::Adamw8bit | Optimizer::PagedAdamw8bit)
-            })
-            .collect();
-        let precisions = if caps.bf16 {
+        let optimizers: Vec<Optimizer> = if mlx {
+            vec![profile.default_optimizer]
+        } else {
+            OPTIMIZERS
+                .iter()
+                .copied()
+                .filter(|o| {
+                    caps.bitsandbytes
+                        || !matches!(o, Optimizer::Adamw8bit | Optimizer::PagedAdamw8bit)
+                })
+                .collect()
+        };
+        // MLX has no autocast: the model trains in its own 16-bit dtype.
+        let precisions = if mlx {
+            vec![Precision::Bf16]
+        } else if caps.bf16 {
             vec![Precision::Bf16Mixed, Precision::Bf16]
         } else {
             vec![Precision::Fp16Mixed]
@@ -305,7 +318,9 @@ impl Space {
         // Attention sinks have no SDPA path, and FlashAttention 2 drops them (transformers
         // 5.24 passes `s_aux` to FA3 and FA4 kernels only): eager is what runs them.
         let flash_model = model.vision.as_ref().is_none_or(|v| v.flash_attention);
-        let attentions = if model.attention_sinks {
+        let attentions = if mlx {
+            vec![Attention::Sdpa]
+        } else if model.attention_sinks {
             vec![Attention::Eager]
         } else if caps.flash_attention && flash_model {
             vec![Attention::Flash, Attention::Sdpa]
@@ -345,7 +360,14 @@ impl Space {
             },
             objective: request.objective,
             attention_targets: crate::targets::resolve(model, &Targets::Names(names)),
-            qlora_quantization: model.prequantized.unwrap_or(QLORA_QUANTIZATION),
+            qlora_quantization: model.prequantized.unwrap_or(if mlx {
+                profile.default_quantization
+            } else {
+                QLORA_QUANTIZATION
+            }),
+            adapted_layers: profile
+                .default_adapted_layers
+                .map(|n| n.min(model.num_layers)),
             images: model
                 .vision
                 .as_ref()
@@ -479,6 +501,7 @@ impl Space {
             // The stack's own checkpointing (Unsloth's offloads its inputs).
             activation_offload: c.gradient_checkpointing
                 && self.stack.profile().offloads_by_default(),
+            adapted_layers: self.adapted_layers,
             ..Job::default()
         };
         job.lora.dropout = self.stack.profile().default_lora_dropout;

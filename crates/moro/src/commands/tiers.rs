@@ -3,7 +3,9 @@
 //! For each tier (catalog presets standing for it) and each family (Qwen2.5, Llama-3.x), the
 //! largest catalog model for which `moro recipe generate` finds a fitting recipe (quality
 //! objective, method auto, context 8192 → 1024), with its method, LoRA rank/alpha, context
-//! and predicted peak.
+//! and predicted peak. Macs are planned on the MLX stack (`mlx_lm.lora`, what people
+//! fine-tune with there) within the GPU working-set limit, once per method, so the table says
+//! which of QLoRA, LoRA and full fine-tuning each Mac class runs.
 
 use std::process::ExitCode;
 
@@ -11,7 +13,9 @@ use anyhow::Result;
 use clap::Args;
 use moro_core::catalog;
 use moro_core::hardware::{HardwareSpec, parse_hardware_spec};
+use moro_core::job::{Method, Stack};
 use moro_core::model::ModelSpec;
+use moro_core::search::MethodChoice;
 use moro_core::search::{Candidate, Request};
 use serde::Serialize;
 
@@ -22,19 +26,34 @@ use crate::output::{Table, gib, json, stdout};
 /// The product's tiers and the presets that stand for them: the smallest (binding) card of
 /// each named range. A100 80GB reports 81920 MiB and H100 SXM 81559 MiB, so the H100 binds
 /// the cloud tier; the RTX 4090 (24564 MiB) binds the 24 GB tier against the 3090 (24576).
-pub(crate) const TIERS: &[(&str, &[&str])] = &[
-    ("RTX 3060/4060 12 GB", &["rtx-3060-12gb"]),
+pub(crate) const TIERS: &[(&str, &[&str], Stack)] = &[
+    ("RTX 3060/4060 12 GB", &["rtx-3060-12gb"], Stack::Hf),
     (
         "RTX 4070/4070 Ti 12–16 GB",
         &["rtx-4070-ti", "rtx-4070-ti-super"],
+        Stack::Hf,
     ),
-    ("RTX 3090/4090 24 GB", &["rtx-4090"]),
-    (
-        "Apple Silicon M2/M3/M4 16–64 GB",
-        &["apple-m4-16gb", "apple-m3-max-64gb"],
-    ),
-    ("Cloud A100/H100 80 GB", &["h100-sxm"]),
+    ("RTX 3090/4090 24 GB", &["rtx-4090"], Stack::Hf),
+    ("Mac 16 GB (MLX)", &["apple-m4-16gb"], Stack::Mlx),
+    ("Mac 24 GB (MLX)", &["apple-m4-24gb"], Stack::Mlx),
+    ("Mac 32 GB (MLX)", &["apple-m4-32gb"], Stack::Mlx),
+    ("Mac 64 GB (MLX)", &["apple-m4-max-64gb"], Stack::Mlx),
+    ("Mac 128 GB (MLX)", &["apple-m4-max-128gb"], Stack::Mlx),
+    ("Cloud A100/H100 80 GB", &["h100-sxm"], Stack::Hf),
 ];
+
+/// Methods searched for a tier: the best of all (`auto`) on CUDA cards; each of QLoRA,
+/// LoRA and full fine-tuning on a Mac.
+fn methods_of(stack: Stack) -> Vec<MethodChoice> {
+    if stack == Stack::Mlx {
+        [Method::Qlora, Method::Lora, Method::Full]
+            .into_iter()
+            .map(MethodChoice::Only)
+            .collect()
+    } else {
+        vec![MethodChoice::Auto]
+    }
+}
 
 /// The families of the product's table: display name and catalog id prefixes. Instruct
 /// entries whose base is also embedded are skipped as duplicates.
@@ -56,6 +75,7 @@ pub(crate) struct TiersArgs {
 pub(crate) struct TierCell {
     pub(crate) tier: &'static str,
     pub(crate) preset: &'static str,
+    pub(crate) stack: &'static str,
     pub(crate) usable_bytes: u64,
     pub(crate) family: &'static str,
     /// The largest model that fits, if any.
@@ -99,14 +119,18 @@ fn target_of(preset: &str) -> Option<Target> {
 }
 
 fn cell(
-    tier: &'static str,
-    preset: &'static str,
+    (tier, preset, stack): (&'static str, &'static str, Stack),
+    method: MethodChoice,
     family: &'static str,
     models: &[(&'static str, ModelSpec)],
 ) -> Option<TierCell> {
     let target = target_of(preset)?;
     let caps = caps_of(&target)?;
-    let request = Request::default();
+    let request = Request {
+        stack,
+        method,
+        ..Request::default()
+    };
     let found: Option<(&'static str, u64, Candidate)> = models.iter().find_map(|(id, spec)| {
         run_search(spec, &request, &caps)
             .and_then(|o| o.best)
@@ -115,11 +139,15 @@ fn cell(
     let mut c = TierCell {
         tier,
         preset,
+        stack: stack.as_str(),
         usable_bytes: caps.usable_bytes,
         family,
         model: None,
         parameters: None,
-        method: None,
+        method: match method {
+            MethodChoice::Only(m) => Some(m.as_str()),
+            MethodChoice::Auto => None,
+        },
         lora_rank: None,
         lora_alpha: None,
         seq_len: None,
@@ -148,19 +176,23 @@ pub(crate) fn compute() -> Vec<TierCell> {
         .iter()
         .map(|(name, prefixes)| (*name, family_models(prefixes)))
         .collect();
-    let jobs: Vec<(&'static str, &'static str)> = TIERS
+    let jobs: Vec<(&'static str, &'static str, Stack)> = TIERS
         .iter()
-        .flat_map(|(tier, presets)| presets.iter().map(move |p| (*tier, *p)))
+        .flat_map(|(tier, presets, stack)| presets.iter().map(move |p| (*tier, *p, *stack)))
         .collect();
     std::thread::scope(|s| {
         let handles: Vec<_> = jobs
             .iter()
-            .map(|(tier, preset)| {
+            .map(|&job| {
                 let families = &families;
                 s.spawn(move || {
                     families
                         .iter()
-                        .filter_map(|(fam, models)| cell(tier, preset, fam, models))
+                        .flat_map(|(fam, models)| {
+                            methods_of(job.2)
+                                .into_iter()
+                                .filter_map(move |m| cell(job, m, fam, models))
+                        })
                         .collect::<Vec<_>>()
                 })
             })
@@ -225,8 +257,9 @@ pub(crate) fn run(args: &TiersArgs) -> Result<ExitCode> {
     let mut out = t.render();
     out.push_str(
         "\ncomputed by the recipe search: quality objective, method auto, context 8192 → 1024, \
-         effective batch 16, hf stack; fits = the upper bound (95 % of measured runs like it) \
-         within the usable memory\n",
+         effective batch 16, hf stack (Macs: mlx, each method, within the GPU working-set \
+         limit); fits = the upper bound (95 % of measured runs like it) within the usable \
+         memory\n",
     );
     stdout(&out)?;
     Ok(ExitCode::SUCCESS)
