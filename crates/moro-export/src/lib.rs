@@ -50,11 +50,13 @@ pub enum Format {
     Deepspeed,
     /// accelerate config YAML.
     Accelerate,
+    /// `mlx_lm.lora` config YAML.
+    Mlx,
 }
 
 impl Format {
     /// Every format.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::Axolotl,
         Self::Llamafactory,
         Self::Trl,
@@ -62,6 +64,7 @@ impl Format {
         Self::Unsloth,
         Self::Deepspeed,
         Self::Accelerate,
+        Self::Mlx,
     ];
 
     /// The name on the command line.
@@ -75,6 +78,7 @@ impl Format {
             Self::Unsloth => "unsloth",
             Self::Deepspeed => "deepspeed",
             Self::Accelerate => "accelerate",
+            Self::Mlx => "mlx",
         }
     }
 
@@ -89,6 +93,7 @@ impl Format {
             "unsloth" => Self::Unsloth,
             "deepspeed" | "ds" => Self::Deepspeed,
             "accelerate" => Self::Accelerate,
+            "mlx" | "mlx-lm" | "mlx_lm" => Self::Mlx,
             _ => return None,
         })
     }
@@ -104,6 +109,7 @@ impl Format {
             Self::Unsloth => "train_unsloth.py",
             Self::Deepspeed => plan::DS_CONFIG_NAME,
             Self::Accelerate => plan::ACCELERATE_CONFIG_NAME,
+            Self::Mlx => "mlx_lora.yaml",
         }
     }
 }
@@ -216,6 +222,7 @@ pub fn export(
         Format::Unsloth => formats::unsloth(&plan, &main),
         Format::Deepspeed => formats::deepspeed(&plan, &main),
         Format::Accelerate => formats::accelerate(&plan, &main),
+        Format::Mlx => formats::mlx(&plan, &main),
     }?;
     let mut warnings = plan.warnings.clone();
     warnings.append(&mut out.warnings);

@@ -87,6 +87,10 @@ pub(crate) struct Plan<'a> {
     pub(crate) optimizer: moro_recipe::choices::Optimizer,
     /// `training.activation_offload`, resolved.
     pub(crate) activation_offload: bool,
+    /// `training.num_layers`, resolved: the last this many layers train, `None` all.
+    pub(crate) adapted_layers: Option<u64>,
+    /// `training.gradient_accumulation_steps` and `micro_batch_size` as the engine read them.
+    pub(crate) grad_accum: u64,
     pub(crate) dist: Dist,
     /// `parallel.reduce_bucket_size` (DeepSpeed); `None`: "auto".
     pub(crate) reduce_bucket: Option<u64>,
@@ -281,6 +285,8 @@ impl<'a> Plan<'a> {
             compile: job.compile,
             optimizer: job.optimizer.into(),
             activation_offload: job.activation_offload,
+            adapted_layers: job.adapted_layers,
+            grad_accum: job.grad_accum,
             dist,
             reduce_bucket: jp.reduce_bucket,
             nodes,

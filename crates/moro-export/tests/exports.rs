@@ -187,6 +187,8 @@ fn every_key_is_one_the_trainer_accepts() {
                 let (allowed, opaque): (_, &[&str]) =
                     if f.name == "accelerate.yaml" || e.format == Format::Accelerate {
                         (list("accelerate.txt"), &[])
+                    } else if e.format == Format::Mlx {
+                        (list("mlx-lm.txt"), &[])
                     } else if e.format == Format::Axolotl {
                         (
                             list("axolotl.txt"),
@@ -569,7 +571,8 @@ fn multi_node_launch_commands() {
     // No "add the node count" warning once the nodes are given; one node of 16 keeps one.
     for (case, _) in CASES.iter().filter(|(c, _)| c.contains("2x8gpu")) {
         for f in Format::ALL {
-            if f == Format::Deepspeed && !case.contains("zero") {
+            // mlx_lm trains on one device: it says so instead.
+            if (f == Format::Deepspeed && !case.contains("zero")) || f == Format::Mlx {
                 continue;
             }
             let e = case_export(case, f);

@@ -7,6 +7,7 @@ mod distributed;
 mod hf_trainer;
 mod launch;
 mod llamafactory;
+mod mlx;
 mod trainer_args;
 mod trl;
 mod unsloth;
@@ -15,6 +16,7 @@ pub(crate) use axolotl::axolotl;
 pub(crate) use distributed::{accelerate, deepspeed};
 pub(crate) use hf_trainer::hf_trainer;
 pub(crate) use llamafactory::llamafactory;
+pub(crate) use mlx::mlx;
 pub(crate) use trl::trl;
 pub(crate) use unsloth::unsloth;
 

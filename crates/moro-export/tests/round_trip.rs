@@ -1,0 +1,105 @@
+//! What an export writes, read back as the trainer reads it, is the job moro estimated.
+
+use moro_core::estimate::{DeviceProfile, estimate};
+use moro_core::job::{JobSettings, Method, Optimizer, Quantization, Stack, Targets};
+use moro_export::{Format, Options, export};
+
+fn model(id: &str) -> moro_core::model::ModelSpec {
+    moro_core::catalog::load(moro_core::catalog::find(id).unwrap()).unwrap()
+}
+
+/// The job `mlx_lm.lora` runs from a config and its launch line, by mlx-lm 0.32's rules:
+/// `max_seq_length` cuts the batch and the model reads all but the last token, a model
+/// converted with `-q --q-bits B --q-group-size G` is QLoRA at B bits in groups of G,
+/// `lora_parameters.scale` is alpha over rank, no `keys` adapts every Linear of a block,
+/// `num_layers: -1` is every layer.
+fn mlx_job(yaml: &str, launch: &str) -> JobSettings {
+    let v: serde_json::Value = serde_saphyr::from_str(yaml).unwrap();
+    let flag = |name: &str| -> Option<u64> {
+        let mut words = launch.split_whitespace();
+        words.find(|w| *w == name)?;
+        words.next()?.parse().ok()
+    };
+    let quantization = match (flag("--q-bits"), flag("--q-group-size")) {
+        (Some(bits), Some(group)) => Quantization::ALL.into_iter().find(|q| {
+            q.mlx()
+                .is_some_and(|a| a.bits == bits && a.group_size == group)
+        }),
+        _ => None,
+    };
+    let full = v["fine_tune_type"] == "full";
+    let lora = &v["lora_parameters"];
+    let rank = lora["rank"].as_u64();
+    JobSettings {
+        stack: Some(Stack::Mlx),
+        method: Some(match (full, quantization) {
+            (true, _) => Method::Full,
+            (false, Some(_)) => Method::Qlora,
+            (false, None) => Method::Lora,
+        }),
+        quantization: Some(quantization.unwrap_or(Quantization::None)),
+        lora_rank: rank,
+        #[allow(clippy::cast_precision_loss)]
+        lora_alpha: rank.map(|r| lora["scale"].as_f64().unwrap() * r as f64),
+        lora_dropout: lora["dropout"].as_f64(),
+        target_modules: (!full).then(|| match lora.get("keys") {
+            Some(serde_json::Value::Array(keys)) => Targets::Names(
+                keys.iter()
+                    .map(|k| k.as_str().unwrap().rsplit('.').next().unwrap().to_owned())
+                    .collect(),
+            ),
+            _ => Targets::AllLinear,
+        }),
+        micro_batch_size: v["batch_size"].as_u64(),
+        grad_accum: v["grad_accumulation_steps"].as_u64(),
+        seq_len: v["max_seq_length"].as_u64().map(|s| s - 1),
+        gradient_checkpointing: v["grad_checkpoint"].as_bool(),
+        optimizer: Some(match v["optimizer"].as_str().unwrap() {
+            "adam" | "adamw" => Optimizer::AdamwTorch,
+            "sgd" if v["optimizer_config"]["sgd"]["momentum"].is_number() => Optimizer::SgdMomentum,
+            "sgd" => Optimizer::Sgd,
+            other => panic!("optimizer {other}"),
+        }),
+        adapted_layers: Some(match v["num_layers"].as_i64().unwrap() {
+            -1 => None,
+            n => Some(u64::try_from(n).unwrap()),
+        }),
+        ..JobSettings::default()
+    }
+}
+
+#[test]
+fn the_mlx_config_is_the_job_estimated() {
+    let cases = [
+        "model:\n  base: Qwen/Qwen3-8B\n  method: qlora\ntraining:\n  stack: mlx\n",
+        "model:\n  base: meta-llama/Llama-3.2-3B\n  method: lora\n  lora_rank: 16\n  lora_alpha: 32\n  target_modules: [q_proj, v_proj]\ntraining:\n  stack: mlx\n  micro_batch_size: 4\n  max_seq_length: 1024\n  num_layers: 8\n",
+        "model:\n  base: Qwen/Qwen2.5-1.5B\n  method: full\ntraining:\n  stack: mlx\n  gradient_checkpointing: true\n  num_layers: all\n  optimizer: sgd_momentum\n  gradient_accumulation_steps: 4\n",
+        "model:\n  base: meta-llama/Llama-3.1-8B\n  method: qlora\n  quantization: mlx-8bit-g32\n  lora_dropout: 0.05\ntraining:\n  stack: mlx\n  max_seq_length: 4096\n",
+    ];
+    for text in cases {
+        let recipe = moro_recipe::parse(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let m = model(&recipe.model.base);
+        let e = export(Format::Mlx, &recipe, Some(&m), &Options::default()).unwrap();
+        assert!(
+            !e.warnings.iter().any(|w| w.contains("training.stack")),
+            "{:?}",
+            e.warnings
+        );
+        let planned = recipe.to_job().unwrap();
+        let read = mlx_job(&e.files[0].content, &e.launch)
+            .resolve_for(&m)
+            .unwrap();
+        assert_eq!(read.method, planned.method, "{text}");
+        assert_eq!(read.quantization, planned.quantization, "{text}");
+        assert_eq!(read.adapted_layers, planned.adapted_layers, "{text}");
+        assert_eq!(read.seq_len, planned.seq_len, "{text}");
+        let d = DeviceProfile::default();
+        let planned_job = recipe.settings().unwrap().resolve_for(&m).unwrap();
+        assert_eq!(
+            estimate(&m, &read, &d).unwrap(),
+            estimate(&m, &planned_job, &d).unwrap(),
+            "{text}\n{}",
+            e.files[0].content
+        );
+    }
+}
