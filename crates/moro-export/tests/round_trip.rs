@@ -103,3 +103,94 @@ fn the_mlx_config_is_the_job_estimated() {
         );
     }
 }
+
+/// The keyword arguments of `call(` … `)` in a script moro wrote (one `key=value` a line).
+fn kwargs(script: &str, call: &str) -> serde_json::Map<String, serde_json::Value> {
+    let start = script
+        .find(&format!("{call}("))
+        .unwrap_or_else(|| panic!("no {call}(\n{script}"));
+    let body = &script[start..];
+    let body = &body[..body.find("\n)").unwrap()];
+    let mut out = serde_json::Map::new();
+    for line in body.lines().skip(1) {
+        let Some((k, v)) = line.trim().trim_end_matches(',').split_once('=') else {
+            continue;
+        };
+        let v = match v {
+            "True" => serde_json::Value::Bool(true),
+            "False" => serde_json::Value::Bool(false),
+            v => serde_json::from_str(v).unwrap_or_else(|_| v.into()),
+        };
+        out.insert(k.to_owned(), v);
+    }
+    out
+}
+
+/// The job Unsloth 2026.8 runs from the script moro exports: `load_in_4bit` is its NF4 with
+/// double quantization, `use_gradient_checkpointing="unsloth"` checkpoints to host memory and
+/// `True` plainly, `UNSLOTH_RETURN_LOGITS=1` the full logits' loss; the rest are TRL's
+/// `SFTConfig` and PEFT's LoRA fields.
+fn unsloth_job(script: &str) -> JobSettings {
+    let load = kwargs(script, "FastLanguageModel.from_pretrained");
+    let peft = kwargs(script, "FastLanguageModel.get_peft_model");
+    let sft = kwargs(script, "SFTConfig");
+    let ckpt = &peft["use_gradient_checkpointing"];
+    let optim = sft["optim"].as_str().unwrap();
+    JobSettings {
+        stack: Some(Stack::Unsloth),
+        method: Some(if load["load_in_4bit"] == true {
+            Method::Qlora
+        } else {
+            Method::Lora
+        }),
+        quantization: Some(if load["load_in_4bit"] == true {
+            Quantization::Nf4Dq
+        } else {
+            Quantization::None
+        }),
+        lora_rank: peft["r"].as_u64(),
+        lora_alpha: peft["lora_alpha"].as_f64(),
+        lora_dropout: peft["lora_dropout"].as_f64(),
+        target_modules: Some(Targets::Names(
+            peft["target_modules"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_str().unwrap().to_owned())
+                .collect(),
+        )),
+        micro_batch_size: sft["per_device_train_batch_size"].as_u64(),
+        grad_accum: sft["gradient_accumulation_steps"].as_u64(),
+        seq_len: sft["max_length"].as_u64(),
+        gradient_checkpointing: Some(*ckpt != false),
+        activation_offload: Some(*ckpt == "unsloth"),
+        optimizer: Optimizer::ALL.into_iter().find(|o| o.as_str() == optim),
+        loss: script
+            .contains("os.environ[\"UNSLOTH_RETURN_LOGITS\"] = \"1\"")
+            .then_some(moro_core::job::LossImpl::Standard),
+        ..JobSettings::default()
+    }
+}
+
+#[test]
+fn the_unsloth_script_is_the_job_estimated() {
+    let cases = [
+        "model:\n  base: meta-llama/Llama-3.1-8B\n  method: qlora\ntraining:\n  stack: unsloth\n",
+        "model:\n  base: Qwen/Qwen2.5-7B\n  method: lora\n  lora_rank: 32\n  target_modules: [q_proj, v_proj]\ntraining:\n  stack: unsloth\n  micro_batch_size: 4\n  max_seq_length: 2048\n  activation_offload: false\n  gradient_accumulation_steps: 4\n",
+        "model:\n  base: Qwen/Qwen3-8B\n  method: qlora\ntraining:\n  stack: unsloth\n  loss: standard\n  optimizer: adamw_torch\n",
+    ];
+    for text in cases {
+        let recipe = moro_recipe::parse(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let m = model(&recipe.model.base);
+        let e = export(Format::Unsloth, &recipe, Some(&m), &Options::default()).unwrap();
+        let script = &e.files[0].content;
+        let read = unsloth_job(script).resolve_for(&m).unwrap();
+        let planned = recipe.settings().unwrap().resolve_for(&m).unwrap();
+        let d = DeviceProfile::default();
+        assert_eq!(
+            estimate(&m, &read, &d).unwrap(),
+            estimate(&m, &planned, &d).unwrap(),
+            "{text}\n{script}"
+        );
+    }
+}
