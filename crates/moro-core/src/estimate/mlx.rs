@@ -13,17 +13,17 @@ use super::{Component, Phase, PhaseBytes, Regime};
 use crate::job::{AffineQuant, Job, Method};
 use crate::model::{LinearRole, ModelSpec};
 
-/// One layer's backward under MLX's evaluation keeps this many times the layer's saved set
-/// in flight: the cotangent of each saved array, the fp32 cotangents of the adapters'
-/// branches, and up to `MLX_BFS_MAX_WIDTH` (20) independent nodes evaluated side by side.
-/// Traced on Qwen3-0.6B, Qwen2.5-0.5B and Llama-3.2-1B shapes at 128 and 256 tokens, 1 to 4
-/// adapted layers: 1.8 to 2.9 times (`validation/oracle-traces/mlx.jsonl`).
-pub const LAYER_BACKWARD_FACTOR: u64 = 3;
+/// Bytes per token and per element of `h + I` that one layer's backward keeps in flight
+/// under MLX's evaluation, beside the kept arrays: the layer's cotangents, the fp32 cotangents
+/// of its adapters' branches and independent branches evaluated side by side (`eval_impl`
+/// builds its tape breadth-first, up to `MLX_BFS_MAX_WIDTH` = 20 arrays wide). Traced, not
+/// derived: about ten fp32 arrays of the layer's widths, whatever the adapted modules, on
+/// Qwen3-0.6B, Qwen2.5-0.5B and Llama-3.2-1B shapes (`validation/oracle-traces/mlx.jsonl`).
+pub const LAYER_BACKWARD_FACTOR: u64 = 40;
 
-/// What of the last layer's backward is already in flight while the loss's buffers are
-/// alive, in the same units: the traces whose vocabulary makes the loss the peak come out
-/// 1.9 to 2.5 times one layer's saved set above the kept arrays and the logits.
-pub const AT_LOSS_FACTOR: u64 = 2;
+/// The same while the loss's buffers are alive: the traces whose vocabulary makes the loss
+/// the peak hold eight such arrays there.
+pub const AT_LOSS_FACTOR: u64 = 32;
 
 /// Logits-sized (`b·s·V`, 16-bit) arrays alive in the backward of `nn.losses.cross_entropy`
 /// without the fused kernel (mlx before 0.32.2, or not on a GPU): the kept shifted logits,
@@ -78,8 +78,7 @@ pub fn trained_layers(model: &ModelSpec, job: &Job) -> u64 {
 /// - `fast.rope` keeps nothing (`RoPE::vjp` rotates the cotangent back).
 /// - Attention trains through the unfused fallback (`ScaledDotProductAttention::use_fallback`:
 ///   "faster for training on Metal"): `q·scale`, k and v for the two matmuls, the bf16
-///   softmax output, and the `[s, s]` causal mask for `where`; a second score-sized array per
-///   layer stays alive in the traces (`p·a·s²` each, per sequence).
+///   softmax output (`p·a·s²` per sequence) and the `[s, s]` causal mask for `where`.
 /// - SwiGLU's product keeps gate and up (`p·I` each; one `p·I` for a plain MLP).
 /// - LoRA: `x @ lora_a` promotes x to the fp32 of the adapter (`matmul`: `astype(a,
 ///   out_type)`), whose matmul keeps it (4 B per input element, one copy per distinct input
@@ -127,7 +126,7 @@ pub fn layer_kept(model: &ModelSpec, job: &Job, r: &Regime) -> (u64, u64) {
         per_token += 4 * job.lora.rank * modules;
     }
     let s = job.seq_len;
-    let per_sequence = (2 * p * model.num_heads + 1) * s * s;
+    let per_sequence = (p * model.num_heads + 1) * s * s;
     (per_token, per_sequence)
 }
 
@@ -194,7 +193,11 @@ pub fn training_phases(model: &ModelSpec, job: &Job, r: &Regime) -> Vec<PhaseByt
     } else {
         0
     };
-    let in_flight = LAYER_BACKWARD_FACTOR * one_layer;
+    // The softmax's backward makes two score-sized arrays (`dP = dO·vᵀ`, then
+    // `probs · (dP − Σ)`).
+    let scores = p * model.num_heads * job.seq_len * job.seq_len * b;
+    let width = tokens * (h + model.intermediate_size);
+    let in_flight = LAYER_BACKWARD_FACTOR * width + 2 * scores;
     let layer_grads = if job.method == Method::Full && n > 0 {
         grad_bytes * trainable / n
     } else {
@@ -221,7 +224,7 @@ pub fn training_phases(model: &ModelSpec, job: &Job, r: &Regime) -> Vec<PhaseByt
                 (Component::Gradients, accumulated),
                 (Component::Activations, saved + head + recomputed),
                 (Component::LogitsLoss, logits * loss_copies),
-                (Component::Transients, AT_LOSS_FACTOR * one_layer),
+                (Component::Transients, AT_LOSS_FACTOR * width),
             ]),
         },
         PhaseBytes {
