@@ -80,7 +80,8 @@ pub(crate) struct JobArgs {
     #[arg(long, value_parser = parse_method, help_heading = "Job")]
     pub(crate) method: Option<Method>,
     /// Base weights: none, int8, nf4, nf4-dq, fp4, fp4-dq, gptq-int4, mxfp4 (gpt-oss
-    /// inference) [qlora default: nf4-dq; gpt-oss inference: mxfp4].
+    /// inference), mlx-4bit, mlx-8bit, … (MLX's, on --stack mlx) [qlora default: nf4-dq,
+    /// mlx-4bit on mlx; gpt-oss inference: mxfp4].
     #[arg(long, value_parser = parse_quantization, help_heading = "Job")]
     pub(crate) quantization: Option<Quantization>,
     /// PEFT method of a lora/qlora job: lora; PEFT's ia3, vera, loha, lokr and oft (r =
@@ -154,7 +155,7 @@ pub(crate) struct JobArgs {
     /// bf16 for full fine-tuning and inference].
     #[arg(long, value_parser = parse_precision, help_heading = "Training")]
     pub(crate) precision: Option<Precision>,
-    /// Training stack: hf, trl, litgpt, torchtune, unsloth [default: hf].
+    /// Training stack: hf, trl, litgpt, torchtune, unsloth, mlx [default: hf].
     #[arg(long, value_parser = parse_stack, help_heading = "Training")]
     pub(crate) stack: Option<Stack>,
     /// Loss: standard, chunked-nll, chunked, fused [default: the stack's].

@@ -1296,3 +1296,85 @@ fn unsloth_stack_is_estimated_and_what_was_not_read_is_refused() {
         "stack",
     );
 }
+
+#[test]
+fn mlx_stack_is_estimated_and_what_mlx_lacks_is_refused() {
+    let base = [
+        "estimate",
+        "--json",
+        "--model",
+        "Qwen/Qwen3-8B",
+        "--stack",
+        "mlx",
+        "--seq-len",
+        "2048",
+    ];
+    let q = json(&[&base[..], &["--method", "qlora"]].concat());
+    assert_eq!(q["job"]["stack"], "mlx", "{q}");
+    assert_eq!(q["job"]["quantization"], "mlx-4bit", "{q}");
+    assert_eq!(q["job"]["adapted_layers"], 16, "{q}");
+    // One level: MLX's live buffers, no cache and no context.
+    assert_eq!(q["peak_allocated_bytes"], q["peak_device_bytes"], "{q}");
+    // mlx-community's 4-bit Qwen3-8B: 4.5 bits per weight and 16-bit norms, 4.6 GB.
+    let weights = q["components"]["weights"].as_u64().unwrap();
+    assert!(
+        (4_500_000_000..4_700_000_000).contains(&weights),
+        "{weights}"
+    );
+    // Fewer trained layers keep fewer activations.
+    let eight = json(&[&base[..], &["--method", "qlora", "--num-layers", "8"]].concat());
+    assert!(eight["peak_allocated_bytes"].as_u64() < q["peak_allocated_bytes"].as_u64());
+    for (args, field) in [
+        (
+            &["--method", "qlora", "--quantization", "nf4-dq"][..],
+            "quantization",
+        ),
+        (
+            &["--method", "lora", "--attention", "flash"][..],
+            "attention",
+        ),
+        (
+            &["--method", "full", "--gpus", "2", "--strategy", "zero3"][..],
+            "strategy",
+        ),
+        (
+            &["--method", "lora", "--precision", "bf16-mixed"][..],
+            "precision",
+        ),
+        (
+            &["--method", "lora", "--optimizer", "paged_adamw_8bit"][..],
+            "optimizer",
+        ),
+        (&["--method", "lora", "--liger"][..], "liger"),
+        (
+            &["--method", "lora", "--num-layers", "40"][..],
+            "num_layers",
+        ),
+        (&["--method", "inference"][..], "method"),
+    ] {
+        assert_refused(&[&base[..], args].concat(), field);
+    }
+    // MLX's own settings are refused on other stacks.
+    assert_refused(
+        &[
+            "estimate",
+            "--json",
+            "--model",
+            "Qwen/Qwen3-8B",
+            "--quantization",
+            "mlx-4bit",
+        ],
+        "quantization",
+    );
+    assert_refused(
+        &[
+            "estimate",
+            "--json",
+            "--model",
+            "Qwen/Qwen3-8B",
+            "--num-layers",
+            "8",
+        ],
+        "num_layers",
+    );
+}

@@ -375,6 +375,29 @@ fn tiers_json_shape() {
     };
     assert!(params("h100-sxm", "Qwen2.5").is_some());
     assert!(params("rtx-3060-12gb", "Qwen2.5").is_some());
+    // Macs of 16 to 128 GB are planned on MLX, one row per method, and each runs QLoRA;
+    // the largest QLoRA model never shrinks as the Mac grows.
+    let mut last = 0;
+    for preset in [
+        "apple-m4-16gb",
+        "apple-m4-24gb",
+        "apple-m4-32gb",
+        "apple-m4-max-64gb",
+        "apple-m4-max-128gb",
+    ] {
+        let rows: Vec<_> = tiers.iter().filter(|t| t["preset"] == preset).collect();
+        assert!(rows.iter().all(|t| t["stack"] == "mlx"), "{preset}");
+        for m in ["qlora", "lora", "full"] {
+            assert!(rows.iter().any(|t| t["method"] == m), "{preset} {m}");
+        }
+        let qlora = rows
+            .iter()
+            .filter(|t| t["method"] == "qlora" && t["family"] == "Qwen2.5")
+            .find_map(|t| t["parameters"].as_u64())
+            .unwrap_or_else(|| panic!("{preset}: no QLoRA model fits"));
+        assert!(qlora >= last, "{preset}");
+        last = qlora;
+    }
 }
 
 #[test]

@@ -126,7 +126,7 @@ pub(crate) struct FitArgs {
     /// Sequences per optimizer step [default: 16].
     #[arg(long, value_parser = parse_positive)]
     pub(crate) effective_batch: Option<u64>,
-    /// Training stack: hf, trl, litgpt, torchtune, unsloth.
+    /// Training stack: hf, trl, litgpt, torchtune, unsloth, mlx.
     #[arg(long, default_value = "hf", value_parser = parse_stack)]
     pub(crate) stack: moro_core::job::Stack,
     /// Host RAM per job for CPU offload (`2TiB`): offloading answers that need more are

@@ -101,7 +101,7 @@ pub(crate) struct GenerateArgs {
     /// Sequences per optimizer step (micro batch × gradient accumulation) [default: 16].
     #[arg(long, value_parser = parse_positive)]
     pub(crate) effective_batch: Option<u64>,
-    /// Training stack: hf, trl, litgpt, torchtune, unsloth.
+    /// Training stack: hf, trl, litgpt, torchtune, unsloth, mlx.
     #[arg(long, default_value = "hf", value_parser = parse_stack)]
     pub(crate) stack: Stack,
     /// What to optimize, after the longest context that fits (when --seq-len is not given):
