@@ -930,19 +930,24 @@ fn finish(
     est
 }
 
-/// An MLX step's estimate: the peak of its phases is what `mx.get_peak_memory()` reports
-/// (live buffers; MLX's cache of freed buffers is not counted, and `mlx_lm` empties it after
-/// every step), and there is no allocator reserve, context or memory outside MLX's
-/// allocator to add.
-fn finish_mlx(model: &ModelSpec, regime: &Regime, phases: Vec<PhaseBytes>) -> Estimate {
-    let peak = phases
+/// The phase with the most allocated bytes (an empty load phase when there are none).
+fn largest_phase(phases: &[PhaseBytes]) -> PhaseBytes {
+    phases
         .iter()
         .max_by_key(|p| p.total())
         .cloned()
         .unwrap_or(PhaseBytes {
             phase: Phase::Load,
             components: vec![],
-        });
+        })
+}
+
+/// An MLX step's estimate: the peak of its phases is what `mx.get_peak_memory()` reports
+/// (live buffers; MLX's cache of freed buffers is not counted, and `mlx_lm` empties it after
+/// every step), and there is no allocator reserve, context or memory outside MLX's
+/// allocator to add.
+fn finish_mlx(model: &ModelSpec, regime: &Regime, phases: Vec<PhaseBytes>) -> Estimate {
+    let peak = largest_phase(&phases);
     let total = peak.total();
     let mut components = peak.components;
     components.retain(|c| c.1 > 0);
@@ -969,15 +974,7 @@ fn finish_mlx(model: &ModelSpec, regime: &Regime, phases: Vec<PhaseBytes>) -> Es
 /// context: what `estimate` and a re-leveling after changing phase bytes
 /// ([`stored::with_stored_weights`]) share.
 pub(crate) fn set_levels(est: &mut Estimate, device: &DeviceProfile, outside: u64, context: u64) {
-    let peak = est
-        .phases
-        .iter()
-        .max_by_key(|p| p.total())
-        .cloned()
-        .unwrap_or(PhaseBytes {
-            phase: Phase::Load,
-            components: vec![],
-        });
+    let peak = largest_phase(&est.phases);
     let (allocated, reserve) = allocated_and_reserve(
         &peak,
         device,
