@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::units::{GIB, MIB, parse_size};
 
-/// The catalog text, `data/hardware/gpus.json` (62 entries; schema in the hardware doc §1).
+/// The catalog text, `data/hardware/gpus.json` (64 entries; schema in the hardware doc §1).
 const CATALOG_JSON: &str = include_str!("../../../data/hardware/gpus.json");
 
 /// Apple unified memory up to this size gets the smaller default GPU fraction
@@ -743,8 +743,8 @@ mod tests {
     #[test]
     fn catalog_parses() {
         let all = presets();
-        // 62 entries per the hardware doc's header.
-        assert_eq!(all.len(), 62);
+        // 64 entries: the hardware doc's 62 and the two Strix Halo budgets.
+        assert_eq!(all.len(), 64);
         let ids: std::collections::HashSet<_> = all.iter().map(|m| m.id.as_str()).collect();
         assert_eq!(ids.len(), all.len(), "duplicate ids");
         for m in all {

@@ -23,11 +23,17 @@ pub const APU_MIN_GTT: u64 = 8 * GIB;
 pub const APU_GTT_RATIO: u64 = 4;
 
 /// PCI device ids mapped to names where the hardware doc gives them (§3, from gpuhunt's
-/// device-id table): MI300X `0x74A1`, MI210 `0x740F`.
-const DEVICE_IDS: [(&str, &str); 2] = [
+/// device-id table): MI300X `0x74A1`, MI210 `0x740F`; Strix Halo's integrated GPU `0x1586`
+/// (amdgpu_top's DeviceID 5510, gfx1151; hardware doc §3.4).
+const DEVICE_IDS: [(&str, &str); 3] = [
     ("0x74a1", "AMD Instinct MI300X"),
     ("0x740f", "AMD Instinct MI210"),
+    ("0x1586", "AMD Radeon 8060S (Ryzen AI Max, Strix Halo)"),
 ];
+
+/// PCI device ids of integrated GPUs whatever their carve-out: Strix Halo (`0x1586`), whose
+/// BIOS carve-out ranges from 0.5 GiB to 96 GiB, beyond the size heuristic below.
+const APU_DEVICE_IDS: [&str; 1] = ["0x1586"];
 
 /// The sysfs files of one `/sys/class/drm/card<N>/device`, as read (missing = `None`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -46,6 +52,10 @@ pub struct AmdCardFiles {
     pub vram_used: Option<String>,
     /// `mem_info_gtt_total`, decimal bytes.
     pub gtt_total: Option<String>,
+    /// TTM's `pages_limit` (`/sys/module/ttm/parameters/pages_limit`, or `amdttm`'s under
+    /// AMD's DKMS driver), 4 KiB pages: what ROCm may allocate in GTT, whatever
+    /// `mem_info_gtt_total` says (`amdgpu.gttsize` is deprecated for it).
+    pub ttm_pages_limit: Option<String>,
 }
 
 fn bytes(v: Option<&str>) -> Option<u64> {
@@ -68,13 +78,17 @@ pub fn amd_sysfs_device(f: &AmdCardFiles) -> Result<Option<Device>, String> {
         ));
     };
     let gtt = bytes(f.gtt_total.as_deref());
-    let apu = gtt.is_some_and(|g| {
-        vram <= APU_MAX_VRAM && g >= APU_MIN_GTT && g >= vram.saturating_mul(APU_GTT_RATIO)
-    });
-    let id_name = f.device.as_deref().and_then(|d| {
-        let d = d.trim().to_ascii_lowercase();
-        DEVICE_IDS.iter().find(|(id, _)| *id == d).map(|(_, n)| *n)
-    });
+    let device = f.device.as_deref().map(|d| d.trim().to_ascii_lowercase());
+    let known_apu = device
+        .as_deref()
+        .is_some_and(|d| APU_DEVICE_IDS.contains(&d));
+    let apu = known_apu
+        || gtt.is_some_and(|g| {
+            vram <= APU_MAX_VRAM && g >= APU_MIN_GTT && g >= vram.saturating_mul(APU_GTT_RATIO)
+        });
+    let id_name = device
+        .as_deref()
+        .and_then(|d| DEVICE_IDS.iter().find(|(id, _)| *id == d).map(|(_, n)| *n));
     let name = f
         .product_name
         .as_deref()
@@ -91,11 +105,23 @@ pub fn amd_sysfs_device(f: &AmdCardFiles) -> Result<Option<Device>, String> {
             .replace(" )", ")")
         });
     let (total, used) = if apu {
-        (gtt.unwrap_or(vram), None)
+        (apu_pool(vram, gtt, f), None)
     } else {
         (vram, bytes(f.vram_used.as_deref()).filter(|&u| u <= vram))
     };
     Ok(Some(amd_device(name, total, used, apu)))
+}
+
+/// The one pool ROCm gives an integrated GPU: the GTT, capped by TTM's page limit, when the
+/// carve-out is the smaller (the kernel's `apu_prefer_gtt`, torvalds/linux 759e764f "Let
+/// VRAM allocations go to GTT domain on small APUs"), else the carve-out; never both
+/// (hardware doc §3.4).
+fn apu_pool(vram: u64, gtt: Option<u64>, f: &AmdCardFiles) -> u64 {
+    let ttm = bytes(f.ttm_pages_limit.as_deref()).map(|p| p.saturating_mul(4096));
+    match gtt {
+        Some(g) if vram < g => ttm.map_or(g, |t| g.min(t)),
+        _ => vram,
+    }
 }
 
 /// An AMD [`Device`] enriched from the catalog by name. Unknown boards get no bf16 or
@@ -143,6 +169,10 @@ pub fn probe_amd_sysfs(root: &Path) -> Result<(Vec<Device>, Vec<String>), ProbeF
     cards.sort_unstable();
     let mut devices = Vec::new();
     let mut notes = Vec::new();
+    let module = root.join("module");
+    let ttm_pages_limit = ["ttm", "amdttm"]
+        .iter()
+        .find_map(|m| read(&module.join(m).join("parameters"), "pages_limit"));
     for (_, card) in cards {
         let dir = drm.join(&card).join("device");
         let files = AmdCardFiles {
@@ -152,6 +182,7 @@ pub fn probe_amd_sysfs(root: &Path) -> Result<(Vec<Device>, Vec<String>), ProbeF
             vram_total: read(&dir, "mem_info_vram_total"),
             vram_used: read(&dir, "mem_info_vram_used"),
             gtt_total: read(&dir, "mem_info_gtt_total"),
+            ttm_pages_limit: ttm_pages_limit.clone(),
             card,
         };
         match amd_sysfs_device(&files) {

@@ -243,6 +243,27 @@ fn amd_sysfs_apu_uses_gtt() {
     assert!(!d[0].supports_flash_attention);
 }
 
+/// Strix Halo (Ryzen AI Max, PCI id 0x1586): ROCm uses one pool, never both. With a small
+/// carve-out it is the GTT, capped by TTM's page limit (a 0.5 GiB carve-out and
+/// `ttm.pages_limit=25165824`: 96 GiB; `amdgpu.gttsize` showing 128 GiB while TTM allows
+/// 62.47 GiB: 62.47 GiB); with a 96 GiB BIOS carve-out it
+/// is the carve-out.
+#[test]
+fn strix_halo_uses_the_pool_rocm_allocates_from() {
+    for (dir, total) in [
+        ("sysfs-strix-halo-gtt", 96 * GIB),
+        ("sysfs-strix-halo-gttsize", 16_376_000 * 4096),
+        ("sysfs-strix-halo-carveout", 96 * GIB),
+    ] {
+        let (d, notes) = probe_amd_sysfs(&fixture(dir)).unwrap();
+        assert!(notes.is_empty(), "{notes:?}");
+        assert_eq!(d.len(), 1, "{dir}");
+        assert!(d[0].unified_memory, "{dir}");
+        assert_eq!(d[0].total_bytes, total, "{dir}");
+        assert_eq!(d[0].name, "AMD Radeon 8060S (Ryzen AI Max, Strix Halo)");
+    }
+}
+
 #[test]
 fn amd_sysfs_skips_other_vendors_and_reads_product_name() {
     let (d, notes) = probe_amd_sysfs(&fixture("sysfs-rx7900")).unwrap();
@@ -276,6 +297,7 @@ fn amd_sysfs_broken_and_missing() {
         vram_total: Some("1".into()),
         vram_used: Some("99999999999999999999999".into()),
         gtt_total: Some("18446744073709551615".into()),
+        ttm_pages_limit: Some("18446744073709551615".into()),
     };
     let d = amd_sysfs_device(&f).unwrap().unwrap();
     assert!(d.unified_memory);

@@ -39,6 +39,8 @@ pub(crate) const TIERS: &[(&str, &[&str], Stack)] = &[
     ("Mac 32 GB (MLX)", &["apple-m4-32gb"], Stack::Mlx),
     ("Mac 64 GB (MLX)", &["apple-m4-max-64gb"], Stack::Mlx),
     ("Mac 128 GB (MLX)", &["apple-m4-max-128gb"], Stack::Mlx),
+    // 96 GiB of its 128 GB for the GPU (hardware doc §3.4), PyTorch on ROCm.
+    ("Strix Halo 128 GB (ROCm)", &["strix-halo-128gb"], Stack::Hf),
     ("Cloud A100/H100 80 GB", &["h100-sxm"], Stack::Hf),
 ];
 
