@@ -5,9 +5,10 @@
 //! the Metal kernels' vjps for `rms_norm` and `rope` and the unfused loss
 //! (`calibration/mlx_trace.py`): catalog models cut to a few layers (and, where the CPU's
 //! matmuls are too slow, a 4,096-entry vocabulary), LoRA on every Linear or on q and v,
-//! QLoRA on MLX 4- and 8-bit weights, checkpointing, 1 to 4 adapted layers and 128 to 2,048
-//! tokens. The LoRA and QLoRA rows come out −4.5 % to +15.0 % of the traced peak; the full
-//! fine-tunes are left out, as the CPU keeps copies a Mac does not (docs/mlx-memory.md §8.3).
+//! QLoRA on MLX 4- and 8-bit weights, DoRA, checkpointing, 1 to 4 adapted layers and 128 to
+//! 2,048 tokens. The LoRA, QLoRA and DoRA rows come out −4.5 % to +15.0 % of the traced peak;
+//! the full fine-tunes are left out, as the CPU keeps copies a Mac does not
+//! (docs/mlx-memory.md §8.3).
 
 use moro_core::arch::parse_config;
 use moro_core::catalog;
@@ -39,6 +40,7 @@ fn traced_model(row: &serde_json::Value) -> ModelSpec {
 
 fn traced_job(row: &serde_json::Value) -> Job {
     let full = row["method"] == "full";
+    let dora = row["method"] == "dora";
     let bits = row["bits"].as_u64().unwrap();
     let quantization = match (bits, row["group"].as_u64().unwrap()) {
         (0, _) => Quantization::None,
@@ -67,6 +69,7 @@ fn traced_job(row: &serde_json::Value) -> Job {
             rank: row["rank"].as_u64().unwrap(),
             dropout: row["dropout"].as_f64().unwrap(),
             targets,
+            dora,
             ..LoraConfig::default()
         },
         micro_batch_size: row["batch"].as_u64().unwrap(),

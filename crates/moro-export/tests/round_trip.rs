@@ -42,6 +42,7 @@ fn mlx_job(yaml: &str, launch: &str) -> JobSettings {
         #[allow(clippy::cast_precision_loss)]
         lora_alpha: rank.map(|r| lora["scale"].as_f64().unwrap() * r as f64),
         lora_dropout: lora["dropout"].as_f64(),
+        dora: Some(v["fine_tune_type"] == "dora"),
         target_modules: (!full).then(|| match lora.get("keys") {
             Some(serde_json::Value::Array(keys)) => Targets::Names(
                 keys.iter()
@@ -75,6 +76,7 @@ fn the_mlx_config_is_the_job_estimated() {
         "model:\n  base: meta-llama/Llama-3.2-3B\n  method: lora\n  lora_rank: 16\n  lora_alpha: 32\n  target_modules: [q_proj, v_proj]\ntraining:\n  stack: mlx\n  micro_batch_size: 4\n  max_seq_length: 1024\n  num_layers: 8\n",
         "model:\n  base: Qwen/Qwen2.5-1.5B\n  method: full\ntraining:\n  stack: mlx\n  gradient_checkpointing: true\n  num_layers: all\n  optimizer: sgd_momentum\n  gradient_accumulation_steps: 4\n",
         "model:\n  base: meta-llama/Llama-3.1-8B\n  method: qlora\n  quantization: mlx-8bit-g32\n  lora_dropout: 0.05\ntraining:\n  stack: mlx\n  max_seq_length: 4096\n",
+        "model:\n  base: Qwen/Qwen3-8B\n  method: qlora\n  dora: true\ntraining:\n  stack: mlx\n  max_seq_length: 1024\n",
     ];
     for text in cases {
         let recipe = moro_recipe::parse(text).unwrap_or_else(|e| panic!("{e}\n{text}"));

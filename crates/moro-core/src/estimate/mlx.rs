@@ -124,10 +124,50 @@ pub fn layer_kept(model: &ModelSpec, job: &Job, r: &Regime) -> (u64, u64) {
             }
         }
         per_token += 4 * job.lora.rank * modules;
+        if job.lora.dora {
+            per_token += p * dora_outputs(model, job);
+        }
     }
     let s = job.seq_len;
     let per_sequence = (p * model.num_heads + 1) * s * s;
     (per_token, per_sequence)
+}
+
+/// The adapted Linears of one layer: the sum of their output widths and of their weights'
+/// elements, and the largest weight.
+fn adapted_shapes(model: &ModelSpec, job: &Job) -> (u64, u64, u64) {
+    let mut out = (0, 0, 0);
+    for (_, l) in model.linears().filter(|(_, l)| job.adapts(l)) {
+        out.0 += l.count * l.out_features;
+        out.1 += l.count * l.weight_numel();
+        out.2 = out.2.max(l.weight_numel());
+    }
+    out
+}
+
+/// DoRA (`tuner/dora.py` `DoRALinear.__call__`): `(m / denom) · out` keeps the unscaled
+/// output for the magnitude's gradient, `p·out` per token and adapted module.
+fn dora_outputs(model: &ModelSpec, job: &Job) -> u64 {
+    adapted_shapes(model, job).0
+}
+
+/// What DoRA adds per trained layer and to the step, in bytes: on a quantized base
+/// `w = self._dequantized_weight()` feeds `x @ w.T`, whose vjp keeps the dequantized weight
+/// of every adapted Linear (`p` per element); and the weight norm's `adapted = w + (scale ·
+/// lora_bᵀ) @ lora_aᵀ` is built in fp32 (the fp32 adapters promote `w`): the copy, the
+/// product and the sum of the largest adapted weight are in flight (`4` bytes each).
+#[must_use]
+pub fn dora_bytes(model: &ModelSpec, job: &Job, r: &Regime) -> (u64, u64) {
+    if !job.lora.dora || job.method == Method::Full {
+        return (0, 0);
+    }
+    let (_, numel, largest) = adapted_shapes(model, job);
+    let kept = if job.quantization.mlx().is_some() {
+        r.frozen_bytes * numel
+    } else {
+        0
+    };
+    (kept, 3 * 4 * largest)
 }
 
 /// Optimizer arrays per parameter, each `zeros_like(parameter)` (mlx 0.32
@@ -163,7 +203,8 @@ pub fn training_phases(model: &ModelSpec, job: &Job, r: &Regime) -> Vec<PhaseByt
         0
     };
     let (per_token, per_sequence) = layer_kept(model, job, r);
-    let one_layer = tokens * per_token + b * per_sequence;
+    let (dora_kept, dora_norm) = dora_bytes(model, job, r);
+    let one_layer = tokens * per_token + b * per_sequence + dora_kept;
     let saved = if job.gradient_checkpointing {
         // `mx.checkpoint` keeps each trained layer's input; the backward recomputes one layer.
         n * p * h * tokens
@@ -197,7 +238,7 @@ pub fn training_phases(model: &ModelSpec, job: &Job, r: &Regime) -> Vec<PhaseByt
     // `probs · (dP − Σ)`).
     let scores = p * model.num_heads * job.seq_len * job.seq_len * b;
     let width = tokens * (h + model.intermediate_size);
-    let in_flight = LAYER_BACKWARD_FACTOR * width + 2 * scores;
+    let in_flight = LAYER_BACKWARD_FACTOR * width + 2 * scores + dora_norm;
     let layer_grads = if job.method == Method::Full && n > 0 {
         grad_bytes * trainable / n
     } else {
@@ -224,7 +265,7 @@ pub fn training_phases(model: &ModelSpec, job: &Job, r: &Regime) -> Vec<PhaseByt
                 (Component::Gradients, accumulated),
                 (Component::Activations, saved + head + recomputed),
                 (Component::LogitsLoss, logits * loss_copies),
-                (Component::Transients, AT_LOSS_FACTOR * width),
+                (Component::Transients, AT_LOSS_FACTOR * width + dora_norm),
             ]),
         },
         PhaseBytes {

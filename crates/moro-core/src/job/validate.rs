@@ -679,11 +679,11 @@ impl Job {
                         .to_owned(),
                 );
             }
-            Method::Lora | Method::Qlora if self.peft != PeftKind::Lora || self.lora.dora => {
+            Method::Lora | Method::Qlora if self.peft != PeftKind::Lora => {
                 return refuse(
                     "peft",
-                    "mlx_lm.lora trains LoRA and full fine-tunes here; its DoRA (which keeps \
-                     each adapted weight dequantized) is not traced yet"
+                    "mlx_lm.lora trains LoRA (and DoRA: `dora: true`) adapters and full \
+                     fine-tunes"
                         .to_owned(),
                 );
             }

@@ -82,7 +82,14 @@ pub(crate) fn mlx(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
     m.set("train", true);
     let dataset = p.dataset_or("mlx-community/WikiSQL", &mut w);
     m.set("data", dataset);
-    m.set("fine_tune_type", if p.is_peft() { "lora" } else { "full" });
+    m.set(
+        "fine_tune_type",
+        match (p.is_peft(), p.lora.dora) {
+            (false, _) => "full",
+            (true, false) => "lora",
+            (true, true) => "dora",
+        },
+    );
     let optimizer = match p.optimizer {
         Optimizer::AdamwTorch | Optimizer::AdamwTorchFused => "adamw",
         Optimizer::Sgd | Optimizer::SgdMomentum => "sgd",
@@ -136,13 +143,6 @@ pub(crate) fn mlx(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
             lora.set("keys", Value::from(mlx_keys(p)));
         }
         m.set("lora_parameters", Value::Map(lora));
-        if p.lora.dora {
-            w.push(
-                "model.dora: mlx_lm's DoRA (fine_tune_type: dora) was not estimated; exported as \
-                 LoRA"
-                    .to_owned(),
-            );
-        }
     }
     let train = format!("mlx_lm.lora --config {main}");
     let launch = match &convert {
