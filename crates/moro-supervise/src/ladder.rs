@@ -462,8 +462,10 @@ pub fn single_step(
         j.gradient_checkpointing = true;
         return Some(j);
     }
-    // Level 3.
+    // Level 3: bitsandbytes' 8-bit states, on the stacks that run on PyTorch.
+    let torch = j.stack.profile().runtime == moro_core::stack::Runtime::Torch;
     let opt = match j.optimizer {
+        _ if !torch => None,
         Optimizer::AdamwTorch
         | Optimizer::AdamwTorchFused
         | Optimizer::Adamw8bit
@@ -479,9 +481,13 @@ pub fn single_step(
         j.optimizer = o;
         return Some(j);
     }
-    // Level 4.
-    if !j.quantization.is_bnb4() && j.quantization != Quantization::Gptq4 {
-        j.quantization = Quantization::Nf4Dq;
+    // Level 4: a 4-bit base in the stack's own storage (NF4 with double quantization; MLX's
+    // 4-bit on the mlx stack).
+    let four_bit = j.quantization.is_bnb4()
+        || j.quantization == Quantization::Gptq4
+        || j.quantization.mlx().is_some_and(|a| a.bits <= 4);
+    if !four_bit {
+        j.quantization = j.stack.profile().default_quantization;
         j.method = Method::Qlora;
         return Some(j);
     }
@@ -678,6 +684,29 @@ mod tests {
         assert_eq!((a.micro_batch_size, a.grad_accum), (3, 2));
         let b = single_step(&a, false, None, &[]).unwrap_or_else(|| panic!("step"));
         assert_eq!((b.micro_batch_size, b.grad_accum), (1, 6));
+    }
+
+    /// On the mlx stack the ladder offers what MLX runs: no bitsandbytes optimizer, and MLX's
+    /// own 4-bit weights for level 4.
+    #[test]
+    fn the_mlx_ladder_stays_on_mlx() {
+        let mut j = Job {
+            stack: moro_core::job::Stack::Mlx,
+            method: Method::Full,
+            optimizer: Optimizer::AdamwTorch,
+            precision: moro_core::job::Precision::Bf16,
+            micro_batch_size: 1,
+            gradient_checkpointing: true,
+            adapted_layers: Some(16),
+            ..Job::default()
+        };
+        while let Some(next) = single_step(&j, false, None, &[]) {
+            assert_ne!(next.optimizer, Optimizer::PagedAdamw8bit);
+            assert!(!next.quantization.is_bnb4(), "{:?}", next.quantization);
+            j = next;
+        }
+        assert_eq!(j.quantization, Quantization::Mlx4);
+        assert_eq!(j.method, Method::Qlora);
     }
 
     #[test]
