@@ -740,3 +740,32 @@ fn fit_serves_inference_tensor_parallel() {
     assert!(text.contains("do not even as 8"), "{text}");
     assert!(!text.contains("DDP"), "{text}");
 }
+
+/// On a Mac the search plans `mlx_lm.lora` unless told otherwise: QLoRA on MLX's 4-bit
+/// weights is open to it, which the CUDA stacks cannot give an Apple GPU.
+#[test]
+fn a_mac_is_planned_on_mlx_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |stack: &[&str]| {
+        let mut args = vec![
+            "recipe",
+            "generate",
+            "--json",
+            "--model",
+            "Qwen/Qwen2.5-7B",
+            "--hardware",
+            "apple-m4-16gb",
+        ];
+        args.extend_from_slice(stack);
+        let o = moro(dir.path()).args(&args).output().unwrap();
+        json_of(&o.stdout)
+    };
+    let v = run(&[]);
+    assert_eq!(v["fits"], true, "{v}");
+    assert_eq!(v["best"]["job"]["stack"], "mlx", "{v}");
+    assert_eq!(v["best"]["job"]["method"], "qlora", "{v}");
+    assert_eq!(v["best"]["job"]["quantization"], "mlx-4bit", "{v}");
+    // On a CUDA stack an Apple GPU has no 4-bit base: a 7B does not fit 16 GB.
+    let hf = run(&["--stack", "hf"]);
+    assert_eq!(hf["fits"], false, "{hf}");
+}

@@ -101,9 +101,10 @@ pub(crate) struct GenerateArgs {
     /// Sequences per optimizer step (micro batch × gradient accumulation) [default: 16].
     #[arg(long, value_parser = parse_positive)]
     pub(crate) effective_batch: Option<u64>,
-    /// Training stack: hf, trl, litgpt, torchtune, unsloth, mlx.
-    #[arg(long, default_value = "hf", value_parser = parse_stack)]
-    pub(crate) stack: Stack,
+    /// Training stack: hf, trl, litgpt, torchtune, unsloth, mlx [default: mlx on an Apple GPU,
+    /// else hf].
+    #[arg(long, value_parser = parse_stack)]
+    pub(crate) stack: Option<Stack>,
     /// What to optimize, after the longest context that fits (when --seq-len is not given):
     /// quality (method > adapters > precision > GPU layout > rank > no checkpointing > batch >
     /// optimizer > attention) or speed (no offload > more GPUs > no checkpointing > less
@@ -872,11 +873,28 @@ pub(crate) fn run_generate(args: &GenerateArgs) -> Result<ExitCode> {
         )?),
         None => None,
     };
+    // A Mac fine-tunes with mlx_lm.lora (docs/mlx-memory.md).
+    let apple = target
+        .hardware
+        .devices
+        .iter()
+        .any(|d| d.vendor == moro_core::hardware::Vendor::Apple);
+    let stack = args.stack.unwrap_or_else(|| {
+        if apple {
+            note(
+                "planning on the mlx stack (mlx_lm.lora), what Macs fine-tune with; --stack \
+                  chooses another",
+            );
+            Stack::Mlx
+        } else {
+            Stack::Hf
+        }
+    });
     let request = Request {
         method: args.method,
         seq_len: sized.as_ref().map_or(args.seq_len, |d| Some(d.chosen)),
         effective_batch: args.effective_batch,
-        stack: args.stack,
+        stack,
         parallel: moro_core::job::Parallel::single(),
         cluster,
         objective: args.objective,
@@ -1072,7 +1090,7 @@ fn nothing_fits(
     let rule_text = outcome.closest.as_ref().map_or_else(
         || {
             let class = JobClass {
-                stack: args.stack,
+                stack: request.stack,
                 method: moro_core::job::Method::Lora,
                 sharded: false,
             };
