@@ -19,11 +19,11 @@ use crate::model::{LinearRole, ModelSpec};
 /// builds its tape breadth-first, up to `MLX_BFS_MAX_WIDTH` = 20 arrays wide). Traced, not
 /// derived: about ten fp32 arrays of the layer's widths, whatever the adapted modules, on
 /// Qwen3-0.6B, Qwen2.5-0.5B and Llama-3.2-1B shapes (`validation/oracle-traces/mlx.jsonl`).
-pub const LAYER_BACKWARD_FACTOR: u64 = 40;
+pub const LAYER_BACKWARD_BYTES: u64 = 40;
 
 /// The same while the loss's buffers are alive: the traces whose vocabulary makes the loss
 /// the peak hold eight such arrays there.
-pub const AT_LOSS_FACTOR: u64 = 32;
+pub const AT_LOSS_BYTES: u64 = 32;
 
 /// Logits-sized (`b·s·V`, 16-bit) arrays alive in the backward of `nn.losses.cross_entropy`
 /// without the fused kernel (mlx before 0.32.2, or not on a GPU): the kept shifted logits,
@@ -125,7 +125,9 @@ pub fn layer_kept(model: &ModelSpec, job: &Job, r: &Regime) -> (u64, u64) {
         }
         per_token += 4 * job.lora.rank * modules;
         if job.lora.dora {
-            per_token += p * dora_outputs(model, job);
+            // DoRA (`tuner/dora.py` `DoRALinear.__call__`): `(m / denom) · out` keeps each
+            // adapted module's unscaled output for the magnitude's gradient.
+            per_token += p * adapted_shapes(model, job).0;
         }
     }
     let s = job.seq_len;
@@ -143,12 +145,6 @@ fn adapted_shapes(model: &ModelSpec, job: &Job) -> (u64, u64, u64) {
         out.2 = out.2.max(l.weight_numel());
     }
     out
-}
-
-/// DoRA (`tuner/dora.py` `DoRALinear.__call__`): `(m / denom) · out` keeps the unscaled
-/// output for the magnitude's gradient, `p·out` per token and adapted module.
-fn dora_outputs(model: &ModelSpec, job: &Job) -> u64 {
-    adapted_shapes(model, job).0
 }
 
 /// What DoRA adds per trained layer and to the step, in bytes: on a quantized base
@@ -238,7 +234,7 @@ pub fn training_phases(model: &ModelSpec, job: &Job, r: &Regime) -> Vec<PhaseByt
     // `probs · (dP − Σ)`).
     let scores = p * model.num_heads * job.seq_len * job.seq_len * b;
     let width = tokens * (h + model.intermediate_size);
-    let in_flight = LAYER_BACKWARD_FACTOR * width + 2 * scores + dora_norm;
+    let in_flight = LAYER_BACKWARD_BYTES * width + 2 * scores + dora_norm;
     let layer_grads = if job.method == Method::Full && n > 0 {
         grad_bytes * trainable / n
     } else {
@@ -265,7 +261,7 @@ pub fn training_phases(model: &ModelSpec, job: &Job, r: &Regime) -> Vec<PhaseByt
                 (Component::Gradients, accumulated),
                 (Component::Activations, saved + head + recomputed),
                 (Component::LogitsLoss, logits * loss_copies),
-                (Component::Transients, AT_LOSS_FACTOR * width + dora_norm),
+                (Component::Transients, AT_LOSS_BYTES * width + dora_norm),
             ]),
         },
         PhaseBytes {

@@ -1119,7 +1119,12 @@ impl Job {
             (Method::Full, Precision::Bf16) => "bf16 weights, no fp32 master copy",
             (Method::Full, Precision::Bf16Mixed) => "fp32 weights under bf16 autocast",
             (Method::Full, Precision::Fp16Mixed) => "fp32 weights under fp16 autocast",
-            (_, Precision::Bf16) if matches!(self.stack, Stack::Mlx) => {
+            (_, Precision::Bf16)
+                if matches!(
+                    self.stack.profile().adapter_dtype,
+                    crate::stack::AdapterDtype::Fp32
+                ) =>
+            {
                 "fp32 adapters on a bf16 model, no autocast"
             }
             (_, Precision::Bf16) => "bf16 adapters, no autocast",
