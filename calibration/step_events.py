@@ -1,0 +1,155 @@
+#!/usr/bin/env python
+"""Every allocation and free of a one-GPU training step, in order, on fake CUDA tensors.
+
+Runs the fake-CUDA oracle (../shared/oracle/oracle.py: the real Hugging Face model, PEFT and
+torch.optim on FakeTensors, no weights, no arithmetic) with its live-storage tracker
+recording each storage it sees appear and disappear: the parameters in `parameters()` order
+(what loading leaves), then two training steps. Each event is a storage's byte size (the
+unrounded `nbytes`, as `cudaMalloc` requests reach the caching allocator), its category
+(params, activations, grads, optimizer states, ...) and the phase it was made in.
+
+`crates/moro-core/tests/step_trace.rs` replays these sequences and moro's own
+(`moro_core::estimate::trace`) through the same allocator model and compares the allocated
+and reserved peaks; `--matrix` regenerates its fixture,
+`validation/oracle-traces/step-events.jsonl` (a few minutes on two cores).
+
+  $PY calibration/step_events.py --config ../shared/models/meta-llama--Llama-3.1-8B.json \\
+      --override num_hidden_layers=2 --method lora --precision bf16-mixed --seq 512 --grad-ckpt
+  $PY calibration/step_events.py --matrix
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import weakref
+from functools import partial
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, ".."))
+ORACLE_DIR = os.environ.get("MORO_ORACLE_DIR") or os.path.normpath(
+    os.path.join(ROOT, "..", "shared", "oracle"))
+MODELS_DIR = os.path.normpath(os.path.join(ROOT, "..", "shared", "models"))
+FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events.jsonl")
+
+TRACER = "moro-step-events/1"
+
+
+def install_recorder(tracker_module):
+    """Subclasses the oracle's tracker so that it keeps the order of allocations and frees."""
+    base = tracker_module.LiveStorageTracker
+
+    class Recording(base):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.events = []  # [size, category, phase] for a malloc; [-1 - index] for a free
+            self._index = {}
+
+        def _on_free(self, key, _ref):
+            index = self._index.pop(key, None)
+            if index is not None:
+                self.events.append([-1 - index])
+            super()._on_free(key, _ref)
+
+        def register(self, t, cat=None, desc=""):
+            import torch
+
+            if not isinstance(t, torch.Tensor) or t.device.type != self.device_type:
+                return
+            try:
+                st = t.untyped_storage()
+            except Exception:
+                return
+            key = id(st)
+            new = key not in self.records
+            super().register(t, cat, desc)
+            rec = self.records.get(key)
+            if new and rec is not None and st.nbytes() > 0:
+                self._index[key] = len(self.events)
+                self.events.append([st.nbytes(), rec.cat, self.phase])
+            elif not new and rec is not None and key in self._index:
+                # a retag (grads, optimizer states): the category becomes known later
+                self.events[self._index[key]][1] = rec.cat
+
+    tracker_module.LiveStorageTracker = Recording
+    return Recording
+
+
+def run(argv):
+    sys.path.insert(0, ORACLE_DIR)
+    import tracker as tracker_module
+
+    recording = install_recorder(tracker_module)
+    import oracle
+
+    oracle.LiveStorageTracker = recording
+    seen = []
+    orig_init = recording.__init__
+
+    def keep(self, *a, **k):
+        orig_init(self, *a, **k)
+        seen.append(self)
+
+    recording.__init__ = keep
+    args = oracle.build_parser().parse_args(argv)
+    res = oracle.run(args)
+    t = seen[-1]
+    cats = sorted({e[1] for e in t.events if len(e) == 3})
+    phases = sorted({e[2] for e in t.events if len(e) == 3})
+    rows = [e if len(e) == 1 else [e[0], cats.index(e[1]), phases.index(e[2])] for e in t.events]
+    _, cfg = oracle.load_config_dict(args)
+    return {
+        "tracer": TRACER,
+        "label": args.label or "",
+        "config": cfg,
+        "job": res.get("job"),
+        "env": res.get("env"),
+        "peak_allocated_bytes": res["measured"]["peak_allocated_bytes"],
+        "categories": cats,
+        "phases": phases,
+        "events": rows,
+    }
+
+
+def job_args(model, method, ckpt):
+    cfg = os.path.join(MODELS_DIR, model + ".json")
+    a = ["--config", cfg, "--override", "num_hidden_layers=2", "--method", method,
+         "--seq", "512", "--batch", "1", "--steps", "2"]
+    a += ["--precision", "bf16" if method == "full" else "bf16-mixed"]
+    if ckpt:
+        a.append("--grad-ckpt")
+    label = "%s-L2-%s-b1s512%s" % (model, method, "-ckpt" if ckpt else "")
+    return a + ["--label", label]
+
+
+MATRIX = [
+    job_args(m, method, ckpt)
+    for m in ("meta-llama--Llama-3.1-8B", "Qwen--Qwen2.5-1.5B")
+    for method in ("full", "lora", "qlora")
+    for ckpt in (False, True)
+]
+
+
+def main():
+    argv = sys.argv[1:]
+    if argv == ["--matrix"]:
+        tmp = FIXTURE + ".tmp"
+        with open(tmp, "w") as out:
+            for a in MATRIX:
+                proc = subprocess.run([sys.executable, os.path.abspath(__file__)] + a,
+                                      capture_output=True, text=True)
+                if proc.returncode != 0:
+                    sys.stderr.write(proc.stderr[-4000:])
+                    sys.exit(1)
+                out.write(proc.stdout.strip() + "\n")
+                sys.stderr.write("%s\n" % a[-1])
+        os.replace(tmp, FIXTURE)
+        return
+    row = run(argv)
+    print(json.dumps(row, separators=(",", ":")))
+
+
+if __name__ == "__main__":
+    main()
