@@ -715,6 +715,17 @@ fn does_not_fit_says_what_would() {
         assert_eq!(s["job"]["method"], "full");
         assert_eq!(s["job"]["seq_len"], v["job"]["seq_len"]);
     }
+    // None is another one with checkpointing added for no lower bound: only slower.
+    for a in same {
+        for b in same {
+            let mut a_ckpt = a["job"].clone();
+            a_ckpt["gradient_checkpointing"] = true.into();
+            let slower_copy = a["job"]["gradient_checkpointing"] == false
+                && b["job"] == a_ckpt
+                && b["peak_upper_bytes"].as_u64() >= a["peak_upper_bytes"].as_u64();
+            assert!(!slower_copy, "{b} only adds checkpointing to {a}");
+        }
+    }
     let o = run(&[
         "estimate",
         "--model",

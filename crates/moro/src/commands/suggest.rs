@@ -65,13 +65,27 @@ pub(crate) fn suggest(
         ..Request::default()
     };
     let outcome = run_search(spec, &request, &caps)?;
-    let same_job: Vec<Suggestion> = outcome
-        .best
-        .iter()
-        .chain(outcome.runners_up.iter())
-        .take(3)
-        .map(Suggestion::of)
-        .collect();
+    // A candidate that only adds checkpointing to one already listed, for no lower bound,
+    // is that one made slower: it is left out.
+    let mut listed: Vec<&Candidate> = Vec::new();
+    for c in outcome.best.iter().chain(outcome.runners_up.iter()) {
+        let slower_copy = listed.iter().any(|l| {
+            c.job.gradient_checkpointing
+                && !l.job.gradient_checkpointing
+                && c.upper_bytes() >= l.upper_bytes()
+                && Job {
+                    gradient_checkpointing: true,
+                    ..l.job.clone()
+                } == c.job
+        });
+        if !slower_copy {
+            listed.push(c);
+        }
+        if listed.len() == 3 {
+            break;
+        }
+    }
+    let same_job: Vec<Suggestion> = listed.into_iter().map(Suggestion::of).collect();
     let alternatives = same_job
         .is_empty()
         .then(|| alternatives(model_id, spec, &request, target, &caps));
