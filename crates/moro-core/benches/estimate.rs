@@ -149,3 +149,25 @@ fn grid(bencher: divan::Bencher, n: usize) {
         total
     });
 }
+
+/// One step trace (loading and two optimizer steps, tensor by tensor) of a 70B dense
+/// model: QLoRA, and a full fine-tune on one GPU (80 layers; the cost grows with the
+/// tensors, about 26 events per Linear).
+#[divan::bench(args = ["qlora", "full"], sample_count = 20)]
+fn step_trace_70b(bencher: divan::Bencher, method: &str) {
+    let m = model("meta-llama/Llama-3.1-70B");
+    let job = if method == "full" {
+        Job {
+            method: Method::Full,
+            seq_len: 4096,
+            gradient_checkpointing: true,
+            ..Job::default()
+        }
+    } else {
+        qlora(4096)
+    };
+    let profile = DeviceProfile::default();
+    bencher.bench(|| {
+        moro_core::estimate::trace::for_job(divan::black_box(&m), divan::black_box(&job), &profile)
+    });
+}

@@ -78,7 +78,12 @@ fn lora_and_sharded_jobs_are_not_replayed() {
     job.parallel.sharding = moro_core::job::Sharding::FsdpFullShard;
     let r = moro_core::estimate::Regime::resolve(&full.model, &job);
     assert_eq!(
-        moro_core::estimate::replay::step_fragmentation(&full.model, &job, &r),
+        moro_core::estimate::replay::step_fragmentation(
+            &full.model,
+            &job,
+            &r,
+            &moro_core::estimate::DeviceProfile::default()
+        ),
         0
     );
 }

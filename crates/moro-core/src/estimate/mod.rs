@@ -27,6 +27,7 @@ pub mod parallel;
 pub mod regime;
 pub mod replay;
 pub mod stored;
+pub mod trace;
 pub mod vision;
 pub mod weights;
 
@@ -337,7 +338,7 @@ pub fn add_replayed_steps(
     }
     let with_images = vision::with_image_tokens(model, job);
     let job: &Job = &with_images;
-    let replayed = replay::step_fragmentation(model, job, &est.regime);
+    let replayed = replay::step_fragmentation(model, job, &est.regime, device);
     if replayed > 0 {
         est.replayed_fragmentation_bytes = replayed;
         let outside = est.component(Component::OutsideAllocator);

@@ -1,0 +1,353 @@
+//! moro's trace of a training step against the real step's allocation sequence, recorded on
+//! fake CUDA tensors (`calibration/step_events.py`: the HF model, PEFT and `torch.optim` of
+//! `../shared/oracle`, torch 2.15, transformers 5.24, PEFT 0.21.2, bitsandbytes 0.50.2;
+//! `validation/oracle-traces/step-events.jsonl`). Twelve jobs: Llama-3.1-8B (untied) and
+//! Qwen2.5-1.5B (tied, q/k/v biases) cut to 2 layers, full fine-tuning in bf16, LoRA and
+//! QLoRA (NF4, double quantized, PEFT's kbit preparation) under bf16 autocast, r 16 on the
+//! seven projections, with and without checkpointing, fused AdamW, 1 × 512 tokens.
+//!
+//! Both sequences are replayed through the same allocator model
+//! (`moro_core::caching_allocator`).
+
+use moro_core::caching_allocator::{CachingAllocator, Handle};
+use moro_core::estimate::trace::{Op, Trace, step};
+use moro_core::estimate::{Component, DeviceProfile, Regime};
+use moro_core::job::{
+    Attention, Job, JobSettings, Method, Optimizer, Precision, Quantization, Stack, Targets,
+};
+use moro_core::model::ModelSpec;
+use serde_json::Value;
+
+const EVENTS: &str = include_str!("../../../validation/oracle-traces/step-events.jsonl");
+
+/// A recorded allocation: its size, category and phase.
+type Allocation = (u64, String, String);
+
+/// One recorded step: each allocation (and its index), or a free (and the index of the
+/// allocation it frees).
+struct Recorded {
+    label: String,
+    events: Vec<(Option<Allocation>, usize)>,
+}
+
+fn recorded(v: &Value) -> Recorded {
+    let cats: Vec<String> = v["categories"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap().to_owned())
+        .collect();
+    let phases: Vec<String> = v["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap().to_owned())
+        .collect();
+    let events = v["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let e = e.as_array().unwrap();
+            if e.len() == 3 {
+                let at = |k: usize| usize::try_from(e[k].as_u64().unwrap()).unwrap();
+                (
+                    Some((
+                        e[0].as_u64().unwrap(),
+                        cats[at(1)].clone(),
+                        phases[at(2)].clone(),
+                    )),
+                    i,
+                )
+            } else {
+                let freed = -1 - e[0].as_i64().unwrap();
+                (None, usize::try_from(freed).unwrap())
+            }
+        })
+        .collect();
+    Recorded {
+        label: v["label"].as_str().unwrap().to_owned(),
+        events,
+    }
+}
+
+/// The recorded sequence replayed: (allocated peak, reserved peak).
+fn replay_recorded(r: &Recorded) -> (u64, u64) {
+    let mut a = CachingAllocator::new();
+    let mut handles: Vec<Option<Handle>> = vec![None; r.events.len()];
+    for (e, i) in &r.events {
+        match e {
+            Some((bytes, _, _)) => handles[*i] = Some(a.malloc(*bytes)),
+            None => {
+                if let Some(h) = handles[*i].take() {
+                    a.free(h);
+                }
+            }
+        }
+    }
+    (a.peak_allocated(), a.peak_reserved())
+}
+
+fn job_of(v: &Value) -> (ModelSpec, Job) {
+    let label = v["label"].as_str().unwrap();
+    let m = moro_core::arch::parse_config(v["config"].to_string().as_bytes()).expect("parses");
+    let method = if label.contains("-qlora-") {
+        Method::Qlora
+    } else if label.contains("-lora-") {
+        Method::Lora
+    } else {
+        Method::Full
+    };
+    let seven = [
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    ];
+    let settings = JobSettings {
+        method: Some(method),
+        quantization: Some(if method == Method::Qlora {
+            Quantization::Nf4Dq
+        } else {
+            Quantization::None
+        }),
+        precision: Some(if method == Method::Full {
+            Precision::Bf16
+        } else {
+            Precision::Bf16Mixed
+        }),
+        stack: Some(Stack::Hf),
+        optimizer: Some(Optimizer::AdamwTorchFused),
+        attention: Some(Attention::Sdpa),
+        gradient_checkpointing: Some(label.ends_with("-ckpt")),
+        micro_batch_size: Some(1),
+        seq_len: Some(512),
+        lora_rank: Some(16),
+        lora_alpha: Some(32.0),
+        lora_dropout: Some(0.0),
+        target_modules: Some(Targets::Names(
+            seven.iter().map(|s| (*s).to_owned()).collect(),
+        )),
+        ..JobSettings::default()
+    };
+    let job = settings.resolve_for(&m).expect("resolves");
+    (m, job)
+}
+
+/// Bytes of the parameters (frozen and trainable, quantization states included) live at the
+/// recorded step's allocated peak, each rounded to 512 B as the tracker counts them.
+fn params_at_recorded_peak(r: &Recorded) -> u64 {
+    let round = |b: u64| b.div_ceil(512) * 512;
+    let (mut live, mut peak, mut params, mut at_peak) = (0u64, 0u64, 0u64, 0u64);
+    for (e, i) in &r.events {
+        let (bytes, cat) = match e {
+            Some((b, c, _)) => (*b, c.as_str()),
+            None => {
+                let (b, c, _) = r.events[*i].0.as_ref().unwrap();
+                (*b, c.as_str())
+            }
+        };
+        let sign_alloc = e.is_some();
+        let is_param = cat.starts_with("params");
+        if sign_alloc {
+            live += round(bytes);
+            if is_param {
+                params += round(bytes);
+            }
+            if live > peak {
+                peak = live;
+                at_peak = params;
+            }
+        } else {
+            live -= round(bytes);
+            if is_param {
+                params -= round(bytes);
+            }
+        }
+    }
+    at_peak
+}
+
+/// The fake device has no cuBLAS.
+fn no_cublas() -> DeviceProfile {
+    DeviceProfile {
+        cublas_workspace_bytes: 0,
+        ..DeviceProfile::default()
+    }
+}
+
+const MIB: u64 = 1 << 20;
+
+/// The first allocation of at least 16 MiB where the two sequences differ by more than 5 %
+/// in size, in words.
+fn first_divergence(rec: &Recorded, ours: &Trace) -> Option<String> {
+    let big_rec: Vec<&Allocation> = rec
+        .events
+        .iter()
+        .filter_map(|(e, _)| e.as_ref())
+        .filter(|e| e.0 >= 16 * MIB)
+        .collect();
+    let big_ours: Vec<_> = ours
+        .events
+        .iter()
+        .filter(|e| e.op == Op::Alloc && e.bytes >= 16 * MIB)
+        .collect();
+    for (k, pair) in big_rec.iter().zip(&big_ours).enumerate() {
+        let (r, o) = pair;
+        #[allow(clippy::cast_precision_loss)]
+        let off = (o.bytes as f64 / r.0 as f64 - 1.0).abs();
+        if off > 0.05 {
+            return Some(format!(
+                "large allocation {k}: recorded {} B ({}, {}), moro {} B ({} {} layer {:?}, {:?} of step {})",
+                r.0,
+                r.1,
+                r.2,
+                o.bytes,
+                o.name,
+                o.module.unwrap_or(""),
+                o.layer,
+                o.phase,
+                o.step
+            ));
+        }
+    }
+    (big_rec.len() != big_ours.len()).then(|| {
+        format!(
+            "{} large allocations recorded, {} in moro's trace",
+            big_rec.len(),
+            big_ours.len()
+        )
+    })
+}
+
+/// Every recorded step: moro's trace reaches the recorded allocated peak within 2 %. Both
+/// replayed through the allocator model, the reserved peaks agree within 3 % for ten of the
+/// twelve; the full fine-tunes of the 2-layer Llama come out 8–9 % over (one extra 1 GiB
+/// segment: in the second step the embedding's gradient finds its cached block split by a
+/// layer's gradient, which the recorded step's smaller temporaries place elsewhere), and
+/// none is under by more than 3 %.
+#[test]
+fn traces_match_the_recorded_steps() {
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    let mut reserved_within = 0;
+    for line in EVENTS.lines() {
+        let v: Value = serde_json::from_str(line).unwrap();
+        let rec = recorded(&v);
+        let (model, job) = job_of(&v);
+        let regime = Regime::resolve(&model, &job);
+        let trace = step::trace(&model, &job, &regime, &no_cublas())
+            .unwrap_or_else(|| panic!("{}: not traced", rec.label));
+        if let Ok(dir) = std::env::var("MORO_TRACE_DUMP") {
+            let lines: Vec<String> = trace
+                .events
+                .iter()
+                .map(|e| serde_json::to_string(e).unwrap())
+                .collect();
+            std::fs::write(format!("{dir}/{}.jsonl", rec.label), lines.join("\n")).unwrap();
+        }
+        let (want_alloc, want_reserved) = replay_recorded(&rec);
+        let ours = trace.replay();
+        #[allow(clippy::cast_precision_loss)]
+        let err = |a: u64, b: u64| a as f64 / b as f64 - 1.0;
+        let ea = err(ours.allocated, want_alloc);
+        let er = err(ours.reserved, want_reserved);
+        let recorded_peak = v["peak_allocated_bytes"].as_u64().unwrap();
+        eprintln!(
+            "{}: allocated {:+.2} %, reserved {:+.2} % (recorded {:.3} / {:.3} GiB; tracker {:.3})",
+            rec.label,
+            ea * 100.0,
+            er * 100.0,
+            want_alloc as f64 / f64::from(1u32 << 30),
+            want_reserved as f64 / f64::from(1u32 << 30),
+            recorded_peak as f64 / f64::from(1u32 << 30),
+        );
+        // The breakdown read off the trace: its components at the peak add up to the peak,
+        // and its weights and adapters are the parameters the recorded step held then.
+        let parts = trace.components_at_peak();
+        assert_eq!(parts.iter().map(|p| p.1).sum::<u64>(), trace.peak().0);
+        let params: u64 = parts
+            .iter()
+            .filter(|p| matches!(p.0, Component::Weights | Component::Adapters))
+            .map(|p| p.1)
+            .sum();
+        let want = params_at_recorded_peak(&rec);
+        #[allow(clippy::cast_precision_loss)]
+        let off = params as f64 / want as f64 - 1.0;
+        assert!(off.abs() < 0.005, "{}: parameters {params} vs {want}", rec.label);
+        if let Some(d) = first_divergence(&rec, &trace) {
+            eprintln!("  first divergence: {d}");
+        }
+        if ea.abs() > 0.02 || !(-0.03..=0.10).contains(&er) {
+            failures.push(format!(
+                "{}: {:+.2} % / {:+.2} %",
+                rec.label,
+                ea * 100.0,
+                er * 100.0
+            ));
+        }
+        if er.abs() <= 0.03 {
+            reserved_within += 1;
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 12);
+    assert!(failures.is_empty(), "{failures:#?}");
+    assert!(reserved_within >= 10, "{reserved_within} of 12 within 3 %");
+}
+
+/// The H200's measured allocated peaks (`validation/h200/measured.jsonl`, torch 2.11 on a
+/// real GPU): every one-GPU training row the trace models is within 2 % of its trace's
+/// allocated peak, but one. The harness's bitsandbytes 8-bit AdamW run (`62779155a1`)
+/// calls the optimizer without the HF Trainer, whose 32-bit states for `nn.Embedding` the
+/// `hf` stack models: the trace is over by those states' difference, (8 − 2) B for each of
+/// the embedding's 525 M elements.
+#[test]
+fn traces_reach_the_h200s_allocated_peaks() {
+    use moro_core::validation::{CatalogModels, explain};
+    let text = include_str!("../../../validation/h200/measured.jsonl");
+    let device = DeviceProfile::for_compute_capability(Some((9, 0)));
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    for line in text.lines() {
+        let v: Value = serde_json::from_str(line).unwrap();
+        let id = v["id"].as_str().unwrap();
+        if !id.ends_with("-allocated") {
+            continue;
+        }
+        let Ok(x) = explain(text, &CatalogModels, id) else {
+            continue;
+        };
+        let regime = Regime::resolve(&x.model, &x.job);
+        let Some(trace) = step::trace(&x.model, &x.job, &regime, &device) else {
+            continue;
+        };
+        let measured = v["measured_gib"].as_f64().unwrap();
+        #[allow(clippy::cast_precision_loss)]
+        let ours = trace.peak().0 as f64 / f64::from(1u32 << 30);
+        let err = ours / measured - 1.0;
+        eprintln!(
+            "{id}: {:?} {ours:.2} GiB, measured {measured:.2} ({:+.2} %)",
+            x.job.method,
+            err * 100.0
+        );
+        let allowed = if id.contains("62779155a1") {
+            let embedding = x.model.embedding_params();
+            #[allow(clippy::cast_precision_loss)]
+            let extra = (6 * embedding) as f64 / f64::from(1u32 << 30);
+            (ours - measured - extra).abs() < 0.05 * extra
+        } else {
+            err.abs() <= 0.02
+        };
+        if !allowed {
+            failures.push(format!("{id}: {:+.2} %", err * 100.0));
+        }
+        checked += 1;
+    }
+    assert!(checked >= 30, "{checked}");
+    assert!(failures.is_empty(), "{failures:#?}");
+}
