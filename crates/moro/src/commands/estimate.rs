@@ -50,6 +50,12 @@ pub(crate) struct EstimateArgs {
     /// eager attention) and micro batch.
     #[arg(long, value_name = "FILE")]
     pub(crate) svg: Option<std::path::PathBuf>,
+    /// Also write the step's allocations and frees, in order, into FILE as JSON lines
+    /// (written atomically): loading and two optimizer steps, each tensor named with its
+    /// module, layer, component, phase and bytes. One-GPU full fine-tuning, LoRA and QLoRA
+    /// of dense models on the hf and trl stacks.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) trace: Option<std::path::PathBuf>,
 }
 
 /// The JSON document of `moro estimate --json`.
@@ -128,7 +134,29 @@ pub(crate) fn run(args: &EstimateArgs) -> Result<ExitCode> {
     if let Some(path) = &args.svg {
         crate::output::write_file(path, crate::charts::estimate_svg(&setup, &est).as_bytes())?;
     }
+    if let Some(path) = &args.trace {
+        write_trace(path, &setup)?;
+    }
     print(args, &setup, &est)
+}
+
+/// Writes the job's step trace as JSON lines, or says which jobs are traced.
+fn write_trace(path: &std::path::Path, setup: &crate::setup::JobSetup) -> Result<()> {
+    let trace = moro_core::estimate::trace::for_job(&setup.model.spec, &setup.job, &setup.profile)
+        .map_err(|e| crate::error::user(e.to_string()))?
+        .ok_or_else(|| {
+            crate::error::user(
+                "--trace: moro traces one-GPU full fine-tuning, LoRA and QLoRA of dense \
+                     models on the hf and trl stacks (PEFT's plain LoRA, AdamW, the standard \
+                     loss, no torch.compile or Liger); this job is not one: leave out --trace",
+            )
+        })?;
+    let mut out = String::new();
+    for e in &trace.events {
+        out.push_str(&serde_json::to_string(e)?);
+        out.push('\n');
+    }
+    crate::output::write_file(path, out.as_bytes())
 }
 
 fn load_recipe(args: &EstimateArgs) -> Result<Option<crate::commands::recipe::LoadedRecipe>> {
