@@ -99,15 +99,6 @@ fn job_of(v: &Value) -> (ModelSpec, Job) {
     } else {
         Method::Full
     };
-    let seven = [
-        "q_proj",
-        "k_proj",
-        "v_proj",
-        "o_proj",
-        "gate_proj",
-        "up_proj",
-        "down_proj",
-    ];
     let settings = JobSettings {
         method: Some(method),
         quantization: Some(if method == Method::Qlora {
@@ -130,7 +121,10 @@ fn job_of(v: &Value) -> (ModelSpec, Job) {
         lora_alpha: Some(32.0),
         lora_dropout: Some(0.0),
         target_modules: Some(Targets::Names(
-            seven.iter().map(|s| (*s).to_owned()).collect(),
+            moro_core::job::DEFAULT_TARGETS
+                .iter()
+                .map(|s| (*s).to_owned())
+                .collect(),
         )),
         ..JobSettings::default()
     };
@@ -278,7 +272,11 @@ fn traces_match_the_recorded_steps() {
         let want = params_at_recorded_peak(&rec);
         #[allow(clippy::cast_precision_loss)]
         let off = params as f64 / want as f64 - 1.0;
-        assert!(off.abs() < 0.005, "{}: parameters {params} vs {want}", rec.label);
+        assert!(
+            off.abs() < 0.005,
+            "{}: parameters {params} vs {want}",
+            rec.label
+        );
         if let Some(d) = first_divergence(&rec, &trace) {
             eprintln!("  first divergence: {d}");
         }

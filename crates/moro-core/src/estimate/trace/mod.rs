@@ -226,6 +226,13 @@ impl<'m> Builder<'m> {
         t
     }
 
+    /// Makes a tensor of `bytes` that is released at once: a temporary between two
+    /// allocations that outlive it.
+    pub(crate) fn transient(&mut self, name: &'static str, layer: Option<u64>, bytes: u64) {
+        let t = self.alloc_in(name, None, layer, Component::Transients, bytes, 1);
+        self.free(t);
+    }
+
     /// Releases `t`.
     pub(crate) fn free(&mut self, t: Tensor<'m>) {
         self.push(Op::Free, &t);

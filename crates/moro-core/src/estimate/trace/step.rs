@@ -360,10 +360,8 @@ pub fn trace<'m>(
         let mut out = Vec::new();
         for &bytes in &saved_by_layer[k] {
             if rms && bytes == upcast {
-                for what in ["RMSNorm pow", "RMSNorm product"] {
-                    let x = b.alloc_in(what, None, layer, Component::Transients, bytes, 1);
-                    b.free(x);
-                }
+                b.transient("RMSNorm pow", layer, bytes);
+                b.transient("RMSNorm product", layer, bytes);
             }
             out.push(b.alloc_in(name, None, layer, Component::Activations, bytes, 1));
         }
@@ -461,15 +459,7 @@ pub fn trace<'m>(
                     s.extend(copies);
                 }
                 if dequant > 0 {
-                    let d = b.alloc_in(
-                        "dequantized weight",
-                        None,
-                        Some(k as u64),
-                        Component::Transients,
-                        dequant,
-                        1,
-                    );
-                    b.free(d);
+                    b.transient("dequantized weight", Some(k as u64), dequant);
                 }
                 if job.gradient_checkpointing {
                     s.push(b.alloc_in(
@@ -597,15 +587,7 @@ pub fn trace<'m>(
                     fresh = make_grads(&mut b, &ps, ranges[k].clone().rev(), &mut grads, gb);
                 }
                 if dequant > 0 {
-                    let d = b.alloc_in(
-                        "dequantized weight",
-                        None,
-                        Some(k as u64),
-                        Component::Transients,
-                        dequant,
-                        1,
-                    );
-                    b.free(d);
+                    b.transient("dequantized weight", Some(k as u64), dequant);
                 }
                 b.free_all(temps);
                 b.free_all(fresh);
