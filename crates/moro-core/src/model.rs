@@ -381,6 +381,13 @@ pub struct ModelSpec {
     /// How a routed expert applies its gate (MoE models whose experts are [`Linear::fused`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expert_gate: Option<ExpertGate>,
+    /// Every routed expert runs on every token, scaled by the token's router score (zero
+    /// outside its top-k), instead of on the tokens routed to it: transformers 5.25
+    /// `Llama4TextMoe.forward` (`hidden_states.repeat(num_experts, 1)` times the sigmoid
+    /// scores, then one `bmm` per expert stack), so a MoE layer's activations grow with the
+    /// number of experts, not with top-k.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub experts_see_every_token: bool,
     /// The vision tower and projector of a vision-language model; `None` for text models.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vision: Option<crate::vision::VisionSpec>,

@@ -1184,11 +1184,11 @@ mod errors {
 
     #[test]
     fn unsupported_names_the_closest_type() {
-        let err = parse_config(br#"{"model_type": "llama4_text"}"#).expect_err("unsupported");
+        let err = parse_config(br#"{"model_type": "mistral3"}"#).expect_err("unsupported");
         let message = err.to_string();
         assert!(
             message.starts_with(
-                "unsupported model_type `llama4_text` (the closest supported is `llama`); supported: "
+                "unsupported model_type `mistral3` (the closest supported is `mistral`); supported: "
             ),
             "{message}"
         );

@@ -375,6 +375,7 @@ pub(crate) fn build(p: Plan) -> Result<ModelSpec, ArchError> {
         rope_by_concat: false,
         qk_norm: false,
         attention_sinks: false,
+        experts_see_every_token: false,
         fp32_norms: false,
         mxfp4_experts: false,
         expert_gate: None,

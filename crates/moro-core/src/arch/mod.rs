@@ -23,6 +23,7 @@ mod gpt2;
 mod gpt_neox;
 mod gpt_oss;
 mod llama;
+mod llama4;
 mod olmo2;
 mod phi;
 mod phi3;
@@ -86,6 +87,8 @@ pub const SUPPORTED: &[&str] = &[
     "deepseek_v3",
     "glm4_moe",
     "gpt_oss",
+    "llama4",
+    "llama4_text",
     "olmo2",
     "olmo3",
     "smollm3",
@@ -168,6 +171,7 @@ fn by_type(c: &cfg::Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchError> {
         "deepseek_v2" | "deepseek_v3" => deepseek::parse(&c, model_type),
         "glm4_moe" => glm4_moe::parse(&c),
         "gpt_oss" => gpt_oss::parse(&c),
+        "llama4" | "llama4_text" => llama4::parse(&c, model_type),
         "olmo2" | "olmo3" => olmo2::parse(&c, model_type),
         "gpt2" | "gpt_bigcode" => gpt2::parse(&c, model_type),
         "gpt_neox" => gpt_neox::parse(&c),

@@ -80,11 +80,20 @@ pub(super) fn phases(
     let h = model.hidden_size;
     let ad = model.q_width() / tp;
     let kd = model.kv_width() / tp;
-    let i = model.active_intermediate(model.moe.is_some()) / tp;
+    // Experts that run on every token ([`ModelSpec::experts_see_every_token`]): the shared
+    // expert's gated MLP, and the routed block's own tensors: the scaled copy of the input
+    // for each expert, `gate_up` (2I), the activation and the product (I each).
+    let (i, every_token) = match &model.moe {
+        Some(moe) if model.experts_see_every_token => (
+            moe.shared_intermediate_size / tp,
+            moe.num_experts * (h + 4 * moe.expert_intermediate_size / tp),
+        ),
+        _ => (model.active_intermediate(model.moe.is_some()) / tp, 0),
+    };
     // The prefill runs the whole prompt through one layer at a time without saving anything:
     // the residual and normed stream, q/k/v/out, and the MLP's gate/up/product are alive
     // together (no autograd). Eager attention also materializes fp32 and 16-bit scores.
-    let mut prefill = t * (cb * (2 * ad + 2 * kd + 3 * i) + 3 * cb * h);
+    let mut prefill = t * (cb * (2 * ad + 2 * kd + 3 * i + every_token) + 3 * cb * h);
     if job.attention == Attention::Eager {
         prefill += b * (model.num_heads / tp) * s * s * (4 + cb);
     }

@@ -222,6 +222,7 @@ fn tower_model(v: &VisionSpec) -> ModelSpec {
         rope_by_concat: false,
         qk_norm: false,
         attention_sinks: false,
+        experts_see_every_token: false,
         fp32_norms: false,
         mxfp4_experts: false,
         expert_gate: None,

@@ -301,6 +301,10 @@ impl Ctx<'_> {
             let mut fused_dropout_done = false;
             let mut stacked_gathered = false;
             for l in g.linears.iter().filter(|l| group_of(l, h) == grp) {
+                if l.role == LinearRole::Expert && m.experts_see_every_token {
+                    // Counted with the experts' own tensors ([`Self::every_token_experts`]).
+                    continue;
+                }
                 let k_in = l.in_features;
                 // Tokens reaching the module: experts see top-k copies per token.
                 let mult = match l.role {
@@ -622,6 +626,14 @@ impl Ctx<'_> {
         if g.moe && m.expert_gate.is_some() {
             return bytes + self.fused_experts_bytes(o);
         }
+        if g.moe
+            && m.experts_see_every_token
+            && let Some(moe) = &m.moe
+        {
+            // The shared expert's gated MLP, and every routed expert on every token.
+            let shared = moe.shared_intermediate_size / tp;
+            return bytes + 3 * o * shared + self.every_token_experts(moe, o);
+        }
 
         // MLP core.
         let i_act = m.active_intermediate(g.moe) / tp;
@@ -644,6 +656,31 @@ impl Ctx<'_> {
             bytes += 4 * moe.num_experts + moe.experts_per_token * h * mlp_o;
         }
         bytes
+    }
+
+    /// Saved bytes per token of a MoE block whose experts all run on every token
+    /// ([`ModelSpec::experts_see_every_token`]; transformers 5.25 `Llama4TextMoe.forward`,
+    /// `Llama4TextExperts.forward`, `Llama4Router.forward`), `o` bytes per element of the
+    /// `bmm` outputs: the router's top-k indices and its fp32 `sigmoid` output; the
+    /// `repeat` of the normed input for every expert, which the multiply by the scores
+    /// saves (the scores require grad whenever the layer's input does); the `gate_up`
+    /// product, kept whole by `act_fn(gate)` and `up * act`, which saves the activation too.
+    /// A full fine-tune's `bmm`s also save their inputs for the expert stacks' gradients:
+    /// the scaled copy and `up * act`.
+    fn every_token_experts(&self, moe: &crate::model::MoeSpec, o: u64) -> u64 {
+        let tp = self.tp.max(1);
+        let e = moe.num_experts;
+        let i = moe.expert_intermediate_size / tp;
+        let h = self.m.hidden_size;
+        let s = self.r.stream_bytes;
+        let router = 8 * moe.experts_per_token + 4 * e + e * o;
+        let saved = e * (h * s + 3 * i * o);
+        let weights_grads = if self.job.method == Method::Full {
+            e * (h * s + i * o)
+        } else {
+            0
+        };
+        router + saved + weights_grads
     }
 
     /// Saved bytes per token of eager attention with sinks ([`ModelSpec::attention_sinks`];
@@ -927,6 +964,13 @@ impl Ctx<'_> {
         // (transformers' MoE loop over `self.experts`), so one expert's gradient buffers are
         // live at a time: top-k/E of the tokens on average.
         let mlp = match (&m.moe, g.moe) {
+            // Every expert back-propagates every token at once: at `up * act`'s backward
+            // the product's gradient and the two it makes (E·I each) are alive (traced,
+            // `validation/oracle-traces/llama4.jsonl`).
+            (Some(moe), true) if m.experts_see_every_token => {
+                (3 * o * moe.num_experts * moe.expert_intermediate_size)
+                    .max(3 * o * moe.shared_intermediate_size)
+            }
             (Some(moe), true) => {
                 let e = moe.num_experts.max(1);
                 3 * o * (moe.experts_per_token * moe.expert_intermediate_size).div_ceil(e)
