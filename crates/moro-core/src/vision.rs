@@ -82,6 +82,21 @@ pub enum ImageTokens {
         /// `max_pixels` of the processor.
         max_pixels: u64,
     },
+    /// Llama 4's tiles (`Llama4ImageProcessor`): the image is resized without distortion
+    /// onto the best-fitting canvas of at most `max_tiles` square tiles (`get_best_fit` over
+    /// `find_supported_resolutions`, [`best_fit_tiles`]); a split image gets one more,
+    /// global tile. The tower runs each tile alone, its patches plus a class token; pixel
+    /// shuffle leaves `(tile / patch)² / downsample` tokens a tile (144).
+    Tiled {
+        /// Tile side in pixels (336).
+        tile_size: u64,
+        /// Tower patch side (14).
+        patch_size: u64,
+        /// Patches merged into one token by pixel shuffle (`round(1 / ratio²)`: 4).
+        downsample: u64,
+        /// `max_patches` of the processor (16).
+        max_tiles: u64,
+    },
 }
 
 /// The images of one sample.
@@ -129,8 +144,10 @@ pub fn parse_image_size(s: &str) -> Result<(u64, u64), String> {
 /// One image as the model sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ImageShape {
-    /// Positions the tower runs over (patches, plus class tokens).
+    /// Positions the tower runs over (patches, plus class tokens), in all its passes.
     pub tower_tokens: u64,
+    /// Sequences the tower runs the image as (Llama 4: one per tile; else 1).
+    pub tower_passes: u64,
     /// Tokens the image adds to the language model's sequence, beyond the one placeholder
     /// the text already holds.
     pub added_tokens: u64,
@@ -152,6 +169,7 @@ impl ImageTokens {
                 let side = image_size / patch_size.max(1);
                 ImageShape {
                     tower_tokens: side * side + class_tokens,
+                    tower_passes: 1,
                     added_tokens: sequence_tokens.saturating_sub(1),
                     resized: (image_size, image_size),
                 }
@@ -167,12 +185,77 @@ impl ImageTokens {
                 let patches = (h / patch_size) * (w / patch_size);
                 ImageShape {
                     tower_tokens: patches,
+                    tower_passes: 1,
                     added_tokens: (patches / (merge_size * merge_size)).saturating_sub(1),
                     resized: (w, h),
                 }
             }
+            Self::Tiled {
+                tile_size,
+                patch_size,
+                downsample,
+                max_tiles,
+            } => {
+                let (rows, cols) = best_fit_tiles(height, width, tile_size, max_tiles);
+                let tiles = rows * cols;
+                let passes = if tiles > 1 { tiles + 1 } else { 1 };
+                let side = tile_size / patch_size.max(1);
+                let per_tile = side * side / downsample.max(1);
+                // `Llama4Processor._prompt_split_image`: <|image_start|>, each tile's patches
+                // with a <|tile_x_separator|> between tiles of a row and a
+                // <|tile_y_separator|> after each row, then <|image|>, the global tile's
+                // patches and <|image_end|>; the text's <|image|> placeholder is replaced.
+                let split = if tiles > 1 {
+                    tiles * per_tile + rows * (cols - 1) + rows
+                } else {
+                    0
+                };
+                ImageShape {
+                    tower_tokens: passes * (side * side + 1),
+                    tower_passes: passes,
+                    added_tokens: split + per_tile + 2,
+                    resized: (cols * tile_size, rows * tile_size),
+                }
+            }
         }
     }
+}
+
+/// transformers 5.25 `models/llama4/image_processing_llama4.py` `get_best_fit` over
+/// `find_supported_resolutions(max_tiles, tile)`: the canvas of `rows × cols` tiles (at most
+/// `max_tiles`) that upscales a `height × width` image the least without distortion, or,
+/// when none can, downscales it the least; among equal scales, the smallest canvas.
+/// `(rows, cols)`.
+#[must_use]
+pub fn best_fit_tiles(height: u64, width: u64, tile: u64, max_tiles: u64) -> (u64, u64) {
+    let mut canvases = Vec::new();
+    for n in (1..=max_tiles.max(1)).rev() {
+        for rows in (1..=n).filter(|r| n.is_multiple_of(*r)) {
+            canvases.push((rows, n / rows));
+        }
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let scale = |(rows, cols): (u64, u64)| -> f64 {
+        let (h, w) = ((rows * tile) as f64, (cols * tile) as f64);
+        let (sh, sw) = (h / height.max(1) as f64, w / width.max(1) as f64);
+        if sh > sw { sw } else { sh }
+    };
+    let up = canvases
+        .iter()
+        .map(|&c| scale(c))
+        .filter(|s| *s >= 1.0)
+        .fold(f64::INFINITY, f64::min);
+    let chosen = if up.is_finite() {
+        up
+    } else {
+        canvases.iter().map(|&c| scale(c)).fold(0.0, f64::max)
+    };
+    #[allow(clippy::float_cmp)]
+    canvases
+        .into_iter()
+        .filter(|&c| scale(c) == chosen)
+        .min_by_key(|&(rows, cols)| rows * cols)
+        .unwrap_or((1, 1))
 }
 
 /// transformers 5.24 `models/qwen2_vl/image_processing_qwen2_vl.py` `smart_resize`, in the
@@ -235,6 +318,7 @@ impl VisionSpec {
         match self.tokens {
             ImageTokens::Fixed { image_size, .. } => (image_size, image_size),
             ImageTokens::Dynamic { .. } => (1024, 1024),
+            ImageTokens::Tiled { tile_size, .. } => (tile_size, tile_size),
         }
     }
 
@@ -244,7 +328,7 @@ impl VisionSpec {
     pub const fn patch_pixels(&self) -> u64 {
         match self.tokens {
             ImageTokens::Dynamic { patch_size, .. } => 3 * 2 * patch_size * patch_size,
-            ImageTokens::Fixed { .. } => 0,
+            ImageTokens::Fixed { .. } | ImageTokens::Tiled { .. } => 0,
         }
     }
 
@@ -273,6 +357,39 @@ impl VisionSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Llama 4's processor, run as transformers 5.25 defines it (`get_best_fit` over
+    /// `find_supported_resolutions(16, 336)`, then `Llama4Processor._prompt_split_image`
+    /// with 144 patches a tile, each `<|…|>` one token): the canvas in tiles and the tokens
+    /// one image adds beyond its `<|image|>` placeholder.
+    #[test]
+    fn tiled_images_follow_llama4s_processor() {
+        let scout = ImageTokens::Tiled {
+            tile_size: 336,
+            patch_size: 14,
+            downsample: 4,
+            max_tiles: 16,
+        };
+        for ((w, h), (rows, cols), added) in [
+            ((336, 336), (1, 1), 146),
+            ((1024, 768), (3, 4), 1886),
+            ((1920, 1080), (3, 5), 2321),
+            ((200, 3000), (9, 1), 1451),
+            ((4000, 4000), (4, 4), 2466),
+            ((640, 480), (2, 2), 726),
+            ((100, 100), (1, 1), 146),
+            ((5000, 300), (1, 15), 2321),
+        ] {
+            assert_eq!(best_fit_tiles(h, w, 336, 16), (rows, cols), "{w}x{h}");
+            let shape = scout.shape(w, h);
+            assert_eq!(shape.added_tokens, added, "{w}x{h}");
+            assert_eq!(shape.resized, (cols * 336, rows * 336), "{w}x{h}");
+            // Every tile and, when split, the global one: 577 positions each.
+            let passes = if rows * cols > 1 { rows * cols + 1 } else { 1 };
+            assert_eq!(shape.tower_passes, passes);
+            assert_eq!(shape.tower_tokens, passes * 577);
+        }
+    }
 
     #[test]
     fn smart_resize_by_hand() {

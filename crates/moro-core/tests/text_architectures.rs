@@ -76,8 +76,7 @@ fn allocated_peak_matches_the_traces() {
 /// Llama 4's language model (`llama4_text`), counted as transformers 5.25 builds it on the
 /// meta device (`Llama4ForCausalLM(Llama4TextConfig(...))`, summed `numel`): Scout's
 /// defaults (48 layers, 16 experts every layer) and a 4-layer cut of Maverick's shape (128
-/// experts every second layer, no q/k norm). The multimodal `llama4` config is refused,
-/// naming its vision tower, until the tower is counted.
+/// experts every second layer, no q/k norm), and the multimodal Scout with its tower.
 #[test]
 fn llama4_counts_as_transformers_builds_it() {
     let scout = moro_core::arch::parse_config(
@@ -91,12 +90,18 @@ fn llama4_counts_as_transformers_builds_it() {
     )
     .expect("parses");
     assert_eq!(maverick.total_params(), 35_289_216_000);
-    let err = moro_core::arch::parse_config(
-        br#"{"model_type": "llama4", "text_config": {"num_attention_heads": 40},
-            "vision_config": {"hidden_size": 1408}}"#,
+    // The staged Scout config (`data/staged/`, rebuilt: see its manifest): transformers'
+    // `vision_model` 850,960,896 (its `vision_adapter`, 39,845,888, moro counts with the
+    // projector) and `multi_modal_projector` 20,971,520.
+    let multimodal = moro_core::arch::parse_config(
+        include_str!("../../../data/staged/meta-llama--Llama-4-Scout-17B-16E-Instruct.json")
+            .as_bytes(),
     )
-    .expect_err("the tower is not counted");
-    assert!(err.to_string().contains("vision_config"), "{err}");
+    .expect("parses");
+    assert_eq!(multimodal.total_params(), 108_641_793_536);
+    let tower = multimodal.vision.as_ref().expect("a tower");
+    assert_eq!(tower.tower_params(), 850_960_896 - 39_845_888);
+    assert_eq!(tower.projector_params(), 39_845_888 + 20_971_520);
 }
 
 /// Llama 4's language model against its training step on fake CUDA tensors

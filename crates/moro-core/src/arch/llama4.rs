@@ -31,22 +31,18 @@ use crate::model::{
     AttentionKind, Dtype, Linear, LinearRole, ModelSpec, MoeSpec, NormKind, WeightLayout,
 };
 
-/// Parses a `llama4_text` config, or a `llama4` one's `text_config` (the language model;
-/// its vision tower is refused until it is counted).
+/// Parses a `llama4_text` config, or a `llama4` one: its `text_config` and its vision
+/// tower ([`super::vision::llama4`]).
 pub(crate) fn parse(top: &Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchError> {
-    if model_type == "llama4" {
-        if top.has("vision_config") {
-            return Err(top.err(
-                "vision_config",
-                "Llama 4's vision tower is not counted yet: estimate its language model \
-                 (`model_type: llama4_text`, the `text_config` alone)",
-            ));
-        }
-        let empty = Map::new();
-        let text = top.opt_object("text_config")?.unwrap_or(&empty);
-        return text_model(&Cfg::nested(text, "text_config"));
+    if model_type != "llama4" {
+        return text_model(top);
     }
-    text_model(top)
+    let empty = Map::new();
+    let text = top.opt_object("text_config")?.unwrap_or(&empty);
+    let mut spec = text_model(&Cfg::nested(text, "text_config"))?;
+    spec.vision = Some(super::vision::llama4(top, spec.hidden_size)?);
+    spec.model_type = "llama4".to_owned();
+    Ok(spec)
 }
 
 fn text_model(c: &Cfg<'_>) -> Result<ModelSpec, ArchError> {

@@ -208,6 +208,84 @@ pub(crate) fn llava(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, ArchE
     })
 }
 
+/// Llama 4's tower, pixel-shuffle adapter and projector (transformers 5.25
+/// `Llama4VisionModel`, `Llama4VisionPixelShuffleMLP`, `Llama4MultiModalProjector`;
+/// `Llama4VisionConfig` defaults): `patch_embedding.linear` (channels · patch² → h, no
+/// bias), `class_embedding`, `positional_embedding_vlm` of (image / patch)² + 1 rows,
+/// `layernorm_pre`/`layernorm_post`; per layer `q_proj`/`k_proj`/`v_proj`/`o_proj` and
+/// `fc1`/`fc2` with bias, two LayerNorms, a 2-D RoPE; the adapter's `fc1`
+/// (`intermediate_size` → `projector_input_dim`) and `fc2` (`projector_output_dim` square),
+/// without bias; `multi_modal_projector.linear_1` (`vision_output_dim` → the text's hidden
+/// size, no bias). The processor tiles images of `image_size` (336 for Scout) up to 16
+/// tiles (`Llama4ImageProcessor.max_patches`).
+pub(crate) fn llama4(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, ArchError> {
+    let (t, image, patch, channels) = vit(top, (768, 5632, 34, 16), (448, 14))?;
+    let empty = serde_json::Map::new();
+    let v = Cfg::nested(
+        top.opt_object("vision_config")?.unwrap_or(&empty),
+        "vision_config",
+    );
+    let h = t.hidden;
+    let side = image / patch;
+    let ratio = match v.get("pixel_shuffle_ratio") {
+        None => 0.5,
+        Some(x) => x
+            .as_f64()
+            .filter(|r| *r > 0.0 && *r <= 1.0)
+            .ok_or_else(|| v.err("pixel_shuffle_ratio", "is not a number in (0, 1]"))?,
+    };
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let downsample = (1.0 / (ratio * ratio)).round() as u64;
+    if side * side % downsample != 0 {
+        return Err(v.err(
+            "pixel_shuffle_ratio",
+            format!("leaves a fraction of a token from {side} × {side} patches"),
+        ));
+    }
+    let dim = |key: &str, default: u64| v.dim_or(key, default, MAX_VISION_INTERMEDIATE);
+    let adapter_in = dim("projector_input_dim", 4096)?;
+    let adapter_out = dim("projector_output_dim", 4096)?;
+    let output = dim("vision_output_dim", 7680)?;
+    let layers = block(
+        t.layers,
+        vec![
+            linear("q_proj", h, h),
+            linear("k_proj", h, h),
+            linear("v_proj", h, h),
+            linear("o_proj", h, h),
+            linear("fc1", h, t.intermediate),
+            linear("fc2", t.intermediate, h),
+        ],
+        4 * h,
+    );
+    let plain = |name: &str, i: u64, o: u64| Linear::new(name, i, o, false, LinearRole::Vision);
+    Ok(VisionSpec {
+        model_type: "llama4_vision_model".to_owned(),
+        hidden_size: h,
+        intermediate_size: t.intermediate,
+        num_heads: t.heads,
+        norm: NormKind::LayerNorm,
+        gated_mlp: false,
+        rotary: true,
+        layers,
+        embedding_params: channels * patch * patch * h + h + (side * side + 1) * h + 4 * h,
+        projector: vec![
+            plain("fc1", t.intermediate, adapter_in),
+            plain("fc2", adapter_out, adapter_out),
+            plain("linear_1", output, text_hidden),
+        ],
+        projector_other_params: 0,
+        tokens: ImageTokens::Tiled {
+            tile_size: image,
+            patch_size: patch,
+            downsample,
+            max_tiles: 16,
+        },
+        flash_attention: true,
+        image_attention_mask: false,
+    })
+}
+
 /// Qwen2-VL's and Qwen2.5-VL's tower and merger (`vision_config`), and their processors'
 /// resizing: `min_pixels` 3136 (4 tokens) and `max_pixels` 12,845,056 (16,384 tokens), the
 /// values of the released checkpoints' `preprocessor_config.json` and the Qwen2.5-VL model

@@ -98,6 +98,9 @@ pub fn step(model: &ModelSpec, job: &Job, r: &Regime) -> VisionStep {
     let shape = v.tokens.shape(job.images.width, job.images.height);
     let patches = shape.tower_tokens;
     let tokens = images * patches;
+    // The tower's sequences: one per image, or one per tile (Llama 4).
+    let passes = images * shape.tower_passes.max(1);
+    let per_pass = patches / shape.tower_passes.max(1);
     let b = r.compute_bytes;
     let h = v.hidden_size;
     // Residual stream, norm output, fused q/k/v, attention output and the MLP's
@@ -105,7 +108,7 @@ pub fn step(model: &ModelSpec, job: &Job, r: &Regime) -> VisionStep {
     // scores and their probabilities per image. [DERIVED]
     let mlp = if v.gated_mlp { 3 } else { 2 } * v.intermediate_size;
     let eager = if job.attention == crate::job::Attention::Eager {
-        images * v.num_heads * patches * patches * (4 + b)
+        passes * v.num_heads * per_pass * per_pass * (4 + b)
     } else {
         0
     };
@@ -116,6 +119,7 @@ pub fn step(model: &ModelSpec, job: &Job, r: &Regime) -> VisionStep {
         * match v.tokens {
             ImageTokens::Dynamic { .. } => patches * v.patch_pixels(),
             ImageTokens::Fixed { image_size, .. } => 3 * image_size * image_size,
+            ImageTokens::Tiled { tile_size, .. } => 3 * tile_size * tile_size * shape.tower_passes,
         }
         * 4;
     if !tower_recorded(model, job) {
@@ -127,8 +131,8 @@ pub fn step(model: &ModelSpec, job: &Job, r: &Regime) -> VisionStep {
     }
     let tower = tower_model(v);
     let mut tower_job = Job {
-        micro_batch_size: images,
-        seq_len: patches,
+        micro_batch_size: passes,
+        seq_len: per_pass,
         padding: Padding::Packed,
         ..job.clone()
     };
@@ -178,7 +182,7 @@ fn projector_saved(v: &VisionSpec, images: u64, patches: u64, b: u64) -> u64 {
             let pooled = images * sequence_tokens.saturating_sub(4);
             patches * h * b + norm(pooled) + pooled * h * b
         }
-        (None, ImageTokens::Dynamic { .. }) => norm(patches),
+        (None, ImageTokens::Dynamic { .. } | ImageTokens::Tiled { .. }) => norm(patches),
     }
 }
 
