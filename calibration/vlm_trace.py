@@ -112,6 +112,37 @@ PROFILES = {
 
 
 # ----------------------------------------------------------------------------- families
+def patch_idefics3_for_fake() -> str:
+    """`Idefics3Model.get_image_features` drops all-zero padding images with a boolean index
+    and splits the features by `num_real_images_per_batch.tolist()`: shapes that depend on
+    data, which fake tensors cannot give. Every image the trace feeds is real, so the same
+    method without the filter (source patched, nothing else changed) runs the same ops."""
+    import inspect
+    import textwrap
+
+    from transformers.models.idefics3 import modeling_idefics3 as m
+
+    src = textwrap.dedent(inspect.getsource(m.Idefics3Model.get_image_features))
+    for old, new in [
+        ("pixel_values = pixel_values[real_images_inds].contiguous()",
+         "pixel_values = pixel_values.contiguous()"),
+        ("pixel_attention_mask = pixel_attention_mask[real_images_inds].contiguous()",
+         "pixel_attention_mask = pixel_attention_mask.contiguous()"),
+        ("image_features.split(num_real_images_per_batch.tolist())",
+         "image_features.split([num_images] * batch_size)"),
+    ]:
+        if old not in src:
+            raise RuntimeError("idefics3 patch: %r not found" % old)
+        src = src.replace(old, new)
+    src = "\n".join(line for line in src.splitlines() if not line.lstrip().startswith("@"))
+    ns = dict(vars(m))
+    exec(src, ns)
+    # `can_return_tuple` takes `return_dict`, as on the original (its docstring decorator only
+    # documents).
+    m.Idefics3Model.get_image_features = m.can_return_tuple(ns["get_image_features"])
+    return "idefics3: get_image_features without the padding-image filter (every image is real)"
+
+
 def family_of(model_type: str) -> str:
     return {"qwen2_vl": "qwen", "qwen2_5_vl": "qwen", "gemma3": "gemma3", "llava": "llava",
             "idefics3": "idefics3", "smolvlm": "idefics3"}[model_type]
@@ -150,6 +181,12 @@ def image_processor(family: str, cfg, profile: str = "hub"):
             kw = {"size": {"shortest_edge": s}, "crop_size": {"height": s, "width": s}}
     else:
         from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil as C
+        if profile == "hub":
+            # The released preprocessor_config.json files tile at the tower's image_size and
+            # resize to a longest edge of four tiles (Idefics3-8B 364 / 1456, SmolVLM 384 /
+            # 1536 and 512 / 2048).
+            s = cfg.vision_config.image_size
+            kw.update(max_image_size={"longest_edge": s}, size={"longest_edge": 4 * s})
     return C(**kw)
 
 
@@ -198,7 +235,10 @@ def image_tokens_for(family: str, cfg, width: int, height: int, profile: str = "
                    grid={"patches": (h // p) * (w // p), "vision_seq": (h // p) * (w // p) + 1})
     else:
         rows, cols = int(out["rows"][0][0]), int(out["cols"][0][0])
-        seq = 169 if getattr(cfg, "image_seq_len", None) is None else cfg.image_seq_len
+        # `Idefics3Model.image_seq_len`: the tower's patches over the pixel shuffle's
+        # scale_factor² (SmolVLM-256M: (512 // 16)² / 4² = 64; Idefics3-8B: 169).
+        vc = cfg.vision_config
+        seq = int((vc.image_size // vc.patch_size) ** 2 / cfg.scale_factor ** 2)
         tiles = rows * cols + (1 if rows or cols else 0) if (rows or cols) else 1
         n = (rows * cols + 1) * seq if (rows or cols) else seq
         special = rows * cols * 2 + 3 if (rows or cols) else 3
@@ -287,6 +327,13 @@ def build_sample(family: str, cfg, text_seq: int, n_images: int, info: dict, rng
         elif family == "gemma3":
             block = [ids["nl2"], ids["boi"]] + [ids["image"]] * n_img + [ids["eoi"], ids["nl2"]]
             tt = [0, 0] + [1] * n_img + [0, 0]
+        elif family == "idefics3":
+            # The placeholders and, as text ids, the tiles' <fake_token_around_image> and
+            # <row_i_col_j>, the global image's three markers and the newlines: one per
+            # row and one before the global image, the last two one "\n\n" token.
+            extra = info["extra_tokens"] + max(info.get("extra_newline_chars", 0) - 1, 0)
+            block = [ids["image"]] * n_img + rng.integers(0, hi, size=extra).tolist()
+            tt = [1] * n_img + [0] * extra
         else:
             block = [ids["image"]] * n_img
             tt = [1] * n_img
@@ -481,6 +528,8 @@ def run(args) -> dict:
 
     cfg, model_type, cuts = load_config(args.config, args.text_layers, args.vision_layers)
     family = family_of(model_type)
+    if family == "idefics3":
+        notes.append(patch_idefics3_for_fake())
     W, H = (int(x) for x in args.image_size.lower().split("x"))
     n_img = args.images_per_sample
     info = image_tokens_for(family, cfg, W, H) if n_img else None
@@ -522,7 +571,10 @@ def run(args) -> dict:
         if method == "lora":
             from peft import LoraConfig, get_peft_model
 
-            lm = r".*language_model\..*\.(%s)$" % "|".join(LM_TARGETS)
+            # Idefics3 / SmolVLM name their decoder `model.text_model`, the others
+            # `model.language_model`.
+            lm_name = "text_model" if family == "idefics3" else "language_model"
+            lm = r".*%s\..*\.(%s)$" % (lm_name, "|".join(LM_TARGETS))
             lora_targets = lm
             if args.train_vision:
                 vt = {"qwen": "qkv|proj|gate_proj|up_proj|down_proj|mlp\\.0|mlp\\.2",

@@ -97,6 +97,22 @@ pub enum ImageTokens {
         /// `max_patches` of the processor (16).
         max_tiles: u64,
     },
+    /// Idefics3 and SmolVLM (`Idefics3ImageProcessor`, `SmolVLMImageProcessor`): the image
+    /// is resized to a longest edge of `longest_edge`, then up to multiples of the tile and
+    /// split into `rows × cols` tiles of `tile_size`, plus a global tile ([`split_tiles`]);
+    /// an image no larger than a tile is one tile. Each tile is one tower pass of
+    /// `(tile / patch)²` patches and `tokens_per_tile` tokens after the connector's pixel
+    /// shuffle.
+    Split {
+        /// Tile side (`max_image_size.longest_edge`, the tower's `image_size`).
+        tile_size: u64,
+        /// Tower patch side.
+        patch_size: u64,
+        /// Tokens a tile becomes (`image_seq_len`).
+        tokens_per_tile: u64,
+        /// `size.longest_edge` of the processor (4 tiles in the released checkpoints).
+        longest_edge: u64,
+    },
 }
 
 /// The images of one sample.
@@ -190,6 +206,37 @@ impl ImageTokens {
                     resized: (w, h),
                 }
             }
+            Self::Split {
+                tile_size,
+                patch_size,
+                tokens_per_tile,
+                longest_edge,
+            } => {
+                let (rows, cols) = split_tiles(width, height, tile_size, longest_edge);
+                let tiles = rows * cols;
+                let side = tile_size / patch_size.max(1);
+                let passes = if tiles > 0 { tiles + 1 } else { 1 };
+                // `_prompt_split_image`: per tile <fake_token_around_image>, <row_i_col_j>
+                // and its tokens; "\n" after each row; then "\n", the global tile between
+                // <fake_token_around_image><global-img> and <fake_token_around_image>. The
+                // last row's "\n" and the global's are one "\n\n" token in the BPE
+                // vocabularies these models use. A single tile is the global part alone.
+                let split = if tiles > 0 {
+                    tiles * (tokens_per_tile + 2) + rows
+                } else {
+                    0
+                };
+                ImageShape {
+                    tower_tokens: passes * side * side,
+                    tower_passes: passes,
+                    added_tokens: split + tokens_per_tile + 3 - 1,
+                    resized: if tiles > 0 {
+                        (cols * tile_size, rows * tile_size)
+                    } else {
+                        (tile_size, tile_size)
+                    },
+                }
+            }
             Self::Tiled {
                 tile_size,
                 patch_size,
@@ -218,6 +265,57 @@ impl ImageTokens {
                 }
             }
         }
+    }
+}
+
+/// transformers 5.25 `models/idefics3/image_processing_pil_idefics3.py`: the resize to a
+/// longest edge of `longest_edge` (`_resize_output_size_rescale_to_max_len`, the other side
+/// rounded up to even, then `_resize_output_size_scale_below_upper_bound` at 4,096), then
+/// `resize_for_vision_encoder` to multiples of `tile`, then `split_images`: `(rows, cols)`
+/// of tiles, `(0, 0)` when the image fits one tile. In the same IEEE doubles as Python.
+#[must_use]
+pub fn split_tiles(width: u64, height: u64, tile: u64, longest_edge: u64) -> (u64, u64) {
+    #[allow(clippy::cast_precision_loss)]
+    let f = |x: u64| x as f64;
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let int = |x: f64| x.max(0.0) as u64;
+    let (mut w, mut h) = (width.max(1), height.max(1));
+    // Rescale to the longest edge (up or down), the other side even.
+    let aspect = f(w) / f(h);
+    if w >= h {
+        w = longest_edge;
+        h = int(f(w) / aspect);
+        h += h % 2;
+    } else {
+        h = longest_edge;
+        w = int(f(h) * aspect);
+        w += w % 2;
+    }
+    let (mut w, mut h) = (w.max(1), h.max(1));
+    // Below the absolute maximum.
+    let cap = 4096;
+    let aspect = f(w) / f(h);
+    if w >= h && w > cap {
+        w = cap;
+        h = int(f(w) / aspect).max(1);
+    } else if h > w && h > cap {
+        h = cap;
+        w = int(f(h) * aspect).max(1);
+    }
+    // Up to multiples of the tile.
+    let t = tile.max(1);
+    let aspect = f(w) / f(h);
+    let (w, h) = if w >= h {
+        let w2 = w.div_ceil(t) * t;
+        (w2, int(f(w2) / aspect).div_ceil(t) * t)
+    } else {
+        let h2 = h.div_ceil(t) * t;
+        (int(f(h2) * aspect).div_ceil(t) * t, h2)
+    };
+    if h > t || w > t {
+        ((h - t) / t + 1, (w - t) / t + 1)
+    } else {
+        (0, 0)
     }
 }
 
@@ -318,7 +416,9 @@ impl VisionSpec {
         match self.tokens {
             ImageTokens::Fixed { image_size, .. } => (image_size, image_size),
             ImageTokens::Dynamic { .. } => (1024, 1024),
-            ImageTokens::Tiled { tile_size, .. } => (tile_size, tile_size),
+            ImageTokens::Tiled { tile_size, .. } | ImageTokens::Split { tile_size, .. } => {
+                (tile_size, tile_size)
+            }
         }
     }
 
@@ -328,7 +428,7 @@ impl VisionSpec {
     pub const fn patch_pixels(&self) -> u64 {
         match self.tokens {
             ImageTokens::Dynamic { patch_size, .. } => 3 * 2 * patch_size * patch_size,
-            ImageTokens::Fixed { .. } | ImageTokens::Tiled { .. } => 0,
+            ImageTokens::Fixed { .. } | ImageTokens::Tiled { .. } | ImageTokens::Split { .. } => 0,
         }
     }
 
@@ -357,6 +457,53 @@ impl VisionSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Idefics3's image processor (transformers 5.25 `Idefics3ImageProcessorPil`, run on
+    /// black RGB images with the released settings: tiles of 512, 364 and 384 px, a longest
+    /// edge of four tiles): the rows and columns of tiles it returns. Small images are
+    /// upscaled to the longest edge too.
+    #[test]
+    fn split_images_follow_idefics3s_processor() {
+        for (tile, cases) in [
+            (
+                512,
+                [(4, 4), (3, 4), (3, 4), (4, 1), (4, 4), (3, 4), (1, 4)],
+            ),
+            (
+                364,
+                [(4, 4), (3, 4), (3, 4), (4, 1), (4, 4), (3, 4), (1, 4)],
+            ),
+            (
+                384,
+                [(4, 4), (3, 4), (3, 4), (4, 1), (4, 4), (3, 4), (1, 4)],
+            ),
+        ] {
+            let sizes = [
+                (512, 512),
+                (1024, 768),
+                (1920, 1080),
+                (300, 2000),
+                (100, 100),
+                (640, 480),
+                (4000, 1000),
+            ];
+            for ((w, h), want) in sizes.into_iter().zip(cases) {
+                assert_eq!(split_tiles(w, h, tile, 4 * tile), want, "{w}x{h} at {tile}");
+            }
+        }
+        // SmolVLM-256M: 64 tokens a tile; 3 × 4 tiles and the global one, each tile with its
+        // two markers, a newline a row, the global image's three markers.
+        let smolvlm = ImageTokens::Split {
+            tile_size: 512,
+            patch_size: 16,
+            tokens_per_tile: 64,
+            longest_edge: 2048,
+        };
+        let shape = smolvlm.shape(1024, 768);
+        assert_eq!(shape.added_tokens, 12 * (64 + 2) + 3 + 64 + 3 - 1);
+        assert_eq!(shape.tower_passes, 13);
+        assert_eq!(shape.tower_tokens, 13 * 32 * 32);
+    }
 
     /// Llama 4's processor, run as transformers 5.25 defines it (`get_best_fit` over
     /// `find_supported_resolutions(16, 336)`, then `Llama4Processor._prompt_split_image`

@@ -208,6 +208,69 @@ pub(crate) fn llava(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, ArchE
     })
 }
 
+/// Idefics3's and SmolVLM's SigLIP tower and connector (transformers 5.25
+/// `Idefics3VisionTransformer`, `Idefics3Connector`; `Idefics3VisionConfig` defaults):
+/// `patch_embedding` Conv2d(3, h, p) with bias, `position_embedding` of (image / patch)²
+/// rows, SigLIP layers, `post_layernorm`; the connector's pixel shuffle by `scale_factor`
+/// (default 2) and `modality_projection.proj` (h · scale² → the text's hidden size, no
+/// bias). The processor resizes to a longest edge of four tiles (the released
+/// `preprocessor_config.json` files: 4 × 364 for Idefics3, 4 × 384 and 4 × 512 for SmolVLM)
+/// and splits into tiles of the tower's `image_size`.
+pub(crate) fn idefics3(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, ArchError> {
+    let empty = serde_json::Map::new();
+    let v = Cfg::nested(
+        top.opt_object("vision_config")?.unwrap_or(&empty),
+        "vision_config",
+    );
+    let t = tower_dims(&v, (1152, 3072, 12, 16))?;
+    // The strided convolution drops a remainder: `num_patches_per_side = image_size //
+    // patch_size` (SmolVLM: 384 px in patches of 14, 27 a side).
+    let image = v.dim_or("image_size", 224, MAX_IMAGE)?;
+    let patch = v.dim_or("patch_size", 32, MAX_IMAGE)?;
+    if patch > image {
+        return Err(v.err("patch_size", format!("exceeds image_size {image}")));
+    }
+    let channels = v.dim_or("num_channels", 3, 16)?;
+    let h = t.hidden;
+    let side = image / patch;
+    let scale = top.dim_or("scale_factor", 2, 64)?;
+    if side % scale != 0 {
+        return Err(top.err(
+            "scale_factor",
+            format!("does not divide the {side} × {side} patch grid"),
+        ));
+    }
+    let shuffled = cfg::mul(h, scale * scale, "scale_factor")?;
+    Ok(VisionSpec {
+        model_type: "idefics3_vision".to_owned(),
+        hidden_size: h,
+        intermediate_size: t.intermediate,
+        num_heads: t.heads,
+        norm: NormKind::LayerNorm,
+        gated_mlp: false,
+        rotary: false,
+        layers: vit_layers(&t),
+        // patch_embedding (weight and bias), position_embedding, post_layernorm.
+        embedding_params: channels * patch * patch * h + h + side * side * h + 2 * h,
+        projector: vec![Linear::new(
+            "proj",
+            shuffled,
+            text_hidden,
+            false,
+            LinearRole::Vision,
+        )],
+        projector_other_params: 0,
+        tokens: ImageTokens::Split {
+            tile_size: image,
+            patch_size: patch,
+            tokens_per_tile: side * side / (scale * scale),
+            longest_edge: 4 * image,
+        },
+        flash_attention: true,
+        image_attention_mask: false,
+    })
+}
+
 /// Llama 4's tower, pixel-shuffle adapter and projector (transformers 5.25
 /// `Llama4VisionModel`, `Llama4VisionPixelShuffleMLP`, `Llama4MultiModalProjector`;
 /// `Llama4VisionConfig` defaults): `patch_embedding.linear` (channels · patch² → h, no

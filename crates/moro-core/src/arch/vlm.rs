@@ -1,5 +1,6 @@
 //! Vision-language configs whose language model is another supported decoder: Qwen2-VL and
-//! Qwen2.5-VL (a Qwen2 decoder), LLaVA (its `text_config`'s decoder). Gemma 3's
+//! Qwen2.5-VL (a Qwen2 decoder), LLaVA (its `text_config`'s decoder), Idefics3 and SmolVLM
+//! (a Llama decoder). Gemma 3's
 //! multimodal config lives with Gemma ([`super::gemma`]).
 
 use serde_json::{Map, Value};
@@ -63,6 +64,38 @@ pub(crate) fn llava(top: &Cfg<'_>) -> Result<ModelSpec, ArchError> {
     let mut spec = llama::parse(&c, &text_type)?;
     spec.vision = Some(vision::llava(top, spec.hidden_size)?);
     spec.model_type = "llava".to_owned();
+    Ok(spec)
+}
+
+/// `idefics3` / `smolvlm`: the `text_config`'s Llama decoder (keys it omits take
+/// `LlamaConfig`'s defaults) and a SigLIP tower with a pixel-shuffle connector
+/// ([`vision::idefics3`]).
+pub(crate) fn idefics3(top: &Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchError> {
+    let empty = Map::new();
+    let mut text = top.opt_object("text_config")?.unwrap_or(&empty).clone();
+    match text.get("model_type").and_then(Value::as_str) {
+        None | Some("llama") => {}
+        Some(other) => {
+            return Err(top.err(
+                "text_config.model_type",
+                format!("`{other}` is not a supported Idefics3 language model (llama)"),
+            ));
+        }
+    }
+    for (key, value) in [
+        ("hidden_size", 4096),
+        ("intermediate_size", 11008),
+        ("num_hidden_layers", 32),
+        ("num_attention_heads", 32),
+        ("vocab_size", 32000),
+    ] {
+        text.entry(key.to_owned()).or_insert(Value::from(value));
+    }
+    inherit(top, &mut text, INHERITED);
+    let c = Cfg::nested(&text, "text_config");
+    let mut spec = llama::parse(&c, "llama")?;
+    spec.vision = Some(vision::idefics3(top, spec.hidden_size)?);
+    spec.model_type = model_type.to_owned();
     Ok(spec)
 }
 

@@ -119,7 +119,9 @@ pub fn step(model: &ModelSpec, job: &Job, r: &Regime) -> VisionStep {
         * match v.tokens {
             ImageTokens::Dynamic { .. } => patches * v.patch_pixels(),
             ImageTokens::Fixed { image_size, .. } => 3 * image_size * image_size,
-            ImageTokens::Tiled { tile_size, .. } => 3 * tile_size * tile_size * shape.tower_passes,
+            ImageTokens::Tiled { tile_size, .. } | ImageTokens::Split { tile_size, .. } => {
+                3 * tile_size * tile_size * shape.tower_passes
+            }
         }
         * 4;
     if !tower_recorded(model, job) {
@@ -182,7 +184,10 @@ fn projector_saved(v: &VisionSpec, images: u64, patches: u64, b: u64) -> u64 {
             let pooled = images * sequence_tokens.saturating_sub(4);
             patches * h * b + norm(pooled) + pooled * h * b
         }
-        (None, ImageTokens::Dynamic { .. } | ImageTokens::Tiled { .. }) => norm(patches),
+        (
+            None,
+            ImageTokens::Dynamic { .. } | ImageTokens::Tiled { .. } | ImageTokens::Split { .. },
+        ) => norm(patches),
     }
 }
 
