@@ -144,8 +144,9 @@ def patch_idefics3_for_fake() -> str:
 
 
 def family_of(model_type: str) -> str:
-    return {"qwen2_vl": "qwen", "qwen2_5_vl": "qwen", "gemma3": "gemma3", "llava": "llava",
-            "idefics3": "idefics3", "smolvlm": "idefics3"}[model_type]
+    return {"qwen2_vl": "qwen", "qwen2_5_vl": "qwen", "qwen3_vl": "qwen", "qwen3_vl_moe": "qwen",
+            "gemma3": "gemma3", "llava": "llava", "idefics3": "idefics3",
+            "smolvlm": "idefics3"}[model_type]
 
 
 def vision_prefixes(family: str):
@@ -169,6 +170,11 @@ def image_processor(family: str, cfg, profile: str = "hub"):
         vc = cfg.vision_config
         kw.update(patch_size=vc.patch_size, temporal_patch_size=vc.temporal_patch_size,
                   merge_size=vc.spatial_merge_size)
+        if profile == "hub" and cfg.model_type.startswith("qwen3_vl"):
+            # Every Qwen3-VL checkpoint's preprocessor_config.json: 256² to 4096² pixels.
+            kw.pop("min_pixels", None)
+            kw.pop("max_pixels", None)
+            kw["size"] = {"shortest_edge": 65536, "longest_edge": 16777216}
     elif family == "gemma3":
         from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil as C
         if profile == "hub":
@@ -458,21 +464,44 @@ def install_shims(shim: RealValues) -> list:
 
     import transformers.models.qwen2_vl.modeling_qwen2_vl as q2
     import transformers.models.qwen2_5_vl.modeling_qwen2_5_vl as q25
+    import transformers.models.qwen3_vl.modeling_qwen3_vl as q3
+    import transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe as q3m
 
-    for mod in (q2, q25):
+    for mod in (q2, q25, q3, q3m):
         for name, const in (("get_vision_attention_seqlens", (0,)), ("get_vision_position_ids", ()),
-                            ("get_vision_window_index", (1,))):
+                            ("get_vision_window_index", (1,)),
+                            ("get_vision_interpolation_indices_and_weights", ())):
             if hasattr(mod, name):
                 fn = getattr(mod, name)
                 fn = getattr(fn, "__wrapped__", fn)
                 setattr(mod, name, shim.run_real(fn, constant_outputs=const))
-        for cls_name in ("Qwen2VLModel", "Qwen2_5_VLModel"):
+        for cls_name in ("Qwen2VLModel", "Qwen2_5_VLModel", "Qwen3VLModel", "Qwen3VLMoeModel"):
             cls = getattr(mod, cls_name, None)
             if cls is not None and hasattr(cls, "get_rope_index"):
                 fn = cls.get_rope_index
                 fn = getattr(fn, "__wrapped__", fn)
                 cls.get_rope_index = shim.run_real(fn)
     notes.append("qwen vision_utils helpers and get_rope_index run on the host copies of the inputs")
+
+    # Qwen3-VL's DeepStack adds the mergers' outputs at the image positions with a boolean
+    # index (`hidden_states[visual_pos_masks, :]`), whose size fake tensors cannot know: the
+    # same clone, gather, add and scatter with an index of the image positions' count.
+    def deepstack_process(self, hidden_states, visual_pos_masks, visual_embeds):
+        import torch
+
+        visual_embeds = visual_embeds.to(hidden_states.device, hidden_states.dtype)
+        hidden_states = hidden_states.clone()
+        flat = hidden_states.view(-1, hidden_states.shape[-1])
+        idx = torch.zeros(visual_embeds.shape[0], dtype=torch.long, device=hidden_states.device)
+        local_this = flat.index_select(0, idx) + visual_embeds
+        flat.index_copy_(0, idx, local_this)
+        return hidden_states
+
+    for mod, cls_name in ((q3, "Qwen3VLTextModel"), (q3m, "Qwen3VLMoeTextModel")):
+        cls = getattr(mod, cls_name, None)
+        if cls is not None and hasattr(cls, "_deepstack_process"):
+            cls._deepstack_process = deepstack_process
+    notes.append("qwen3_vl: _deepstack_process with an index of the image positions' count")
     return notes
 
 
@@ -727,7 +756,7 @@ def run(args) -> dict:
         "config": {
             "text_hidden": text.hidden_size, "text_layers": text.num_hidden_layers,
             "vocab": text.vocab_size,
-            "vision_hidden": getattr(vc, "hidden_size", None) if family != "qwen" or model_type == "qwen2_5_vl" else vc.embed_dim,
+            "vision_hidden": vc.embed_dim if model_type == "qwen2_vl" else getattr(vc, "hidden_size", None),
             "vision_layers": getattr(vc, "depth", getattr(vc, "num_hidden_layers", None)),
         },
         "attention_calls": sdpa.calls,

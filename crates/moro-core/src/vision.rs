@@ -39,6 +39,11 @@ pub struct VisionSpec {
     /// Projector parameters outside Linears (norms; Gemma 3's `mm_input_projection_weight`,
     /// a bare parameter).
     pub projector_other_params: u64,
+    /// Parameters the forward never reaches (Qwen3-VL's deepstack mergers past a cut tower's
+    /// last layer): held with the weights, but with no gradient and so no optimizer state
+    /// (`torch.optim` skips a parameter whose `.grad` is `None`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub idle_params: u64,
     /// How an image becomes tokens.
     pub tokens: ImageTokens,
     /// Whether the multimodal model runs FlashAttention: Gemma 3's does not
@@ -50,6 +55,10 @@ pub struct VisionSpec {
     /// padded batch (Gemma 3: `token_type_ids` → `create_masks_for_vision_model`): SDPA then
     /// runs its mem-efficient kernel with K and V repeated to every query head.
     pub image_attention_mask: bool,
+}
+
+const fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// How the processor turns one image into placeholder tokens and tower patches.
@@ -400,7 +409,9 @@ impl VisionSpec {
     /// Parameters of the projector.
     #[must_use]
     pub fn projector_params(&self) -> u64 {
-        self.projector.iter().map(Linear::params).sum::<u64>() + self.projector_other_params
+        self.projector.iter().map(Linear::params).sum::<u64>()
+            + self.projector_other_params
+            + self.idle_params
     }
 
     /// Tower and projector parameters.

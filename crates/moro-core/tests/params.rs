@@ -516,6 +516,20 @@ const CATALOG: &[Row] = &[
         968_976_384,
         None
     ),
+    // Qwen3-VL: transformers 5.24 meta-device counts (`data/staged/manifest.jsonl`, where
+    // these configs came from; both seen in real files).
+    row!(
+        "Qwen--Qwen3-VL-4B-Instruct",
+        4_437_815_808,
+        4_048_859_648,
+        None
+    ),
+    row!(
+        "Qwen--Qwen3-VL-30B-A3B-Instruct",
+        31_070_754_032,
+        30_448_424_176,
+        None
+    ),
     row!(
         "Qwen--Qwen2.5-VL-3B-Instruct",
         3_754_622_976,

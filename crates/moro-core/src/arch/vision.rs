@@ -143,6 +143,7 @@ pub(crate) fn gemma3(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, Arch
         projector: Vec::new(),
         // mm_input_projection_weight and mm_soft_emb_norm.
         projector_other_params: cfg::mul(h, text_hidden, "vision_config.hidden_size")? + h,
+        idle_params: 0,
         tokens: ImageTokens::Fixed {
             image_size: image,
             patch_size: patch,
@@ -197,11 +198,88 @@ pub(crate) fn llava(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, ArchE
             ),
         ],
         projector_other_params: 0,
+        idle_params: 0,
         tokens: ImageTokens::Fixed {
             image_size: image,
             patch_size: patch,
             class_tokens: 1,
             sequence_tokens: side * side + u64::from(full),
+        },
+        flash_attention: true,
+        image_attention_mask: false,
+    })
+}
+
+/// Qwen3-VL's tower and mergers (transformers 5.25 `Qwen3VLVisionModel`; `Qwen3VLVisionConfig`
+/// defaults): `patch_embed.proj` Conv3d(3, h, (2, p, p)) with bias, a learned `pos_embed` of
+/// `num_position_embeddings` rows, per block `norm1`/`norm2` (LayerNorm), `attn.qkv` and
+/// `attn.proj` and `mlp.linear_fc1`/`linear_fc2` with bias; the `merger` (LayerNorm(h), then
+/// `linear_fc1` (4h → 4h) and `linear_fc2` (4h → `out_hidden_size`) on each 2 × 2 group) and
+/// one more merger per `deepstack_visual_indexes` entry (its LayerNorm over 4h), whose outputs
+/// the language model adds to its first layers' image positions. The processor is Qwen2-VL's
+/// `smart_resize` with the released `preprocessor_config.json` of every Qwen3-VL checkpoint:
+/// patch 16, `shortest_edge` 65,536 and `longest_edge` 16,777,216 pixels.
+pub(crate) fn qwen3_vl(top: &Cfg<'_>, model_type: &str) -> Result<VisionSpec, ArchError> {
+    let empty = serde_json::Map::new();
+    let v = Cfg::nested(
+        top.opt_object("vision_config")?.unwrap_or(&empty),
+        "vision_config",
+    );
+    let layers = v.dim_or("depth", 27, MAX_LAYERS)?;
+    let hidden = v.dim_or("hidden_size", 1152, MAX_VISION_HIDDEN)?;
+    let intermediate = v.dim_or("intermediate_size", 4304, MAX_VISION_INTERMEDIATE)?;
+    let heads = v.dim_or("num_heads", 16, MAX_HEADS)?;
+    let patch = v.dim_or("patch_size", 16, MAX_IMAGE)?;
+    let merge = v.dim_or("spatial_merge_size", 2, 64)?;
+    let temporal = v.dim_or("temporal_patch_size", 2, 64)?;
+    let channels = v.dim_or("in_channels", 3, 16)?;
+    let out = v.dim_or("out_hidden_size", 3584, MAX_VISION_HIDDEN)?;
+    let positions = v.dim_or("num_position_embeddings", 2304, 1 << 24)?;
+    let taps = v.uint_list("deepstack_visual_indexes")?;
+    let deepstack = u64::try_from(taps.len()).unwrap_or(0);
+    // A merger runs only where its tower layer exists (`Qwen3VLVisionModel.forward` checks
+    // `layer_num in deepstack_visual_indexes`); a cut tower keeps the others as parameters.
+    let firing = u64::try_from(taps.iter().filter(|&&i| i < layers).count()).unwrap_or(0);
+    if hidden % heads != 0 {
+        return Err(v.err("num_heads", format!("does not divide the width {hidden}")));
+    }
+    let merged = cfg::mul(hidden, merge * merge, "vision_config.spatial_merge_size")?;
+    let mut projector = Vec::new();
+    for _ in 0..=firing {
+        projector.push(linear("linear_fc1", merged, merged));
+        projector.push(linear("linear_fc2", merged, out));
+    }
+    let idle = (deepstack - firing) * (2 * merged + merged * merged + merged + merged * out + out);
+    Ok(VisionSpec {
+        model_type: model_type.to_owned(),
+        hidden_size: hidden,
+        intermediate_size: intermediate,
+        num_heads: heads,
+        norm: NormKind::LayerNorm,
+        gated_mlp: false,
+        rotary: true,
+        layers: block(
+            layers,
+            vec![
+                linear("qkv", hidden, 3 * hidden),
+                linear("proj", hidden, hidden),
+                linear("linear_fc1", hidden, intermediate),
+                linear("linear_fc2", intermediate, hidden),
+            ],
+            4 * hidden,
+        ),
+        embedding_params: channels * temporal * patch * patch * hidden
+            + hidden
+            + positions * hidden,
+        projector,
+        // The merger's LayerNorm(h) and each running deepstack merger's LayerNorm(4h).
+        projector_other_params: 2 * hidden + firing * 2 * merged,
+        idle_params: idle,
+        tokens: ImageTokens::Dynamic {
+            patch_size: patch,
+            merge_size: merge,
+            min_pixels: 65_536,
+            max_pixels: 16_777_216,
         },
         flash_attention: true,
         image_attention_mask: false,
@@ -260,6 +338,7 @@ pub(crate) fn idefics3(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, Ar
             LinearRole::Vision,
         )],
         projector_other_params: 0,
+        idle_params: 0,
         tokens: ImageTokens::Split {
             tile_size: image,
             patch_size: patch,
@@ -338,6 +417,7 @@ pub(crate) fn llama4(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, Arch
             plain("linear_1", output, text_hidden),
         ],
         projector_other_params: 0,
+        idle_params: 0,
         tokens: ImageTokens::Tiled {
             tile_size: image,
             patch_size: patch,
@@ -426,6 +506,7 @@ pub(crate) fn qwen_vl(
             linear("mlp.2", merged, out),
         ],
         projector_other_params: norm_params,
+        idle_params: 0,
         tokens: ImageTokens::Dynamic {
             patch_size: patch,
             merge_size: merge,

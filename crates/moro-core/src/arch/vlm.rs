@@ -67,6 +67,25 @@ pub(crate) fn llava(top: &Cfg<'_>) -> Result<ModelSpec, ArchError> {
     Ok(spec)
 }
 
+/// `qwen3_vl` / `qwen3_vl_moe`: the `text_config`'s Qwen3 (or Qwen3-MoE) decoder and the
+/// Qwen3-VL tower ([`vision::qwen3_vl`]). The text config's `model_type`
+/// (`qwen3_vl_text`, `qwen3_vl_moe_text`) is read as Qwen3's.
+pub(crate) fn qwen3_vl(top: &Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchError> {
+    let empty = Map::new();
+    let mut text = top.opt_object("text_config")?.unwrap_or(&empty).clone();
+    inherit(top, &mut text, INHERITED);
+    let c = Cfg::nested(&text, "text_config");
+    let text_type = if model_type == "qwen3_vl_moe" {
+        "qwen3_moe"
+    } else {
+        "qwen3"
+    };
+    let mut spec = qwen2::parse(&c, text_type)?;
+    spec.vision = Some(vision::qwen3_vl(top, model_type)?);
+    spec.model_type = model_type.to_owned();
+    Ok(spec)
+}
+
 /// `idefics3` / `smolvlm`: the `text_config`'s Llama decoder (keys it omits take
 /// `LlamaConfig`'s defaults) and a SigLIP tower with a pixel-shuffle connector
 /// ([`vision::idefics3`]).

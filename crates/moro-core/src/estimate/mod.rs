@@ -409,9 +409,29 @@ pub fn estimate_without_replay(
 /// Adds a vision tower's share ([`vision::step`]) to a training step's phases: its forward
 /// before the language model's, its saved tensors through the language model's forward and
 /// backward, and its own backward after them, with every gradient alive.
-fn add_vision(phases: &mut Vec<PhaseBytes>, v: &vision::VisionStep, cublas: u64) {
+///
+/// `tower_grads`: the trained tower's and projector's gradients, made by the tower's own
+/// backward after the language model's: not yet there at the end of the language model's
+/// backward (the tied embedding's out-of-place sum, the oracle's peak op for Qwen3-VL's full
+/// fine-tune).
+fn add_vision(phases: &mut Vec<PhaseBytes>, v: &vision::VisionStep, cublas: u64, tower_grads: u64) {
     if *v == vision::VisionStep::default() {
         return;
+    }
+    if tower_grads > 0 {
+        let before = phases
+            .iter()
+            .find(|p| p.phase == Phase::ForwardEnd)
+            .map_or(0, |p| p.component(Component::Gradients));
+        for p in phases.iter_mut().filter(|p| p.phase == Phase::BackwardEnd) {
+            if let Some(g) = p
+                .components
+                .iter_mut()
+                .find(|(c, _)| *c == Component::Gradients)
+            {
+                g.1 = g.1.saturating_sub(tower_grads).max(before);
+            }
+        }
     }
     let resident = |p: &PhaseBytes| -> Vec<(Component, u64)> {
         p.components
@@ -775,7 +795,22 @@ fn training_phases(
     });
     // The vision tower's forward, saved tensors and backward (`job`'s images and batch are
     // the tower's whatever the language model's sequence became).
-    add_vision(&mut phases, &vision::step(model, job, regime), cublas);
+    let tower_grads = match &model.vision {
+        Some(v)
+            if job.method == Method::Full
+                && job.vision == crate::job::VisionTraining::Trained
+                && job.parallel.sharding == Sharding::None =>
+        {
+            (v.params() - v.idle_params) * regime::grad_bytes(job, regime) / par.tp.max(1)
+        }
+        _ => 0,
+    };
+    add_vision(
+        &mut phases,
+        &vision::step(model, job, regime),
+        cublas,
+        tower_grads,
+    );
     StepPhases {
         step_segments: step_segments(model, job, regime, par, &phases, head.largest_block),
         largest_freed_block: largest_freed_block(model, job, regime, &head, par.tp),

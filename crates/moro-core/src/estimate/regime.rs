@@ -244,7 +244,7 @@ pub fn full_trainable_params(model: &ModelSpec, job: &Job) -> u64 {
             .sum();
     }
     if job.vision == crate::job::VisionTraining::Trained {
-        model.total_params()
+        model.total_params() - model.vision.as_ref().map_or(0, |v| v.idle_params)
     } else {
         model.total_params() - model.vision_params()
     }

@@ -242,7 +242,9 @@ fn tower_model(v: &VisionSpec) -> ModelSpec {
 
 fn reroled(l: &Linear) -> Linear {
     let role = match l.name.as_str() {
-        "fc1" | "fc2" | "gate_proj" | "up_proj" | "down_proj" => LinearRole::Mlp,
+        "fc1" | "fc2" | "linear_fc1" | "linear_fc2" | "gate_proj" | "up_proj" | "down_proj" => {
+            LinearRole::Mlp
+        }
         _ => LinearRole::Attention,
     };
     Linear { role, ..l.clone() }
