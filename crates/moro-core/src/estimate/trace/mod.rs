@@ -7,6 +7,8 @@
 //! allocation sequences of the real step recorded on fake CUDA tensors
 //! (`calibration/step_events.py`).
 
+mod params;
+mod shapes;
 pub mod step;
 
 use serde::Serialize;

@@ -28,12 +28,14 @@
 //! which jobs.
 
 use crate::job::{Job, LossImpl, Method, Optimizer, PeftKind, Quantization, Sharding};
-use crate::model::{LayerGroup, Linear, ModelSpec};
+use crate::model::{LayerGroup, ModelSpec};
 
 use super::super::activations::Activations;
 use super::super::optimizer::{self, Trainable};
 use super::super::regime::grad_bytes;
 use super::super::{Component, DeviceProfile, Phase, Regime, weights};
+use super::params::{Param, params};
+use super::shapes::{encoder_tensors, layer_tensors, saved_tensors};
 use super::{Builder, Tensor, Trace};
 
 /// Whether [`trace`] models `job` on `model`.
@@ -81,196 +83,6 @@ pub fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
         )
 }
 
-/// A parameter as the step sees it.
-struct Param<'m> {
-    name: &'static str,
-    module: Option<&'m str>,
-    layer: Option<u64>,
-    numel: u64,
-    /// Bytes per element as stored.
-    dtype_bytes: u64,
-    trainable: bool,
-    /// A matmul weight (autocast keeps a 16-bit copy of a trainable fp32 one).
-    linear: bool,
-    /// The token embedding (bitsandbytes 8-bit: 32-bit states under the HF Trainer).
-    embedding: bool,
-}
-
-/// The model's parameters in `named_parameters` order: the embedding (and an encoder's
-/// position and token-type tables and their LayerNorm), each layer's Linears (PEFT: the
-/// base weight, then `lora_A` and `lora_B`) and then its norms, the final norm, lm_head
-/// when untied (an encoder's pooler and classifier instead). A 4-bit base weight is its
-/// packed `uint8` storage followed by its quantization state (absmax and, double quantized,
-/// their own codes).
-#[allow(clippy::too_many_lines)]
-fn params<'m>(model: &'m ModelSpec, job: &Job, r: &Regime) -> Vec<Param<'m>> {
-    let h = model.hidden_size;
-    let full = job.method == Method::Full;
-    // What is not a quantized Linear: trainable weights, frozen ones, or upcast to fp32 by
-    // PEFT's kbit preparation.
-    let plain = if full {
-        r.param_bytes
-    } else {
-        r.unquantized_bytes
-    };
-    let frozen = if full { r.param_bytes } else { r.frozen_bytes };
-    let outside = |name: &'static str, numel: u64, linear: bool| Param {
-        name,
-        module: None,
-        layer: None,
-        numel,
-        dtype_bytes: plain,
-        trainable: full,
-        linear,
-        embedding: false,
-    };
-    let mut out = vec![Param {
-        embedding: true,
-        ..outside("embed_tokens", model.vocab_size * h, false)
-    }];
-    if let Some(enc) = &model.encoder {
-        out.push(outside(
-            "position_embeddings",
-            model.position_embeddings * h,
-            false,
-        ));
-        out.push(outside(
-            "token_type_embeddings",
-            enc.type_vocab_size * h,
-            false,
-        ));
-        out.push(outside("embeddings.LayerNorm", 2 * h, false));
-    }
-    let quantized = job.quantization != Quantization::None && !full;
-    let mut index = 0;
-    for g in &model.layers {
-        for _ in 0..g.count {
-            for l in &g.linears {
-                for _ in 0..l.count {
-                    push_linear(&mut out, job, r, l, index, quantized, frozen, plain);
-                }
-            }
-            let norms = g.other_params / h.max(1);
-            for _ in 0..norms {
-                out.push(Param {
-                    layer: Some(index),
-                    ..outside("norm", h, false)
-                });
-            }
-            index += 1;
-        }
-    }
-    if let Some(enc) = &model.encoder {
-        out.push(outside("pooler", h * h + h, true));
-        out.push(outside(
-            "classifier",
-            h * enc.num_labels + enc.num_labels,
-            true,
-        ));
-        return out;
-    }
-    out.push(outside("final_norm", h, false));
-    if !model.tie_word_embeddings {
-        out.push(Param {
-            module: Some("lm_head"),
-            ..outside("weight", model.vocab_size * h, true)
-        });
-    }
-    out
-}
-
-/// One Linear's parameters: its weight (packed and quantization state when 4-bit), its
-/// bias (with the weight in a full fine-tune, see the module's notes), and its LoRA pair
-/// when adapted.
-#[allow(clippy::too_many_arguments)]
-fn push_linear<'m>(
-    out: &mut Vec<Param<'m>>,
-    job: &Job,
-    r: &Regime,
-    l: &'m Linear,
-    layer: u64,
-    quantized: bool,
-    frozen: u64,
-    plain: u64,
-) {
-    let full = job.method == Method::Full;
-    let of = |name: &'static str, numel: u64, dtype_bytes: u64, trainable: bool| Param {
-        name,
-        module: Some(l.name.as_str()),
-        layer: Some(layer),
-        numel,
-        dtype_bytes,
-        trainable,
-        linear: true,
-        embedding: false,
-    };
-    let n = l.weight_numel();
-    if quantized && job.is_module(l) {
-        let stored = weights::quantized_linear_bytes(l, job.quantization);
-        out.push(of("weight (4-bit)", n.div_ceil(2), 1, false));
-        out.push(of(
-            "quant_state",
-            stored.saturating_sub(n.div_ceil(2)),
-            1,
-            false,
-        ));
-    } else {
-        out.push(of(
-            "weight",
-            if full { l.params() } else { n },
-            frozen,
-            full,
-        ));
-    }
-    if l.bias && !full {
-        out.push(Param {
-            linear: false,
-            ..of("bias", l.out_features, plain, full)
-        });
-    }
-    if job.method.is_peft() && job.adapts(l) {
-        let rank = job.lora.rank;
-        out.push(of("lora_A", rank * l.in_features, r.adapter_bytes, true));
-        out.push(of("lora_B", l.out_features * rank, r.adapter_bytes, true));
-    }
-}
-
-/// A decoder layer's saved bytes cut into the tensors it saves, in the order it saves them:
-/// the attention block's RMSNorm keeps its fp32 upcast of the input, then hidden-wide
-/// tensors (normalized input, q, k, v, the rotary copies, the attention output, LoRA's
-/// input casts), the MLP block's norm its upcast, the MLP's four intermediate-wide tensors
-/// (gate and up outputs, the activation, the product), and the rest, the last one smaller.
-/// `e`: bytes per element of the layer's matmul outputs.
-fn saved_tensors(bytes: u64, t: u64, model: &ModelSpec, e: u64) -> Vec<u64> {
-    let mut rest = bytes;
-    let mut take = |size: u64, count: usize| -> Vec<u64> {
-        let mut out = Vec::new();
-        for _ in 0..count {
-            if size == 0 || rest < size {
-                break;
-            }
-            out.push(size);
-            rest -= size;
-        }
-        out
-    };
-    let mlp = take(t * model.intermediate_size * e, 4);
-    let norms = take(t * model.hidden_size * 4, 2);
-    let hidden = take(t * model.hidden_size * e, usize::MAX);
-    let tail = rest;
-    let (attention, after) = hidden.split_at(hidden.len() / 2);
-    let mut out = Vec::new();
-    out.extend(norms.first());
-    out.extend(attention);
-    out.extend(norms.get(1));
-    out.extend(mlp);
-    out.extend(after);
-    if tail > 0 {
-        out.push(tail);
-    }
-    out
-}
-
 /// Gradients made during backward: the first micro-batch's become `.grad`; a later one's
 /// is a fresh tensor `AccumulateGrad` adds in place and drops.
 fn make_grads<'m>(
@@ -299,7 +111,6 @@ fn make_grads<'m>(
 /// false. `device` gives the cuBLAS workspaces, made at the first matmul of the forward
 /// and of the backward and kept.
 #[must_use]
-#[allow(clippy::too_many_lines)]
 pub fn trace<'m>(
     model: &'m ModelSpec,
     job: &Job,
@@ -309,95 +120,206 @@ pub fn trace<'m>(
     if !models(model, job, r) {
         return None;
     }
-    let t = job.micro_batch_size * job.seq_len;
-    let h = model.hidden_size;
-    let v = model.vocab_size;
-    let full = job.method == Method::Full;
-    let gb = grad_bytes(job, r);
-    let encoder = model.encoder.is_some();
-    let acts = Activations::new(model, job, r, 1);
-    // The matmuls' outputs: 16-bit under autocast or in a 16-bit model, else fp32.
-    let e = if r.autocast {
-        2
-    } else {
-        r.compute_bytes.min(r.stream_bytes.max(2))
+    let s = Step::new(model, job, r, device);
+    let mut b = Builder::new();
+    s.load(&mut b);
+    let mut held = Held {
+        grads: vec![None; s.ps.len()],
+        states: Vec::new(),
+        cublas: Vec::new(),
     };
-    let ps = params(model, job, r);
-    let layers: Vec<&LayerGroup> = model
-        .layers
-        .iter()
-        .flat_map(|g| std::iter::repeat_n(g, usize::try_from(g.count).unwrap_or(0)))
-        .collect();
-    let n_layers = layers.len().max(1) as u64;
-    let per_layer = acts.all_layers() / n_layers;
-    // Each layer's saved tensors: a full fine-tune's listed by shape ([`layer_tensors`],
-    // [`encoder_tensors`]); a PEFT job's saved bytes ([`Activations`]) cut into shapes.
-    let saved_by_layer: Vec<Vec<u64>> = layers
-        .iter()
-        .map(|g| {
-            if full {
-                match &model.encoder {
-                    Some(_) => encoder_tensors(model, job, r),
-                    None => layer_tensors(model, g, e),
+    for step in 1..=2u8 {
+        for _ in 0..job.grad_accum.max(1) {
+            let fwd = s.forward(&mut b, &mut held, step);
+            let (dhidden, saved) = s.loss_backward(&mut b, &mut held, step, fwd);
+            s.layers_backward(&mut b, &mut held, step, saved);
+            s.backward_end(&mut b, &mut held, step, dhidden);
+        }
+        s.optimizer_step(&mut b, &mut held, step);
+    }
+    Some(b.finish())
+}
+
+/// What every moment of the step reads: the job's shapes, the parameters and what each
+/// layer saves.
+struct Step<'m, 'j> {
+    model: &'m ModelSpec,
+    job: &'j Job,
+    r: &'j Regime,
+    ps: Vec<Param<'m>>,
+    /// Each decoder layer's parameters, a range of `ps`.
+    ranges: Vec<std::ops::Range<usize>>,
+    /// Each layer's saved tensors: a full fine-tune's listed by shape ([`layer_tensors`],
+    /// [`encoder_tensors`]); a PEFT job's saved bytes ([`Activations`]) cut into shapes.
+    saved_by_layer: Vec<Vec<u64>>,
+    acts: Activations,
+    /// Tokens of a micro-batch.
+    t: u64,
+    /// Bytes per element of the matmuls' outputs: 16-bit under autocast or in a 16-bit
+    /// model, else fp32.
+    e: u64,
+    full: bool,
+    /// Bytes per element of gradients.
+    gb: u64,
+    encoder: bool,
+    /// RMSNorm's fp32 temporaries are traced (PEFT jobs).
+    rms: bool,
+    /// A 4-bit matmul's dequantized weight.
+    dequant: u64,
+    /// A frozen fp32 lm_head's 16-bit copy under autocast.
+    head_copy: u64,
+    /// The parameters whose gradients the loss's backward makes (lm_head's, or the tied
+    /// embedding's; an encoder's pooler and classifier).
+    heads: Vec<usize>,
+    /// The ones made last (the final norm and the embedding; an encoder's embedding tables
+    /// and their LayerNorm).
+    firsts: Vec<usize>,
+    tied: bool,
+    cublas_bytes: u64,
+}
+
+/// What the step holds from one moment to the next.
+struct Held<'m> {
+    grads: Vec<Option<Tensor<'m>>>,
+    states: Vec<Tensor<'m>>,
+    cublas: Vec<Tensor<'m>>,
+}
+
+/// What the forward leaves for the backward.
+struct Forward<'m> {
+    input_ids: Tensor<'m>,
+    labels: Tensor<'m>,
+    saved: Vec<Vec<Tensor<'m>>>,
+    head_saved: Vec<Tensor<'m>>,
+    logprobs: Option<Tensor<'m>>,
+    softcap: Option<Tensor<'m>>,
+}
+
+impl<'m, 'j> Step<'m, 'j> {
+    fn new(model: &'m ModelSpec, job: &'j Job, r: &'j Regime, device: &DeviceProfile) -> Self {
+        let t = job.micro_batch_size * job.seq_len;
+        let full = job.method == Method::Full;
+        let encoder = model.encoder.is_some();
+        let acts = Activations::new(model, job, r, 1);
+        let e = if r.autocast {
+            2
+        } else {
+            r.compute_bytes.min(r.stream_bytes.max(2))
+        };
+        let ps = params(model, job, r);
+        let layers: Vec<&LayerGroup> = model
+            .layers
+            .iter()
+            .flat_map(|g| std::iter::repeat_n(g, usize::try_from(g.count).unwrap_or(0)))
+            .collect();
+        let n_layers = layers.len().max(1) as u64;
+        let per_layer = acts.all_layers() / n_layers;
+        let saved_by_layer: Vec<Vec<u64>> = layers
+            .iter()
+            .map(|g| {
+                if full {
+                    match &model.encoder {
+                        Some(_) => encoder_tensors(model, job, r),
+                        None => layer_tensors(model, g, e),
+                    }
+                    .into_iter()
+                    .map(|bytes| bytes * t)
+                    .collect()
+                } else if job.gradient_checkpointing {
+                    saved_tensors(acts.one_layer, t, model, e)
+                } else {
+                    saved_tensors(per_layer, t, model, e)
                 }
-                .into_iter()
-                .map(|bytes| bytes * t)
-                .collect()
-            } else if job.gradient_checkpointing {
-                saved_tensors(acts.one_layer, t, model, e)
-            } else {
-                saved_tensors(per_layer, t, model, e)
+            })
+            .collect();
+        let mut ranges: Vec<std::ops::Range<usize>> = vec![0..0; layers.len()];
+        for (j, p) in ps.iter().enumerate() {
+            if let Some(k) = p.layer.and_then(|k| usize::try_from(k).ok()) {
+                let range = &mut ranges[k];
+                if range.start == range.end {
+                    *range = j..j + 1;
+                } else {
+                    range.end = j + 1;
+                }
             }
-        })
-        .collect();
-    // A layer's forward: what it saves, each RMSNorm's fp32 upcast preceded by the two
-    // fp32 temporaries of its statistics (`hidden_states.pow(2)`, then the normalized fp32
-    // product its 16-bit cast reads; transformers `LlamaRMSNorm.forward`).
-    let upcast = t * h * 4;
-    let rms = model.norm == crate::model::NormKind::RmsNorm && !full;
-    let layer_forward = |b: &mut Builder<'m>, k: usize, name: &'static str| -> Vec<Tensor<'m>> {
+        }
+        let tied = model.tie_word_embeddings && !encoder;
+        let n = ps.len();
+        let (heads, firsts) = if encoder {
+            (vec![n - 2, n - 1], vec![0, 1, 2, 3])
+        } else if tied {
+            (vec![0], vec![n - 1])
+        } else {
+            (vec![n - 1], vec![n - 2, 0])
+        };
+        Self {
+            model,
+            job,
+            r,
+            ps,
+            ranges,
+            saved_by_layer,
+            acts,
+            t,
+            e,
+            full,
+            gb: grad_bytes(job, r),
+            encoder,
+            rms: model.norm == crate::model::NormKind::RmsNorm && !full,
+            dequant: weights::dequant_transient(model, job, r),
+            head_copy: if r.frozen_fp32_head && r.autocast {
+                2 * model.vocab_size * model.hidden_size
+            } else {
+                0
+            },
+            heads,
+            firsts,
+            tied,
+            cublas_bytes: device.cublas_workspace_bytes,
+        }
+    }
+
+    /// The parameters, in `named_parameters` order.
+    fn load(&self, b: &mut Builder<'m>) {
+        b.at(Phase::Load, 0);
+        for p in &self.ps {
+            let component = if !self.full && p.trainable {
+                Component::Adapters
+            } else {
+                Component::Weights
+            };
+            b.alloc_in(p.name, p.module, p.layer, component, p.numel, p.dtype_bytes);
+        }
+    }
+
+    /// A layer's forward: what it saves, each RMSNorm's fp32 upcast preceded by the two fp32
+    /// temporaries of its statistics (`hidden_states.pow(2)`, then the normalized fp32
+    /// product its 16-bit cast reads; transformers `LlamaRMSNorm.forward`).
+    fn layer_forward(&self, b: &mut Builder<'m>, k: usize, name: &'static str) -> Vec<Tensor<'m>> {
         let layer = Some(k as u64);
+        let upcast = self.t * self.model.hidden_size * 4;
         let mut out = Vec::new();
-        for &bytes in &saved_by_layer[k] {
-            if rms && bytes == upcast {
+        for &bytes in &self.saved_by_layer[k] {
+            if self.rms && bytes == upcast {
                 b.transient("RMSNorm pow", layer, bytes);
                 b.transient("RMSNorm product", layer, bytes);
             }
             out.push(b.alloc_in(name, None, layer, Component::Activations, bytes, 1));
         }
         out
-    };
-    let mut ranges: Vec<std::ops::Range<usize>> = vec![0..0; layers.len()];
-    for (j, p) in ps.iter().enumerate() {
-        if let Some(k) = p.layer.and_then(|k| usize::try_from(k).ok()) {
-            let range = &mut ranges[k];
-            if range.start == range.end {
-                *range = j..j + 1;
-            } else {
-                range.end = j + 1;
-            }
-        }
     }
 
-    let mut b = Builder::new();
-    b.at(Phase::Load, 0);
-    for p in &ps {
-        let component = if !full && p.trainable {
-            Component::Adapters
-        } else {
-            Component::Weights
-        };
-        b.alloc_in(p.name, p.module, p.layer, component, p.numel, p.dtype_bytes);
-    }
-    // Autocast's 16-bit copies of a layer's trainable fp32 matmul weights.
-    let copies_of = |b: &mut Builder<'m>, layer: usize| -> Vec<Tensor<'m>> {
+    /// Autocast's 16-bit copies of a layer's trainable fp32 matmul weights.
+    fn copies_of(&self, b: &mut Builder<'m>, k: usize) -> Vec<Tensor<'m>> {
+        let r = self.r;
+        let full = self.full;
         if !(r.autocast && (full && r.autocast_weight_copies || !full && r.adapter_bytes == 4)) {
             return Vec::new();
         }
         if full && r.param_bytes != 4 {
             return Vec::new();
         }
-        ps[ranges[layer].clone()]
+        self.ps[self.ranges[k].clone()]
             .iter()
             .filter(|p| p.linear && p.trainable)
             .map(|p| {
@@ -411,227 +333,298 @@ pub fn trace<'m>(
                 )
             })
             .collect()
-    };
-    let dequant = weights::dequant_transient(model, job, r);
-    let head_copy = if r.frozen_fp32_head && r.autocast {
-        2 * v * h
-    } else {
-        0
-    };
-    let mut grads: Vec<Option<Tensor<'m>>> = vec![None; ps.len()];
-    let mut states: Vec<Tensor<'m>> = Vec::new();
-    let mut cublas: Vec<Tensor<'m>> = Vec::new();
-    let tied = model.tie_word_embeddings && !encoder;
-    let n = ps.len();
-    // The parameters whose gradients the loss's backward makes (lm_head's, or the tied
-    // embedding's; an encoder's pooler and classifier), and the ones made last (the final
-    // norm and the embedding; an encoder's embedding tables and their LayerNorm).
-    let (heads, firsts): (Vec<usize>, Vec<usize>) = if encoder {
-        (vec![n - 2, n - 1], vec![0, 1, 2, 3])
-    } else if tied {
-        (vec![0], vec![n - 1])
-    } else {
-        (vec![n - 1], vec![n - 2, 0])
-    };
-    for step in 1..=2u8 {
-        for _ in 0..job.grad_accum.max(1) {
-            b.at(Phase::ForwardEnd, step);
-            let input_ids = b.alloc("input_ids", Component::Activations, t, 8);
-            let labels = b.alloc("labels", Component::Activations, t, 8);
-            if cublas.is_empty() {
-                cublas.push(b.alloc(
-                    "cuBLAS workspace (forward)",
-                    Component::Transients,
-                    device.cublas_workspace_bytes,
-                    1,
-                ));
-            }
-            let mut saved: Vec<Vec<Tensor<'m>>> = Vec::with_capacity(layers.len());
-            // Under checkpointing nothing saves autocast's copies: the cache drops them when
-            // the forward leaves autocast, and the recompute makes its layer's again.
-            let mut cached = Vec::new();
-            for k in 0..layers.len() {
-                let copies = copies_of(&mut b, k);
-                let mut s = Vec::new();
-                if job.gradient_checkpointing {
-                    cached.extend(copies);
-                } else {
-                    s.extend(copies);
-                }
-                if dequant > 0 {
-                    b.transient("dequantized weight", Some(k as u64), dequant);
-                }
-                if job.gradient_checkpointing {
-                    s.push(b.alloc_in(
-                        "checkpoint",
-                        None,
-                        Some(k as u64),
-                        Component::Activations,
-                        acts.checkpoint_one,
-                        1,
-                    ));
-                } else {
-                    s.extend(layer_forward(&mut b, k, "saved"));
-                }
-                saved.push(s);
-            }
-            b.free_all(cached);
-            // The final norm and lm_head's inputs (a frozen fp32 head's 16-bit weight copy).
-            let mut head_saved = Vec::new();
-            if head_copy > 0 {
-                head_saved.push(b.alloc_in(
-                    "autocast copy",
-                    Some("lm_head"),
-                    None,
-                    Component::Activations,
-                    head_copy,
-                    1,
-                ));
-            }
-            let head_bytes = if full {
-                vec![e * h * t]
-            } else {
-                saved_tensors(acts.head.saturating_sub(head_copy), t, model, e)
-            };
-            for bytes in head_bytes {
-                head_saved.push(b.alloc("saved (head)", Component::Activations, bytes, 1));
-            }
-            // transformers `ForCausalLMLoss`: the logits, `logits.float()`, `log_softmax`'s
-            // output (saved); the upcast and then the logits are dropped; in backward the
-            // nll and log_softmax gradients, then the logits' gradient. An encoder's
-            // classification loss is a few bytes a sequence.
-            let logit_bytes = if r.autocast { 2 } else { r.compute_bytes };
-            let mut logprobs = None;
-            let mut softcap = None;
-            if !encoder {
-                let logits = b.alloc("logits", Component::LogitsLoss, t * v, logit_bytes);
-                // Gemma 2's final softcap: `torch.tanh` saves its output until the loss's
-                // backward ([`super::super::loss::Loss`]).
-                softcap = model
-                    .logit_softcapping
-                    .then(|| b.alloc("tanh (softcap)", Component::LogitsLoss, t * v, logit_bytes));
-                let upcast = (logit_bytes != 4)
-                    .then(|| b.alloc("logits.float()", Component::LogitsLoss, t * v, 4));
-                logprobs = Some(b.alloc("log_softmax", Component::LogitsLoss, t * v, 4));
-                if let Some(u) = upcast {
-                    b.free(u);
-                }
-                b.free(logits);
-            }
-            b.at(Phase::LossBackward, step);
-            let dlogits = logprobs.map(|lp| {
-                let nll = b.alloc("nll_loss grad", Component::LogitsLoss, t * v, 4);
-                let dls = b.alloc("log_softmax grad", Component::LogitsLoss, t * v, 4);
-                b.free(nll);
-                b.free(lp);
-                let dlogits = b.alloc("logits grad", Component::LogitsLoss, t * v, logit_bytes);
-                b.free(dls);
-                dlogits
-            });
-            if let Some(x) = softcap {
-                b.free(x);
-            }
-            if cublas.len() == 1 {
-                cublas.push(b.alloc(
-                    "cuBLAS workspace (backward)",
-                    Component::Transients,
-                    device.cublas_workspace_bytes,
-                    1,
-                ));
-            }
-            let fresh = make_grads(&mut b, &ps, heads.iter().copied(), &mut grads, gb);
-            b.free_all(fresh);
-            let dhidden = b.alloc("hidden grad", Component::Transients, t * h, r.stream_bytes);
-            if let Some(d) = dlogits {
-                b.free(d);
-            }
-            b.free_all(head_saved);
-            // Layers in reverse: the recompute (checkpointing), the layer's gradients, its
-            // backward's transients, then its saved tensors freed.
-            b.at(Phase::LayerBackward, step);
-            for k in (0..layers.len()).rev() {
-                let mut rec = Vec::new();
-                if job.gradient_checkpointing {
-                    rec.extend(layer_forward(&mut b, k, "recomputed"));
-                    rec.extend(copies_of(&mut b, k));
-                }
-                // A full fine-tune's gradients come first, in `named_parameters` order.
-                let mut fresh = if full {
-                    make_grads(&mut b, &ps, ranges[k].clone(), &mut grads, gb)
-                } else {
-                    Vec::new()
-                };
-                // The backward's activation gradients, in the shapes of the layer's tensors.
-                let temps: Vec<Tensor<'m>> = if full {
-                    // Two MLP-wide temporaries (decoders; an encoder's widest tensor).
-                    let w = saved_by_layer[k].iter().copied().max().unwrap_or(0);
-                    vec![w; 2]
-                } else {
-                    saved_tensors(acts.layer_backward_transient, t, model, e)
-                }
-                .into_iter()
-                .map(|bytes| {
-                    b.alloc_in(
-                        "backward temporary",
-                        None,
-                        Some(k as u64),
-                        Component::Transients,
-                        bytes,
-                        1,
-                    )
-                })
-                .collect();
-                // Each module's weight gradient follows its input gradient; backward reaches
-                // a layer's modules in the reverse of their forward order.
-                if !full {
-                    fresh = make_grads(&mut b, &ps, ranges[k].clone().rev(), &mut grads, gb);
-                }
-                if dequant > 0 {
-                    b.transient("dequantized weight", Some(k as u64), dequant);
-                }
-                b.free_all(temps);
-                b.free_all(fresh);
-                b.free_all(rec);
-                b.free_all(saved.pop().unwrap_or_default());
-            }
-            // The final norm and the embedding (an encoder's tables); a tied embedding sums
-            // its two gradients out of place.
-            b.at(Phase::BackwardEnd, step);
-            let fresh = make_grads(&mut b, &ps, firsts.iter().copied(), &mut grads, gb);
-            b.free_all(fresh);
-            if tied && full {
-                let incoming = b.alloc(
-                    "embedding grad (lookup)",
-                    Component::Transients,
-                    ps[0].numel,
-                    gb,
-                );
-                let sum = b.alloc(
-                    "embedding grad (sum)",
-                    Component::Gradients,
-                    ps[0].numel,
-                    gb,
-                );
-                b.free(incoming);
-                if let Some(old) = grads[0].replace(sum) {
-                    b.free(old);
-                }
-            }
-            b.free(dhidden);
-            b.free(labels);
-            b.free(input_ids);
+    }
+
+    /// Bytes per element of the logits.
+    const fn logit_bytes(&self) -> u64 {
+        if self.r.autocast {
+            2
+        } else {
+            self.r.compute_bytes
         }
-        // The optimizer step: HF's parameter groups (weights with decay, then norms and
-        // biases), the states made in the first step; foreach AdamW's `_foreach_sqrt`
-        // copies of the second moments.
+    }
+
+    /// The forward: the inputs, each layer's saved tensors (its checkpoint under
+    /// checkpointing), the head's, and the loss's forward.
+    fn forward(&self, b: &mut Builder<'m>, held: &mut Held<'m>, step: u8) -> Forward<'m> {
+        let (t, model, job) = (self.t, self.model, self.job);
+        b.at(Phase::ForwardEnd, step);
+        let input_ids = b.alloc("input_ids", Component::Activations, t, 8);
+        let labels = b.alloc("labels", Component::Activations, t, 8);
+        if held.cublas.is_empty() {
+            held.cublas.push(b.alloc(
+                "cuBLAS workspace (forward)",
+                Component::Transients,
+                self.cublas_bytes,
+                1,
+            ));
+        }
+        let mut saved: Vec<Vec<Tensor<'m>>> = Vec::with_capacity(self.saved_by_layer.len());
+        // Under checkpointing nothing saves autocast's copies: the cache drops them when the
+        // forward leaves autocast, and the recompute makes its layer's again.
+        let mut cached = Vec::new();
+        for k in 0..self.saved_by_layer.len() {
+            let copies = self.copies_of(b, k);
+            let mut s = Vec::new();
+            if job.gradient_checkpointing {
+                cached.extend(copies);
+            } else {
+                s.extend(copies);
+            }
+            if self.dequant > 0 {
+                b.transient("dequantized weight", Some(k as u64), self.dequant);
+            }
+            if job.gradient_checkpointing {
+                s.push(b.alloc_in(
+                    "checkpoint",
+                    None,
+                    Some(k as u64),
+                    Component::Activations,
+                    self.acts.checkpoint_one,
+                    1,
+                ));
+            } else {
+                s.extend(self.layer_forward(b, k, "saved"));
+            }
+            saved.push(s);
+        }
+        b.free_all(cached);
+        // The final norm and lm_head's inputs (a frozen fp32 head's 16-bit weight copy).
+        let mut head_saved = Vec::new();
+        if self.head_copy > 0 {
+            head_saved.push(b.alloc_in(
+                "autocast copy",
+                Some("lm_head"),
+                None,
+                Component::Activations,
+                self.head_copy,
+                1,
+            ));
+        }
+        let head_bytes = if self.full {
+            vec![self.e * model.hidden_size * t]
+        } else {
+            saved_tensors(
+                self.acts.head.saturating_sub(self.head_copy),
+                t,
+                model,
+                self.e,
+            )
+        };
+        for bytes in head_bytes {
+            head_saved.push(b.alloc("saved (head)", Component::Activations, bytes, 1));
+        }
+        // transformers `ForCausalLMLoss`: the logits, `logits.float()`, `log_softmax`'s output
+        // (saved); the upcast and then the logits are dropped. An encoder's classification
+        // loss is a few bytes a sequence.
+        let tv = t * model.vocab_size;
+        let lb = self.logit_bytes();
+        let mut logprobs = None;
+        let mut softcap = None;
+        if !self.encoder {
+            let logits = b.alloc("logits", Component::LogitsLoss, tv, lb);
+            // Gemma 2's final softcap: `torch.tanh` saves its output until the loss's
+            // backward ([`super::super::loss::Loss`]).
+            softcap = model
+                .logit_softcapping
+                .then(|| b.alloc("tanh (softcap)", Component::LogitsLoss, tv, lb));
+            let upcast = (lb != 4).then(|| b.alloc("logits.float()", Component::LogitsLoss, tv, 4));
+            logprobs = Some(b.alloc("log_softmax", Component::LogitsLoss, tv, 4));
+            if let Some(u) = upcast {
+                b.free(u);
+            }
+            b.free(logits);
+        }
+        Forward {
+            input_ids,
+            labels,
+            saved,
+            head_saved,
+            logprobs,
+            softcap,
+        }
+    }
+
+    /// The loss's backward (the nll and log_softmax gradients, then the logits'), the head's
+    /// gradients and the hidden state's gradient; the head's saved tensors freed. Returns
+    /// the hidden state's gradient, the inputs and the layers' saved tensors.
+    fn loss_backward(
+        &self,
+        b: &mut Builder<'m>,
+        held: &mut Held<'m>,
+        step: u8,
+        fwd: Forward<'m>,
+    ) -> ([Tensor<'m>; 3], Vec<Vec<Tensor<'m>>>) {
+        let tv = self.t * self.model.vocab_size;
+        b.at(Phase::LossBackward, step);
+        let dlogits = fwd.logprobs.map(|lp| {
+            let nll = b.alloc("nll_loss grad", Component::LogitsLoss, tv, 4);
+            let dls = b.alloc("log_softmax grad", Component::LogitsLoss, tv, 4);
+            b.free(nll);
+            b.free(lp);
+            let dlogits = b.alloc("logits grad", Component::LogitsLoss, tv, self.logit_bytes());
+            b.free(dls);
+            dlogits
+        });
+        if let Some(x) = fwd.softcap {
+            b.free(x);
+        }
+        if held.cublas.len() == 1 {
+            held.cublas.push(b.alloc(
+                "cuBLAS workspace (backward)",
+                Component::Transients,
+                self.cublas_bytes,
+                1,
+            ));
+        }
+        let fresh = make_grads(
+            b,
+            &self.ps,
+            self.heads.iter().copied(),
+            &mut held.grads,
+            self.gb,
+        );
+        b.free_all(fresh);
+        let dhidden = b.alloc(
+            "hidden grad",
+            Component::Transients,
+            self.t * self.model.hidden_size,
+            self.r.stream_bytes,
+        );
+        if let Some(d) = dlogits {
+            b.free(d);
+        }
+        b.free_all(fwd.head_saved);
+        ([dhidden, fwd.labels, fwd.input_ids], fwd.saved)
+    }
+
+    /// Layers in reverse: the recompute (checkpointing), the layer's gradients and its
+    /// backward's transients, then its saved tensors freed.
+    fn layers_backward(
+        &self,
+        b: &mut Builder<'m>,
+        held: &mut Held<'m>,
+        step: u8,
+        mut saved: Vec<Vec<Tensor<'m>>>,
+    ) {
+        b.at(Phase::LayerBackward, step);
+        for k in (0..self.saved_by_layer.len()).rev() {
+            let mut rec = Vec::new();
+            if self.job.gradient_checkpointing {
+                rec.extend(self.layer_forward(b, k, "recomputed"));
+                rec.extend(self.copies_of(b, k));
+            }
+            // A full fine-tune's gradients come first, in `named_parameters` order.
+            let mut fresh = if self.full {
+                make_grads(
+                    b,
+                    &self.ps,
+                    self.ranges[k].clone(),
+                    &mut held.grads,
+                    self.gb,
+                )
+            } else {
+                Vec::new()
+            };
+            // The backward's activation gradients, in the shapes of the layer's tensors.
+            let temps: Vec<Tensor<'m>> = if self.full {
+                // Two MLP-wide temporaries (decoders; an encoder's widest tensor).
+                let w = self.saved_by_layer[k].iter().copied().max().unwrap_or(0);
+                vec![w; 2]
+            } else {
+                saved_tensors(
+                    self.acts.layer_backward_transient,
+                    self.t,
+                    self.model,
+                    self.e,
+                )
+            }
+            .into_iter()
+            .map(|bytes| {
+                b.alloc_in(
+                    "backward temporary",
+                    None,
+                    Some(k as u64),
+                    Component::Transients,
+                    bytes,
+                    1,
+                )
+            })
+            .collect();
+            // Each module's weight gradient follows its input gradient; backward reaches a
+            // layer's modules in the reverse of their forward order.
+            if !self.full {
+                fresh = make_grads(
+                    b,
+                    &self.ps,
+                    self.ranges[k].clone().rev(),
+                    &mut held.grads,
+                    self.gb,
+                );
+            }
+            if self.dequant > 0 {
+                b.transient("dequantized weight", Some(k as u64), self.dequant);
+            }
+            b.free_all(temps);
+            b.free_all(fresh);
+            b.free_all(rec);
+            b.free_all(saved.pop().unwrap_or_default());
+        }
+    }
+
+    /// The final norm's and the embedding's gradients (an encoder's tables); a tied
+    /// embedding sums its two gradients out of place; the hidden state's gradient and the
+    /// inputs freed.
+    fn backward_end(
+        &self,
+        b: &mut Builder<'m>,
+        held: &mut Held<'m>,
+        step: u8,
+        rest: [Tensor<'m>; 3],
+    ) {
+        b.at(Phase::BackwardEnd, step);
+        let fresh = make_grads(
+            b,
+            &self.ps,
+            self.firsts.iter().copied(),
+            &mut held.grads,
+            self.gb,
+        );
+        b.free_all(fresh);
+        if self.tied && self.full {
+            let numel = self.ps[0].numel;
+            let incoming = b.alloc(
+                "embedding grad (lookup)",
+                Component::Transients,
+                numel,
+                self.gb,
+            );
+            let sum = b.alloc("embedding grad (sum)", Component::Gradients, numel, self.gb);
+            b.free(incoming);
+            if let Some(old) = held.grads[0].replace(sum) {
+                b.free(old);
+            }
+        }
+        for x in rest {
+            b.free(x);
+        }
+    }
+
+    /// The optimizer step: HF's parameter groups (weights with decay, then norms and
+    /// biases), the states made in the first step; foreach AdamW's `_foreach_sqrt` copies of
+    /// the second moments; `zero_grad(set_to_none=True)` (torch ≥ 2.0).
+    fn optimizer_step(&self, b: &mut Builder<'m>, held: &mut Held<'m>, step: u8) {
+        let (ps, job, r) = (&self.ps, self.job, self.r);
         b.at(Phase::OptimizerStep, step);
+        let h = self.model.hidden_size;
         let norm = |j: usize| !ps[j].linear && ps[j].numel <= 2 * h;
+        let n = ps.len();
         let order: Vec<usize> = (0..n)
             .filter(|&j| ps[j].trainable && !norm(j))
             .chain((0..n).filter(|&j| ps[j].trainable && norm(j)))
             .collect();
         let pb = optimizer::trainable_bytes(job, r);
-        if states.is_empty() {
+        if held.states.is_empty() {
             for &j in &order {
                 let p = &ps[j];
                 let tr = Trainable {
@@ -641,22 +634,16 @@ pub fn trace<'m>(
                     embedding: p.embedding,
                 };
                 let (bytes, _) = optimizer::state_bytes(&tr, job.optimizer, pb, r);
-                states.push(b.alloc_in(
-                    "exp_avg",
-                    p.module,
-                    p.layer,
-                    Component::OptimizerStates,
-                    bytes / 2,
-                    1,
-                ));
-                states.push(b.alloc_in(
-                    "exp_avg_sq",
-                    p.module,
-                    p.layer,
-                    Component::OptimizerStates,
-                    bytes - bytes / 2,
-                    1,
-                ));
+                for (name, part) in [("exp_avg", bytes / 2), ("exp_avg_sq", bytes - bytes / 2)] {
+                    held.states.push(b.alloc_in(
+                        name,
+                        p.module,
+                        p.layer,
+                        Component::OptimizerStates,
+                        part,
+                        1,
+                    ));
+                }
             }
         }
         if job.optimizer == Optimizer::AdamwTorch {
@@ -675,84 +662,12 @@ pub fn trace<'m>(
                 .collect();
             b.free_all(tmp);
         }
-        // zero_grad(set_to_none=True) (torch ≥ 2.0).
         if !job.versions.zero_grad_keeps_grads() {
-            for g in &mut grads {
+            for g in &mut held.grads {
                 if let Some(x) = g.take() {
                     b.free(x);
                 }
             }
         }
     }
-    Some(b.finish())
-}
-/// The tensors a post-LN encoder layer (transformers `BertLayer`) saves, per token, in the
-/// dtypes `activations::encoder_layer_bytes` counts them: the layer input (or, under
-/// autocast, q/k/v's three 16-bit casts of it); eager attention's q, k, v copies, softmax
-/// output, dropout mask and dropped probabilities (SDPA: q, k, v, output); the context copy;
-/// each sublayer's dropout mask and LayerNorm input; the intermediate's input cast; GELU's
-/// input and output.
-fn encoder_tensors(model: &ModelSpec, job: &Job, r: &Regime) -> Vec<u64> {
-    let h = model.hidden_size;
-    let i = model.intermediate_size;
-    let a = model.num_heads;
-    let seq = job.seq_len;
-    let s = r.stream_bytes;
-    let o = if r.autocast { 2 } else { s };
-    let p = super::super::activations::eager_probs_bytes(r, o);
-    let dropout = model.encoder.as_ref().is_some_and(|e| e.hidden_dropout);
-    let attention_dropout = model.encoder.as_ref().is_some_and(|e| e.attention_dropout);
-    let mut v = if r.autocast {
-        vec![2 * h; 3]
-    } else {
-        vec![s * h]
-    };
-    match job.attention {
-        crate::job::Attention::Eager => {
-            v.extend([o * h; 3]);
-            v.push(p * a * seq);
-            if attention_dropout {
-                v.push(a * seq);
-                v.push(if r.autocast { 2 } else { p } * a * seq);
-            }
-        }
-        _ => v.extend([o * h; 4]),
-    }
-    v.push(o * h);
-    for _ in 0..2 {
-        if dropout {
-            v.push(h);
-        }
-        v.push(s.max(o) * h);
-    }
-    if r.autocast {
-        v.push(2 * h);
-    }
-    v.extend([o * i, o * i]);
-    v
-}
-
-/// The tensors a decoder layer saves for backward, per token (HF Llama-style layer, SDPA or
-/// flash attention): each RMSNorm's fp32 upcast of its input and its 16-bit normalized output
-/// and weighted output; q, k, v and the rotary q and k; the attention output; the MLP's gate
-/// and up outputs, the activation and the product. `e` is the activations' bytes.
-fn layer_tensors(model: &ModelSpec, g: &LayerGroup, e: u64) -> Vec<u64> {
-    let h = model.hidden_size;
-    let q = model.num_heads * model.head_dim;
-    let kv = model.num_kv_heads * model.head_dim;
-    let i = g
-        .linears
-        .iter()
-        .filter(|l| l.in_features == h && l.out_features != h)
-        .map(|l| l.out_features)
-        .filter(|&w| w != q + 2 * kv && w != q && w != kv)
-        .max()
-        .unwrap_or(model.intermediate_size);
-    let norm = [4 * h, e * h, e * h];
-    let mut v = Vec::new();
-    v.extend(norm);
-    v.extend([e * q, e * kv, e * kv, e * q, e * kv, e * q]);
-    v.extend(norm);
-    v.extend([e * i; 4]);
-    v
 }

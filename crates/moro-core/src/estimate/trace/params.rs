@@ -1,0 +1,160 @@
+//! The parameters of a step's model as the trace lists them ([`super::step`]).
+
+use crate::job::{Job, Method, Quantization};
+use crate::model::{Linear, ModelSpec};
+
+use super::super::{Regime, weights};
+
+/// A parameter as the step sees it.
+pub(super) struct Param<'m> {
+    pub(super) name: &'static str,
+    pub(super) module: Option<&'m str>,
+    pub(super) layer: Option<u64>,
+    pub(super) numel: u64,
+    /// Bytes per element as stored.
+    pub(super) dtype_bytes: u64,
+    pub(super) trainable: bool,
+    /// A matmul weight (autocast keeps a 16-bit copy of a trainable fp32 one).
+    pub(super) linear: bool,
+    /// The token embedding (bitsandbytes 8-bit: 32-bit states under the HF Trainer).
+    pub(super) embedding: bool,
+}
+
+/// The model's parameters in `named_parameters` order: the embedding (and an encoder's
+/// position and token-type tables and their LayerNorm), each layer's Linears (PEFT: the
+/// base weight, then `lora_A` and `lora_B`) and then its norms, the final norm, lm_head
+/// when untied (an encoder's pooler and classifier instead). A 4-bit base weight is its
+/// packed `uint8` storage followed by its quantization state (absmax and, double quantized,
+/// their own codes).
+#[allow(clippy::too_many_lines)]
+pub(super) fn params<'m>(model: &'m ModelSpec, job: &Job, r: &Regime) -> Vec<Param<'m>> {
+    let h = model.hidden_size;
+    let full = job.method == Method::Full;
+    // What is not a quantized Linear: trainable weights, frozen ones, or upcast to fp32 by
+    // PEFT's kbit preparation.
+    let plain = if full {
+        r.param_bytes
+    } else {
+        r.unquantized_bytes
+    };
+    let frozen = if full { r.param_bytes } else { r.frozen_bytes };
+    let outside = |name: &'static str, numel: u64, linear: bool| Param {
+        name,
+        module: None,
+        layer: None,
+        numel,
+        dtype_bytes: plain,
+        trainable: full,
+        linear,
+        embedding: false,
+    };
+    let mut out = vec![Param {
+        embedding: true,
+        ..outside("embed_tokens", model.vocab_size * h, false)
+    }];
+    if let Some(enc) = &model.encoder {
+        out.push(outside(
+            "position_embeddings",
+            model.position_embeddings * h,
+            false,
+        ));
+        out.push(outside(
+            "token_type_embeddings",
+            enc.type_vocab_size * h,
+            false,
+        ));
+        out.push(outside("embeddings.LayerNorm", 2 * h, false));
+    }
+    let quantized = job.quantization != Quantization::None && !full;
+    let mut index = 0;
+    for g in &model.layers {
+        for _ in 0..g.count {
+            for l in &g.linears {
+                for _ in 0..l.count {
+                    push_linear(&mut out, job, r, l, index, quantized, frozen, plain);
+                }
+            }
+            let norms = g.other_params / h.max(1);
+            for _ in 0..norms {
+                out.push(Param {
+                    layer: Some(index),
+                    ..outside("norm", h, false)
+                });
+            }
+            index += 1;
+        }
+    }
+    if let Some(enc) = &model.encoder {
+        out.push(outside("pooler", h * h + h, true));
+        out.push(outside(
+            "classifier",
+            h * enc.num_labels + enc.num_labels,
+            true,
+        ));
+        return out;
+    }
+    out.push(outside("final_norm", h, false));
+    if !model.tie_word_embeddings {
+        out.push(Param {
+            module: Some("lm_head"),
+            ..outside("weight", model.vocab_size * h, true)
+        });
+    }
+    out
+}
+
+/// One Linear's parameters: its weight (packed and quantization state when 4-bit), its
+/// bias (with the weight in a full fine-tune, see the module's notes), and its LoRA pair
+/// when adapted.
+#[allow(clippy::too_many_arguments)]
+fn push_linear<'m>(
+    out: &mut Vec<Param<'m>>,
+    job: &Job,
+    r: &Regime,
+    l: &'m Linear,
+    layer: u64,
+    quantized: bool,
+    frozen: u64,
+    plain: u64,
+) {
+    let full = job.method == Method::Full;
+    let of = |name: &'static str, numel: u64, dtype_bytes: u64, trainable: bool| Param {
+        name,
+        module: Some(l.name.as_str()),
+        layer: Some(layer),
+        numel,
+        dtype_bytes,
+        trainable,
+        linear: true,
+        embedding: false,
+    };
+    let n = l.weight_numel();
+    if quantized && job.is_module(l) {
+        let stored = weights::quantized_linear_bytes(l, job.quantization);
+        out.push(of("weight (4-bit)", n.div_ceil(2), 1, false));
+        out.push(of(
+            "quant_state",
+            stored.saturating_sub(n.div_ceil(2)),
+            1,
+            false,
+        ));
+    } else {
+        out.push(of(
+            "weight",
+            if full { l.params() } else { n },
+            frozen,
+            full,
+        ));
+    }
+    if l.bias && !full {
+        out.push(Param {
+            linear: false,
+            ..of("bias", l.out_features, plain, full)
+        });
+    }
+    if job.method.is_peft() && job.adapts(l) {
+        let rank = job.lora.rank;
+        out.push(of("lora_A", rank * l.in_features, r.adapter_bytes, true));
+        out.push(of("lora_B", l.out_features * rank, r.adapter_bytes, true));
+    }
+}
