@@ -73,6 +73,11 @@ fn tower_dims(v: &Cfg<'_>, defaults: (u64, u64, u64, u64)) -> Result<Tower, Arch
 /// The SigLIP / CLIP encoder layers (`q_proj`, `k_proj`, `v_proj`, `out_proj`, `fc1`,
 /// `fc2`, two LayerNorms).
 fn vit_layers(t: &Tower) -> Vec<LayerGroup> {
+    vit_layers_named(t, "out_proj")
+}
+
+/// [`vit_layers`] with the attention's output projection named `out` (Llama 4: `o_proj`).
+fn vit_layers_named(t: &Tower, out: &str) -> Vec<LayerGroup> {
     let h = t.hidden;
     block(
         t.layers,
@@ -80,7 +85,7 @@ fn vit_layers(t: &Tower) -> Vec<LayerGroup> {
             linear("q_proj", h, h),
             linear("k_proj", h, h),
             linear("v_proj", h, h),
-            linear("out_proj", h, h),
+            linear(out, h, h),
             linear("fc1", h, t.intermediate),
             linear("fc2", t.intermediate, h),
         ],
@@ -388,18 +393,7 @@ pub(crate) fn llama4(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, Arch
     let adapter_in = dim("projector_input_dim", 4096)?;
     let adapter_out = dim("projector_output_dim", 4096)?;
     let output = dim("vision_output_dim", 7680)?;
-    let layers = block(
-        t.layers,
-        vec![
-            linear("q_proj", h, h),
-            linear("k_proj", h, h),
-            linear("v_proj", h, h),
-            linear("o_proj", h, h),
-            linear("fc1", h, t.intermediate),
-            linear("fc2", t.intermediate, h),
-        ],
-        4 * h,
-    );
+    let layers = vit_layers_named(&t, "o_proj");
     let plain = |name: &str, i: u64, o: u64| Linear::new(name, i, o, false, LinearRole::Vision);
     Ok(VisionSpec {
         model_type: "llama4_vision_model".to_owned(),

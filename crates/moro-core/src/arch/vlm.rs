@@ -44,16 +44,7 @@ pub(crate) fn llava(top: &Cfg<'_>) -> Result<ModelSpec, ArchError> {
         }
     };
     if text_type == "llama" {
-        // LlamaConfig's defaults (transformers 5.24 `configuration_llama.py`): the 7B shape.
-        for (key, value) in [
-            ("hidden_size", 4096),
-            ("intermediate_size", 11008),
-            ("num_hidden_layers", 32),
-            ("num_attention_heads", 32),
-            ("vocab_size", 32000),
-        ] {
-            text.entry(key.to_owned()).or_insert(Value::from(value));
-        }
+        llama_defaults(&mut text);
     }
     inherit(
         top,
@@ -101,6 +92,18 @@ pub(crate) fn idefics3(top: &Cfg<'_>, model_type: &str) -> Result<ModelSpec, Arc
             ));
         }
     }
+    llama_defaults(&mut text);
+    inherit(top, &mut text, INHERITED);
+    let c = Cfg::nested(&text, "text_config");
+    let mut spec = llama::parse(&c, "llama")?;
+    spec.vision = Some(vision::idefics3(top, spec.hidden_size)?);
+    spec.model_type = model_type.to_owned();
+    Ok(spec)
+}
+
+/// Fills the keys a Llama `text_config` omits with `LlamaConfig`'s defaults (transformers
+/// 5.24 `configuration_llama.py`: the 7B shape), as the multimodal config classes build it.
+fn llama_defaults(text: &mut Map<String, Value>) {
     for (key, value) in [
         ("hidden_size", 4096),
         ("intermediate_size", 11008),
@@ -110,12 +113,6 @@ pub(crate) fn idefics3(top: &Cfg<'_>, model_type: &str) -> Result<ModelSpec, Arc
     ] {
         text.entry(key.to_owned()).or_insert(Value::from(value));
     }
-    inherit(top, &mut text, INHERITED);
-    let c = Cfg::nested(&text, "text_config");
-    let mut spec = llama::parse(&c, "llama")?;
-    spec.vision = Some(vision::idefics3(top, spec.hidden_size)?);
-    spec.model_type = model_type.to_owned();
-    Ok(spec)
 }
 
 /// Keys a multimodal config may hold at its top level for its text part.
