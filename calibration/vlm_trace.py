@@ -106,8 +106,9 @@ PROFILES = {
         "gemma3": {"size": {"height": 896, "width": 896}},
         "llava": {"size": {"shortest_edge": 336}, "crop_size": {"height": 336, "width": 336}},
         "idefics3": {},
+        "pixtral": {},
     },
-    "class_default": {"qwen": {}, "gemma3": {}, "llava": {}, "idefics3": {}},
+    "class_default": {"qwen": {}, "gemma3": {}, "llava": {}, "idefics3": {}, "pixtral": {}},
 }
 
 
@@ -143,10 +144,34 @@ def patch_idefics3_for_fake() -> str:
     return "idefics3: get_image_features without the padding-image filter (every image is real)"
 
 
+def patch_mistral3_for_fake() -> str:
+    """`Mistral3Model.get_image_features` splits the features by sizes it computes on the
+    device and reads back (`.tolist()`); the same sizes from the host list of image sizes
+    (source patched, nothing else changed)."""
+    import inspect
+    import textwrap
+
+    from transformers.models.mistral3 import modeling_mistral3 as m
+
+    src = textwrap.dedent(inspect.getsource(m.Mistral3Model.get_image_features))
+    old = ("(torch.as_tensor(image_sizes, device=image_features.device) // downsample_ratio)"
+           ".prod(dim=-1).tolist()")
+    if old not in src:
+        raise RuntimeError("mistral3 patch: the split sizes line was not found")
+    src = src.replace(old, "[(h // downsample_ratio) * (w // downsample_ratio) for h, w in image_sizes]")
+    src = src[src.index("def get_image_features"):]  # the decorators, some over several lines
+    ns = dict(vars(m))
+    exec(src, ns)
+    # The original's decorators but the docstring one.
+    fn = m.select_hidden_states("vision_feature_layer")(ns["get_image_features"])
+    m.Mistral3Model.get_image_features = m.can_return_tuple(fn)
+    return "mistral3: get_image_features splits by host-computed sizes"
+
+
 def family_of(model_type: str) -> str:
     return {"qwen2_vl": "qwen", "qwen2_5_vl": "qwen", "qwen3_vl": "qwen", "qwen3_vl_moe": "qwen",
             "gemma3": "gemma3", "llava": "llava", "idefics3": "idefics3",
-            "smolvlm": "idefics3"}[model_type]
+            "smolvlm": "idefics3", "mistral3": "pixtral"}[model_type]
 
 
 def vision_prefixes(family: str):
@@ -156,6 +181,7 @@ def vision_prefixes(family: str):
         "gemma3": ("model.vision_tower.", "model.multi_modal_projector."),
         "llava": ("model.vision_tower.", "model.multi_modal_projector."),
         "idefics3": ("model.vision_model.", "model.connector."),
+        "pixtral": ("model.vision_tower.", "model.multi_modal_projector."),
     }[family]
 
 
@@ -185,6 +211,13 @@ def image_processor(family: str, cfg, profile: str = "hub"):
         if profile == "hub":
             s = cfg.vision_config.image_size
             kw = {"size": {"shortest_edge": s}, "crop_size": {"height": s, "width": s}}
+    elif family == "pixtral":
+        from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil as C
+        # The processor's cells are patch · spatial_merge_size (`PixtralProcessor`); the
+        # released preprocessor_config.json's longest edge is the tower's image_size (1540).
+        kw.update(patch_size=cfg.vision_config.patch_size * cfg.spatial_merge_size)
+        if profile == "hub":
+            kw["size"] = {"longest_edge": cfg.vision_config.image_size}
     else:
         from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil as C
         if profile == "hub":
@@ -239,6 +272,18 @@ def image_tokens_for(family: str, cfg, width: int, height: int, profile: str = "
         res.update(image_tokens=n, extra_tokens=0, extra_tokens_what="none (<image> is replaced)",
                    resized_width=w, resized_height=h,
                    grid={"patches": (h // p) * (w // p), "vision_seq": (h // p) * (w // p) + 1})
+    elif family == "pixtral":
+        _, _, h, w = pv.shape
+        cell = cfg.vision_config.patch_size * cfg.spatial_merge_size
+        rows, cols = h // cell, w // cell
+        # `PixtralProcessor.replace_image_token`: a row of [IMG] then [IMG_BREAK] per row of
+        # cells, the last [IMG_BREAK] an [IMG_END].
+        res.update(image_tokens=rows * cols, extra_tokens=rows,
+                   extra_tokens_what="[IMG_BREAK] after each row, the last an [IMG_END]",
+                   resized_width=w, resized_height=h,
+                   grid={"rows": rows, "cols": cols, "patches": (h // cfg.vision_config.patch_size)
+                         * (w // cfg.vision_config.patch_size)})
+        res["_image_size"] = [h, w]
     else:
         rows, cols = int(out["rows"][0][0]), int(out["cols"][0][0])
         # `Idefics3Model.image_seq_len`: the tower's patches over the pixel shuffle's
@@ -333,6 +378,11 @@ def build_sample(family: str, cfg, text_seq: int, n_images: int, info: dict, rng
         elif family == "gemma3":
             block = [ids["nl2"], ids["boi"]] + [ids["image"]] * n_img + [ids["eoi"], ids["nl2"]]
             tt = [0, 0] + [1] * n_img + [0, 0]
+        elif family == "pixtral":
+            # The [IMG] cells and, as text ids, the row breaks (the last the end).
+            extra = info["extra_tokens"]
+            block = [ids["image"]] * n_img + rng.integers(0, hi, size=extra).tolist()
+            tt = [1] * n_img + [0] * extra
         elif family == "idefics3":
             # The placeholders and, as text ids, the tiles' <fake_token_around_image> and
             # <row_i_col_j>, the global image's three markers and the newlines: one per
@@ -559,6 +609,8 @@ def run(args) -> dict:
     family = family_of(model_type)
     if family == "idefics3":
         notes.append(patch_idefics3_for_fake())
+    if family == "pixtral":
+        notes.append(patch_mistral3_for_fake())
     W, H = (int(x) for x in args.image_size.lower().split("x"))
     n_img = args.images_per_sample
     info = image_tokens_for(family, cfg, W, H) if n_img else None
@@ -674,12 +726,18 @@ def run(args) -> dict:
                 real["image_grid_thw"] = torch.tensor([info["_grid_thw"]] * (B * n_img), dtype=torch.long)
             else:
                 real["pixel_values"] = pv.repeat(B * n_img, *([1] * (pv.dim() - 1)))
+            if family == "pixtral":
+                real["image_sizes"] = torch.tensor([info["_image_size"]] * (B * n_img), dtype=torch.long)
         real_ctx.__exit__(None, None, None)
 
         def make_inputs():
             fake = {}
             for k, v in real.items():
-                if k == "image_grid_thw":
+                if k == "image_sizes":
+                    # Mistral 3 divides it on the device and reads it back (`.tolist()`): a
+                    # Python list, which the model takes as well, keeps the values known.
+                    fake[k] = v.tolist()
+                elif k == "image_grid_thw":
                     fake[k] = shim.host_constant(v)
                 else:
                     fake[k] = v.to("cuda")
@@ -905,6 +963,7 @@ def run_image_tokens() -> None:
             for w, h in IMAGE_SIZES:
                 r = image_tokens_for(fam, cfg, w, h, prof, with_pixels=False)
                 r.pop("_grid_thw", None)
+                r.pop("_image_size", None)
                 row = {"model": name, "config": cfg_name, "preprocessor_profile": prof,
                        "processor_class": r.pop("processor_class"),
                        "transformers_version": transformers.__version__}

@@ -91,6 +91,18 @@ pub enum ImageTokens {
         /// `max_pixels` of the processor.
         max_pixels: u64,
     },
+    /// Pixtral's resize (`PixtralImageProcessor`, Mistral Small 3.1): scaled down to fit a
+    /// `longest_edge` square, each side then rounded up to whole token cells of
+    /// `patch_size · merge_size` pixels; one tower patch per `patch_size²` pixels, one token
+    /// per cell, and an `[IMG_BREAK]` after each row (the last one `[IMG_END]`).
+    Pixtral {
+        /// Tower patch side (14).
+        patch_size: u64,
+        /// The projector's patch merge (2).
+        merge_size: u64,
+        /// The processor's `longest_edge` (1540).
+        longest_edge: u64,
+    },
     /// Llama 4's tiles (`Llama4ImageProcessor`): the image is resized without distortion
     /// onto the best-fitting canvas of at most `max_tiles` square tiles (`get_best_fit` over
     /// `find_supported_resolutions`, [`best_fit_tiles`]); a split image gets one more,
@@ -215,6 +227,22 @@ impl ImageTokens {
                     resized: (w, h),
                 }
             }
+            Self::Pixtral {
+                patch_size,
+                merge_size,
+                longest_edge,
+            } => {
+                let cell = (patch_size * merge_size).max(1);
+                let (w, h) = pixtral_resize(width, height, longest_edge, cell);
+                let (rows, cols) = (h / cell, w / cell);
+                let p = patch_size.max(1);
+                ImageShape {
+                    tower_tokens: (h / p) * (w / p),
+                    tower_passes: 1,
+                    added_tokens: (rows * (cols + 1)).saturating_sub(1),
+                    resized: (w, h),
+                }
+            }
             Self::Split {
                 tile_size,
                 patch_size,
@@ -275,6 +303,29 @@ impl ImageTokens {
             }
         }
     }
+}
+
+/// transformers 5.25 `models/pixtral/image_processing_pil_pixtral.py`
+/// `get_resize_output_image_size`: an image larger than `longest` on a side is scaled by
+/// `max(h, w) / longest` (floored, in IEEE doubles as Python), then each side is rounded up to
+/// whole `cell`s (`_num_image_tokens`). `(width, height)`.
+#[must_use]
+pub fn pixtral_resize(width: u64, height: u64, longest: u64, cell: u64) -> (u64, u64) {
+    #[allow(clippy::cast_precision_loss)]
+    let f = |x: u64| x as f64;
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let floor = |x: f64| x.floor().max(0.0) as u64;
+    let (mut w, mut h) = (width.max(1), height.max(1));
+    let ratio = (f(h) / f(longest.max(1))).max(f(w) / f(longest.max(1)));
+    if ratio > 1.0 {
+        h = floor(f(h) / ratio);
+        w = floor(f(w) / ratio);
+    }
+    let cell = cell.max(1);
+    (
+        w.max(1).div_ceil(cell) * cell,
+        h.max(1).div_ceil(cell) * cell,
+    )
 }
 
 /// transformers 5.25 `models/idefics3/image_processing_pil_idefics3.py`: the resize to a
@@ -426,7 +477,7 @@ impl VisionSpec {
     pub const fn default_image_size(&self) -> (u64, u64) {
         match self.tokens {
             ImageTokens::Fixed { image_size, .. } => (image_size, image_size),
-            ImageTokens::Dynamic { .. } => (1024, 1024),
+            ImageTokens::Dynamic { .. } | ImageTokens::Pixtral { .. } => (1024, 1024),
             ImageTokens::Tiled { tile_size, .. } | ImageTokens::Split { tile_size, .. } => {
                 (tile_size, tile_size)
             }
@@ -439,7 +490,10 @@ impl VisionSpec {
     pub const fn patch_pixels(&self) -> u64 {
         match self.tokens {
             ImageTokens::Dynamic { patch_size, .. } => 3 * 2 * patch_size * patch_size,
-            ImageTokens::Fixed { .. } | ImageTokens::Tiled { .. } | ImageTokens::Split { .. } => 0,
+            ImageTokens::Fixed { .. }
+            | ImageTokens::Tiled { .. }
+            | ImageTokens::Split { .. }
+            | ImageTokens::Pixtral { .. } => 0,
         }
     }
 
@@ -468,6 +522,32 @@ impl VisionSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Pixtral's image processor (transformers 5.25 `PixtralImageProcessorPil` with Mistral
+    /// Small 3.1's `longest_edge` 1540 and the processor's 28-px cells, run on black RGB
+    /// images): the resized size, and the tokens of its rows of `[IMG]`s and breaks.
+    #[test]
+    fn pixtral_images_follow_its_processor() {
+        let mistral = ImageTokens::Pixtral {
+            patch_size: 14,
+            merge_size: 2,
+            longest_edge: 1540,
+        };
+        for ((w, h), resized, tokens) in [
+            ((1540, 1540), (1540, 1540), 3080),
+            ((1024, 768), (1036, 784), 1064),
+            ((1920, 1080), (1540, 868), 1736),
+            ((300, 2000), (252, 1540), 550),
+            ((100, 100), (112, 112), 20),
+            ((640, 480), (644, 504), 432),
+            ((4000, 1000), (1540, 392), 784),
+        ] {
+            let shape = mistral.shape(w, h);
+            assert_eq!(shape.resized, resized, "{w}x{h}");
+            assert_eq!(shape.added_tokens, tokens - 1, "{w}x{h}");
+            assert_eq!(shape.tower_tokens, (resized.0 / 14) * (resized.1 / 14));
+        }
+    }
 
     /// Idefics3's image processor (transformers 5.25 `Idefics3ImageProcessorPil`, run on
     /// black RGB images with the released settings: tiles of 512, 364 and 384 px, a longest

@@ -516,6 +516,14 @@ const CATALOG: &[Row] = &[
         968_976_384,
         None
     ),
+    // Mistral Small 3.1: transformers 5.24 meta-device count (`data/staged/manifest.jsonl`),
+    // lm_head tied as `Mistral3Config` defaults it.
+    row!(
+        "mistralai--Mistral-Small-3.1-24B-Instruct-2503",
+        23_340_272_640,
+        22_669_184_000,
+        None
+    ),
     // Qwen3-VL: transformers 5.24 meta-device counts (`data/staged/manifest.jsonl`, where
     // these configs came from; both seen in real files).
     row!(
@@ -1198,11 +1206,11 @@ mod errors {
 
     #[test]
     fn unsupported_names_the_closest_type() {
-        let err = parse_config(br#"{"model_type": "mistral3"}"#).expect_err("unsupported");
+        let err = parse_config(br#"{"model_type": "gemma3n"}"#).expect_err("unsupported");
         let message = err.to_string();
         assert!(
             message.starts_with(
-                "unsupported model_type `mistral3` (the closest supported is `mistral`); supported: "
+                "unsupported model_type `gemma3n` (the closest supported is `gemma3`); supported: "
             ),
             "{message}"
         );

@@ -136,7 +136,9 @@ fn config_of(stem: &str) -> Value {
 /// full fine-tuning with the tower trained) and SmolVLM (2B) cut to 4 language and 8 tower
 /// layers; `vlm-qwen3.jsonl`, Qwen3-VL-4B cut to 4 and 8 (LoRA at 640×480, LoRA with
 /// checkpointing at 1280×720, full with the tower trained) and Qwen3-VL-30B-A3B cut to 2 and
-/// 4. A traced Idefics3 text holds no `<image>` placeholder, which moro's sequence length
+/// 4; `vlm-mistral3.jsonl`, Mistral Small 3.1 cut to 4 language and 4 tower layers (LoRA at
+/// 640×480, LoRA with checkpointing at 1024×768) and to 2 and 4 (full, tower trained). A
+/// traced Idefics3 text holds no `<image>` placeholder, which moro's sequence length
 /// counts: one token more. Within 3 % at the allocated level.
 #[test]
 fn newer_vlms_match_their_traces() {
@@ -148,6 +150,10 @@ fn newer_vlms_match_their_traces() {
         ),
         (
             include_str!("../../../validation/oracle-traces/vlm-qwen3.jsonl"),
+            0,
+        ),
+        (
+            include_str!("../../../validation/oracle-traces/vlm-mistral3.jsonl"),
             0,
         ),
     ] {
@@ -203,7 +209,7 @@ fn newer_vlms_match_their_traces() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 8);
+    assert_eq!(checked, 11);
 }
 
 /// The Idefics3, SmolVLM and Qwen3-VL configs (`data/staged/`, two Qwen3-VL ones now in the

@@ -215,6 +215,79 @@ pub(crate) fn llava(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, ArchE
     })
 }
 
+/// Mistral 3's Pixtral tower and projector (transformers 5.25 `PixtralVisionModel`,
+/// `Mistral3MultiModalProjector`; `PixtralVisionConfig` defaults): `patch_conv` Conv2d(3, h,
+/// p) without bias, `ln_pre` RMSNorm, per layer `attention_norm`/`ffn_norm` (RMSNorm),
+/// `q_proj`/`k_proj`/`v_proj`/`o_proj` and a gated MLP, all without bias, a 2-D RoPE; the
+/// projector's RMSNorm, `patch_merger.merging_layer` (h · merge² → h, no bias), `linear_1`
+/// (h → the text's hidden size) and `linear_2`, with bias when `multimodal_projector_bias`.
+/// The processor scales images into a square of the tower's `image_size` (1540 for Mistral
+/// Small 3.1, its `preprocessor_config.json` `longest_edge`).
+pub(crate) fn pixtral(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, ArchError> {
+    let empty = serde_json::Map::new();
+    let v = Cfg::nested(
+        top.opt_object("vision_config")?.unwrap_or(&empty),
+        "vision_config",
+    );
+    let t = tower_dims(&v, (1024, 4096, 24, 16))?;
+    let h = t.hidden;
+    let image = v.dim_or("image_size", 1024, MAX_IMAGE)?;
+    let patch = v.dim_or("patch_size", 16, MAX_IMAGE)?;
+    let channels = v.dim_or("num_channels", 3, 16)?;
+    let merge = top.dim_or("spatial_merge_size", 2, 64)?;
+    let bias = top.bool_or("multimodal_projector_bias", false)?;
+    let plain = |name: &str, i: u64, o: u64| Linear::new(name, i, o, false, LinearRole::Vision);
+    Ok(VisionSpec {
+        model_type: "pixtral".to_owned(),
+        hidden_size: h,
+        intermediate_size: t.intermediate,
+        num_heads: t.heads,
+        norm: NormKind::RmsNorm,
+        gated_mlp: true,
+        rotary: true,
+        layers: block(
+            t.layers,
+            vec![
+                plain("q_proj", h, h),
+                plain("k_proj", h, h),
+                plain("v_proj", h, h),
+                plain("o_proj", h, h),
+                plain("gate_proj", h, t.intermediate),
+                plain("up_proj", h, t.intermediate),
+                plain("down_proj", t.intermediate, h),
+            ],
+            2 * h,
+        ),
+        // patch_conv (no bias), ln_pre.
+        embedding_params: channels * patch * patch * h + h,
+        projector: vec![
+            plain(
+                "merging_layer",
+                cfg::mul(h, merge * merge, "spatial_merge_size")?,
+                h,
+            ),
+            Linear::new("linear_1", h, text_hidden, bias, LinearRole::Vision),
+            Linear::new(
+                "linear_2",
+                text_hidden,
+                text_hidden,
+                bias,
+                LinearRole::Vision,
+            ),
+        ],
+        // The projector's RMSNorm.
+        projector_other_params: h,
+        idle_params: 0,
+        tokens: ImageTokens::Pixtral {
+            patch_size: patch,
+            merge_size: merge,
+            longest_edge: image,
+        },
+        flash_attention: true,
+        image_attention_mask: false,
+    })
+}
+
 /// Qwen3-VL's tower and mergers (transformers 5.25 `Qwen3VLVisionModel`; `Qwen3VLVisionConfig`
 /// defaults): `patch_embed.proj` Conv3d(3, h, (2, p, p)) with bias, a learned `pos_embed` of
 /// `num_position_embeddings` rows, per block `norm1`/`norm2` (LayerNorm), `attn.qkv` and

@@ -58,6 +58,32 @@ pub(crate) fn llava(top: &Cfg<'_>) -> Result<ModelSpec, ArchError> {
     Ok(spec)
 }
 
+/// `mistral3` (Mistral Small 3.1): the `text_config`'s Mistral decoder and a Pixtral tower
+/// ([`vision::pixtral`]). `Mistral3Config.tie_word_embeddings` defaults to true in
+/// transformers 5.24, and the released config does not say, so the model transformers builds
+/// from it ties lm_head to the embedding (23.34B; the checkpoint's own lm_head makes 24.01B).
+pub(crate) fn mistral3(top: &Cfg<'_>) -> Result<ModelSpec, ArchError> {
+    let empty = Map::new();
+    let mut text = top.opt_object("text_config")?.unwrap_or(&empty).clone();
+    match text.get("model_type").and_then(Value::as_str) {
+        None | Some("mistral") => {}
+        Some(other) => {
+            return Err(top.err(
+                "text_config.model_type",
+                format!("`{other}` is not a supported Mistral 3 language model (mistral)"),
+            ));
+        }
+    }
+    let tie = top.bool_or("tie_word_embeddings", true)?;
+    text.insert("tie_word_embeddings".to_owned(), Value::Bool(tie));
+    inherit(top, &mut text, INHERITED);
+    let c = Cfg::nested(&text, "text_config");
+    let mut spec = llama::parse(&c, "mistral")?;
+    spec.vision = Some(vision::pixtral(top, spec.hidden_size)?);
+    spec.model_type = "mistral3".to_owned();
+    Ok(spec)
+}
+
 /// `qwen3_vl` / `qwen3_vl_moe`: the `text_config`'s Qwen3 (or Qwen3-MoE) decoder and the
 /// Qwen3-VL tower ([`vision::qwen3_vl`]). The text config's `model_type`
 /// (`qwen3_vl_text`, `qwen3_vl_moe_text`) is read as Qwen3's.

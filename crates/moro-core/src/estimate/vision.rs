@@ -118,6 +118,7 @@ pub fn step(model: &ModelSpec, job: &Job, r: &Regime) -> VisionStep {
     let pixels = images
         * match v.tokens {
             ImageTokens::Dynamic { .. } => patches * v.patch_pixels(),
+            ImageTokens::Pixtral { .. } => 3 * shape.resized.0 * shape.resized.1,
             ImageTokens::Fixed { image_size, .. } => 3 * image_size * image_size,
             ImageTokens::Tiled { tile_size, .. } | ImageTokens::Split { tile_size, .. } => {
                 3 * tile_size * tile_size * shape.tower_passes
@@ -186,7 +187,10 @@ fn projector_saved(v: &VisionSpec, images: u64, patches: u64, b: u64) -> u64 {
         }
         (
             None,
-            ImageTokens::Dynamic { .. } | ImageTokens::Tiled { .. } | ImageTokens::Split { .. },
+            ImageTokens::Dynamic { .. }
+            | ImageTokens::Tiled { .. }
+            | ImageTokens::Split { .. }
+            | ImageTokens::Pixtral { .. },
         ) => norm(patches),
     }
 }
