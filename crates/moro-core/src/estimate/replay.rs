@@ -31,10 +31,6 @@ pub fn step_fragmentation(model: &ModelSpec, job: &Job, r: &Regime, device: &Dev
     if !models(model, job, r) {
         return 0;
     }
-    let device = &DeviceProfile {
-        cublas_workspace_bytes: 0,
-        ..device.clone()
-    };
     step::trace(model, job, r, device).map_or(0, |t| {
         let (allocated, _) = t.peak();
         t.replay().reserved.saturating_sub(allocated)
