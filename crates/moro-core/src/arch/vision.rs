@@ -44,6 +44,16 @@ fn block(count: u64, linears: Vec<Linear>, norm_params: u64) -> Vec<LayerGroup> 
     }]
 }
 
+/// The `vision_config` object, empty when absent (the tower's class defaults apply).
+fn vision_config<'a>(top: &Cfg<'a>) -> Result<Cfg<'a>, ArchError> {
+    static EMPTY: std::sync::LazyLock<serde_json::Map<String, serde_json::Value>> =
+        std::sync::LazyLock::new(serde_json::Map::new);
+    Ok(Cfg::nested(
+        top.opt_object("vision_config")?.unwrap_or(&EMPTY),
+        "vision_config",
+    ))
+}
+
 struct Tower {
     hidden: u64,
     intermediate: u64,
@@ -109,11 +119,7 @@ fn vit(
     dims: (u64, u64, u64, u64),
     geometry: (u64, u64),
 ) -> Result<(Tower, u64, u64, u64), ArchError> {
-    let empty = serde_json::Map::new();
-    let v = Cfg::nested(
-        top.opt_object("vision_config")?.unwrap_or(&empty),
-        "vision_config",
-    );
+    let v = vision_config(top)?;
     let t = tower_dims(&v, dims)?;
     let (image, patch) = image_geometry(&v, geometry.0, geometry.1)?;
     let channels = v.dim_or("num_channels", 3, 16)?;
@@ -224,11 +230,7 @@ pub(crate) fn llava(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, ArchE
 /// The processor scales images into a square of the tower's `image_size` (1540 for Mistral
 /// Small 3.1, its `preprocessor_config.json` `longest_edge`).
 pub(crate) fn pixtral(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, ArchError> {
-    let empty = serde_json::Map::new();
-    let v = Cfg::nested(
-        top.opt_object("vision_config")?.unwrap_or(&empty),
-        "vision_config",
-    );
+    let v = vision_config(top)?;
     let t = tower_dims(&v, (1024, 4096, 24, 16))?;
     let h = t.hidden;
     let image = v.dim_or("image_size", 1024, MAX_IMAGE)?;
@@ -298,11 +300,7 @@ pub(crate) fn pixtral(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, Arc
 /// `smart_resize` with the released `preprocessor_config.json` of every Qwen3-VL checkpoint:
 /// patch 16, `shortest_edge` 65,536 and `longest_edge` 16,777,216 pixels.
 pub(crate) fn qwen3_vl(top: &Cfg<'_>, model_type: &str) -> Result<VisionSpec, ArchError> {
-    let empty = serde_json::Map::new();
-    let v = Cfg::nested(
-        top.opt_object("vision_config")?.unwrap_or(&empty),
-        "vision_config",
-    );
+    let v = vision_config(top)?;
     let layers = v.dim_or("depth", 27, MAX_LAYERS)?;
     let hidden = v.dim_or("hidden_size", 1152, MAX_VISION_HIDDEN)?;
     let intermediate = v.dim_or("intermediate_size", 4304, MAX_VISION_INTERMEDIATE)?;
@@ -373,11 +371,7 @@ pub(crate) fn qwen3_vl(top: &Cfg<'_>, model_type: &str) -> Result<VisionSpec, Ar
 /// `preprocessor_config.json` files: 4 × 364 for Idefics3, 4 × 384 and 4 × 512 for SmolVLM)
 /// and splits into tiles of the tower's `image_size`.
 pub(crate) fn idefics3(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, ArchError> {
-    let empty = serde_json::Map::new();
-    let v = Cfg::nested(
-        top.opt_object("vision_config")?.unwrap_or(&empty),
-        "vision_config",
-    );
+    let v = vision_config(top)?;
     let t = tower_dims(&v, (1152, 3072, 12, 16))?;
     // The strided convolution drops a remainder: `num_patches_per_side = image_size //
     // patch_size` (SmolVLM: 384 px in patches of 14, 27 a side).
@@ -440,11 +434,7 @@ pub(crate) fn idefics3(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, Ar
 /// tiles (`Llama4ImageProcessor.max_patches`).
 pub(crate) fn llama4(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, ArchError> {
     let (t, image, patch, channels) = vit(top, (768, 5632, 34, 16), (448, 14))?;
-    let empty = serde_json::Map::new();
-    let v = Cfg::nested(
-        top.opt_object("vision_config")?.unwrap_or(&empty),
-        "vision_config",
-    );
+    let v = vision_config(top)?;
     let h = t.hidden;
     let side = image / patch;
     let ratio = match v.get("pixel_shuffle_ratio") {
@@ -505,11 +495,7 @@ pub(crate) fn qwen_vl(
     model_type: &str,
     text_hidden: u64,
 ) -> Result<VisionSpec, ArchError> {
-    let empty = serde_json::Map::new();
-    let v = Cfg::nested(
-        top.opt_object("vision_config")?.unwrap_or(&empty),
-        "vision_config",
-    );
+    let v = vision_config(top)?;
     let v25 = model_type == "qwen2_5_vl";
     let layers = v.dim_or("depth", 32, MAX_LAYERS)?;
     let heads = v.dim_or("num_heads", 16, MAX_HEADS)?;

@@ -115,18 +115,13 @@ impl Trace<'_> {
     pub fn components_at_peak(&self) -> Vec<(Component, u64)> {
         let (_, at) = self.peak();
         let mut by: Vec<(Component, u64)> = Vec::new();
-        let mut add = |c: Component, b: i128| {
-            if let Some(x) = by.iter_mut().find(|x| x.0 == c) {
-                x.1 = u64::try_from(i128::from(x.1) + b).unwrap_or(0);
-            } else {
-                by.push((c, u64::try_from(b).unwrap_or(0)));
-            }
-        };
-        for e in &self.events[..=at.min(self.events.len().saturating_sub(1))] {
-            let b = i128::from(round_size(e.bytes));
-            match e.op {
-                Op::Alloc => add(e.component, b),
-                Op::Free => add(e.component, -b),
+        for e in self.events.iter().take(at + 1) {
+            let b = round_size(e.bytes);
+            match (by.iter_mut().find(|x| x.0 == e.component), e.op) {
+                (Some(x), Op::Alloc) => x.1 += b,
+                // A free follows its allocation: its component is listed.
+                (Some(x), Op::Free) => x.1 -= b,
+                (None, _) => by.push((e.component, b)),
             }
         }
         by.retain(|x| x.1 > 0);
