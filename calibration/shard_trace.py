@@ -893,7 +893,7 @@ def run(args) -> dict:
         else:
             dev = "meta"
         with torch.device("meta" if method == "qlora" else dev):
-            model = AutoModelForCausalLM.from_config(hf_cfg, dtype=load_dtype)
+            model = AutoModelForCausalLM.from_config(hf_cfg, **{"dtype" if transformers_major() >= 5 else "torch_dtype": load_dtype})
         model.train()
         if method == "qlora":
             # from_pretrained + BitsAndBytesConfig: each Linear weight arrives in bf16 and is
@@ -916,8 +916,8 @@ def run(args) -> dict:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": bool(args.ckpt_reentrant)})
             if args.ckpt_reentrant:
                 model.enable_input_require_grads()  # reentrant checkpointing needs a grad-requiring input
-        if args.loss == "shift-contiguous":
-            model.loss_function = shift_contiguous_causal_lm_loss
+        if args.loss == "shift-contiguous" and transformers_major() >= 5:
+            model.loss_function = shift_contiguous_causal_lm_loss  # transformers < 5 runs its own
         if method in ("lora", "qlora"):
             model = apply_lora(model, args, load_dtype if method == "lora" else torch.bfloat16)
         elif method == "full":
@@ -1111,6 +1111,11 @@ def apply_lora(model, args, base_dtype):
     return model
 
 
+def transformers_major():
+    """The installed transformers' major version (5 renamed `torch_dtype` to `dtype`)."""
+    return int(__import__("transformers").__version__.split(".")[0])
+
+
 def make_accelerator(args):
     """accelerate's Accelerator with the FSDP plugin arguments transformers 5.x's
     TrainingArguments builds (`_process_fsdp_args`), bf16 mixed precision."""
@@ -1123,8 +1128,17 @@ def make_accelerator(args):
         kw["cpu_offload"] = True
     if args.grad_ckpt and args.ckpt_impl == "fsdp":
         kw["activation_checkpointing"] = True  # fsdp_config activation_checkpointing: accelerate's own AC
+    import inspect
+
+    if "fsdp_version" not in inspect.signature(FullyShardedDataParallelPlugin).parameters:
+        kw.pop("fsdp_version")  # accelerate < 1.6: FSDP1 only, FULL_SHARD spelled as a strategy
+        kw["sharding_strategy"] = "FULL_SHARD"
     if args.fsdp == 1:
-        kw.update(reshard_after_forward="full_shard", forward_prefetch=args.forward_prefetch,
+        kw.setdefault("sharding_strategy", None)
+        if kw["sharding_strategy"] is None:
+            kw.pop("sharding_strategy")
+            kw["reshard_after_forward"] = "full_shard"
+        kw.update( forward_prefetch=args.forward_prefetch,
                   backward_prefetch=args.backward_prefetch, use_orig_params=not args.no_orig_params,
                   sync_module_states=not args.no_sync_module_states, limit_all_gathers=not args.no_limit_all_gathers)
     else:
@@ -1145,9 +1159,14 @@ def wrap_fsdp1_hf(args, accelerator, model, method, load, dist_info):
     plugin = accelerator.state.fsdp_plugin
     if method in ("lora", "qlora"):
         if args.wrap == "trainer":
-            from transformers.distributed.fsdp import update_fsdp_plugin_peft
+            try:
+                from transformers.distributed.fsdp import update_fsdp_plugin_peft
 
-            update_fsdp_plugin_peft(model, accelerator)  # PEFT's fsdp_auto_wrap_policy
+                update_fsdp_plugin_peft(model, accelerator)  # PEFT's fsdp_auto_wrap_policy
+            except ImportError:  # transformers < 5: Trainer._fsdp_qlora_plugin_updates
+                from peft.utils.other import fsdp_auto_wrap_policy
+
+                plugin.auto_wrap_policy = fsdp_auto_wrap_policy(model)
         if method == "qlora" and args.quant_storage == "bf16":
             # update_fsdp_plugin_peft does this from model.hf_quantizer, which the fake model lacks
             plugin.set_mixed_precision(torch.bfloat16, override=True)
@@ -1623,6 +1642,8 @@ def default_label(args):
              (args.no_sync_module_states, "no-sync"), (args.backward_prefetch != "BACKWARD_PRE" and args.fsdp == 1,
                                                        "bwd-" + args.backward_prefetch.lower())]
     parts += [name for on, name in flags if on]
+    if transformers_major() < 5:  # a transformers 4.x run says which
+        parts.append("tf" + ".".join(__import__("transformers").__version__.split(".")[:2]))
     return "-".join(parts)
 
 
@@ -1774,6 +1795,15 @@ TT_LORA = ["--method", "lora", "--lora-dtype", "bf16"]  # torchtune keeps LoRA w
 MT = ["--memtracker", "--steps", "3"]
 
 
+# The published FSDP rows of fms-acceleration (transformers 4.48.1, PEFT 0.13.2, accelerate
+# 1.0.1): reentrant checkpointing wrapped around each FSDP unit, as transformers < 4.52 does.
+M7B_TF4 = ["--config", os.path.join(MODELS_DIR, "mistralai--Mistral-7B-v0.1.json"), "--lora-r", "16",
+           "--lora-alpha", "16", "--lora-dropout", "0.1", "--lora-targets", "q_proj,k_proj,v_proj,o_proj",
+           "--seq", "4096", "--grad-ckpt", "--ckpt-reentrant", "--world", "2"]
+L70B_TF4 = L70B + ["--lora-dropout", "0.1", "--ckpt-reentrant"]
+TF4_VERSIONS = {"transformers": "4.48.1", "peft": "0.13.2", "accelerate": "1.0.1"}
+
+
 def _both_worlds(base, extra_runs):
     runs = []
     for w in (2, 4):
@@ -1847,7 +1877,17 @@ MATRIX = {
         (L70B + ["--fsdp", "1", "--override", "num_hidden_layers=8", "--load", "rank0-cpu"], [0]),
         (L70B + ["--fsdp", "2", "--override", "num_hidden_layers=8"], [0]),
     ]),
+    "transformers-4.48": ("fsdp-transformers-4.48.jsonl", [
+        (M7B_TF4 + ["--fsdp", "1", "--method", "qlora", "--batch", "4"], [0]),
+        (M7B_TF4 + ["--fsdp", "1", "--method", "lora", "--batch", "4"], [0]),
+        (M7B_TF4 + ["--fsdp", "1", "--method", "full", "--batch", "2", "--override", "num_hidden_layers=8"], [0]),
+        (L70B_TF4 + ["--fsdp", "1"], [0]),
+        (L70B_TF4 + ["--fsdp", "1", "--override", "num_hidden_layers=8", "--world", "4"], [0, 3]),
+    ]),
 }
+
+# Matrices that need other library versions than the oracle's venv (run under their own).
+VERSIONED = {"transformers-4.48": TF4_VERSIONS}
 
 
 def table(paths):
@@ -1871,10 +1911,15 @@ def table(paths):
 
 
 def run_matrix(name):
-    names = list(MATRIX) if name == "all" else [name]
+    names = [n for n in MATRIX if n not in VERSIONED] if name == "all" else [name]
     for n in names:
         if n not in MATRIX:
             raise SystemExit("unknown matrix %r (have: %s, all)" % (n, ", ".join(MATRIX)))
+        for pkg, want in VERSIONED.get(n, {}).items():
+            have = __import__(pkg).__version__
+            if have != want:
+                raise SystemExit("matrix %s needs %s %s (this Python has %s): see calibration/README.md"
+                                 % (n, pkg, want, have))
         fname, runs = MATRIX[n]
         path = os.path.join(TRACES_DIR, fname)
         tmp = path + ".partial"

@@ -36,6 +36,7 @@ MODELS = {
     "openai--gpt-oss-20b.json": "openai/gpt-oss-20b",
     "mistralai--Mixtral-8x7B-v0.1-L4.json": "mistralai/Mixtral-8x7B-v0.1",
     "Qwen--Qwen3-30B-A3B-L4.json": "Qwen/Qwen3-30B-A3B",
+    "mistralai--Mistral-7B-v0.1.json": "mistralai/Mistral-7B-v0.1",
 }
 
 
@@ -44,6 +45,7 @@ MODEL_LAYERS = {
     "meta-llama/Llama-3.2-1B-Instruct": 16,
     "meta-llama/Llama-2-7b-hf": 32,
     "meta-llama/Llama-2-70b-hf": 80,
+    "mistralai/Mistral-7B-v0.1": 32,
 }
 
 

@@ -108,6 +108,29 @@ fn sharded_rank_traces_are_reproduced() {
     assert!(median <= 0.03, "median {median}");
 }
 
+/// The published fms-acceleration FSDP rows ran transformers 4.48, where a reentrant
+/// checkpoint wraps each FSDP unit and FSDP1's reshard-only hooks keep every finished
+/// layer's checkpoint and input gradient to the end of backward
+/// (`estimate::parallel::fsdp1_holds_recomputed_inputs`). Their rank traces under 4.48
+/// (`validation/oracle-traces/fsdp-transformers-4.48.jsonl`): the whole-model PEFT ranks
+/// within 3 % (Llama-2-70B QLoRA on 2 ranks: 43.68 GiB traced, the published run 43.48); a
+/// full fine-tune, whose flat parameters require grad, holds nothing and is not under.
+#[test]
+fn fsdp1_on_transformers_4_48_holds_recomputed_inputs() {
+    let r = report("oracle-sharded.jsonl");
+    let rows: Vec<_> = r.rows.iter().filter(|x| x.id.contains("tf4.48")).collect();
+    assert!(rows.len() >= 6, "{} rows", rows.len());
+    for row in rows {
+        let e = row
+            .error
+            .unwrap_or_else(|| panic!("{}: {:?}", row.id, row.reason));
+        assert!(e >= -0.03, "{}: {:+.1} %", row.id, e * 100.0);
+        if !row.id.contains("-L8-") {
+            assert!(e <= 0.03, "{}: {:+.1} %", row.id, e * 100.0);
+        }
+    }
+}
+
 #[test]
 fn measured_rows_do_not_regress() {
     let r = report("measured.jsonl");
@@ -166,8 +189,9 @@ fn every_row_is_accounted_for() {
 }
 
 /// Issue 6: the multi-GPU and sharded rows (more than one GPU, a ZeRO / FSDP strategy, or
-/// tensor-parallel inference). Guard on the figures reached (55 rows: median 4.7 %,
-/// p90 19.6 %, under > 5 %: 16 %); the engine's bar is not met on them, see the closing note.
+/// tensor-parallel inference). Guard on the figures reached (55 rows: median 3.2 %,
+/// p90 10.1 %, under > 5 %: 7 %; before FSDP1's held layer inputs and the fms rows' double
+/// quantization were modelled: 4.7 %, 19.6 %, 16 %).
 #[test]
 fn multi_gpu_rows_do_not_regress() {
     let (text, rows) = rows_by_id("measured.jsonl");
@@ -197,7 +221,7 @@ fn multi_gpu_rows_do_not_regress() {
         s.under_5pct_share * 100.0
     );
     assert!(s.n >= 50, "rows {}", s.n);
-    assert_within(&s, 0.05, 0.20, 0.17);
+    assert_within(&s, 0.04, 0.12, 0.09);
 }
 
 /// Real GPU measurements moro never saw while it was built: `calibration/harness.py` on an

@@ -24,6 +24,7 @@ pub mod loss;
 pub mod mlx;
 pub mod optimizer;
 pub mod parallel;
+pub mod rank;
 pub mod regime;
 pub mod replay;
 pub mod stored;
@@ -280,6 +281,9 @@ pub struct Estimate {
     /// forward and backward's reserved level, a floor under the reserved level.
     #[serde(default)]
     pub step_segments_bytes: u64,
+    /// A sharded job's rank, its bytes by part; `None` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<rank::RankParts>,
 }
 
 impl Estimate {
@@ -397,6 +401,7 @@ pub fn estimate_without_replay(
     let step = if job.method == Method::Inference {
         StepPhases {
             phases: inference::phases(model, job, &regime, device, &par),
+            held_recomputed_inputs: 0,
             largest_freed_block: 0,
             step_segments: 0,
         }
@@ -508,6 +513,8 @@ fn add_vision(phases: &mut Vec<PhaseBytes>, v: &vision::VisionStep, cublas: u64,
 /// A step's phases, and what its allocations leave to the caching allocator.
 struct StepPhases {
     phases: Vec<PhaseBytes>,
+    /// Bytes FSDP1's hooks hold at the end of backward ([`parallel::fsdp1_holds_recomputed_inputs`]).
+    held_recomputed_inputs: u64,
     /// [`largest_freed_block`].
     largest_freed_block: u64,
     /// [`step_segments`].
@@ -701,13 +708,24 @@ fn training_phases(
     };
     // autocast's weight copies are saved by each layer's matmuls and released as backward
     // passes them: none are left at the end.
+    // FSDP1's hooks keep every finished layer's checkpoint and its input gradient (one
+    // checkpoint's size each) until backward ends ([`parallel::fsdp1_holds_recomputed_inputs`]).
+    let held_inputs = if par.holds_recomputed_inputs {
+        (model.num_layers / job.parallel.pipeline.max(1)).saturating_sub(1) * acts.checkpoint_one
+    } else {
+        0
+    };
     let first_layer_moment = |grads: u64, tied: u64| {
         vec![
             (Component::Gradients, grads),
-            (Component::Activations, first_layer + acts.checkpoint_one),
+            (
+                Component::Activations,
+                first_layer + acts.checkpoint_one + held_inputs,
+            ),
             (
                 Component::Transients,
                 cublas
+                    + held_inputs
                     + acts.layer_backward_transient.max(tied)
                     + dequant.max(dora_recompute)
                     + comm_bwd
@@ -812,6 +830,7 @@ fn training_phases(
         tower_grads,
     );
     StepPhases {
+        held_recomputed_inputs: 2 * held_inputs,
         step_segments: step_segments(model, job, regime, par, &phases, head.largest_block),
         largest_freed_block: largest_freed_block(model, job, regime, &head, par.tp),
         phases,
@@ -925,6 +944,7 @@ fn finish(
 ) -> Estimate {
     let StepPhases {
         phases,
+        held_recomputed_inputs,
         largest_freed_block,
         step_segments,
     } = step;
@@ -961,6 +981,7 @@ fn finish(
         load_reserved_bytes: load::load_reserved_bytes(model, job, regime, &churn),
         replayed_fragmentation_bytes: 0,
         step_segments_bytes: step_segments,
+        rank: rank::parts(model, job, regime, par, held_recomputed_inputs),
     };
     set_levels(&mut est, device, outside, device.cuda_context_bytes);
     est
@@ -1002,6 +1023,7 @@ fn finish_mlx(model: &ModelSpec, regime: &Regime, phases: Vec<PhaseBytes>) -> Es
         load_reserved_bytes: 0,
         replayed_fragmentation_bytes: 0,
         step_segments_bytes: 0,
+        rank: None,
     }
 }
 

@@ -56,6 +56,9 @@ pub struct Sharded {
     /// Optimizer-state bytes in CUDA managed memory (bitsandbytes paged optimizers) on this
     /// GPU: nvidia-smi shows them when resident, `memory_allocated` does not.
     pub paged_states: u64,
+    /// FSDP1 keeps every recomputed layer input, and the gradient accumulated into it,
+    /// until the end of backward ([`fsdp1_holds_recomputed_inputs`]).
+    pub holds_recomputed_inputs: bool,
     /// Tensor-parallel degree (activations and logits are split by it).
     pub tp: u64,
 }
@@ -171,6 +174,7 @@ impl Sharded {
             gathered_at_loss: 0,
             host_bytes: 0,
             paged_states,
+            holds_recomputed_inputs: false,
             tp,
         };
         if job.method == Method::Inference {
@@ -415,6 +419,7 @@ impl Sharded {
                     s.head_grads = head_grads / group;
                 }
                 s.step_transient = step_transient / group;
+                s.holds_recomputed_inputs = fsdp1_holds_recomputed_inputs(job);
                 if offload {
                     s.host_bytes = (base + adapters + states + grads) / group;
                 }
@@ -422,6 +427,34 @@ impl Sharded {
         }
         s
     }
+}
+
+/// Whether FSDP1 keeps each layer's recomputed input alive from that layer's backward to
+/// the end of backward.
+///
+/// A PEFT job wrapped by the HF Trainer (`_fsdp_qlora_plugin_updates`: PEFT's
+/// `fsdp_auto_wrap_policy`, the LoRA Linears in units of their own) leaves each decoder
+/// layer's flat parameter frozen, so FSDP1's pre-forward registers a reshard-only hook on
+/// the unit's inputs that require grad (torch `_runtime_utils.py`
+/// `_register_post_backward_reshard_only_hook`: `register_multi_grad_hook(inp_tensors, …)`,
+/// kept in `flat_param._post_backward_hook_state`). When a reentrant checkpoint wraps the
+/// unit ([`crate::job::Versions::reentrant_checkpoint_wraps_layer_unit`]) that input is the
+/// recompute's detached leaf (`CheckpointFunction.backward`: `detach_variable(inputs)`),
+/// and the hook's closure holds its `AccumulateGrad` node (`register_multi_grad_hook`:
+/// `grad_fns = list(map(_get_grad_fn_or_grad_acc, tensors))`), which holds the leaf: the
+/// checkpoint it views and the gradient accumulated into its `.grad` stay until FSDP's
+/// final callback removes the hook (`_finalize_params`: `_post_backward_hook_state[-1]
+/// .remove()`). Rank traces with transformers 4.48 (`validation/oracle-traces/
+/// fsdp-transformers-4.48.jsonl`) hold one checkpoint and one gradient per finished layer.
+#[must_use]
+pub fn fsdp1_holds_recomputed_inputs(job: &Job) -> bool {
+    let profile = job.stack.profile();
+    job.method.is_peft()
+        && job.peft == crate::job::PeftKind::Lora
+        && job.gradient_checkpointing
+        && profile.transformers_modules
+        && profile.fsdp == crate::stack::FsdpWrap::PerUnit
+        && job.versions.reentrant_checkpoint_wraps_layer_unit()
 }
 
 /// FSDP's root unit (embeddings, final norm, lm_head) under full fine-tuning: (lm_head's

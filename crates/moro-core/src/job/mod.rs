@@ -921,6 +921,18 @@ impl Versions {
         self.transformers
             .is_some_and(|v| ((4, 46)..(4, 49)).contains(&v))
     }
+
+    /// Before 4.52 the model's layer loop checkpointed each decoder layer from outside,
+    /// `self._gradient_checkpointing_func(decoder_layer.__call__, …)` (modeling_llama.py at
+    /// 4.51.3), with `use_reentrant=True` when not told (`gradient_checkpointing_enable`), so
+    /// under FSDP1 the reentrant checkpoint wraps the FSDP unit and its recompute runs FSDP's
+    /// pre-forward on a detached leaf input. From 4.52 `GradientCheckpointingLayer.__call__`
+    /// (modeling_layers.py; Llama, Mistral and Qwen2 in 4.52, the rest in 4.53 by PR #38913)
+    /// checkpoints inside the unit.
+    #[must_use]
+    pub fn reentrant_checkpoint_wraps_layer_unit(&self) -> bool {
+        self.transformers.is_some_and(|v| v < (4, 52))
+    }
 }
 
 /// A job to estimate.
