@@ -1470,3 +1470,92 @@ fn trace_writes_the_steps_allocations() {
     assert!(o.stderr.contains("--trace"), "{}", o.stderr);
     assert!(!refused.exists());
 }
+
+/// A sharded job's rank, by part: the Llama-2-70B QLoRA job of the FSDP1 rank traces
+/// (`validation/oracle-traces/fsdp-llama-2-70b-qlora.jsonl`, 80 layers, rank 0 of 2). The
+/// shard, the replicated quantization states and the whole model as loaded onto each GPU
+/// before wrapping agree with the trace's sharded storage, its bytes after wrapping and
+/// after loading within 1 %; the text names the gathered units and the loading floor.
+#[test]
+fn sharded_estimate_names_each_ranks_parts() {
+    let fixture = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../validation/oracle-traces/fsdp-llama-2-70b-qlora.jsonl"
+    ))
+    .unwrap();
+    let trace: serde_json::Value = fixture
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|r| r["config"]["num_hidden_layers"] == 80 && r["dist"]["rank"] == 0)
+        .expect("the 80-layer rank 0 trace");
+    let job = [
+        "estimate",
+        "--model",
+        "meta-llama/Llama-2-70b-hf",
+        "--method",
+        "qlora",
+        "--gpus",
+        "2",
+        "--strategy",
+        "fsdp_full_shard",
+        "--seq-len",
+        "4096",
+        "--micro-batch-size",
+        "2",
+        "--lora-rank",
+        "16",
+        "--lora-alpha",
+        "16",
+        "--target-modules",
+        "q_proj,k_proj,v_proj,o_proj",
+    ];
+    let mut with_json = job.to_vec();
+    with_json.push("--json");
+    let v = json(&with_json);
+    let rank = &v["rank"];
+    let close = |ours: &serde_json::Value, traced: &serde_json::Value, what: &str| {
+        #[allow(clippy::cast_precision_loss)]
+        let (a, b) = (
+            ours.as_u64().unwrap() as f64,
+            traced.as_u64().unwrap() as f64,
+        );
+        assert!((a / b - 1.0).abs() < 0.01, "{what}: {a} vs traced {b}");
+    };
+    close(
+        &rank["weights_shard"],
+        &trace["dist"]["sharded_param_storage_bytes"],
+        "shard",
+    );
+    let after_wrap = rank["weights_shard"].as_u64().unwrap() + rank["replicated"].as_u64().unwrap();
+    close(
+        &serde_json::Value::from(after_wrap),
+        &trace["measured"]["after_wrap_bytes"],
+        "after wrapping",
+    );
+    close(
+        &rank["whole_model_load"],
+        &trace["measured"]["after_load_bytes"],
+        "whole model loaded",
+    );
+    assert_eq!(rank["shard_group"], 2);
+    let text = run(&job);
+    for part in [
+        "per rank",
+        "weights shard",
+        "gathered layers",
+        "gathered root",
+        "loading:",
+    ] {
+        assert!(text.stdout.contains(part), "{part}:\n{}", text.stdout);
+    }
+    let mut offloaded = job.to_vec();
+    offloaded.extend(["--offload", "optimizer_and_params"]);
+    let text = run(&offloaded);
+    assert!(!text.stdout.contains("weights shard"), "{}", text.stdout);
+    assert!(text.stdout.contains("replicated"), "{}", text.stdout);
+    assert!(
+        text.stdout.contains("host memory for offload"),
+        "{}",
+        text.stdout
+    );
+}

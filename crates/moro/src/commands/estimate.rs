@@ -80,6 +80,9 @@ pub(crate) struct EstimateJson<'a> {
     /// New segments the optimizer step's temporaries need on top of the forward and
     /// backward's reserved level.
     pub(crate) step_segments_bytes: u64,
+    /// A sharded job's rank, its bytes by part.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) rank: Option<moro_core::estimate::rank::RankParts>,
     /// The upper bound on each level, the band it comes from and the verdict.
     #[serde(flatten)]
     pub(crate) bound: Judged,
@@ -284,6 +287,7 @@ pub(crate) fn to_json<'a>(
         load_reserved_bytes: est.load_reserved_bytes,
         replayed_fragmentation_bytes: est.replayed_fragmentation_bytes,
         step_segments_bytes: est.step_segments_bytes,
+        rank: est.rank,
         fits: judged.verdict.map(|v| v == Verdict::Fits),
         bound: judged,
         memory_bytes: memory,
@@ -462,6 +466,9 @@ pub(crate) fn render(
         "at most: the bound on each level, at or above {}\n",
         band_text(&judged.band)
     ));
+    if let Some(rank) = &est.rank {
+        out.push_str(&render_rank(rank, est));
+    }
     if est.host_bytes > 0 {
         let ranks = job.parallel.gpus();
         if ranks > 1 {
@@ -532,6 +539,69 @@ pub(crate) fn render(
         out.push_str(&format!(
             "\n{}\n",
             verdict_text(&judged, est, &t.display(), m)
+        ));
+    }
+    out
+}
+
+/// The per-rank section of a sharded job: its bytes by part, and the loading floor of a
+/// script that puts the whole model on each GPU before wrapping.
+fn render_rank(rank: &moro_core::estimate::rank::RankParts, est: &Estimate) -> String {
+    let mut t = Table::new(&["per rank", "GiB", "what"], &[false, true, false]);
+    let mut row = |name: &str, bytes: u64, what: String| {
+        if bytes > 0 {
+            t.row(vec![name.to_owned(), gib(bytes), what]);
+        }
+    };
+    row(
+        "weights shard",
+        rank.weights_shard,
+        if rank.shard_group > 1 {
+            format!("this rank's 1/{} of the parameters", rank.shard_group)
+        } else {
+            "every parameter (not sharded by this strategy)".to_owned()
+        },
+    );
+    row(
+        "replicated",
+        rank.replicated,
+        "4-bit quantization states: not parameters, kept whole on every rank".to_owned(),
+    );
+    row(
+        "gathered layers",
+        rank.gathered_layers,
+        "the running and the prefetched unit, on the all-gather stream (its blocks serve \
+         no other stream)"
+            .to_owned(),
+    );
+    row(
+        "gathered root",
+        rank.gathered_root,
+        "embeddings, final norm and lm_head, gathered from forward to backward's end".to_owned(),
+    );
+    row(
+        "gradient assembly",
+        rank.grad_assembly,
+        "a unit's gradient before its reduce-scatter, in backward".to_owned(),
+    );
+    row(
+        "held layer inputs",
+        rank.held_recomputed_inputs,
+        "finished layers' checkpoints and input gradients FSDP1's hooks keep to backward's \
+         end (reentrant checkpointing, transformers < 4.52)"
+            .to_owned(),
+    );
+    let mut out = format!("\n{}", t.render());
+    if rank.whole_model_load > 0 {
+        let floor = if rank.whole_model_load > est.peak_allocated_bytes {
+            ", more than the step's peak"
+        } else {
+            ""
+        };
+        out.push_str(&format!(
+            "loading: the model is sharded as it is wrapped (rank 0 loads it on the host); a \
+             script that loads it whole onto each GPU first holds {} there{floor}\n",
+            size(rank.whole_model_load)
         ));
     }
     out
