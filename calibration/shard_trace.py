@@ -1118,7 +1118,10 @@ def transformers_major():
 
 def make_accelerator(args):
     """accelerate's Accelerator with the FSDP plugin arguments transformers 5.x's
-    TrainingArguments builds (`_process_fsdp_args`), bf16 mixed precision."""
+    TrainingArguments builds (`_process_fsdp_args`), bf16 mixed precision (or none,
+    `--mixed-precision no`). accelerate before 1.6 knows FSDP1 only."""
+    import inspect
+
     from accelerate import Accelerator
     from accelerate.utils import FullyShardedDataParallelPlugin
 
@@ -1128,8 +1131,6 @@ def make_accelerator(args):
         kw["cpu_offload"] = True
     if args.grad_ckpt and args.ckpt_impl == "fsdp":
         kw["activation_checkpointing"] = True  # fsdp_config activation_checkpointing: accelerate's own AC
-    import inspect
-
     if "fsdp_version" not in inspect.signature(FullyShardedDataParallelPlugin).parameters:
         kw.pop("fsdp_version")  # accelerate < 1.6: FSDP1 only, FULL_SHARD spelled as a strategy
         kw["sharding_strategy"] = "FULL_SHARD"
@@ -1138,7 +1139,7 @@ def make_accelerator(args):
         if kw["sharding_strategy"] is None:
             kw.pop("sharding_strategy")
             kw["reshard_after_forward"] = "full_shard"
-        kw.update( forward_prefetch=args.forward_prefetch,
+        kw.update(forward_prefetch=args.forward_prefetch,
                   backward_prefetch=args.backward_prefetch, use_orig_params=not args.no_orig_params,
                   sync_module_states=not args.no_sync_module_states, limit_all_gathers=not args.no_limit_all_gathers)
     else:
@@ -1147,7 +1148,7 @@ def make_accelerator(args):
     torch.cuda.is_available = lambda: True  # only while accelerate probes the machine
     try:
         plugin = FullyShardedDataParallelPlugin(**kw)
-        acc = Accelerator(mixed_precision="bf16", fsdp_plugin=plugin)
+        acc = Accelerator(mixed_precision=args.mixed_precision, fsdp_plugin=plugin)
     finally:
         torch.cuda.is_available = real
     return acc
@@ -1546,8 +1547,10 @@ def build_row(args, tracker, cfg_name, cfg_dict, hf_cfg, method, load, dist_info
         "config": cfg_used,
         "env": versions(),
         "job": {
-            "method": method, "precision": "bf16-mixed (HF Trainer bf16=True via accelerate)" if args.stack == "hf"
-            else "bf16 (torchtune dtype=bf16, no mixed precision)",
+            "method": method, "precision": ("bf16-mixed (HF Trainer bf16=True via accelerate)"
+                                            if args.mixed_precision == "bf16" else
+                                            "bf16 (HF Trainer without bf16: a bf16 model, no mixed precision)")
+            if args.stack == "hf" else "bf16 (torchtune dtype=bf16, no mixed precision)",
             "load_dtype": args.load_dtype, "optimizer": "torch.optim.AdamW(%s)" % args.adamw_impl,
             "max_grad_norm": args.max_grad_norm if args.stack == "hf" else None,
             "lora": None if method == "full" else {"r": args.lora_r, "alpha": args.lora_alpha,
@@ -1637,7 +1640,7 @@ def default_label(args):
               "load-" + getattr(args, "load_resolved", args.load or "default")]
     flags = [(args.cpu_offload, "offload"), (args.wrap != "trainer" and args.method != "full", "wrap-" + args.wrap),
              (args.lora_dtype != "fp32" and args.method != "full", "lora-" + args.lora_dtype),
-             (args.ckpt_reentrant, "reentrant"), (args.grad_ckpt and args.ckpt_impl != "hf", "ac-" + args.ckpt_impl),
+             (args.ckpt_reentrant, "reentrant"), (args.mixed_precision == "no", "mp-no"), (args.grad_ckpt and args.ckpt_impl != "hf", "ac-" + args.ckpt_impl),
              (args.loss != "hf", "loss-" + args.loss), (args.no_orig_params, "no-orig-params"),
              (args.no_sync_module_states, "no-sync"), (args.backward_prefetch != "BACKWARD_PRE" and args.fsdp == 1,
                                                        "bwd-" + args.backward_prefetch.lower())]
@@ -1669,6 +1672,9 @@ def build_parser():
     p.add_argument("--load-dtype", choices=["bf16", "fp32"], default="bf16",
                    help="dtype the model is loaded in (from_pretrained torch_dtype)")
     p.add_argument("--cpu-offload", action="store_true", help="FSDP1 CPUOffload(offload_params=True) / FSDP2 CPUOffloadPolicy")
+    p.add_argument("--mixed-precision", choices=["bf16", "no"], default="bf16",
+                   help="hf stack: accelerate's mixed_precision (no: the Trainer without --bf16, a bf16 "
+                        "model trained in bf16 without autocast or fp32 copies)")
     p.add_argument("--backward-prefetch", default="BACKWARD_PRE", help="FSDP1: BACKWARD_PRE, BACKWARD_POST, NO_PREFETCH")
     p.add_argument("--forward-prefetch", action="store_true")
     p.add_argument("--no-limit-all-gathers", action="store_true")
