@@ -1658,7 +1658,7 @@ def build_parser():
     src.add_argument("--builtin", help="built-in tiny config of the oracle (tiny-llama, ...)")
     p.add_argument("--override", action="append", help="config override KEY=JSON (repeatable)")
     p.add_argument("--table", nargs="+", help="print a markdown table of these fixture files")
-    p.add_argument("--matrix", help="run a named fixture matrix (tiny-fsdp1, tiny-fsdp2, tiny-events, llama1b, llama7b, llama70b-qlora, all)")
+    p.add_argument("--matrix", help="run a named fixture matrix (tiny-fsdp1, tiny-fsdp2, tiny-events, llama1b, world8, llama7b, llama70b-qlora, transformers-4.48, all)")
     p.add_argument("--fsdp", type=int, choices=[1, 2], default=1)
     p.add_argument("--stack", choices=["hf", "torchtune"], default="hf")
     p.add_argument("--method", choices=["full", "lora", "qlora"], default="full")
@@ -1856,6 +1856,15 @@ MATRIX = {
         # question a at 1B scale: adapters inside the decoder-layer flat parameter
         (L1B + ["--fsdp", "1", "--method", "lora", "--grad-ckpt", "--wrap", "transformer", "--lora-dtype", "bf16",
                 "--world", "2"], [0, 1]),
+    ]),
+    "world8": ("fsdp-world-8.jsonl", [
+        (L1B + ["--world", "8"] + extra, [0, 7]) for extra in (
+            ["--fsdp", "1", "--method", "full", "--grad-ckpt"],
+            ["--fsdp", "1", "--method", "lora", "--grad-ckpt"],
+            ["--fsdp", "1", "--method", "qlora", "--grad-ckpt"],
+            ["--fsdp", "2", "--stack", "hf", "--method", "full", "--grad-ckpt"],
+            ["--fsdp", "2", "--stack", "torchtune", "--method", "full", "--grad-ckpt"],
+        )
     ]),
     "llama7b": ("fsdp-llama-2-7b.jsonl", [
         # question c: torchtune full_finetune_distributed (llama2/7B_full: bf16, batch 2, AC on, fused AdamW)

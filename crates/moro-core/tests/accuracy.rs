@@ -78,8 +78,9 @@ fn qwen3_without_checkpointing_matches_its_traces() {
 /// Sharded jobs, rank by rank: `calibration/shard_trace.py` runs one process as rank r of a
 /// fake process group (torch 2.15, transformers 5.24, PEFT 0.21, accelerate 1.15) on fake
 /// CUDA tensors: FSDP1 as the HF Trainer and accelerate configure it, FSDP2 per layer,
-/// FSDP + QLoRA, world sizes 2 and 4, Llama-3.2-1B, Llama-2-7B (cut to fewer layers) and
-/// Llama-2-70B QLoRA (4, 8 and 80 layers), `validation/oracle-traces/fsdp-*.jsonl`. Per rank
+/// FSDP + QLoRA, world sizes 2 and 4 (Llama-3.2-1B also 8), Llama-3.2-1B, Llama-2-7B (cut to
+/// fewer layers) and Llama-2-70B QLoRA (4, 8 and 80 layers), and the fms rows' stack under
+/// transformers 4.48, `validation/oracle-traces/fsdp-*.jsonl`. Per rank
 /// at the allocated level: the median within 3 %, none more than 3 % under or 10 % over. The
 /// 70B QLoRA traces are the exception on the high side: the one-GPU QLoRA layer's backward
 /// working set is over by about 1.5 GiB at 2 × 4096 tokens and a hidden size of 8192 (the

@@ -381,10 +381,11 @@ impl Sharded {
                     s.gathered_root = non_layer * bytes / tp;
                     s.gathered_params += s.gathered_root;
                 }
-                // At the loss the rank traces of torch 2.15 hold one layer unit (the last,
-                // prefetched) beside the root; two are kept here, as in the layers, since
-                // the published FSDP1 rows (torch 2.4) come out under without them.
-                s.gathered_at_loss = s.gathered_params;
+                // At the loss one layer unit is gathered beside the root: the last layer's,
+                // prefetched for its backward (FSDP1 `BACKWARD_PRE`, torchtune's FSDP2; the
+                // rank traces of `validation/oracle-traces/fsdp-world-8.jsonl` list it on the
+                // unshard stream at the loss's peak, accelerate's FSDP2 none).
+                s.gathered_at_loss = s.gathered_params.saturating_sub(unit_bytes);
                 s.states_on_gpu = if offload { 0 } else { states / group };
                 // A unit's gradient as autograd assembles it, in backward only: its modules
                 // run on views of the flat parameter (`_use_unsharded_views`: `torch.split`,
