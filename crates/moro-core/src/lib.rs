@@ -30,3 +30,4 @@ pub mod targets;
 pub mod units;
 pub mod validation;
 pub mod vision;
+pub mod vocabulary;

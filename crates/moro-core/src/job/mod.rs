@@ -38,13 +38,8 @@ impl Method {
 
     /// The name used on the command line and in moro.yaml.
     #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Full => "full",
-            Self::Lora => "lora",
-            Self::Qlora => "qlora",
-            Self::Inference => "inference",
-        }
+    pub fn as_str(self) -> &'static str {
+        crate::vocabulary::Method::from(self).as_str()
     }
 
     /// Whether the job trains adapters (LoRA / QLoRA).
@@ -131,33 +126,15 @@ impl PeftKind {
 
     /// The name on the command line and in JSON.
     #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Lora => "lora",
-            Self::LlamaAdapter => "adapter",
-            Self::AdapterV2 => "adapter-v2",
-            Self::Ia3 => "ia3",
-            Self::Vera => "vera",
-            Self::AdaLora => "adalora",
-            Self::LoHa => "loha",
-            Self::LoKr => "lokr",
-            Self::Oft => "oft",
-            Self::LnTuning => "ln-tuning",
-            Self::PromptTuning => "prompt-tuning",
-            Self::PrefixTuning => "prefix-tuning",
-        }
+    pub fn as_str(self) -> &'static str {
+        crate::vocabulary::Peft::from(self).as_str()
     }
 
     /// Parses a name (`lora`, `adapter`, `adapter-v2` / `adapter_v2`).
     #[must_use]
     pub fn parse(s: &str) -> Option<Self> {
         let s = s.trim().to_ascii_lowercase().replace('_', "-");
-        match s.as_str() {
-            "qlora" => Some(Self::Lora),
-            "adapter-v1" | "llama-adapter" => Some(Self::LlamaAdapter),
-            "llama-adapter-v2" => Some(Self::AdapterV2),
-            name => Self::ALL.into_iter().find(|k| k.as_str() == name),
-        }
+        crate::vocabulary::Peft::parse(&s).map(Self::from)
     }
 
     /// Whether this is one of lit-gpt's LLaMA-Adapter variants.
@@ -302,33 +279,16 @@ impl Quantization {
         Self::Mlx8G32,
     ];
 
-    /// The value named `s` ([`Quantization::as_str`]).
+    /// The value named `s`, or by one of its aliases ([`crate::vocabulary::Quantization`]).
     #[must_use]
     pub fn from_name(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|q| q.as_str() == s)
+        crate::vocabulary::Quantization::parse(s).map(Self::from)
     }
 
     /// The name on the command line and in moro.yaml.
     #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::None => "none",
-            Self::Int8 => "int8",
-            Self::Nf4 => "nf4",
-            Self::Nf4Dq => "nf4-dq",
-            Self::Fp4 => "fp4",
-            Self::Fp4Dq => "fp4-dq",
-            Self::Gptq4 => "gptq-int4",
-            Self::Mxfp4 => "mxfp4",
-            Self::Mlx2 => "mlx-2bit",
-            Self::Mlx3 => "mlx-3bit",
-            Self::Mlx4 => "mlx-4bit",
-            Self::Mlx5 => "mlx-5bit",
-            Self::Mlx6 => "mlx-6bit",
-            Self::Mlx8 => "mlx-8bit",
-            Self::Mlx4G32 => "mlx-4bit-g32",
-            Self::Mlx8G32 => "mlx-8bit-g32",
-        }
+    pub fn as_str(self) -> &'static str {
+        crate::vocabulary::Quantization::from(self).as_str()
     }
 
     /// MLX's affine storage, if this is it.
@@ -491,19 +451,8 @@ impl Optimizer {
 
     /// The HF Trainer `optim` name.
     #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::AdamwTorch => "adamw_torch",
-            Self::AdamwTorchFused => "adamw_torch_fused",
-            Self::Adamw8bit => "adamw_8bit",
-            Self::PagedAdamw8bit => "paged_adamw_8bit",
-            Self::PagedAdamw32bit => "paged_adamw_32bit",
-            Self::Adafactor => "adafactor",
-            Self::Lion32bit => "lion_32bit",
-            Self::Lion8bit => "lion_8bit",
-            Self::Sgd => "sgd",
-            Self::SgdMomentum => "sgd_momentum",
-        }
+    pub fn as_str(self) -> &'static str {
+        crate::vocabulary::Optimizer::from(self).as_str()
     }
 
     /// Whether states live in CUDA managed memory outside PyTorch's counters.
@@ -533,13 +482,8 @@ impl Precision {
 
     /// The name on the command line and in moro.yaml.
     #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Bf16 => "bf16",
-            Self::Bf16Mixed => "bf16-mixed",
-            Self::Fp16Mixed => "fp16-mixed",
-            Self::Fp32 => "fp32",
-        }
+    pub fn as_str(self) -> &'static str {
+        crate::vocabulary::Precision::from(self).as_str()
     }
 
     /// Whether autocast is on.
@@ -567,12 +511,8 @@ pub enum Attention {
 impl Attention {
     /// The name on the command line and in moro.yaml.
     #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Flash => "flash",
-            Self::Sdpa => "sdpa",
-            Self::Eager => "eager",
-        }
+    pub fn as_str(self) -> &'static str {
+        crate::vocabulary::Attention::from(self).as_str()
     }
 }
 
@@ -609,15 +549,8 @@ impl Stack {
 
     /// The name on the command line and in moro.yaml.
     #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Hf => "hf",
-            Self::Trl => "trl",
-            Self::Litgpt => "litgpt",
-            Self::Torchtune => "torchtune",
-            Self::Unsloth => "unsloth",
-            Self::Mlx => "mlx",
-        }
+    pub fn as_str(self) -> &'static str {
+        crate::vocabulary::Stack::from(self).as_str()
     }
 }
 
@@ -645,15 +578,8 @@ pub enum LossImpl {
 impl LossImpl {
     /// The name moro.yaml's `training.loss` gives it.
     #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Standard => "standard",
-            Self::StandardLegacy => "standard-legacy",
-            Self::StandardNoUpcast => "standard-no-upcast",
-            Self::ChunkedNll => "chunked-nll",
-            Self::Chunked => "chunked",
-            Self::Fused => "fused",
-        }
+    pub fn as_str(self) -> &'static str {
+        crate::vocabulary::Loss::from(self).as_str()
     }
 }
 

@@ -64,6 +64,19 @@ pub enum MethodChoice {
     Only(Method),
 }
 
+impl MethodChoice {
+    /// `auto`, or a method of the vocabulary ([`crate::vocabulary::Method`]), any case.
+    /// Which methods a command searches is the command's to check.
+    #[must_use]
+    pub fn parse(s: &str) -> Option<Self> {
+        let s = s.trim().to_ascii_lowercase();
+        if s == "auto" {
+            return Some(Self::Auto);
+        }
+        crate::vocabulary::Method::parse(&s).map(|m| Self::Only(m.into()))
+    }
+}
+
 /// What the user asked for.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Request {

@@ -49,16 +49,8 @@ pub(crate) fn price_of(preset: &str) -> Option<f64> {
 const SIZE_MODEL_TYPES: [&str; 2] = ["qwen2", "llama"];
 
 fn parse_method_choice(s: &str) -> Result<MethodChoice, String> {
-    match s.to_ascii_lowercase().as_str() {
-        "auto" => Ok(MethodChoice::Auto),
-        "full" => Ok(MethodChoice::Only(moro_core::job::Method::Full)),
-        "lora" | "peft" => Ok(MethodChoice::Only(moro_core::job::Method::Lora)),
-        "qlora" => Ok(MethodChoice::Only(moro_core::job::Method::Qlora)),
-        "inference" => Ok(MethodChoice::Only(moro_core::job::Method::Inference)),
-        _ => Err(format!(
-            "unknown method `{s}`; use auto, full, lora, qlora or inference"
-        )),
-    }
+    MethodChoice::parse(s)
+        .ok_or_else(|| format!("unknown method `{s}`; use auto, full, lora, qlora or inference"))
 }
 
 fn parse_positive(s: &str) -> Result<u64, String> {
