@@ -46,14 +46,13 @@ use json::{CandidateJson, CheckJson, GenerateJson};
 use text::{header, rule, summary_text};
 
 fn parse_method_choice(s: &str) -> Result<MethodChoice, String> {
-    match s.to_ascii_lowercase().as_str() {
-        "auto" => Ok(MethodChoice::Auto),
-        "full" => Ok(MethodChoice::Only(Method::Full)),
-        "lora" => Ok(MethodChoice::Only(Method::Lora)),
-        "qlora" => Ok(MethodChoice::Only(Method::Qlora)),
-        _ => Err(format!(
-            "unknown method `{s}`; use auto, full, lora or qlora"
-        )),
+    match MethodChoice::parse(s) {
+        Some(MethodChoice::Only(Method::Inference)) => Err(
+            "a recipe trains: use auto, full, lora or qlora (`moro fit --method inference` sizes serving)"
+                .to_owned(),
+        ),
+        None => Err(format!("unknown method `{s}`; use auto, full, lora or qlora")),
+        Some(choice) => Ok(choice),
     }
 }
 
