@@ -1,13 +1,16 @@
 //! `moro recipe export`: writes the files, refuses to overwrite without --force, exit 2 on an
 //! invalid recipe with its line and column.
 
+mod common;
+
 use assert_cmd::Command;
 
 const RECIPE: &str = "model:\n  base: Qwen/Qwen2.5-0.5B\n  method: lora\ntraining:\n  micro_batch_size: 2\n\
                       parallel:\n  gpus: 2\n  strategy: zero2\n";
 
+/// The binary without the developer's environment ([`common::isolated`]).
 fn moro() -> Command {
-    Command::cargo_bin("moro").unwrap_or_else(|e| panic!("{e}"))
+    Command::from_std(common::isolated())
 }
 
 fn text(b: &[u8]) -> String {

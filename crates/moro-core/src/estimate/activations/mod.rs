@@ -22,8 +22,8 @@
 //! - **MLP** (§5): SiLU saves its input g, `silu(g)*u` saves silu(g) and u (3 · I);
 //!   a 2-matrix MLP saves the activation's input (I).
 //!
-//! The oracle (../shared/oracle) matches the full-FT bf16 sum of these terms to the byte:
-//! `16h + 4ad + 4kd + 4a + 8I` per token per layer.
+//! The fake-CUDA oracle (`calibration/README.md`) matches the full-FT bf16 sum of these
+//! terms to the byte: `16h + 4ad + 4kd + 4a + 8I` per token per layer.
 
 use crate::job::{Attention, Job, Method, Padding, PeftKind, Quantization};
 use crate::model::{EncoderSpec, ExpertGate, LayerGroup, Linear, LinearRole, ModelSpec, NormKind};
