@@ -42,6 +42,7 @@
 //! which anything fits ends the search. Tests compare the result with brute force over the
 //! whole space.
 
+pub mod alternatives;
 mod judge;
 mod layout;
 mod margin;

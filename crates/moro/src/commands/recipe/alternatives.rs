@@ -1,12 +1,12 @@
 //! Search runs, and what would fit when nothing does: a smaller model, more memory, more GPUs.
 
-use moro_core::catalog;
-use moro_core::hardware::{Device, Vendor};
 use moro_core::model::ModelSpec;
-use moro_core::search::{Caps, Outcome, Request, Space, search};
+use moro_core::search::alternatives::alternatives as core_alternatives;
+pub(crate) use moro_core::search::alternatives::{FIT_GPU_COUNTS, best_fitting, run_search};
+use moro_core::search::{Caps, Request};
 use serde::Serialize;
 
-use super::target::{caps_of_device, exact_cluster, layout_of};
+use super::target::{caps_of_device, layout_of};
 use super::text::describe;
 use crate::hw::Target;
 use crate::output::gib;
@@ -85,81 +85,8 @@ pub(crate) struct AltGpus {
     pub(crate) peak_device_bytes: u64,
 }
 
-/// Runs the search; `None` when the request is invalid for this model.
-pub(crate) fn run_search(spec: &ModelSpec, request: &Request, caps: &Caps) -> Option<Outcome> {
-    let space = Space::new(spec, request, caps).ok()?;
-    Some(search(spec, &space, caps))
-}
-
-/// The best configuration of `request` on `caps`, or `None` at once when nothing can fit
-/// (no closest configuration is looked for: `moro fit` only needs the ones that fit).
-pub(crate) fn best_fitting(
-    spec: &ModelSpec,
-    request: &Request,
-    caps: &Caps,
-    cache: &moro_core::search::EstimateCache,
-) -> Option<moro_core::search::Candidate> {
-    let space = Space::new(spec, request, caps).ok()?;
-    if !moro_core::search::can_fit_cached(spec, &space, caps, Some(cache)) {
-        return None;
-    }
-    moro_core::search::search_cached(spec, &space, caps, Some(cache)).best
-}
-
-/// Catalog models of the same family as `model_id`/`spec` with fewer parameters, largest
-/// first (ties: the nearest name). Family: the same organisation (id prefix) and the same
-/// `model_type`.
-pub(crate) fn smaller_family_models(
-    model_id: &str,
-    spec: &ModelSpec,
-) -> Vec<(&'static str, ModelSpec)> {
-    let org = model_id
-        .split('/')
-        .next()
-        .unwrap_or_default()
-        .to_ascii_lowercase();
-    let params = spec.total_params();
-    let mut out: Vec<(&'static str, ModelSpec)> = catalog::entries()
-        .iter()
-        .filter(|e| {
-            e.id.split('/')
-                .next()
-                .unwrap_or_default()
-                .eq_ignore_ascii_case(&org)
-        })
-        .filter_map(|e| catalog::load(e).ok().map(|s| (e.id, s)))
-        .filter(|(_, s)| s.model_type == spec.model_type && s.total_params() < params)
-        .collect();
-    // Among equal sizes (Qwen2-7B and Qwen2.5-7B), the one whose name shares the longest
-    // prefix with the model asked about: its own generation.
-    let shared = |id: &str| {
-        id.chars()
-            .zip(model_id.chars())
-            .take_while(|(a, b)| a.eq_ignore_ascii_case(b))
-            .count()
-    };
-    out.sort_by_key(|(id, s)| {
-        (
-            std::cmp::Reverse(s.total_params()),
-            std::cmp::Reverse(shared(id)),
-        )
-    });
-    out
-}
-
-/// NVIDIA catalog GPUs (the estimator models CUDA) as devices, smallest memory first.
-pub(crate) fn nvidia_presets() -> Vec<(String, Device)> {
-    let mut v: Vec<(String, Device)> = moro_core::hardware::presets()
-        .iter()
-        .filter(|p| p.vendor == Vendor::Nvidia)
-        .filter_map(|p| p.to_device(None).map(|d| (p.id.clone(), d)))
-        .collect();
-    v.sort_by_key(|(_, d)| d.total_bytes);
-    v
-}
-
-/// Looks for what would fit: a smaller model of the family, a GPU with more memory, more
-/// GPUs of this kind (2 to 64, the strategy searched).
+/// Looks for what would fit ([`moro_core::search::alternatives::alternatives`], with this
+/// machine's calibration profile on each catalog GPU) and describes each configuration.
 pub(crate) fn alternatives(
     model_id: &str,
     spec: &ModelSpec,
@@ -167,74 +94,26 @@ pub(crate) fn alternatives(
     target: &Target,
     caps: &Caps,
 ) -> Alternatives {
-    let mut alt = Alternatives::default();
-    for (id, s) in smaller_family_models(model_id, spec) {
-        if let Some(best) = run_search(&s, request, caps).and_then(|o| o.best) {
-            alt.smaller_model = Some(AltModel {
-                id: id.to_owned(),
-                parameters: s.total_params(),
-                configuration: describe(&best.job),
-                peak_device_bytes: best.estimate.peak_device_bytes,
-            });
-            break;
-        }
-    }
-    for (id, d) in nvidia_presets() {
-        if d.total_bytes <= caps.usable_bytes {
-            continue;
-        }
-        let c = caps_of_device(&d);
-        if let Some(best) = run_search(spec, request, &c).and_then(|o| o.best) {
-            alt.larger_gpu = Some(AltGpu {
-                preset: id,
-                memory_bytes: d.total_bytes,
-                configuration: describe(&best.job),
-                peak_device_bytes: best.estimate.peak_device_bytes,
-            });
-            break;
-        }
-    }
     let have = target.hardware.devices.len() as u64;
-    for gpus in FIT_GPU_COUNTS.into_iter().filter(|g| *g > have) {
-        let req = Request {
-            cluster: exact_cluster(gpus, true),
-            ..request.clone()
-        };
-        if let Some(best) = run_search(spec, &req, caps).and_then(|o| o.best) {
-            alt.more_gpus = Some(AltGpus {
-                gpus,
-                strategy: layout_of(&best.job).strategy_text(),
-                configuration: describe(&best.job),
-                peak_device_bytes: best.estimate.peak_device_bytes,
-            });
-            break;
-        }
-    }
-    alt
-}
-
-/// GPU counts `moro fit` and the "more GPUs" alternative try: up to a node of 8, then nodes
-/// of 8.
-pub(crate) const FIT_GPU_COUNTS: [u64; 7] = [1, 2, 4, 8, 16, 32, 64];
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn smaller_family_is_same_org_and_type() {
-        let e = catalog::find("Qwen/Qwen2.5-72B").unwrap();
-        let spec = catalog::load(e).unwrap();
-        let v = smaller_family_models(e.id, &spec);
-        assert!(!v.is_empty());
-        assert!(
-            v.iter()
-                .all(|(id, s)| id.starts_with("Qwen/") && s.model_type == "qwen2")
-        );
-        assert!(
-            v.windows(2)
-                .all(|w| w[0].1.total_params() >= w[1].1.total_params())
-        );
-        assert_eq!(v[0].0, "Qwen/Qwen2.5-32B");
+    let found = core_alternatives(model_id, spec, request, have, caps, &caps_of_device);
+    Alternatives {
+        smaller_model: found.smaller_model.map(|(id, parameters, best)| AltModel {
+            id: id.to_owned(),
+            parameters,
+            configuration: describe(&best.job),
+            peak_device_bytes: best.estimate.peak_device_bytes,
+        }),
+        larger_gpu: found.larger_gpu.map(|(preset, memory_bytes, best)| AltGpu {
+            preset,
+            memory_bytes,
+            configuration: describe(&best.job),
+            peak_device_bytes: best.estimate.peak_device_bytes,
+        }),
+        more_gpus: found.more_gpus.map(|(gpus, best)| AltGpus {
+            gpus,
+            strategy: layout_of(&best.job).strategy_text(),
+            configuration: describe(&best.job),
+            peak_device_bytes: best.estimate.peak_device_bytes,
+        }),
     }
 }

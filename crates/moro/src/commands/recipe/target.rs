@@ -53,8 +53,7 @@ pub(crate) fn parse_host_memory(s: &str) -> Result<u64, String> {
     moro_core::units::parse_size(s)
 }
 
-/// GPUs per node when a GPU count alone is given (`16xh100-sxm`): the common 8-GPU server.
-pub(crate) const DEFAULT_GPUS_PER_NODE: u64 = 8;
+pub(crate) use moro_core::search::alternatives::{DEFAULT_GPUS_PER_NODE, exact_cluster};
 
 /// A cluster spec `NODES×GPUS×rest` (`2x8xh100-sxm`): `(nodes, gpus per node, rest)`.
 /// `None` for anything else (a preset, `8xh100-sxm`, a list).
@@ -127,20 +126,6 @@ pub(crate) fn resolve_target(spec: &str) -> Result<(Target, Option<Cluster>)> {
         None => Some(Cluster::node(n)),
     };
     Ok((target, cluster))
-}
-
-/// Exactly `gpus` GPUs, in nodes of [`DEFAULT_GPUS_PER_NODE`] above that, CPU offload
-/// searched or not.
-pub(crate) fn exact_cluster(gpus: u64, offload: bool) -> Option<Cluster> {
-    (gpus > 1).then(|| {
-        let per = gpus.min(DEFAULT_GPUS_PER_NODE);
-        Cluster {
-            nodes: gpus.div_ceil(per),
-            gpus_per_node: per,
-            exact: true,
-            offload,
-        }
-    })
 }
 
 /// The layout of a job (for display).
