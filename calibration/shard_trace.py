@@ -431,12 +431,14 @@ def _patch_dtensor_propagation():
 
 
 class _Rec:
-    __slots__ = ("nbytes", "cat", "desc", "stream", "ref", "recorded")
+    __slots__ = ("nbytes", "cat", "desc", "stream", "ref", "recorded", "uid")
+    _uids = itertools.count()
 
     def __init__(self, nbytes, cat, desc, stream):
         self.nbytes, self.cat, self.desc, self.stream = nbytes, cat, desc, stream
         self.ref = None
         self.recorded = False
+        self.uid = next(_Rec._uids)  # which storage an event is about
 
 
 def _make_tracker_class():
@@ -503,9 +505,10 @@ def _make_tracker_class():
             return PHASE_DEFAULT.get(self.phase, "inputs")
 
         # ------------------------------------------------------------ storage
-        def _event(self, kind, rec, delta):
+        def _event(self, kind, rec, delta, stream=None):
             if self.events is not None:
-                self.events.append((self.op_count, kind, delta, rec.stream, rec.cat, self.phase_label))
+                self.events.append((self.op_count, kind, delta, rec.stream if stream is None else stream,
+                                    rec.cat, self.phase_label, rec.uid))
 
         def _on_free(self, key, _ref):
             rec = self.records.get(key)
@@ -559,6 +562,8 @@ def _make_tracker_class():
             rec = self.records.get(id(t.untyped_storage()))
             if rec is not None and not rec.recorded:
                 rec.recorded = True
+            if rec is not None:
+                self._event("s", rec, 0, getattr(stream, "stream_id", 0))
 
         def _resize(self, st, size):
             self._orig_resize(st, size)
@@ -1610,10 +1615,11 @@ def build_row(args, tracker, cfg_name, cfg_dict, hf_cfg, method, load, dist_info
             if e[5] not in phs:
                 phs.append(e[5])
         row["events"] = {
-            "columns": ["op_index", "kind(a=alloc,f=free,r=resize)", "delta_bytes", "stream", "category", "phase"],
+            "columns": ["op_index", "kind(a=alloc,f=free,r=resize,s=record_stream)", "delta_bytes",
+                        "stream (s: the stream recorded)", "category", "phase", "storage"],
             "categories": cats, "phases": phs,
             "streams": {str(k): v for k, v in tracker.stream_name.items()},
-            "rows": [[e[0], e[1], e[2], e[3], cats.index(e[4]), phs.index(e[5])] for e in tracker.events],
+            "rows": [[e[0], e[1], e[2], e[3], cats.index(e[4]), phs.index(e[5]), e[6]] for e in tracker.events],
         }
     return row
 
