@@ -75,6 +75,36 @@ fn qwen3_without_checkpointing_matches_its_traces() {
     }
 }
 
+/// litgpt's own LoRA step, traced (`calibration/litgpt_trace.py`: the litgpt source at the
+/// commit each published row names, its model, LoRA, AdamW, chunked lm_head and chunked
+/// cross-entropy, Fabric's precision plugin, on fake CUDA tensors), for seven published rows
+/// (`validation/oracle-litgpt.jsonl`). Six of the traces are within 0.25 % of their published
+/// measurement; moro is never under a trace and at most 2.5 % over it. Found by these traces:
+/// litgpt splits Phi-3's fused `gate_up_proj` into `fc_1` and `fc_2`, each with its own LoRA
+/// dropout, and `zero_pad`'s `index_copy` saves the adapted q/v slices of GPT-NeoX's fused
+/// qkv (moro was 3.0 % and 2.5 % under). The Llama 2 7B row is held only to not being under:
+/// lit-gpt 2023's RMSNorm saves its bf16 input where moro counts transformers' fp32 copy, and
+/// the published run is 3.7 % above the trace, which moro matches (what the run adds is not
+/// known).
+#[test]
+fn litgpt_steps_match_their_traces() {
+    let r = report("oracle-litgpt.jsonl");
+    print_summary("oracle, litgpt", &r);
+    assert!(r.rows.len() >= 7, "{} rows", r.rows.len());
+    for row in &r.rows {
+        let e = row
+            .error
+            .unwrap_or_else(|| panic!("{}: {:?}", row.id, row.reason));
+        assert!(e >= -0.01, "{}: {:+.2} %", row.id, e * 100.0);
+        let over = if row.id.contains("resource-tables-011") {
+            0.04
+        } else {
+            0.025
+        };
+        assert!(e <= over, "{}: {:+.2} %", row.id, e * 100.0);
+    }
+}
+
 /// Sharded jobs, rank by rank: `calibration/shard_trace.py` runs one process as rank r of a
 /// fake process group (torch 2.15, transformers 5.24, PEFT 0.21, accelerate 1.15) on fake
 /// CUDA tensors: FSDP1 as the HF Trainer and accelerate configure it, FSDP2 per layer,

@@ -170,3 +170,45 @@ fn resource_table_adapter_rows_are_predicted() {
     }
     assert!(sum / 8.0 <= 0.03, "mean |error| {:.2}%", sum / 8.0 * 100.0);
 }
+
+/// litgpt's LoRA on its own modules (`litgpt/lora.py` @f247be87, `convert_hf_checkpoint.py`
+/// `copy_weights_phi3`), counted by hand for Phi-3-mini (H 3072, I 8192, 32 layers) at r 8
+/// on query, key, value, projection and mlp: the fused qkv's `lora_A` is 3r × H and its
+/// `lora_B` 3H × r (one pair per slice); the attention projection r · 2H; Phi-3's
+/// `gate_up_proj` becomes `fc_1` and `fc_2`, r · (H + I) each; the MLP projection
+/// r · (I + H). `calibration/litgpt_trace.py` counts the same 14,942,208 (15,223,296 with
+/// lm_head's r · (H + V), which moro does not adapt). transformers' fused `gate_up_proj` under
+/// PEFT is one LoRA of r · (H + 2I).
+#[test]
+fn litgpt_splits_phi3_fused_projections() {
+    use moro_core::job::Targets;
+    use moro_core::job::settings::JobSettings;
+    let m = model("microsoft/Phi-3-mini-4k-instruct");
+    let (h, i, r) = (3072, 8192, 8);
+    let per_layer = (3 * r * h + 3 * h * r) + r * 2 * h + 2 * r * (h + i) + r * (i + h);
+    let job = |stack| {
+        JobSettings {
+            method: Some(Method::Lora),
+            stack: Some(stack),
+            lora_rank: Some(r),
+            target_modules: Some(Targets::Names(
+                ["query", "key", "value", "projection", "mlp"]
+                    .map(String::from)
+                    .to_vec(),
+            )),
+            seq_len: Some(512),
+            ..JobSettings::default()
+        }
+        .resolve_for(&m)
+        .unwrap()
+    };
+    let trainable = |stack| {
+        estimate(&m, &job(stack), &DeviceProfile::default())
+            .unwrap()
+            .trainable_params
+    };
+    assert_eq!(trainable(Stack::Litgpt), 32 * per_layer);
+    assert_eq!(trainable(Stack::Litgpt), 14_942_208);
+    let peft = (r * (h + 3 * h)) + r * 2 * h + r * (h + 2 * i) + r * (i + h);
+    assert_eq!(trainable(Stack::Hf), 32 * peft);
+}

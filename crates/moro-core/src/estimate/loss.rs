@@ -1,6 +1,6 @@
 //! Logits and loss buffers (memory-anatomy §3).
 
-use crate::job::{Job, LossImpl, Method};
+use crate::job::{Job, LossImpl, Method, Padding};
 use crate::model::{AttentionKind, ModelSpec};
 use crate::stack::{CompileScope, LossCode};
 
@@ -282,11 +282,18 @@ impl Loss {
             // log-probs per chunk: 8 B per logit held through backward. The loop variable
             // `logits` still holds the previous micro-batch's fp32 list while the next
             // forward builds its own: 4 (previous) + 2 (bf16) + 4 (fp32) at the end of the
-            // forward. Backward per chunk: fp32 nll grad, fp32 log_softmax grad, bf16 cast.
+            // forward; when the longest batch comes first, no earlier list of its size is
+            // held (traced: `calibration/litgpt_trace.py --longest-first`). Backward per
+            // chunk: fp32 nll grad, fp32 log_softmax grad, bf16 cast.
             LossImpl::Chunked => {
                 let chunk = (LITGPT_CHUNK * job.micro_batch_size).min(t) * v;
+                let previous = if job.padding == Padding::LongestFirst {
+                    0
+                } else {
+                    4 * tv
+                };
                 Self {
-                    forward_peak: 10 * tv,
+                    forward_peak: 6 * tv + previous,
                     forward_transient: 0,
                     backward_peak: 8 * tv,
                     backward_transient: 10 * chunk,

@@ -340,6 +340,8 @@ pub fn add_replayed_steps(
     if job.stack.profile().runtime == crate::stack::Runtime::Mlx {
         return;
     }
+    let (built, job) = crate::stack::with_job(model, job);
+    let (model, job) = (built.as_ref(), job.as_ref());
     let with_images = vision::with_image_tokens(model, job);
     let job: &Job = &with_images;
     let replayed = replay::step_fragmentation(model, job, &est.regime, device);
@@ -363,6 +365,8 @@ pub fn estimate_without_replay(
     job: &Job,
     device: &DeviceProfile,
 ) -> Result<Estimate, JobError> {
+    let (built, job) = crate::stack::with_job(model, job);
+    let (model, job) = (built.as_ref(), job.as_ref());
     job.validate(model)?;
     let with_images = vision::with_image_tokens(model, job);
     let job: &Job = &with_images;
@@ -378,16 +382,6 @@ pub fn estimate_without_replay(
         &prompted
     } else {
         job
-    };
-    let untied;
-    let model = if job.stack.profile().unties_embeddings && model.tie_word_embeddings {
-        untied = ModelSpec {
-            tie_word_embeddings: false,
-            ..model.clone()
-        };
-        &untied
-    } else {
-        model
     };
     let regime = Regime::resolve(model, job);
     if job.stack.profile().runtime == crate::stack::Runtime::Mlx {

@@ -86,17 +86,9 @@ pub fn with_stored_weights(
     device: &DeviceProfile,
     loaded_bytes: u64,
 ) -> Estimate {
-    let untied;
-    let model = if job.stack.profile().unties_embeddings && model.tie_word_embeddings {
-        // As `estimate` does: litgpt unties lm_head.
-        untied = ModelSpec {
-            tie_word_embeddings: false,
-            ..model.clone()
-        };
-        &untied
-    } else {
-        model
-    };
+    // As `estimate` does.
+    let (built, job) = crate::stack::with_job(model, job);
+    let (model, job) = (built.as_ref(), job.as_ref());
     let assumed = base_weight_bytes(model, job, &est.regime);
     if assumed == 0 || assumed == loaded_bytes {
         return est;

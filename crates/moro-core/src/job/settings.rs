@@ -366,7 +366,10 @@ impl JobSettings {
                 (job.images.width, job.images.height) = (d.width, d.height);
             }
         }
-        job.lora.targets = crate::targets::resolve(model, &job.lora.targets);
+        job.lora.targets = crate::targets::resolve(
+            &crate::stack::as_built(model, job.stack.profile()),
+            &job.lora.targets,
+        );
         // PEFT wraps stacked experts in a `ParamWrapper`, which refuses dropout: unless told
         // otherwise, LoRA on them trains without it (an explicit dropout is refused by
         // `Job::validate`).

@@ -317,7 +317,12 @@ impl Job {
                     format!("must be positive, got {}", self.lora.alpha),
                 );
             }
-            if let Targets::Names(names) = &self.lora.targets {
+            // Targets name the modules of the model as this stack builds it (a fused name
+            // names its parts there).
+            let built = crate::stack::as_built(model, self.stack.profile());
+            let model = built.as_ref();
+            let bound = crate::targets::resolve(model, &self.lora.targets);
+            if let Targets::Names(names) = &bound {
                 let mut known: Vec<&str> = model
                     .linears()
                     .filter(|(_, l)| self.is_module(l))

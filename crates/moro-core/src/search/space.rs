@@ -372,7 +372,10 @@ impl Space {
                 request.parallel.clone()
             },
             objective: request.objective,
-            attention_targets: crate::targets::resolve(model, &Targets::Names(names)),
+            attention_targets: crate::targets::resolve(
+                &crate::stack::as_built(model, request.stack.profile()),
+                &Targets::Names(names),
+            ),
             qlora_quantization: model.prequantized.unwrap_or(if mlx {
                 profile.default_quantization
             } else {

@@ -12,9 +12,12 @@
 mod hf;
 mod litgpt;
 mod mlx;
+mod modules;
 mod torchtune;
 mod trl;
 mod unsloth;
+
+pub use modules::{as_built, with_job};
 
 use crate::job::{Offload, Sharding, Stack};
 

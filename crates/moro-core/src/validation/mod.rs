@@ -454,7 +454,10 @@ fn estimate_row(
         // SDPA's math kernel: the probabilities are materialized, as in eager attention.
         job.attention = Attention::Eager;
     }
-    job.lora.targets = crate::targets::resolve(&model, &job.lora.targets);
+    job.lora.targets = crate::targets::resolve(
+        &crate::stack::as_built(&model, job.stack.profile()),
+        &job.lora.targets,
+    );
     resolve_peft(&model, &mut job, row.trainable_params)?;
     let estimate =
         crate::estimate::estimate(&model, &job, &row_profile(row)).map_err(|e| e.to_string())?;
