@@ -27,7 +27,7 @@ fn print(title: &str, scores: &[RegimeScore]) {
     eprintln!("{title}");
     for s in scores {
         eprintln!(
-            "  {:<32} {:>4} runs {:>3} sources  coverage {:>5.1} %  bound/measured {:.3}",
+            "  {:<32} {:>4} runs {:>3} sources  coverage {:>5.1} %  bound/measured {:.4}",
             s.regime,
             s.runs,
             s.sources,
@@ -55,8 +55,9 @@ fn shipped_table_is_the_fit_of_the_measured_sets() {
 }
 
 /// Leave one source out: each source's runs are bounded by a table fitted on the others.
-/// Every regime with at least three sources is covered on 95 % of its runs or more; on one
-/// GPU the median bound is at most 10 % above the measurement.
+/// Every regime with at least three sources (a stack and method, a level, or all of one
+/// GPU or of several) is covered on 95 % of its runs or more; the median bound is at most
+/// 10 % above the measurement on one GPU, 20 % on several.
 #[test]
 fn bounds_hold_for_sources_left_out() {
     let pts = all_points();
@@ -64,20 +65,13 @@ fn bounds_hold_for_sources_left_out() {
     let loso = bound::leave_one_source_out(&pts);
     print("in-sample", &shipped);
     print("leave one source out", &loso);
-    for s in loso
-        .iter()
-        .filter(|s| s.sources >= 3 && !s.regime.contains(", "))
-    {
-        assert!(s.coverage >= 0.95, "{}: {:.3}", s.regime, s.coverage);
-    }
-    for s in loso
-        .iter()
-        .filter(|s| s.sources >= 3 && s.regime.ends_with(" level"))
-    {
+    for s in loso.iter().filter(|s| s.sources >= 3) {
         assert!(s.coverage >= 0.95, "{}: {:.3}", s.regime, s.coverage);
     }
     let one_gpu = loso.iter().find(|s| s.regime == "one GPU").unwrap();
     assert!(one_gpu.ratio_median <= 1.10, "{}", one_gpu.ratio_median);
+    let sharded = loso.iter().find(|s| s.regime == "sharded").unwrap();
+    assert!(sharded.ratio_median <= 1.20, "{}", sharded.ratio_median);
 }
 
 /// Every job gets a band, and a regime with no measured runs says so instead of a narrow

@@ -361,8 +361,12 @@ fn tiers_json_shape() {
         ] {
             assert!(t.get(k).is_some(), "{k} missing in {t}");
         }
+        // Each cell is judged on the bound, not the prediction: the bound is within the
+        // usable memory and above the prediction.
         if let Some(peak) = t["peak_device_bytes"].as_u64() {
-            assert!(peak < t["usable_bytes"].as_u64().unwrap());
+            let upper = t["peak_upper_bytes"].as_u64().unwrap();
+            assert!(peak < upper, "{t}");
+            assert!(upper <= t["usable_bytes"].as_u64().unwrap(), "{t}");
         }
     }
     // More memory never means a smaller largest model (same family).
@@ -398,6 +402,63 @@ fn tiers_json_shape() {
         assert!(qlora >= last, "{preset}");
         last = qlora;
     }
+}
+
+/// Every recipe `recipe generate` writes for a job of the tier table (its preset, model,
+/// method and stack) is judged on the bound: the verdict is "fits" and the bound on the
+/// device peak, above the prediction, is within the usable memory.
+#[test]
+fn recipes_for_the_tier_table_are_judged_on_the_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = moro(dir.path())
+        .args(["tiers", "--json"])
+        .assert()
+        .code(0)
+        .get_output()
+        .clone();
+    let v = json_of(&o.stdout);
+    let mut checked = 0;
+    for t in v["tiers"].as_array().unwrap() {
+        let (Some(model), Some(method)) = (t["model"].as_str(), t["method"].as_str()) else {
+            continue;
+        };
+        let args = [
+            "recipe",
+            "generate",
+            "--model",
+            model,
+            "--hardware",
+            t["preset"].as_str().unwrap(),
+            "--method",
+            method,
+            "--stack",
+            t["stack"].as_str().unwrap(),
+            "--json",
+        ];
+        let o = moro(dir.path())
+            .args(args)
+            .assert()
+            .code(0)
+            .get_output()
+            .clone();
+        let r = json_of(&o.stdout);
+        let best = &r["best"];
+        assert_eq!(best["verdict"], "fits", "{args:?}: {best}");
+        let peak = best["peak_device_bytes"].as_u64().unwrap();
+        let upper = best["peak_upper_bytes"].as_u64().unwrap();
+        assert!(peak < upper, "{args:?}: {best}");
+        assert!(
+            upper <= r["usable_bytes"].as_u64().unwrap(),
+            "{args:?}: {best}"
+        );
+        let rule = r["margin_rule"].as_str().unwrap();
+        assert!(
+            rule.starts_with("fits when the upper bound is within the usable memory"),
+            "{rule}"
+        );
+        checked += 1;
+    }
+    assert!(checked >= 30, "{checked} tier cells");
 }
 
 #[test]

@@ -90,6 +90,8 @@ pub(crate) struct TierCell {
     pub(crate) micro_batch_size: Option<u64>,
     pub(crate) gradient_checkpointing: Option<bool>,
     pub(crate) peak_device_bytes: Option<u64>,
+    /// The bound on the device peak the cell was judged on (95 % of measured runs like it).
+    pub(crate) peak_upper_bytes: Option<u64>,
 }
 
 /// Models of a family, largest first.
@@ -156,6 +158,7 @@ fn cell(
         micro_batch_size: None,
         gradient_checkpointing: None,
         peak_device_bytes: None,
+        peak_upper_bytes: None,
     };
     if let Some((id, params, b)) = found {
         let peft = b.job.method.is_peft();
@@ -168,6 +171,7 @@ fn cell(
         c.micro_batch_size = Some(b.job.micro_batch_size);
         c.gradient_checkpointing = Some(b.job.gradient_checkpointing);
         c.peak_device_bytes = Some(b.estimate.peak_device_bytes);
+        c.peak_upper_bytes = Some(b.upper_bytes());
     }
     Some(c)
 }
