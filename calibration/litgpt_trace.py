@@ -22,7 +22,7 @@ training step's peak.
   $PY calibration/litgpt_trace.py --matrix --litgpt-repo ../litgpt   # a clone of Lightning-AI/litgpt
 
 `--matrix` traces the published litgpt rows of `validation/measured.jsonl` listed in MATRIX,
-each at the litgpt commit its row names, and writes `validation/oracle-litgpt.jsonl`: each
+each at the litgpt commit it was measured with, and writes `validation/oracle-litgpt.jsonl`: each
 row is its measured row with the traced peak as the measurement (about 3 minutes).
 """
 
@@ -48,12 +48,16 @@ FIXTURE = os.path.join(ROOT, "validation", "oracle-litgpt.jsonl")
 
 # Published rows traced by `--matrix`: (row id, litgpt config name, AdamW weight decay of
 # the script at that commit: 0.01 in lit-gpt 2023's `finetune/lora.py`, 0.0 in the 2024
-# config hub's yaml files, commit when the row's version names none).
-# The commit is the row's (`framework_version` "@commit"), else the one named here.
+# config hub's yaml files, the commit traced).
+# The commit is the one named here, else the row's (`framework_version` "@commit"). The
+# resource tables name lit-gpt 8641822 (2023-10-16), but their Llama 2 7B figure is
+# reproduced only with the fp32 RMSNorm of "Half precision fixes" (6178c7cc, 2023-10-24),
+# which the commit that added the tables (0cc02afa, 2023-10-27) has: 21.23 GB traced there
+# against 21.30 published, 20.54 at 8641822. StableLM (LayerNorm) traces the same at both.
 MATRIX = [
-    ("litgpt-resource-tables-006", "stablelm-base-alpha-3b", 0.01, None),
-    ("litgpt-resource-tables-009", "stablelm-base-alpha-3b", 0.01, None),
-    ("litgpt-resource-tables-011", "Llama-2-7b-hf", 0.01, None),
+    ("litgpt-resource-tables-006", "stablelm-base-alpha-3b", 0.01, "0cc02afa"),
+    ("litgpt-resource-tables-009", "stablelm-base-alpha-3b", 0.01, "0cc02afa"),
+    ("litgpt-resource-tables-011", "Llama-2-7b-hf", 0.01, "0cc02afa"),
     ("litgpt-finetune-lora-doc-001", "stablelm-base-alpha-3b", 0.01, "982abcbc"),
     ("litgpt-finetune-lora-doc-004", "stablelm-base-alpha-3b", 0.01, None),
     ("litgpt-config-hub-034", "Phi-3-mini-4k-instruct", 0.0, None),
@@ -226,7 +230,7 @@ def matrix(repo: str) -> None:
     for row_id, config, decay, named in MATRIX:
         row = measured[row_id]
         found = re.search(r"@([0-9a-f]{7,40})", row["framework_version"])
-        commit = found.group(1) if found else named
+        commit = named or found.group(1)
         with tempfile.TemporaryDirectory() as src:
             archive = subprocess.run(["git", "-C", repo, "archive", commit], check=True,
                                      capture_output=True).stdout
