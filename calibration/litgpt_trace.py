@@ -90,6 +90,33 @@ def import_litgpt(src: str):
     return importlib.import_module(name + ".lora"), importlib.import_module(name + ".utils")
 
 
+def quantize(model, double_quant: bool, saves_input: bool) -> None:
+    """Fabric's `BitsandbytesPrecision` (lightning 2.1): every `nn.Linear`, lm_head included,
+    becomes a 4-bit NF4 Linear (the oracle's `qlora_approx`, bitsandbytes' own code). With
+    `saves_input`, `MatMul4Bit` keeps its input as bitsandbytes before 0.43.2 did
+    (`ctx.tensors = (A, B)`, 0.41.1 `autograd/_functions.py`) for as long as the graph lives."""
+    import torch
+    import qlora_approx
+
+    qlora_approx.quantize_linears_nf4(model, compute_dtype=torch.bfloat16, blocksize=64,
+                                      double_quant=double_quant, skip=())
+    if saves_input:
+        from bitsandbytes.autograd._functions import MatMul4Bit
+
+        forward = MatMul4Bit.forward
+        if getattr(forward, "_keeps_input", False):
+            return
+
+        def keeps_input(ctx, A, B, *rest, **kw):
+            out = forward(ctx, A, B, *rest, **kw)
+            if any(ctx.needs_input_grad[:2]):
+                ctx.tensors = (A, ctx.tensors[1])
+            return out
+
+        keeps_input._keeps_input = True
+        MatMul4Bit.forward = staticmethod(keeps_input)
+
+
 def lora_config(lora, args, targets, overrides):
     """The LoRA config in the field names of the tree's release (`lora_r`, `lora_query`, ...
     from 2024; `r`, `to_query`, ... before)."""
@@ -140,6 +167,8 @@ def run(args) -> dict:
         with torch.device("cuda"), default_dtype(torch.float32 if mixed else torch.bfloat16):
             model = lora.GPT(config)
         model.max_seq_length = min(T, config.block_size)
+        if args.quantize:
+            quantize(model, args.quantize == "nf4-dq", args.bnb_saves_input)
         lora.mark_only_lora_as_trainable(model)
         trainable = [p for p in model.parameters() if p.requires_grad]
         for p in model.parameters():
@@ -148,8 +177,11 @@ def run(args) -> dict:
             tracker.register(b, "buffers", "buffer")
         for p in trainable:
             p.register_post_accumulate_grad_hook(lambda q: tracker.retag(q.grad, "grads"))
-        opt = torch.optim.AdamW(trainable, lr=2e-4, weight_decay=args.weight_decay)
-        tagger = oracle._OptStateTagger(opt, tracker)
+        # bitsandbytes' PagedAdamW keeps its states in managed memory, which
+        # `max_memory_allocated` does not count: no optimizer is traced for it.
+        opt = None if args.paged_optimizer else torch.optim.AdamW(
+            trainable, lr=2e-4, weight_decay=args.weight_decay)
+        tagger = opt and oracle._OptStateTagger(opt, tracker)
         n_total = sum(p.numel() for p in model.parameters())
         n_train = sum(p.numel() for p in trainable)
 
@@ -183,10 +215,15 @@ def run(args) -> dict:
                     tracker.set_phase("backward", label + ".backward")
                     (loss / args.accum).backward()
                 tracker.set_phase("optimizer", "step%d.optimizer" % step)
-                opt.step()
-                tagger.tag()
+                if opt is not None:
+                    opt.step()
+                    tagger.tag()
                 tracker.set_phase("zero_grad", "step%d.zero_grad" % step)
-                opt.zero_grad(set_to_none=True)
+                if opt is not None:
+                    opt.zero_grad(set_to_none=True)
+                else:
+                    for p in trainable:
+                        p.grad = None
                 gc.collect()
             tracker.set_phase("idle", "end")
             tracker.finish()
@@ -294,6 +331,12 @@ def main(argv=None):
     p.add_argument("--seq", type=int, default=512)
     p.add_argument("--accum", type=int, default=2)
     p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--quantize", choices=("nf4", "nf4-dq"),
+                   help="4-bit base (litgpt --quantize bnb.nf4 / bnb.nf4-dq)")
+    p.add_argument("--bnb-saves-input", action="store_true",
+                   help="4-bit matmuls keep their input, as bitsandbytes < 0.43.2 did")
+    p.add_argument("--paged-optimizer", action="store_true",
+                   help="bnb PagedAdamW: states outside what the allocator counts")
     p.add_argument("--top", type=int, default=0, help="list the largest live tensors at the peak")
     p.add_argument("--precision", choices=("bf16-true", "bf16-mixed"), default="bf16-true")
     p.add_argument("--longest-first", action="store_true",
