@@ -93,7 +93,27 @@ fn litgpt_steps_match_their_traces() {
         let e = row
             .error
             .unwrap_or_else(|| panic!("{}: {:?}", row.id, row.reason));
-        assert!((-0.01..=0.025).contains(&e), "{}: {:+.2} %", row.id, e * 100.0);
+        assert!(
+            (-0.01..=0.025).contains(&e),
+            "{}: {:+.2} %",
+            row.id,
+            e * 100.0
+        );
+    }
+    // The traces themselves against the published figures they reproduce (GB, 10⁹ B).
+    let (_, traced) = rows_by_id("oracle-litgpt.jsonl");
+    let (_, published) = rows_by_id("measured.jsonl");
+    for (id, t) in &traced {
+        let p = &published[id.strip_prefix("oracle-").unwrap()];
+        assert_eq!(p["measured_unit"], "GB", "{id}");
+        let (t, p) = (
+            t["measured_value"].as_f64().unwrap(),
+            p["measured_value"].as_f64().unwrap() * 1e9,
+        );
+        assert!(
+            (t / p - 1.0).abs() <= 0.0035,
+            "{id}: traced {t}, published {p}"
+        );
     }
 }
 
