@@ -335,16 +335,21 @@ fn check_reports_unknown_keys_with_line_and_column() {
     assert!(!d.join("train_trl.py").exists(), "nothing is written");
 }
 
-#[test]
-fn tiers_json_shape() {
-    let dir = tempfile::tempdir().unwrap();
-    let o = moro(dir.path())
+/// `moro tiers --json`, run in `dir`.
+fn tiers_json(dir: &std::path::Path) -> serde_json::Value {
+    let o = moro(dir)
         .args(["tiers", "--json"])
         .assert()
         .code(0)
         .get_output()
         .clone();
-    let v = json_of(&o.stdout);
+    json_of(&o.stdout)
+}
+
+#[test]
+fn tiers_json_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = tiers_json(dir.path());
     let tiers = v["tiers"].as_array().unwrap();
     assert!(tiers.len() >= 10);
     for t in tiers {
@@ -410,13 +415,7 @@ fn tiers_json_shape() {
 #[test]
 fn recipes_for_the_tier_table_are_judged_on_the_bound() {
     let dir = tempfile::tempdir().unwrap();
-    let o = moro(dir.path())
-        .args(["tiers", "--json"])
-        .assert()
-        .code(0)
-        .get_output()
-        .clone();
-    let v = json_of(&o.stdout);
+    let v = tiers_json(dir.path());
     let mut checked = 0;
     for t in v["tiers"].as_array().unwrap() {
         let (Some(model), Some(method)) = (t["model"].as_str(), t["method"].as_str()) else {
