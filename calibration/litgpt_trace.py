@@ -58,6 +58,8 @@ MATRIX = [
     ("litgpt-resource-tables-006", "stablelm-base-alpha-3b", 0.01, "0cc02afa"),
     ("litgpt-resource-tables-009", "stablelm-base-alpha-3b", 0.01, "0cc02afa"),
     ("litgpt-resource-tables-011", "Llama-2-7b-hf", 0.01, "0cc02afa"),
+    ("litgpt-resource-tables-016", "Llama-2-13b-hf", 0.01, "0cc02afa"),
+    ("litgpt-resource-tables-017", "Llama-2-13b-hf", 0.01, "0cc02afa"),
     ("litgpt-finetune-lora-doc-001", "stablelm-base-alpha-3b", 0.01, "982abcbc"),
     ("litgpt-finetune-lora-doc-004", "stablelm-base-alpha-3b", 0.01, None),
     ("litgpt-config-hub-034", "Phi-3-mini-4k-instruct", 0.0, None),
@@ -175,6 +177,11 @@ def run(args) -> dict:
             tracker.register(p, "params_trainable" if p.requires_grad else "params_frozen", "param")
         for b in model.buffers():
             tracker.register(b, "buffers", "buffer")
+        if args.quantize:
+            import qlora_approx
+
+            for t in qlora_approx.quant_state_tensors(model):
+                tracker.register(t, "params_frozen", "nf4 quant_state")
         for p in trainable:
             p.register_post_accumulate_grad_hook(lambda q: tracker.retag(q.grad, "grads"))
         # bitsandbytes' PagedAdamW keeps its states in managed memory, which
@@ -281,6 +288,14 @@ def matrix(repo: str) -> None:
                 "--seq", str(row["seq_len"]),
                 "--precision", "bf16-mixed" if "mixed" in row["precision"] else "bf16-true",
             ]
+            quant = row.get("quantization") or {}
+            if "nf4" in (quant.get("type") or ""):
+                argv += ["--quantize", "nf4-dq" if quant.get("double_quant") else "nf4"]
+                # bitsandbytes before 0.43.2 kept each 4-bit matmul's input.
+                if re.search(r"bitsandbytes 0\.(3|4[0-2])\b", row["framework_version"]):
+                    argv.append("--bnb-saves-input")
+            if "Paged" in (row.get("optimizer") or ""):
+                argv.append("--paged-optimizer")
             if "longest" in (row.get("notes") or "") + row.get("seq_len_kind", ""):
                 if "not forced" not in (row.get("notes") or ""):
                     argv.append("--longest-first")
