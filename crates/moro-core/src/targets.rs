@@ -67,6 +67,30 @@ fn roles_of_linear(name: &str, role: LinearRole, out: u64, h: u64) -> &'static [
     }
 }
 
+/// Whether a requested target name is the output layer (`lm_head`, litgpt's `head`,
+/// torchtune's `output`), which [`resolve`] drops.
+fn is_output_layer(name: &str) -> bool {
+    let name = name.split('(').next().unwrap_or(name).trim();
+    matches!(
+        name.to_ascii_lowercase().as_str(),
+        "head" | "lm_head" | "output"
+    )
+}
+
+/// The requested target names that [`resolve`] leaves out because they name the output
+/// layer: a caller says so rather than estimate without them silently.
+#[must_use]
+pub fn output_layer_requests(targets: &Targets) -> Vec<&str> {
+    match targets {
+        Targets::Names(names) => names
+            .iter()
+            .map(String::as_str)
+            .filter(|n| is_output_layer(n))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
 /// Maps requested target names onto the model's Linear names. Names the model has are kept
 /// as they are; role names (`query`, `mlp`, `output_proj`, ...) become the model's Linears of
 /// that role; `head`/`lm_head` is dropped (adapters on lm_head are not modelled), and so is a
@@ -91,11 +115,11 @@ fn resolve_names(model: &ModelSpec, targets: &Targets) -> Targets {
     };
     for name in names {
         // "mlp(w1,w2,w3)": a role with the trainer's own member names in parentheses.
-        let name = &name.split('(').next().unwrap_or(name).trim().to_owned();
-        let lower = name.to_ascii_lowercase();
-        if matches!(lower.as_str(), "head" | "lm_head" | "output") {
+        if is_output_layer(name) {
             continue;
         }
+        let name = &name.split('(').next().unwrap_or(name).trim().to_owned();
+        let lower = name.to_ascii_lowercase();
         if model
             .linears()
             .any(|(_, l)| &l.name == name && l.layout != WeightLayout::Stacked)

@@ -108,8 +108,20 @@ pub(crate) fn resolve(inputs: JobInputs<'_>) -> Result<JobSetup> {
         .map_err(|e| job_error(&e))?;
     job.validate(&model.spec).map_err(|e| job_error(&e))?;
     let device = target.as_ref().and_then(|t| t.hardware.devices.first());
-    let warnings =
+    let mut warnings =
         moro_core::job::against::check(&job, &model.spec, device).map_err(|e| job_error(&e))?;
+    if let Some(requested) = &settings.target_modules
+        && job.method.is_peft()
+    {
+        for name in moro_core::targets::output_layer_requests(requested) {
+            warnings.push(format!(
+                "target_modules `{name}`: LoRA on the output layer is not modelled, so the \
+                 estimate leaves it out and is low by its r·(hidden + vocabulary) parameters \
+                 with their gradients and optimizer states, and by the adapter's \
+                 vocabulary-wide output per token"
+            ));
+        }
+    }
     let (profile, profile_notes) = machine_profile(device);
     let warnings = warnings.into_iter().map(|w| format!("warning: {w}"));
     let notes: Vec<String> = warnings.chain(profile_notes).collect();

@@ -863,6 +863,43 @@ fn settings_are_checked_against_the_hardware() {
     assert!(!o.stderr.contains("warning"), "{}", o.stderr);
 }
 
+/// LoRA on the output layer is not modelled: a job that asks for it is estimated without it
+/// and says so, whether it came from flags or a moro.yaml, instead of dropping it silently.
+#[test]
+fn lora_on_the_output_layer_is_named_as_left_out() {
+    let flags = [
+        "estimate",
+        "--model",
+        "Qwen/Qwen2.5-0.5B",
+        "--method",
+        "lora",
+        "--target-modules",
+        "q_proj,v_proj,lm_head",
+    ];
+    let o = run(&flags);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(
+        o.stderr.contains(
+            "warning: target_modules `lm_head`: LoRA on the output layer is not modelled"
+        ),
+        "{}",
+        o.stderr
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = dir.path().join("moro.yaml");
+    std::fs::write(
+        &recipe,
+        "model:\n  base: Qwen/Qwen2.5-0.5B\n  method: lora\n  target_modules: [q_proj, v_proj, lm_head]\n",
+    )
+    .unwrap();
+    let o = run(&["estimate", recipe.to_str().unwrap()]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(o.stderr.contains("`lm_head`"), "{}", o.stderr);
+    let o = run(&flags[..5]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(!o.stderr.contains("lm_head"), "{}", o.stderr);
+}
+
 /// `moro completions SHELL` prints a script that knows the subcommands and their flags.
 #[test]
 fn completions_cover_the_commands() {
