@@ -323,8 +323,10 @@ pub fn estimate(
     job: &Job,
     device: &DeviceProfile,
 ) -> Result<Estimate, JobError> {
-    let mut est = estimate_without_replay(model, job, device)?;
-    add_replayed_steps(&mut est, model, job, device);
+    // Built once here; the two steps find nothing left to build.
+    let (built, job) = crate::stack::with_job(model, job);
+    let mut est = estimate_without_replay(&built, &job, device)?;
+    add_replayed_steps(&mut est, &built, &job, device);
     Ok(est)
 }
 
