@@ -737,6 +737,24 @@ fn does_not_fit_says_what_would() {
     ]);
     assert_eq!(o.code, 1);
     assert!(o.stdout.contains("what would fit:"), "{}", o.stdout);
+    // "More GPUs" means more than the job's own: `--gpus 2 --memory 24GiB` names one device
+    // of two, and the alternative it offers has at least four.
+    let v = json(&[
+        "estimate",
+        "--model",
+        "meta-llama/Llama-2-70b-hf",
+        "--method",
+        "qlora",
+        "--gpus",
+        "2",
+        "--strategy",
+        "fsdp_full_shard",
+        "--memory",
+        "24GiB",
+        "--json",
+    ]);
+    let more = &v["suggestions"]["alternatives"]["more_gpus"];
+    assert!(more["gpus"].as_u64().unwrap() > 2, "{v}");
     // A job that fits gets no suggestions.
     let v = json(&[
         "estimate",

@@ -94,7 +94,8 @@ pub(crate) fn alternatives(
     target: &Target,
     caps: &Caps,
 ) -> Alternatives {
-    let have = target.hardware.devices.len() as u64;
+    // The job's own GPUs count too: `--gpus 2 --memory 24GiB` names one device of two.
+    let have = (target.hardware.devices.len() as u64).max(request.parallel.gpus());
     let found = core_alternatives(model_id, spec, request, have, caps, &caps_of_device);
     Alternatives {
         smaller_model: found.smaller_model.map(|(id, parameters, best)| AltModel {
