@@ -415,7 +415,7 @@ fn validate_json_shape() {
     );
     let v = json(&["validate", path, "--json"]);
     let rows = v["rows"].as_array().expect("rows");
-    assert_eq!(rows.len(), 218);
+    assert_eq!(rows.len(), 221);
     for r in rows {
         let status = r["status"].as_str().expect("status");
         assert!(
