@@ -290,8 +290,43 @@ impl EncoderSpec {
     }
 }
 
+/// The activation between an encoder-decoder model's feed-forward projections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FeedForward {
+    /// `wo(dropout(relu(wi(x))))` (T5 v1.0, `feed_forward_proj: relu`).
+    Relu,
+    /// `wo(dropout(gelu_new(wi_0(x)) * wi_1(x)))` (T5 v1.1, FLAN-T5, mT5:
+    /// `feed_forward_proj: gated-gelu`, transformers' `NewGELUActivation`).
+    GatedGeluNew,
+}
+
+/// What an encoder-decoder model (T5, mT5) has besides its layer groups: the first
+/// [`ModelSpec::layers`] group is the encoder's blocks, the second the decoder's, whose
+/// Linears are its self-attention's q, k, v, o, then the cross-attention's (k and v read
+/// the encoder's output), then the feed-forward's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Seq2SeqSpec {
+    /// Encoder blocks.
+    pub encoder_layers: u64,
+    /// Decoder blocks.
+    pub decoder_layers: u64,
+    /// Feed-forward activation.
+    pub feed_forward: FeedForward,
+    /// Feed-forward width (`d_ff`).
+    pub d_ff: u64,
+    /// `dropout_rate > 0`: every `nn.Dropout` (embeddings, each sub-block's output, the
+    /// feed-forward's hidden state, the stacks' outputs) saves a 1-byte mask in training.
+    pub dropout: bool,
+    /// T5 v1.0 (a config that does not say `tie_word_embeddings: false`) scales the decoder's
+    /// output by `d_model ** -0.5` before lm_head (transformers 5.25
+    /// `T5Config.scale_decoder_outputs`).
+    pub scale_decoder_outputs: bool,
+}
+
 /// The architecture of a decoder-only language model (or, with [`ModelSpec::encoder`], an
-/// encoder-only one), as moro needs it.
+/// encoder-only one, or with [`ModelSpec::seq2seq`] an encoder-decoder one), as moro needs
+/// it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ModelSpec {
     /// HF `model_type` (`llama`, `qwen2`, ...; `gemma3` configs resolve to their text part).
@@ -388,6 +423,9 @@ pub struct ModelSpec {
     /// number of experts, not with top-k.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub experts_see_every_token: bool,
+    /// Encoder-decoder models (T5, mT5): the two stacks' shape; `None` for every other model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq2seq: Option<Seq2SeqSpec>,
     /// The vision tower and projector of a vision-language model; `None` for text models.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vision: Option<crate::vision::VisionSpec>,

@@ -51,9 +51,10 @@ fn roles_of_linear(name: &str, role: LinearRole, out: u64, h: u64) -> &'static [
             _ => &[],
         },
         LinearRole::Attention => match name {
-            "q_proj" | "q_a_proj" | "q_b_proj" | "query" => &[Role::Q],
-            "k_proj" | "key" => &[Role::K],
-            "v_proj" | "value" => &[Role::V],
+            "q_proj" | "q_a_proj" | "q_b_proj" | "query" | "q" => &[Role::Q],
+            "k_proj" | "key" | "k" => &[Role::K],
+            "v_proj" | "value" | "v" => &[Role::V],
+            "o" => &[Role::O],
             "kv_a_proj_with_mqa" | "kv_b_proj" => &[Role::K, Role::V],
             "o_proj" | "dense" | "out_proj" | "wo" | "c_proj" => &[Role::O],
             _ if out == h => &[Role::O],

@@ -1179,14 +1179,14 @@ mod errors {
 
     #[test]
     fn unsupported_and_malformed() {
-        match parse_config(br#"{"model_type": "t5"}"#) {
+        match parse_config(br#"{"model_type": "whisper"}"#) {
             Err(ArchError::Unsupported {
                 model_type,
                 supported,
                 closest,
             }) => {
-                assert_eq!(model_type, "t5");
-                assert_eq!(closest, None, "nothing is near t5");
+                assert_eq!(model_type, "whisper");
+                assert_eq!(closest, None, "nothing is near whisper");
                 for t in [
                     "llama",
                     "gemma3",

@@ -121,6 +121,14 @@ impl<'a> Plan<'a> {
                  and the trainer's own VLM recipe runs it",
             ));
         }
+        if model.is_some_and(|m| m.seq2seq.is_some()) || job.target_len.is_some() {
+            return Err(ExportError::field(
+                "model.base",
+                "an encoder-decoder model: the exports write causal-LM training (no \
+                 `AutoModelForSeq2SeqLM`, `Seq2SeqTrainer` or target column); `moro estimate` \
+                 sizes it, and transformers' seq2seq examples run it",
+            ));
+        }
         if job.method.is_peft() && job.peft != PeftKind::Lora {
             return Err(ExportError::field(
                 "model.peft",

@@ -116,6 +116,7 @@ impl Recipe {
                 .then(|| format!("{}x{}", job.images.width, job.images.height)),
             vision: (job.vision != moro_core::job::VisionTraining::Frozen)
                 .then(|| job.vision.into()),
+            target_len: job.target_len,
         };
         let p = &job.parallel;
         let parallel = (*p != Parallel::single()).then(|| ParallelSection {
@@ -230,6 +231,7 @@ impl Recipe {
             compile: t.compile.then_some(true),
             activation_offload: t.activation_offload,
             adapted_layers: t.num_layers.map(LayerCount::layers),
+            target_len: t.target_len,
         })
     }
 
@@ -270,7 +272,8 @@ pub fn job_field_path(field: &str) -> String {
         | "liger_kernels"
         | "compile"
         | "activation_offload"
-        | "num_layers" => {
+        | "num_layers"
+        | "target_len" => {
             format!("training.{field}")
         }
         "lora_rank"

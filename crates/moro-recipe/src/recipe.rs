@@ -340,6 +340,12 @@ pub struct TrainingSection {
     /// reach the tower's Linears) or `trained` (full fine-tuning). Default: `frozen`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vision: Option<Vision>,
+    /// Target tokens per sample of an encoder-decoder model (T5, mT5): the labels the
+    /// decoder reads, `max_target_length` in transformers' seq2seq examples;
+    /// `max_seq_length` is the encoder's. Default: `max_seq_length`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 16_777_216)))]
+    pub target_len: Option<u64>,
 }
 
 /// `training.num_layers`: a count, or `all`.
@@ -544,6 +550,7 @@ impl Default for TrainingSection {
             images_per_sample: None,
             image_size: None,
             vision: None,
+            target_len: None,
         }
     }
 }

@@ -120,6 +120,10 @@ pub(crate) struct JobArgs {
     /// Sequence length in tokens (inference: prompt + generated) [default: 2048].
     #[arg(long, visible_alias = "max-seq-length", value_parser = parse_count, help_heading = "Shape")]
     pub(crate) seq_len: Option<u64>,
+    /// Target tokens per sample of an encoder-decoder model (T5, mT5): the decoder's labels;
+    /// --seq-len is the encoder's [default: --seq-len].
+    #[arg(long, visible_alias = "max-target-length", value_parser = parse_count, help_heading = "Shape")]
+    pub(crate) target_len: Option<u64>,
     /// Images per sample, vision-language models [default: 1 there, else 0].
     #[arg(long, value_parser = parse_whole, help_heading = "Shape")]
     pub(crate) images_per_sample: Option<u64>,
@@ -261,6 +265,7 @@ impl JobArgs {
             compile: self.compile,
             activation_offload: self.activation_offload,
             adapted_layers: self.num_layers.map(|n| n.0),
+            target_len: self.target_len,
         }
     }
 }

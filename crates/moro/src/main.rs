@@ -78,7 +78,7 @@ enum RecipeCommand {
     /// Unsloth, DeepSpeed, accelerate).
     Export(commands::export::ExportArgs),
     /// Search the configurations that fit the hardware and write the best as moro.yaml.
-    Generate(commands::recipe::GenerateArgs),
+    Generate(Box<commands::recipe::GenerateArgs>),
     /// Validate a moro.yaml and say whether it fits (exit 0 fits, 1 does not, 2 invalid).
     Check(commands::recipe::CheckArgs),
 }

@@ -395,3 +395,84 @@ fn kept_fit_searches_answer_only_their_own_settings() {
     );
     assert_eq!(c.as_bytes(), cli.as_slice());
 }
+
+/// An encoder-decoder's target length means the same from flags, from moro.yaml and from
+/// the API: one estimate, and the tokens line says which sequence is which.
+#[test]
+fn a_target_length_is_one_setting_everywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../validation/seq2seq-configs/flan-t5-base.json"
+    );
+    let flags = [
+        "estimate",
+        "--model",
+        config,
+        "--method",
+        "lora",
+        "--seq-len",
+        "512",
+        "--target-len",
+        "128",
+        "--micro-batch-size",
+        "8",
+        "--hardware",
+        "24GiB",
+    ];
+    let text = String::from_utf8(stdout_of(dir.path(), &flags, 0)).unwrap();
+    assert!(
+        text.contains("tokens  512 into the encoder, 128 target tokens into the decoder"),
+        "{text}"
+    );
+    let cli = json_of(&stdout_of(
+        dir.path(),
+        &[&flags[..], &["--json"]].concat(),
+        0,
+    ));
+    assert_eq!(cli["job"]["target_len"], 128);
+    let recipe = dir.path().join("moro.yaml");
+    std::fs::write(
+        &recipe,
+        format!(
+            "model:\n  base: {config}\n  method: lora\ntraining:\n  max_seq_length: 512\n  \
+             target_len: 128\n  micro_batch_size: 8\n"
+        ),
+    )
+    .unwrap();
+    let from_recipe = json_of(&stdout_of(
+        dir.path(),
+        &[
+            "estimate",
+            recipe.to_str().unwrap(),
+            "--hardware",
+            "24GiB",
+            "--json",
+        ],
+        0,
+    ));
+    assert_eq!(
+        from_recipe["peak_device_bytes"], cli["peak_device_bytes"],
+        "moro.yaml and flags"
+    );
+    let s = Server::start(dir.path(), &[]);
+    let (status, _, body) = s.post(
+        "/api/estimate",
+        &format!(
+            r#"{{"model": "{config}", "method": "lora", "seq_len": 512, "target_len": 128,
+                "micro_batch_size": 8, "hardware": "24GiB"}}"#
+        ),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        json_of(body.as_bytes())["peak_device_bytes"],
+        cli["peak_device_bytes"]
+    );
+    // On a model with one sequence it is refused by name.
+    let (status, _, body) = s.post(
+        "/api/estimate",
+        r#"{"model": "Qwen/Qwen2.5-0.5B", "target_len": 128}"#,
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("training.target_len"), "{body}");
+}

@@ -379,6 +379,7 @@ pub(crate) fn build(p: Plan) -> Result<ModelSpec, ArchError> {
         fp32_norms: false,
         mxfp4_experts: false,
         expert_gate: None,
+        seq2seq: None,
         vision: None,
         prequantized: None,
     };

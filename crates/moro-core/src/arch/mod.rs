@@ -1,5 +1,5 @@
-//! HF `config.json` bytes → [`ModelSpec`], one adapter per `model_type` (decoders, and the
-//! BERT-style encoders `bert` / `roberta`).
+//! HF `config.json` bytes → [`ModelSpec`], one adapter per `model_type` (decoders, the
+//! BERT-style encoders `bert` / `roberta`, and the encoder-decoders `t5` / `mt5`).
 //!
 //! Each adapter mirrors the module tree transformers (or, for `qwen`, the checkpoint's
 //! own remote code) instantiates for that `model_type`: every `nn.Linear`/`Conv1D` with its
@@ -30,6 +30,7 @@ mod phi3;
 mod qwen1;
 mod qwen2;
 mod stablelm;
+mod t5;
 mod vision;
 mod vlm;
 
@@ -108,6 +109,8 @@ pub const SUPPORTED: &[&str] = &[
     "bloom",
     "bert",
     "roberta",
+    "t5",
+    "mt5",
 ];
 
 /// Parses a HF `config.json`.
@@ -190,6 +193,7 @@ fn by_type(c: &cfg::Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchError> {
         "qwen" => qwen1::parse(&c),
         "bloom" => bloom::parse(&c),
         "bert" | "roberta" => bert::parse(&c, model_type),
+        "t5" | "mt5" => t5::parse(&c, model_type),
         other => Err(ArchError::Unsupported {
             model_type: other.to_owned(),
             closest: closest::closest_supported(other, SUPPORTED).map(str::to_owned),

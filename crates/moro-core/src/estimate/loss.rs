@@ -92,11 +92,49 @@ impl Loss {
         }
     }
 
+    /// An encoder-decoder's loss over its target tokens (transformers 5.25
+    /// `T5ForConditionalGeneration.forward`: `CrossEntropyLoss(ignore_index=-100)` on
+    /// `lm_head`'s logits as they come, no upcast). Without autocast `log_softmax` runs and
+    /// saves in the logits' dtype: the logits and the log-probabilities after the forward,
+    /// the log-probabilities and the two gradients at the backward. Under autocast
+    /// `log_softmax` runs in fp32 on a transient fp32 cast: 16-bit logits and fp32
+    /// log-probabilities, then fp32 gradients and the logits' 16-bit gradient. Nothing of it
+    /// outlives lm_head's backward, which runs before any block's (traced under
+    /// checkpointing: the peak is in an encoder block's backward, with none of it).
+    fn seq2seq(job: &Job, r: &Regime, v: u64) -> Self {
+        let tv = job.micro_batch_size * job.target_tokens() * v;
+        if r.autocast {
+            Self {
+                forward_peak: 6 * tv,
+                forward_transient: 4 * tv,
+                backward_peak: 12 * tv,
+                backward_transient: 0,
+                after_backward: 0,
+                largest_block: 4 * tv,
+                ..Self::default()
+            }
+        } else {
+            let e = r.compute_bytes;
+            Self {
+                forward_peak: 2 * e * tv,
+                forward_transient: 0,
+                backward_peak: 3 * e * tv,
+                backward_transient: 0,
+                after_backward: 0,
+                largest_block: e * tv,
+                ..Self::default()
+            }
+        }
+    }
+
     /// Loss buffers of `job` on `model` (vocabulary split over `tp` GPUs).
     #[must_use]
     pub fn new(model: &ModelSpec, job: &Job, r: &Regime, tp: u64) -> Self {
         if let Some(enc) = &model.encoder {
             return Self::classification(job.micro_batch_size * enc.num_labels, r);
+        }
+        if model.seq2seq.is_some() {
+            return Self::seq2seq(job, r, model.vocab_size / tp.max(1));
         }
         let t = job.micro_batch_size * job.seq_len;
         let v = model.vocab_size / tp.max(1);

@@ -647,38 +647,6 @@ fn training_phases(
             loss_backward
         },
     });
-    // Backward through the last layer: under checkpointing its activations are recomputed
-    // (the checkpoints of every layer plus one full layer); the layer's backward transients.
-    // lm_head's gradient (full FT) already exists.
-    let layer_acts = if job.gradient_checkpointing {
-        all_layers + acts.one_layer
-    } else {
-        all_layers
-    };
-    phases.push(PhaseBytes {
-        phase: Phase::LayerBackward,
-        components: base(vec![
-            (Component::Gradients, grads_in_fwd.max(par.head_grads)),
-            (
-                Component::Activations,
-                layer_acts + acts.autocast_weight_cache_backward,
-            ),
-            (Component::LogitsLoss, head.after_backward),
-            (
-                Component::Transients,
-                cublas
-                    + acts.layer_backward_transient
-                    + head.output_tangents
-                    + dequant.max(dora_recompute)
-                    + comm_bwd
-                    + par.unit_grad_assembly
-                    + unit,
-            ),
-        ]),
-    });
-    // End of backward: all gradients exist while the first layer's saved activations
-    // (recomputed under checkpointing) and its backward transients are still alive.
-    let first_layer = acts.one_layer;
     // A tied embedding receives two gradients (lm_head's, already in `.grad`, and the
     // lookup's dense `embedding_dense_backward` output); autograd sums them out of place, so
     // the incoming V·h gradient and the V·h sum coexist with `.grad` (the oracle peaks at
@@ -702,6 +670,43 @@ fn training_phases(
     } else {
         0
     };
+    // An encoder-decoder's tied `shared` weight gets the decoder embedding's gradient
+    // between the two stacks' backward, while the encoder's activations are all alive: the
+    // sum with lm_head's gradient is that moment's transient (traced, T5 v1.0 full
+    // fine-tunes: the peak is that `add`).
+    let between_stacks = if model.seq2seq.is_some() { tied_add } else { 0 };
+    // Backward through the last layer: under checkpointing its activations are recomputed
+    // (the checkpoints of every layer plus one full layer); the layer's backward transients.
+    // lm_head's gradient (full FT) already exists.
+    let layer_acts = if job.gradient_checkpointing {
+        all_layers + acts.one_layer
+    } else {
+        all_layers
+    };
+    phases.push(PhaseBytes {
+        phase: Phase::LayerBackward,
+        components: base(vec![
+            (Component::Gradients, grads_in_fwd.max(par.head_grads)),
+            (
+                Component::Activations,
+                layer_acts + acts.autocast_weight_cache_backward,
+            ),
+            (Component::LogitsLoss, head.after_backward),
+            (
+                Component::Transients,
+                cublas
+                    + acts.layer_backward_transient.max(between_stacks)
+                    + head.output_tangents
+                    + dequant.max(dora_recompute)
+                    + comm_bwd
+                    + par.unit_grad_assembly
+                    + unit,
+            ),
+        ]),
+    });
+    // End of backward: all gradients exist while the first layer's saved activations
+    // (recomputed under checkpointing) and its backward transients are still alive.
+    let first_layer = acts.one_layer;
     // autocast's weight copies are saved by each layer's matmuls and released as backward
     // passes them: none are left at the end.
     // FSDP1's hooks keep every finished layer's checkpoint and its input gradient (one

@@ -239,6 +239,7 @@ fn tower_model(v: &VisionSpec) -> ModelSpec {
         fp32_norms: false,
         mxfp4_experts: false,
         expert_gate: None,
+        seq2seq: None,
         vision: None,
         prequantized: None,
     }

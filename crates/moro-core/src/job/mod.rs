@@ -929,6 +929,11 @@ pub struct Job {
     /// adapts, or unfreezes, `model.layers[-num_layers:]`); `None`: every layer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adapted_layers: Option<u64>,
+    /// An encoder-decoder model's target tokens per sample (the labels the decoder reads,
+    /// `max_target_length` in transformers' seq2seq examples); `seq_len` is the encoder's.
+    /// `None`: as many as `seq_len` ([`Job::target_tokens`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_len: Option<u64>,
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
@@ -980,6 +985,7 @@ impl Default for Job {
             compile: false,
             activation_offload: false,
             adapted_layers: None,
+            target_len: None,
         }
     }
 }
@@ -1001,6 +1007,13 @@ pub struct JobError {
 }
 
 impl Job {
+    /// The decoder's tokens per sample of an encoder-decoder model: `target_len`, else
+    /// `seq_len`.
+    #[must_use]
+    pub fn target_tokens(&self) -> u64 {
+        self.target_len.unwrap_or(self.seq_len)
+    }
+
     /// Whether PEFT puts an adapter on `l`: a targeted `nn.Linear` module with this job's
     /// library versions ([`crate::model::Linear::is_module`]), or, for LoRA, a weight
     /// stacked from transformers 5 ([`Self::adapts_stacked`]).

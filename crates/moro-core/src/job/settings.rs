@@ -96,6 +96,9 @@ pub struct JobSettings {
     /// `training.num_layers`: how many of the last decoder layers train, `Some(None)` for
     /// all. Default: the stack's (MLX's 16; every layer elsewhere).
     pub adapted_layers: Option<Option<u64>>,
+    /// `training.target_len`: an encoder-decoder model's target tokens per sample.
+    /// Default: `seq_len`.
+    pub target_len: Option<u64>,
 }
 
 /// Takes `a`, else `b`, field by field.
@@ -118,7 +121,7 @@ impl JobSettings {
             padding, optimizer, gradient_checkpointing, optimizer_in_backward, attention,
             precision, stack, loss, kv_dtype, gpus, tensor_parallel, pipeline_parallel,
             sharding, offload, nodes, reduce_bucket, versions, images_per_sample, image_size,
-            vision, liger, compile, activation_offload, adapted_layers,
+            vision, liger, compile, activation_offload, adapted_layers, target_len,
         )
     }
 
@@ -305,6 +308,7 @@ impl JobSettings {
             adapted_layers: self
                 .adapted_layers
                 .unwrap_or(profile.default_adapted_layers),
+            target_len: self.target_len,
         })
     }
 
@@ -575,6 +579,7 @@ mod tests {
             compile: Some(job.compile),
             activation_offload: Some(job.activation_offload),
             adapted_layers: Some(job.adapted_layers),
+            target_len: job.target_len,
         }
     }
 

@@ -4,6 +4,93 @@ use super::*;
 use crate::stack::CompileScope;
 
 impl Job {
+    /// An encoder-decoder model's settings, and what moro models of it: transformers' own
+    /// training loop (`Seq2SeqTrainer`, the HF stack) with SDPA, LoRA-family adapters or a
+    /// full fine-tune, 16-bit bf16 or fp32 weights, whole layers on each GPU
+    /// ([`crate::estimate::activations::seq2seq`]).
+    fn validate_seq2seq(&self, model: &ModelSpec) -> Result<(), JobError> {
+        let err = |field, message: String| Err(JobError { field, message });
+        let Some(_) = &model.seq2seq else {
+            if self.target_len.is_some() {
+                return err(
+                    "training.target_len",
+                    format!(
+                        "applies to encoder-decoder models (t5, mt5); `{}` reads one sequence: \
+                         drop it and size max_seq_length",
+                        model.model_type
+                    ),
+                );
+            }
+            return Ok(());
+        };
+        if let Some(t) = self.target_len
+            && (t == 0 || t > MAX_SEQ_LEN)
+        {
+            return err(
+                "training.target_len",
+                format!("must be between 1 and {MAX_SEQ_LEN} tokens, got {t}"),
+            );
+        }
+        let t5 = &model.model_type;
+        if self.method == Method::Inference {
+            return err(
+                "method",
+                format!(
+                    "generation with `{t5}` (an encoder-decoder) is not modelled yet; moro \
+                     models its fine-tuning"
+                ),
+            );
+        }
+        if self.stack != Stack::Hf {
+            return err(
+                "stack",
+                format!(
+                    "`{t5}` is an encoder-decoder, which moro models in transformers' own loop \
+                     (Seq2SeqTrainer); the {} stack does not train it: use stack hf",
+                    self.stack.as_str()
+                ),
+            );
+        }
+        if self.method.is_peft() && self.peft != PeftKind::Lora {
+            return err(
+                "peft",
+                format!(
+                    "moro models LoRA (and DoRA) on `{t5}`; {} was not traced there",
+                    self.peft.as_str()
+                ),
+            );
+        }
+        if self.attention != Attention::Sdpa {
+            return err(
+                "attention",
+                format!(
+                    "`{t5}` adds a learned position bias to its scores, which FlashAttention \
+                     cannot take; moro models transformers' default, sdpa"
+                ),
+            );
+        }
+        if self.precision == Precision::Fp16Mixed && self.method.is_peft() {
+            return err(
+                "precision",
+                format!(
+                    "`{t5}` keeps its `wo` weights in fp32 when its base loads in fp16 \
+                     (`_keep_in_fp32_modules`), which moro does not model yet: use bf16, \
+                     bf16-mixed or fp32"
+                ),
+            );
+        }
+        if self.parallel.tensor_parallel > 1 || self.parallel.pipeline > 1 {
+            return err(
+                "parallel",
+                format!(
+                    "tensor and pipeline parallelism of `{t5}` are not modelled; shard it with \
+                     ZeRO or FSDP instead"
+                ),
+            );
+        }
+        Ok(())
+    }
+
     /// The images and vision settings against the model: images need a vision tower, and
     /// what trains in it must be something the method trains.
     fn validate_images(&self, model: &ModelSpec) -> Result<(), JobError> {
@@ -134,6 +221,7 @@ impl Job {
             );
         }
         self.validate_images(model)?;
+        self.validate_seq2seq(model)?;
         self.validate_unsloth(model)?;
         self.validate_mlx(model)?;
         if self.grad_accum == 0 || self.grad_accum > 1 << 20 {
@@ -328,7 +416,9 @@ impl Job {
                     .filter(|(_, l)| self.is_module(l))
                     .map(|(_, l)| l.name.as_str())
                     .collect();
-                known.dedup();
+                // Each name once, in the model's order (T5's attention names repeat).
+                let mut seen = std::collections::HashSet::new();
+                known.retain(|n| seen.insert(*n));
                 if names.is_empty() {
                     let why = if model.linears().any(|(_, l)| !self.is_module(l)) {
                         format!(

@@ -94,6 +94,8 @@ pub struct Request {
     pub cluster: Option<Cluster>,
     /// The objective.
     pub objective: Objective,
+    /// An encoder-decoder model's target tokens per sample ([`Job::target_len`]).
+    pub target_len: Option<u64>,
 }
 
 impl Default for Request {
@@ -106,6 +108,7 @@ impl Default for Request {
             parallel: Parallel::single(),
             cluster: None,
             objective: Objective::Quality,
+            target_len: None,
         }
     }
 }
@@ -204,6 +207,11 @@ pub struct Space {
     pub images: crate::vision::Images,
     /// The stack's trained layers on this model (MLX's 16, or all when the model has fewer).
     pub adapted_layers: Option<u64>,
+    /// An encoder-decoder model's target tokens per sample, as requested.
+    pub target_len: Option<u64>,
+    /// Packed batches, or padded ones for an encoder-decoder model (`DataCollatorForSeq2Seq`
+    /// pads each batch and passes the attention mask).
+    pub padding: Padding,
 }
 
 impl Space {
@@ -388,6 +396,12 @@ impl Space {
                 .vision
                 .as_ref()
                 .map_or_else(Default::default, crate::vision::VisionSpec::default_images),
+            target_len: request.target_len,
+            padding: if model.seq2seq.is_some() {
+                Padding::Padded
+            } else {
+                Padding::Packed
+            },
         })
     }
 
@@ -498,7 +512,7 @@ impl Space {
             precision: c.precision,
             stack: self.stack,
             loss: None,
-            padding: Padding::Packed,
+            padding: self.padding,
             parallel: Parallel {
                 data_parallel: self.data_parallel(&c.layout),
                 tensor_parallel: self.parallel.tensor_parallel.max(1),
@@ -518,6 +532,7 @@ impl Space {
             activation_offload: c.gradient_checkpointing
                 && self.stack.profile().offloads_by_default(),
             adapted_layers: self.adapted_layers,
+            target_len: self.target_len,
             ..Job::default()
         };
         job.lora.dropout = self.stack.profile().default_lora_dropout;

@@ -240,15 +240,6 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         ));
     }
 
-    let arch = text(v, "arch").to_ascii_lowercase();
-    // Encoder-only models (BERT, RoBERTa) are modelled: whether the catalog has the model
-    // decides. Encoder-decoders (T5) are not.
-    if arch.contains("t5") || arch.contains("encoder-decoder") || arch.contains("seq2seq") {
-        return Err(format!(
-            "encoder-decoder architecture `{arch}` is not modelled"
-        ));
-    }
-
     // Shape.
     let inference = v.get("inference").filter(|i| !i.is_null());
     let (micro_batch_size, seq_len) = if method == Method::Inference {
@@ -591,6 +582,8 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
             Some(n) => u64::try_from(n).ok(),
             None => stack.profile().default_adapted_layers,
         },
+        // An encoder-decoder row's target tokens per sample.
+        target_len: num(v, "target_len"),
     };
 
     let metric_text = text(v, "metric").to_ascii_lowercase();

@@ -138,6 +138,7 @@ fn jobs() -> Vec<Job> {
         compile: true,
         activation_offload: true,
         adapted_layers: None,
+        target_len: Some(512),
     };
     v.push(all);
     // MLX's own settings: its quantized storage and the last layers that train.

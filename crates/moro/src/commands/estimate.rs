@@ -359,10 +359,14 @@ fn describe(job: &Job) -> String {
             job.micro_batch_size, job.seq_len
         ));
     } else {
+        // An encoder-decoder's two sequences: encoder tokens, then the target's.
+        let tokens = match job.target_len {
+            Some(t) => format!("{} → {t}", job.seq_len),
+            None => job.seq_len.to_string(),
+        };
         s.push_str(&format!(
-            ", micro-batch {} × {} tokens, grad-accum {}, {}, {} ({}){}",
+            ", micro-batch {} × {tokens} tokens, grad-accum {}, {}, {} ({}){}",
             job.micro_batch_size,
-            job.seq_len,
             job.grad_accum,
             job.optimizer.as_str(),
             job.precision.as_str(),
@@ -410,6 +414,24 @@ pub(crate) fn render(
     out.push_str(&format!("job     {}\n", describe(job)));
     if let Some(images) = describe_images(&model.spec, job) {
         out.push_str(&format!("images  {images}\n"));
+    }
+    if model.spec.seq2seq.is_some() {
+        out.push_str(&format!(
+            "tokens  {} into the encoder, {} target tokens into the decoder{}; {}\n",
+            job.seq_len,
+            job.target_tokens(),
+            if job.target_len.is_none() {
+                " (as many as the encoder's: --target-len sets the labels' length)"
+            } else {
+                ""
+            },
+            if job.padding == moro_core::job::Padding::Padded {
+                "padded batches, with an attention mask"
+            } else {
+                "no padding mask (--padded when batches are padded, as DataCollatorForSeq2Seq \
+                 pads them)"
+            }
+        ));
     }
     out.push_str(&format!(
         "peak    at {} (trainable parameters: {})\n\n",

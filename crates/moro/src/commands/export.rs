@@ -86,7 +86,16 @@ pub(crate) fn export_as(
     main_name: Option<String>,
 ) -> Result<Export> {
     let recipe = &loaded.recipe;
-    let model = catalog::find(&recipe.model.base).and_then(|e| catalog::load(e).ok());
+    // The catalog's config, or a local config.json the recipe names.
+    let model = catalog::find(&recipe.model.base)
+        .and_then(|e| catalog::load(e).ok())
+        .or_else(|| {
+            let path = Path::new(&recipe.model.base);
+            path.is_file()
+                .then(|| std::fs::read(path).ok())
+                .flatten()
+                .and_then(|bytes| moro_core::arch::parse_config(&bytes).ok())
+        });
     if model.is_none() {
         note(&format!(
             "note: `{}` is not in moro's catalog; LoRA target names are not checked against the model",

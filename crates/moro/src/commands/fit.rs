@@ -408,6 +408,7 @@ pub(crate) fn find(args: &FitArgs) -> Result<Found> {
         parallel: moro_core::job::Parallel::single(),
         cluster: None,
         objective: Objective::Quality,
+        target_len: None,
     };
     if args.method == MethodChoice::Only(moro_core::job::Method::Inference) {
         let (mut fits, not) = crate::commands::fit_inference::rows(&spec, args.seq_len, args.stack);

@@ -33,6 +33,7 @@ use super::Regime;
 use super::weights::{ADAPTER_PROMPT_LENGTH, ADAPTER_START_LAYER};
 
 mod compiled;
+pub mod seq2seq;
 mod unsloth;
 
 /// Activation bytes for one GPU's micro-batch.
@@ -1073,6 +1074,9 @@ impl Activations {
             r,
             tp,
         };
+        if let Some(s2s) = &model.seq2seq {
+            return seq2seq::activations(&ctx, s2s);
+        }
         let t = job.micro_batch_size * job.seq_len;
         let h = model.hidden_size;
         let ckpt = r.stream_bytes * h;

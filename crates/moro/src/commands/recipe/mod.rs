@@ -103,6 +103,10 @@ pub(crate) struct GenerateArgs {
     /// 4096, 2048, 1024 that fits.
     #[arg(long, visible_alias = "max-seq-length", value_parser = parse_positive, conflicts_with = "dataset")]
     pub(crate) seq_len: Option<u64>,
+    /// Target tokens per sample of an encoder-decoder model (T5, mT5): the decoder's labels;
+    /// --seq-len is the encoder's [default: the sequence length].
+    #[arg(long, visible_alias = "max-target-length", value_parser = parse_positive)]
+    pub(crate) target_len: Option<u64>,
     /// Size the sequence length from this dataset (.jsonl, .json, .csv), tokenized with the
     /// model's tokenizer and chat template: `max_seq_length` is its --percentile length.
     #[arg(long, value_name = "FILE")]
@@ -193,7 +197,18 @@ pub(crate) fn run_generate(args: &GenerateArgs) -> Result<ExitCode> {
         parallel: moro_core::job::Parallel::single(),
         cluster,
         objective: args.objective,
+        target_len: args.target_len,
     };
+    if args.target_len.is_some() && model.spec.seq2seq.is_none() {
+        return Err(user_hint(
+            format!(
+                "--target-len applies to encoder-decoder models (t5, mt5); `{}` reads one \
+                 sequence",
+                model.id
+            ),
+            "drop it, and size --seq-len",
+        ));
+    }
     let space = Space::new(&model.spec, &request, &caps).map_err(|e| crate::error::search(&e))?;
     if let Some(out) = &args.output
         && out.exists()

@@ -111,9 +111,13 @@ pub(crate) fn describe(job: &Job) -> String {
     if job.method == Method::Qlora {
         s.push_str(&format!(" ({})", job.quantization.as_str()));
     }
+    // An encoder-decoder's two sequences: encoder tokens, then the target's.
+    let tokens = match job.target_len {
+        Some(t) => format!("{} → {t}", job.seq_len),
+        None => job.seq_len.to_string(),
+    };
     s.push_str(&format!(
-        ", {} tokens, micro-batch {} × accum {}, {}, {}, {}{}",
-        job.seq_len,
+        ", {tokens} tokens, micro-batch {} × accum {}, {}, {}, {}{}",
         job.micro_batch_size,
         job.grad_accum,
         job.precision.as_str(),

@@ -4,10 +4,10 @@
 
 const $ = (id) => document.getElementById(id);
 const FIELDS = ["model", "method", "seq_len", "hardware", "micro_batch_size", "grad_accum",
-  "optimizer", "gradient_checkpointing", "attention", "precision", "lora_rank", "stack", "liger",
-  "compile", "activation_offload", "dataset"];
+  "optimizer", "gradient_checkpointing", "attention", "precision", "lora_rank", "target_len",
+  "stack", "liger", "compile", "activation_offload", "dataset"];
 const SWITCHES = new Set(["gradient_checkpointing", "liger", "compile", "activation_offload"]);
-const NUMBERS = new Set(["seq_len", "micro_batch_size", "grad_accum", "lora_rank"]);
+const NUMBERS = new Set(["seq_len", "micro_batch_size", "grad_accum", "lora_rank", "target_len"]);
 const SIZE = /^\s*\d+(\.\d+)?\s*[bBmM]\s*$/;
 const GIB = 1024 ** 3;
 const gib = (b) => (b / GIB).toFixed(2);
@@ -176,6 +176,7 @@ function recipeBody(hardware) {
     objective: $("objective").value };
   if (v.dataset) b.dataset = v.dataset; else if (v.seq_len) b.seq_len = v.seq_len;
   if (v.stack) b.stack = v.stack;
+  if (v.target_len) b.target_len = v.target_len;
   return b;
 }
 
