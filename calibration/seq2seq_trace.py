@@ -20,6 +20,10 @@ for backward, the figure a per-layer formula is checked against.
 
 `--padded` passes an encoder attention mask, as a padded batch has.
 
+`--generate --config C --batch B --seq S --new-tokens N` traces generation instead: the
+encoder once, then N greedy decoder steps with an `EncoderDecoderCache`, as `generate` runs
+them; `--matrix seq2seq-generate` regenerates validation/oracle-traces/seq2seq-generate.jsonl.
+
 `--matrix seq2seq` regenerates validation/oracle-traces/seq2seq.jsonl (the cases
 crates/moro-core/tests/seq2seq.rs checks).
 
@@ -219,9 +223,152 @@ def run_matrix() -> None:
         subprocess.run(cmd, check=True)
 
 
+def generate(argv: list[str]) -> None:
+    """`--generate`: an encoder-decoder's generation as `model.generate` runs it, on fake
+    tensors: the encoder once under `no_grad`, then `--new-tokens` decoder steps with an
+    `EncoderDecoderCache` (the self-attention's keys and values grow a token a step; the
+    cross-attention's are computed at the first step and kept), each step's last logits
+    copied to fp32 (`next_token_logits = outputs.logits[:, -1, :].to(copy=True,
+    dtype=torch.float32)`, transformers 5.25 `_sample`). Greedy, so no sampling buffers."""
+    import argparse
+    import warnings
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--config", required=True)
+    p.add_argument("--untie", action="store_true")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seq", type=int, required=True)
+    p.add_argument("--new-tokens", type=int, required=True)
+    p.add_argument("--padded", action="store_true")
+    p.add_argument("--label", default="")
+    p.add_argument("--out")
+    args = p.parse_args(argv)
+    sys.path.insert(0, ORACLE_DIR)
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import fakecuda
+    import oracle
+    from tracker import LiveStorageTracker
+
+    fakecuda.ensure_fake_cuda_backward()
+    fakecuda.stub_cuda_queries()
+    fakecuda.patch_module_apply_for_fake()
+    warnings.filterwarnings("ignore")
+    oracle.patch_transformers_for_fake()
+    from transformers import AutoModelForSeq2SeqLM
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+    with open(args.config) as f:
+        d = json.load(f)
+    cfg = oracle.make_hf_config(d, "sdpa")
+    cfg.use_cache = True
+    torch.nn.functional.scaled_dot_product_attention = oracle.GpuLikeSDPA("auto")
+    tracker = LiveStorageTracker("cuda")
+    phases = {}
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        with torch.device("cuda"):
+            model = AutoModelForSeq2SeqLM.from_config(cfg, dtype=torch.bfloat16)
+        if args.untie and model.lm_head.weight is model.get_input_embeddings().weight:
+            w = model.lm_head.weight
+            model.lm_head.weight = torch.nn.Parameter(
+                torch.empty(w.shape, dtype=w.dtype, device=w.device), requires_grad=False
+            )
+        model.eval()
+        for p_ in model.parameters():
+            tracker.register(p_, "params_frozen", "param")
+        for b in model.buffers():
+            tracker.register(b, "buffers", "buffer")
+        with tracker, torch.no_grad():
+            ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq), device="cuda")
+            mask = torch.ones_like(ids) if args.padded else None
+            enc = model.get_encoder()(input_ids=ids, attention_mask=mask)
+            phases["encoder"] = tracker.peak
+            cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+            dec = torch.zeros((args.batch, 1), dtype=torch.long, device="cuda")
+            for _ in range(args.new_tokens):
+                out = model(
+                    encoder_outputs=enc,
+                    attention_mask=mask,
+                    decoder_input_ids=dec,
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+                logits = out.logits[:, -1, :].to(copy=True, dtype=torch.float32)
+                del out
+                dec = logits.argmax(-1, keepdim=True)
+                del logits
+            phases["end_live"] = tracker.current
+    row = {
+        "tracer": "moro-seq2seq-generate/1",
+        "label": args.label,
+        "config_name": os.path.basename(args.config),
+        "untied_lm_head": args.untie,
+        "batch": args.batch,
+        "seq_len": args.seq,
+        "new_tokens": args.new_tokens,
+        "padded": args.padded,
+        "env": oracle.versions(),
+        "peak_allocated_bytes": tracker.peak,
+        "encoder_peak_bytes": phases["encoder"],
+        "end_live_bytes": phases["end_live"],
+        "params_bytes": tracker.peak_cats.get("params_frozen", 0),
+    }
+    line = json.dumps(row)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(line + "\n")
+    print(line)
+
+
+GENERATE_TRACES = os.path.join(ROOT, "validation", "oracle-traces", "seq2seq-generate.jsonl")
+
+# (config, batch, source tokens, new tokens, options)
+GENERATE_MATRIX = [
+    ("t5-small", 4, 256, 32, ""),
+    ("flan-t5-base", 4, 512, 16, ""),
+    ("flan-t5-base", 1, 2048, 64, ""),
+    ("flan-t5-base", 8, 512, 128, "padded"),
+    ("flan-t5-base", 16, 128, 256, ""),
+]
+
+
+def run_generate_matrix() -> None:
+    """Every generation case, one subprocess each, into GENERATE_TRACES (cases already there
+    are kept)."""
+    import subprocess
+
+    done = set()
+    if os.path.exists(GENERATE_TRACES):
+        with open(GENERATE_TRACES) as f:
+            done = {json.loads(line).get("label") for line in f}
+    for name, b, s, n, options in GENERATE_MATRIX:
+        label = "%s b%d s%d new%d%s" % (name, b, s, n, " " + options if options else "")
+        if label in done:
+            continue
+        cmd = [
+            sys.executable, os.path.abspath(__file__), "--generate",
+            "--config", os.path.join(CONFIGS, name + ".json"),
+            "--batch", str(b), "--seq", str(s), "--new-tokens", str(n),
+            "--label", label, "--out", GENERATE_TRACES,
+        ]
+        if name.startswith("flan"):
+            cmd.append("--untie")
+        if "padded" in options:
+            cmd.append("--padded")
+        print(label, flush=True)
+        subprocess.run(cmd, check=True)
+
+
 def main() -> None:
     if sys.argv[1:] == ["--matrix", "seq2seq"]:
         run_matrix()
+        return
+    if sys.argv[1:] == ["--matrix", "seq2seq-generate"]:
+        run_generate_matrix()
+        return
+    if sys.argv[1:2] == ["--generate"]:
+        generate(sys.argv[2:])
         return
     target_len, rest = take(sys.argv[1:], "--target-len", True)
     untie, rest = take(rest, "--untie", False)

@@ -58,6 +58,86 @@ pub fn litgpt_kv_cache_bytes(
     model.num_layers * 2 * heads * model.head_dim * context * batch * elem + context * context
 }
 
+/// An encoder-decoder's generation (transformers 5.25 `generate` on T5: the encoder once,
+/// then one decoder step a token), traced on fake tensors (`calibration/seq2seq_trace.py
+/// --generate`, `validation/oracle-traces/seq2seq-generate.jsonl`):
+///
+/// - the encoder's forward under `no_grad`: its position bias (made once, passed to every
+///   block), the residual and the normed input, and the wider of the attention's moment
+///   (q, k, v, the output and the block's own contiguous mask, per sample with a padding
+///   mask) and the feed-forward's: `wi_0`'s output and three of `NewGELUActivation`'s
+///   intermediates (`0.5·x`, `pow`, its scaled copy), or `wi`'s output and the ReLU's;
+/// - then the `EncoderDecoderCache`: every decoder block's self-attention keys and values
+///   over the generated tokens and its cross-attention's over the source (computed at the
+///   first step and kept), the encoder's output, and the step's logits with their fp32 copy.
+fn seq2seq_phases(
+    model: &ModelSpec,
+    s2s: &crate::model::Seq2SeqSpec,
+    job: &Job,
+    r: &Regime,
+    device: &DeviceProfile,
+    weights: u64,
+) -> Vec<PhaseBytes> {
+    let elem = match job.kv_dtype {
+        KvDtype::F16 => 2,
+        KvDtype::F8 => 1,
+        KvDtype::F32 => 4,
+    };
+    let cb = r.compute_bytes;
+    let b = job.micro_batch_size;
+    let (src, new) = (job.seq_len, job.target_tokens());
+    let te = b * src;
+    let h = model.hidden_size;
+    let n = model.q_width();
+    let a = model.num_heads;
+    let f = s2s.d_ff;
+    let per = if job.padding == crate::job::Padding::Padded {
+        b
+    } else {
+        1
+    };
+    let ff = match s2s.feed_forward {
+        crate::model::FeedForward::GatedGeluNew => 4 * f,
+        crate::model::FeedForward::Relu => 2 * f,
+    };
+    // The bias every block receives, then the wider of the attention's moment (q, k, v,
+    // the output and the block's mask copy) and the feed-forward's (the mask is freed).
+    let bias = a * src * src * cb;
+    // With a padding mask `torch.where(mask, bias, min)` follows the permuted bias's strides
+    // and `.contiguous()` copies it: two per-sample masks at that moment.
+    let copies = if per > 1 { 2 } else { 1 };
+    let attention = te * cb * 4 * n + copies * per * a * src * src * cb;
+    let encoder = bias + te * cb * 4 * h + (te * cb * ff).max(attention);
+    let kv = s2s.decoder_layers * b * 2 * n * (new + src) * elem;
+    let encoder_output = te * h * cb;
+    let logits = b * model.vocab_size * (cb + 4);
+    let cublas = device.cublas_workspace_bytes;
+    vec![
+        PhaseBytes {
+            phase: Phase::Load,
+            components: vec![(Component::Weights, weights)],
+        },
+        PhaseBytes {
+            phase: Phase::Prefill,
+            components: vec![
+                (Component::Weights, weights),
+                (Component::Activations, encoder),
+                (Component::Transients, cublas),
+            ],
+        },
+        PhaseBytes {
+            phase: Phase::Decode,
+            components: vec![
+                (Component::Weights, weights),
+                (Component::KvCache, kv),
+                (Component::Activations, encoder_output),
+                (Component::LogitsLoss, logits),
+                (Component::Transients, cublas),
+            ],
+        },
+    ]
+}
+
 /// Phases of an inference job.
 pub(super) fn phases(
     model: &ModelSpec,
@@ -66,6 +146,9 @@ pub(super) fn phases(
     device: &DeviceProfile,
     sh: &Sharded,
 ) -> Vec<PhaseBytes> {
+    if let Some(s2s) = &model.seq2seq {
+        return seq2seq_phases(model, s2s, job, r, device, sh.weights);
+    }
     let tp = sh.tp;
     let pp = job.parallel.pipeline.max(1);
     let b = job.micro_batch_size;

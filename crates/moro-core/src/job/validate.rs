@@ -5,8 +5,8 @@ use crate::stack::CompileScope;
 
 impl Job {
     /// An encoder-decoder model's settings, and what moro models of it: transformers' own
-    /// training loop (`Seq2SeqTrainer`, the HF stack) with SDPA, LoRA-family adapters or a
-    /// full fine-tune, 16-bit bf16 or fp32 weights, whole layers on each GPU
+    /// loop (`Seq2SeqTrainer`, `generate`; the HF stack) with SDPA, LoRA adapters or a full
+    /// fine-tune, bf16 or fp32 weights, whole layers on each GPU
     /// ([`crate::estimate::activations::seq2seq`]).
     fn validate_seq2seq(&self, model: &ModelSpec) -> Result<(), JobError> {
         let err = |field, message: String| Err(JobError { field, message });
@@ -32,15 +32,6 @@ impl Job {
             );
         }
         let t5 = &model.model_type;
-        if self.method == Method::Inference {
-            return err(
-                "method",
-                format!(
-                    "generation with `{t5}` (an encoder-decoder) is not modelled yet; moro \
-                     models its fine-tuning"
-                ),
-            );
-        }
         if self.stack != Stack::Hf {
             return err(
                 "stack",

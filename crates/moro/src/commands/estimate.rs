@@ -354,10 +354,16 @@ fn describe(job: &Job) -> String {
         }
     }
     if job.method == Method::Inference {
-        s.push_str(&format!(
-            ", batch {}, context {}",
-            job.micro_batch_size, job.seq_len
-        ));
+        match job.target_len {
+            Some(t) => s.push_str(&format!(
+                ", batch {}, source {} → {t} new tokens",
+                job.micro_batch_size, job.seq_len
+            )),
+            None => s.push_str(&format!(
+                ", batch {}, context {}",
+                job.micro_batch_size, job.seq_len
+            )),
+        }
     } else {
         // An encoder-decoder's two sequences: encoder tokens, then the target's.
         let tokens = match job.target_len {
@@ -416,17 +422,24 @@ pub(crate) fn render(
         out.push_str(&format!("images  {images}\n"));
     }
     if model.spec.seq2seq.is_some() {
+        let decoder = if job.method == Method::Inference {
+            "tokens generated"
+        } else {
+            "target tokens into the decoder"
+        };
         out.push_str(&format!(
-            "tokens  {} into the encoder, {} target tokens into the decoder{}; {}\n",
+            "tokens  {} into the encoder, {} {decoder}{}; {}\n",
             job.seq_len,
             job.target_tokens(),
             if job.target_len.is_none() {
-                " (as many as the encoder's: --target-len sets the labels' length)"
+                " (as many as the encoder's: --target-len sets them)"
             } else {
                 ""
             },
             if job.padding == moro_core::job::Padding::Padded {
                 "padded batches, with an attention mask"
+            } else if job.method == Method::Inference {
+                "no padding mask (--padded when the batch's prompts are padded)"
             } else {
                 "no padding mask (--padded when batches are padded, as DataCollatorForSeq2Seq \
                  pads them)"
