@@ -221,6 +221,20 @@ fn unmodelled_settings_are_refused_by_name() {
     assert_eq!(
         field(
             &Job {
+                method: Method::Qlora,
+                quantization: moro_core::job::Quantization::Nf4Dq,
+                ..base.clone()
+            },
+            &t5
+        ),
+        "quantization"
+    );
+    let mut dora = base.clone();
+    dora.lora.dora = true;
+    assert_eq!(field(&dora, &t5), "dora");
+    assert_eq!(
+        field(
+            &Job {
                 stack: Stack::Trl,
                 ..base.clone()
             },

@@ -5,8 +5,8 @@ use crate::stack::CompileScope;
 
 impl Job {
     /// An encoder-decoder model's settings, and what moro models of it: transformers' own
-    /// loop (`Seq2SeqTrainer`, `generate`; the HF stack) with SDPA, LoRA adapters or a full
-    /// fine-tune, bf16 or fp32 weights, whole layers on each GPU
+    /// loop (`Seq2SeqTrainer`, `generate`; the HF stack) with SDPA, LoRA adapters (not
+    /// DoRA) or a full fine-tune, bf16 or fp32 weights, whole layers on each GPU
     /// ([`crate::estimate::activations::seq2seq`]).
     fn validate_seq2seq(&self, model: &ModelSpec) -> Result<(), JobError> {
         let err = |field, message: String| Err(JobError { field, message });
@@ -46,9 +46,15 @@ impl Job {
             return err(
                 "peft",
                 format!(
-                    "moro models LoRA (and DoRA) on `{t5}`; {} was not traced there",
+                    "moro models LoRA on `{t5}`; {} was not traced there",
                     self.peft.as_str()
                 ),
+            );
+        }
+        if self.method.is_peft() && self.lora.dora {
+            return err(
+                "dora",
+                format!("DoRA on `{t5}` was not traced; moro models plain LoRA there"),
             );
         }
         if self.attention != Attention::Sdpa {
@@ -57,6 +63,16 @@ impl Job {
                 format!(
                     "`{t5}` adds a learned position bias to its scores, which FlashAttention \
                      cannot take; moro models transformers' default, sdpa"
+                ),
+            );
+        }
+        if self.quantization != Quantization::None {
+            return err(
+                "quantization",
+                format!(
+                    "bitsandbytes leaves `{t5}`'s `wo` unquantized (`_keep_in_fp32_modules` \
+                     joins `modules_to_not_convert`), which moro does not model yet: use lora \
+                     or full"
                 ),
             );
         }

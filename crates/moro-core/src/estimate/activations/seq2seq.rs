@@ -32,7 +32,7 @@
 //!   `.to(wo.weight.dtype)` copy) is `wo`'s input.
 
 use super::{Activations, Ctx};
-use crate::job::{Method, PeftKind, Quantization};
+use crate::job::Method;
 use crate::model::{FeedForward, LayerGroup, Linear, Seq2SeqSpec};
 
 /// The per-block parts that do not depend on the tokens' count: `(per encoder token,
@@ -260,16 +260,4 @@ pub(super) fn activations(ctx: &Ctx<'_>, s2s: &Seq2SeqSpec) -> Activations {
         layer_backward_transient: backward * te.max(td),
         previous_step_quantized_inputs: 0,
     }
-}
-
-/// Whether `job` is one this module models on `s2s`'s model: LoRA-family adapters or a full
-/// fine-tune, 16-bit or fp32, one GPU's layers whole.
-#[must_use]
-pub fn models(job: &crate::job::Job) -> bool {
-    matches!(job.method, Method::Full | Method::Lora | Method::Qlora)
-        && job.peft == PeftKind::Lora
-        && matches!(
-            job.quantization,
-            Quantization::None | Quantization::Nf4 | Quantization::Nf4Dq
-        )
 }
