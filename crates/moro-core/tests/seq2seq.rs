@@ -340,3 +340,31 @@ fn generation_matches_its_traces() {
     }
     assert!(checked >= 5, "{checked} traces");
 }
+
+/// A config moro cannot read is an error naming its own key, never a panic or an overflow.
+#[test]
+fn bad_configs_name_their_field() {
+    let field = |cfg: Value| match parse_config(cfg.to_string().as_bytes()) {
+        Err(moro_core::arch::ArchError::Field { field, .. }) => field,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        field(json!({"model_type": "t5", "feed_forward_proj": "gated-silu"})),
+        "feed_forward_proj"
+    );
+    assert_eq!(
+        field(json!({"model_type": "t5", "num_decoder_layers": 0})),
+        "num_decoder_layers"
+    );
+    assert_eq!(
+        field(json!({"model_type": "mt5", "dropout_rate": 1.5})),
+        "dropout_rate"
+    );
+    assert_eq!(
+        field(
+            json!({"model_type": "t5", "d_model": 262_144, "d_ff": 2_097_152,
+            "num_layers": 4096})
+        ),
+        "num_layers"
+    );
+}

@@ -134,6 +134,13 @@ pub(crate) fn parse(c: &Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchErro
             "relative_attention_num_buckets",
         )?,
         load_dtype: c.dtype_or(Dtype::F32)?,
+    })
+    .map_err(|e| match e {
+        // `build` names the decoders' key; T5 calls it `num_layers`.
+        ArchError::Field { field, problem } if field == "num_hidden_layers" => {
+            c.err("num_layers", problem)
+        }
+        other => other,
     })?;
     // The decoder's parameters, counted with checked arithmetic before they join the spec
     // (`build` bounded the rest), so `total_params` cannot overflow.
