@@ -14,11 +14,7 @@ use super::{Component, DeviceProfile, Phase, PhaseBytes, Regime};
 /// cache).
 #[must_use]
 pub fn kv_cache_bytes(model: &ModelSpec, batch: u64, context: u64, kv: KvDtype, tp: u64) -> u64 {
-    let elem = match kv {
-        KvDtype::F16 => 2,
-        KvDtype::F8 => 1,
-        KvDtype::F32 => 4,
-    };
+    let elem = kv.bytes();
     let per_tok = model.kv_cache_elems_per_token_layer() / tp.max(1);
     model
         .layers
@@ -47,11 +43,7 @@ pub fn litgpt_kv_cache_bytes(
     kv: KvDtype,
     tp: u64,
 ) -> u64 {
-    let elem = match kv {
-        KvDtype::F16 => 2,
-        KvDtype::F8 => 1,
-        KvDtype::F32 => 4,
-    };
+    let elem = kv.bytes();
     let tp = tp.max(1);
     let groups = (model.num_kv_heads / tp).max(1);
     let heads = if groups == 1 { 1 } else { model.num_heads / tp };
@@ -78,11 +70,7 @@ fn seq2seq_phases(
     device: &DeviceProfile,
     weights: u64,
 ) -> Vec<PhaseBytes> {
-    let elem = match job.kv_dtype {
-        KvDtype::F16 => 2,
-        KvDtype::F8 => 1,
-        KvDtype::F32 => 4,
-    };
+    let elem = job.kv_dtype.bytes();
     let cb = r.compute_bytes;
     let b = job.micro_batch_size;
     let (src, new) = (job.seq_len, job.target_tokens());
@@ -91,11 +79,8 @@ fn seq2seq_phases(
     let n = model.q_width();
     let a = model.num_heads;
     let f = s2s.d_ff;
-    let per = if job.padding == crate::job::Padding::Padded {
-        b
-    } else {
-        1
-    };
+    let padded = job.padding == crate::job::Padding::Padded;
+    let per = if padded { b } else { 1 };
     let ff = match s2s.feed_forward {
         crate::model::FeedForward::GatedGeluNew => 4 * f,
         crate::model::FeedForward::Relu => 2 * f,
@@ -105,7 +90,7 @@ fn seq2seq_phases(
     let bias = a * src * src * cb;
     // With a padding mask `torch.where(mask, bias, min)` follows the permuted bias's strides
     // and `.contiguous()` copies it: two per-sample masks at that moment.
-    let copies = if per > 1 { 2 } else { 1 };
+    let copies = if padded { 2 } else { 1 };
     let attention = te * cb * 4 * n + copies * per * a * src * src * cb;
     let encoder = bias + te * cb * 4 * h + (te * cb * ff).max(attention);
     let kv = s2s.decoder_layers * b * 2 * n * (new + src) * elem;

@@ -743,6 +743,18 @@ pub enum KvDtype {
     F32,
 }
 
+impl KvDtype {
+    /// Bytes per cached element.
+    #[must_use]
+    pub const fn bytes(self) -> u64 {
+        match self {
+            Self::F16 => 2,
+            Self::F8 => 1,
+            Self::F32 => 4,
+        }
+    }
+}
+
 /// Library versions of the stack, where allocation behaviour changed between releases.
 /// `None` means a current release.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -1012,6 +1024,16 @@ impl Job {
     #[must_use]
     pub fn target_tokens(&self) -> u64 {
         self.target_len.unwrap_or(self.seq_len)
+    }
+
+    /// The tokens per sample in words: `seq_len`, or `seq_len → target_len` for an
+    /// encoder-decoder's two sequences.
+    #[must_use]
+    pub fn tokens_in_words(&self) -> String {
+        match self.target_len {
+            Some(t) => format!("{} → {t}", self.seq_len),
+            None => self.seq_len.to_string(),
+        }
     }
 
     /// Whether PEFT puts an adapter on `l`: a targeted `nn.Linear` module with this job's

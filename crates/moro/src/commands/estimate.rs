@@ -365,11 +365,7 @@ fn describe(job: &Job) -> String {
             )),
         }
     } else {
-        // An encoder-decoder's two sequences: encoder tokens, then the target's.
-        let tokens = match job.target_len {
-            Some(t) => format!("{} → {t}", job.seq_len),
-            None => job.seq_len.to_string(),
-        };
+        let tokens = job.tokens_in_words();
         s.push_str(&format!(
             ", micro-batch {} × {tokens} tokens, grad-accum {}, {}, {} ({}){}",
             job.micro_batch_size,

@@ -260,6 +260,21 @@ impl Ctx<'_> {
         4 * width + 4 * heads + weight_grad
     }
 
+    /// Bytes per element of the private copy a LoRA adapter makes of an input of `xb`
+    /// bytes per element, or `None` when it reads the input as it is: plain `lora.Linear`
+    /// casts x to the adapter dtype (`_cast_input_dtype`), and under autocast fp32 adapters
+    /// (or an fp32 input) get autocast's uncached bf16 copy; the bnb layer casts only
+    /// without autocast.
+    fn adapter_cast_bytes(&self, xb: u64) -> Option<u64> {
+        let r = self.r;
+        if r.autocast {
+            let plain_cast = !r.bnb_lora_layer && r.adapter_bytes == 4;
+            (plain_cast || xb == 4).then_some(2)
+        } else {
+            (xb != r.adapter_bytes).then_some(r.adapter_bytes)
+        }
+    }
+
     fn norms_per_layer(g: &LayerGroup, m: &ModelSpec) -> u64 {
         let per = match m.norm {
             NormKind::RmsNorm => m.hidden_size,
@@ -380,14 +395,7 @@ impl Ctx<'_> {
                         }
                         _ => {}
                     }
-                    let cast_copy = if r.autocast {
-                        let plain_cast = !r.bnb_lora_layer && r.adapter_bytes == 4;
-                        if plain_cast || xb == 4 { Some(2) } else { None }
-                    } else if xb != r.adapter_bytes {
-                        Some(r.adapter_bytes)
-                    } else {
-                        None
-                    };
+                    let cast_copy = self.adapter_cast_bytes(xb);
                     let fused_qkv = litgpt && grp == Group::AttnIn;
                     match (cast_copy, dropout) {
                         (_, true) if fused_qkv && fused_dropout_done => {}
@@ -983,6 +991,24 @@ impl Ctx<'_> {
     }
 }
 
+/// The part of a full fine-tune's autocast weight cache (`cache`) alive while a layer runs
+/// its backward ([`Activations::autocast_weight_cache_backward`]): under checkpointing only
+/// the recomputed layer's copies (the largest layer's), else all of it. An adapter job's
+/// cache is its adapters', all alive.
+fn weight_cache_in_backward(model: &ModelSpec, job: &Job, cache: u64, tp: u64) -> u64 {
+    if job.method == Method::Full && job.gradient_checkpointing && cache > 0 {
+        let layer = model
+            .layers
+            .iter()
+            .map(LayerGroup::layer_params)
+            .max()
+            .unwrap_or(0);
+        (2 * layer / tp.max(1)).min(cache)
+    } else {
+        cache
+    }
+}
+
 /// LoRA on transformers-5 stacked experts ([`Job::adapts_stacked`]), whatever the tokens:
 /// `(all layers, one layer, backward transient)`. Every forward, PEFT 0.21's
 /// `ParamWrapper._activate_lora` folds the adapters into a new weight of the stack's shape
@@ -1243,17 +1269,7 @@ impl Activations {
             0
         };
         let autocast_weight_cache_backward =
-            if full && job.gradient_checkpointing && autocast_weight_cache > 0 {
-                let layer = model
-                    .layers
-                    .iter()
-                    .map(LayerGroup::layer_params)
-                    .max()
-                    .unwrap_or(0);
-                (2 * layer / tp).min(autocast_weight_cache)
-            } else {
-                autocast_weight_cache
-            };
+            weight_cache_in_backward(model, job, autocast_weight_cache, tp);
         // LoHa builds each targeted Linear's ΔW = (w1a·w1b) ⊙ (w2a·w2b) · scale (`HadaWeight`)
         // every forward and `F.linear(x, ΔW)` saves it: out × in in the adapter dtype per
         // module and layer, whatever the tokens (recomputed one layer at a time under

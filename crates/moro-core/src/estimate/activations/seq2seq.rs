@@ -99,15 +99,10 @@ impl Ctx<'_> {
         if r.quantized_saves_input {
             return true;
         }
-        if !(job.method.is_peft() && job.adapts(l)) || job.lora.dropout > 0.0 {
-            return false;
-        }
-        let cast = if r.autocast {
-            (!r.bnb_lora_layer && r.adapter_bytes == 4) || xb == 4
-        } else {
-            xb != r.adapter_bytes
-        };
-        !cast
+        job.method.is_peft()
+            && job.adapts(l)
+            && job.lora.dropout == 0.0
+            && self.adapter_cast_bytes(xb).is_none()
     }
 
     fn t5_blocks(&self, s2s: &Seq2SeqSpec) -> Blocks {
@@ -234,17 +229,8 @@ pub(super) fn activations(ctx: &Ctx<'_>, s2s: &Seq2SeqSpec) -> Activations {
     } else {
         0
     };
-    let autocast_weight_cache_backward = if full_fp32 && job.gradient_checkpointing {
-        let block = m
-            .layers
-            .iter()
-            .map(LayerGroup::layer_params)
-            .max()
-            .unwrap_or(0);
-        (2 * block).min(autocast_weight_cache)
-    } else {
-        autocast_weight_cache
-    };
+    let autocast_weight_cache_backward =
+        super::weight_cache_in_backward(m, job, autocast_weight_cache, 1);
     // One block's backward: the feed-forward's gradients (three of its hidden states) or
     // the attention's (dq, dk, dv and the output's), plus the residual gradient.
     let f = s2s.d_ff;

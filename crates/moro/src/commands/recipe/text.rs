@@ -111,11 +111,7 @@ pub(crate) fn describe(job: &Job) -> String {
     if job.method == Method::Qlora {
         s.push_str(&format!(" ({})", job.quantization.as_str()));
     }
-    // An encoder-decoder's two sequences: encoder tokens, then the target's.
-    let tokens = match job.target_len {
-        Some(t) => format!("{} → {t}", job.seq_len),
-        None => job.seq_len.to_string(),
-    };
+    let tokens = job.tokens_in_words();
     s.push_str(&format!(
         ", {tokens} tokens, micro-batch {} × accum {}, {}, {}, {}{}",
         job.micro_batch_size,
