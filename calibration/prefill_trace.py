@@ -25,18 +25,11 @@ ORACLE_DIR = os.environ.get("MORO_ORACLE_DIR") or os.path.normpath(
     os.path.join(ROOT, "..", "shared", "oracle"))
 
 
-def main(argv):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", required=True)
-    p.add_argument("--set", action="append", default=[], help="config override KEY=JSON")
-    p.add_argument("--seq", type=int, required=True)
-    p.add_argument("--label", default="")
-    p.add_argument("--out")
-    args = p.parse_args(argv)
-
+def fake_inference_setup():
+    """The oracle's fake CUDA, transformers' fake-tensor patches and an sm80+ GPU's SDPA
+    choice, for a forward under `no_grad`; returns the oracle module and a fresh tracker."""
     sys.path.insert(0, ORACLE_DIR)
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
     import fakecuda
     import oracle
@@ -47,6 +40,23 @@ def main(argv):
     fakecuda.patch_module_apply_for_fake()
     warnings.filterwarnings("ignore")
     oracle.patch_transformers_for_fake()
+    torch.nn.functional.scaled_dot_product_attention = oracle.GpuLikeSDPA("auto")
+    return oracle, LiveStorageTracker("cuda")
+
+
+def main(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True)
+    p.add_argument("--set", action="append", default=[], help="config override KEY=JSON")
+    p.add_argument("--seq", type=int, required=True)
+    p.add_argument("--label", default="")
+    p.add_argument("--out")
+    args = p.parse_args(argv)
+
+    oracle, tracker = fake_inference_setup()
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
     from transformers import AutoConfig, AutoModelForCausalLM
 
     with open(args.config) as f:
@@ -59,8 +69,6 @@ def main(argv):
     model_type = d.pop("model_type")
     cfg = AutoConfig.for_model(model_type, **d)
     cfg._attn_implementation = "sdpa"
-    torch.nn.functional.scaled_dot_product_attention = oracle.GpuLikeSDPA("auto")
-    tracker = LiveStorageTracker("cuda")
     with FakeTensorMode(allow_non_fake_inputs=True):
         with torch.device("cuda"):
             model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)

@@ -231,7 +231,6 @@ def generate(argv: list[str]) -> None:
     copied to fp32 (`next_token_logits = outputs.logits[:, -1, :].to(copy=True,
     dtype=torch.float32)`, transformers 5.25 `_sample`). Greedy, so no sampling buffers."""
     import argparse
-    import warnings
 
     p = argparse.ArgumentParser()
     p.add_argument("--config", required=True)
@@ -243,19 +242,13 @@ def generate(argv: list[str]) -> None:
     p.add_argument("--label", default="")
     p.add_argument("--out")
     args = p.parse_args(argv)
-    sys.path.insert(0, ORACLE_DIR)
+    sys.path.insert(0, HERE)
+    from prefill_trace import fake_inference_setup
+
+    oracle, tracker = fake_inference_setup()
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    import fakecuda
-    import oracle
-    from tracker import LiveStorageTracker
-
-    fakecuda.ensure_fake_cuda_backward()
-    fakecuda.stub_cuda_queries()
-    fakecuda.patch_module_apply_for_fake()
-    warnings.filterwarnings("ignore")
-    oracle.patch_transformers_for_fake()
     from transformers import AutoModelForSeq2SeqLM
     from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
@@ -263,8 +256,6 @@ def generate(argv: list[str]) -> None:
         d = json.load(f)
     cfg = oracle.make_hf_config(d, "sdpa")
     cfg.use_cache = True
-    torch.nn.functional.scaled_dot_product_attention = oracle.GpuLikeSDPA("auto")
-    tracker = LiveStorageTracker("cuda")
     phases = {}
     with FakeTensorMode(allow_non_fake_inputs=True):
         with torch.device("cuda"):
