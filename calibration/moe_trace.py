@@ -7,6 +7,13 @@ capability before picking the kernel. On a machine without a GPU that question f
 wrapper answers it as an sm90 GPU (H100/H200) would, then runs the fake-CUDA oracle
 (../shared/oracle/oracle.py) unchanged: every option is the oracle's.
 
+`--matrix hybrid` regenerates validation/oracle-traces/hybrid.jsonl (the cases
+crates/moro-core/tests/hybrid.rs checks; about 3 minutes): Granite 4's hybrid Mamba-2 /
+attention decoder (`granitemoehybrid`) in the shape of validation/hybrid-configs/, cut to 4
+layers (three Mamba-2 and one attention), with and without routed experts. No `mamba_ssm`
+is installed, so transformers runs its torch path (`mamba2_chunk_scan`), as it does on a GPU
+without that package.
+
 `--matrix moe` regenerates validation/oracle-traces/moe.jsonl (the cases
 crates/moro-core/tests/moe.rs checks; about 8 minutes on two cores): gpt-oss-20b whole, and
 Mixtral-8x7B, Qwen3-30B-A3B and GLM-4.5-Air cut to 4 layers, from their configs in data/models (gpt-oss
@@ -80,6 +87,52 @@ def trace_config(stem: str, layers: int | None, tmp: str) -> str:
     return path
 
 
+HYBRID_TRACES = os.path.join(ROOT, "validation", "oracle-traces", "hybrid.jsonl")
+HYBRID_CONFIGS = os.path.join(ROOT, "validation", "hybrid-configs")
+HYBRID_LAYERS = ["mamba", "mamba", "attention", "mamba"]
+HYBRID_TARGETS = "q_proj,k_proj,v_proj,o_proj,in_proj,out_proj"
+# (case, config overrides, oracle arguments).
+HYBRID_CASES = [
+    ("lora bf16 1x1024", [], ["--method", "lora", "--precision", "bf16", "--batch", "1", "--seq", "1024"]),
+    ("lora bf16 2x1000 ckpt", [], ["--method", "lora", "--precision", "bf16", "--batch", "2", "--seq", "1000", "--grad-ckpt"]),
+    ("lora bf16-mixed 1x1024", [], ["--method", "lora", "--precision", "bf16-mixed", "--batch", "1", "--seq", "1024"]),
+    ("full bf16 fused 1x1024", [], ["--method", "full", "--precision", "bf16", "--adamw-impl", "fused", "--batch", "1", "--seq", "1024"]),
+    ("full bf16 1x2048 ckpt", [], ["--method", "full", "--precision", "bf16", "--adamw-impl", "foreach", "--batch", "1", "--seq", "2048", "--grad-ckpt"]),
+    ("qlora bf16 1x1024 ckpt", [], ["--method", "qlora", "--precision", "bf16", "--batch", "1", "--seq", "1024", "--grad-ckpt"]),
+    ("dense lora bf16 1x1024", ["num_local_experts=0"], ["--method", "lora", "--precision", "bf16", "--batch", "1", "--seq", "1024"]),
+    ("v8192 full bf16 1x2048", ["vocab_size=8192"], ["--method", "full", "--precision", "bf16", "--adamw-impl", "fused", "--batch", "1", "--seq", "2048"]),
+    ("v8192 lora bf16 1x4096 ckpt", ["vocab_size=8192"], ["--method", "lora", "--precision", "bf16", "--batch", "1", "--seq", "4096", "--grad-ckpt"]),
+]
+
+
+def run_hybrid_matrix() -> None:
+    """Every hybrid case, one subprocess each, into HYBRID_TRACES (cases already there are
+    kept)."""
+    done = set()
+    if os.path.exists(HYBRID_TRACES):
+        with open(HYBRID_TRACES) as f:
+            done = {json.loads(line).get("label") for line in f}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in sorted(os.listdir(HYBRID_CONFIGS)):
+            with open(os.path.join(HYBRID_CONFIGS, name)) as f:
+                cfg = json.load(f)
+            cfg["num_hidden_layers"] = len(HYBRID_LAYERS)
+            cfg["layer_types"] = HYBRID_LAYERS
+            config = os.path.join(tmp, name[:-5] + "-L4.json")
+            with open(config, "w") as f:
+                json.dump(cfg, f)
+            for case, overrides, args in HYBRID_CASES:
+                label = "%s-L4 %s" % (name[:-5], case)
+                if label in done:
+                    continue
+                cmd = [sys.executable, os.path.abspath(__file__), "--config", config, *args,
+                       "--lora-targets", HYBRID_TARGETS, "--label", label, "--out", HYBRID_TRACES]
+                for o in overrides:
+                    cmd += ["--override", o]
+                print(label, flush=True)
+                subprocess.run(cmd, check=True)
+
+
 def run_matrix() -> None:
     """Every case on every model, one subprocess each, into TRACES (cases already there are
     kept: delete the file to trace everything again)."""
@@ -102,6 +155,9 @@ def run_matrix() -> None:
 
 
 def main() -> None:
+    if sys.argv[1:] == ["--matrix", "hybrid"]:
+        run_hybrid_matrix()
+        return
     if sys.argv[1:] == ["--matrix", "moe"]:
         run_matrix()
         return

@@ -37,6 +37,9 @@ def fake_inference_setup():
 
     fakecuda.ensure_fake_cuda_backward()
     fakecuda.stub_cuda_queries()
+    # transformers 5's `grouped_mm` experts ask for the compute capability (as moe_trace.py
+    # answers it): an sm90 GPU's.
+    torch.cuda.get_device_capability = lambda device=None: (9, 0)
     fakecuda.patch_module_apply_for_fake()
     warnings.filterwarnings("ignore")
     oracle.patch_transformers_for_fake()
