@@ -183,6 +183,61 @@ pub enum AttentionKind {
         /// The window, in tokens.
         window: u64,
     },
+    /// No attention: the layer mixes tokens with a recurrent state-space scan
+    /// ([`ModelSpec::ssm`]), which keeps a fixed-size state instead of a KV cache.
+    Recurrent,
+}
+
+impl AttentionKind {
+    /// Tokens of a `context`-token sequence this layer's KV cache keeps (0: none).
+    #[must_use]
+    pub fn cached_tokens(self, context: u64) -> u64 {
+        match self {
+            Self::Full => context,
+            Self::Sliding { window } => context.min(window),
+            Self::Recurrent => 0,
+        }
+    }
+}
+
+/// A Mamba-2 state-space mixer (transformers 5.25 `GraniteMoeHybridMambaLayer`, the same
+/// layer as `Mamba2Mixer`): `in_proj` makes the gate z, the convolved x, B and C, and one
+/// time step per head; a depthwise causal `conv1d` over x, B and C; the chunked scan (state
+/// space duality) over `chunk`-token chunks; a gated RMSNorm; `out_proj`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SsmSpec {
+    /// Scan heads (`mamba_n_heads`).
+    pub heads: u64,
+    /// Channels per head (`mamba_d_head`); `heads · head_dim` is the inner width.
+    pub head_dim: u64,
+    /// State size per channel (`mamba_d_state`).
+    pub state: u64,
+    /// Groups sharing B and C (`mamba_n_groups`).
+    pub groups: u64,
+    /// Causal convolution width (`mamba_d_conv`).
+    pub conv_kernel: u64,
+    /// Tokens per scan chunk (`mamba_chunk_size`).
+    pub chunk: u64,
+}
+
+impl SsmSpec {
+    /// The inner width `heads · head_dim` (`mamba_expand · hidden_size`).
+    #[must_use]
+    pub const fn inner(&self) -> u64 {
+        self.heads * self.head_dim
+    }
+
+    /// Channels the convolution runs over: x, B and C (`conv_dim`).
+    #[must_use]
+    pub const fn conv_channels(&self) -> u64 {
+        self.inner() + 2 * self.groups * self.state
+    }
+
+    /// `in_proj`'s output width: z, x, B, C and the time steps.
+    #[must_use]
+    pub const fn in_proj_width(&self) -> u64 {
+        self.inner() + self.conv_channels() + self.heads
+    }
 }
 
 /// A group of identical decoder layers.
@@ -434,6 +489,10 @@ pub struct ModelSpec {
     /// weights load quantized, so a job on it is QLoRA unless it says otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prequantized: Option<crate::job::Quantization>,
+    /// The state-space mixer of the layers whose attention is
+    /// [`AttentionKind::Recurrent`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssm: Option<SsmSpec>,
 }
 
 /// The gated activation inside a fused expert, as the saved tensors differ.

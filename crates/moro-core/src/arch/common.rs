@@ -382,6 +382,7 @@ pub(crate) fn build(p: Plan) -> Result<ModelSpec, ArchError> {
         seq2seq: None,
         vision: None,
         prequantized: None,
+        ssm: None,
     };
     let total = checked_total(&spec)?;
     if total > MAX_TOTAL_PARAMS {

@@ -22,6 +22,7 @@ mod glm4_moe;
 mod gpt2;
 mod gpt_neox;
 mod gpt_oss;
+mod granite_hybrid;
 mod llama;
 mod llama4;
 mod olmo2;
@@ -99,6 +100,7 @@ pub const SUPPORTED: &[&str] = &[
     "olmo3",
     "smollm3",
     "granite",
+    "granitemoehybrid",
     "gpt2",
     "gpt_bigcode",
     "gpt_neox",
@@ -182,6 +184,7 @@ fn by_type(c: &cfg::Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchError> {
         "deepseek_v2" | "deepseek_v3" => deepseek::parse(&c, model_type),
         "glm4_moe" => glm4_moe::parse(&c),
         "gpt_oss" => gpt_oss::parse(&c),
+        "granitemoehybrid" => granite_hybrid::parse(&c),
         "llama4" | "llama4_text" => llama4::parse(&c, model_type),
         "olmo2" | "olmo3" => olmo2::parse(&c, model_type),
         "gpt2" | "gpt_bigcode" => gpt2::parse(&c, model_type),

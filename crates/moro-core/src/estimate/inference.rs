@@ -1,7 +1,7 @@
 //! Inference: weights + KV cache + the prefill's transients and logits.
 
 use crate::job::{Attention, Job, KvDtype};
-use crate::model::{AttentionKind, ModelSpec};
+use crate::model::ModelSpec;
 
 use super::parallel::Sharded;
 use super::{Component, DeviceProfile, Phase, PhaseBytes, Regime};
@@ -20,10 +20,7 @@ pub fn kv_cache_bytes(model: &ModelSpec, batch: u64, context: u64, kv: KvDtype, 
         .layers
         .iter()
         .map(|g| {
-            let tokens = match g.attention {
-                AttentionKind::Full => context,
-                AttentionKind::Sliding { window } => context.min(window),
-            };
+            let tokens = g.attention.cached_tokens(context);
             g.count * tokens * per_tok
         })
         .sum::<u64>()
@@ -165,6 +162,10 @@ pub(super) fn phases(
     if job.attention == Attention::Eager {
         prefill += b * (model.num_heads / tp) * s * s * (4 + cb);
     }
+    if let Some(ssm) = &model.ssm {
+        prefill = prefill.max(super::recurrent::prefill_bytes(ssm, h, b, s, cb) / tp);
+    }
+    let kv = kv + super::recurrent::state_bytes(model, b, cb, tp) / pp;
     // Logits: `generate` keeps only the last position (`logits_to_keep=1`), upcast to fp32.
     let logits = b * model.vocab_size / tp * 4 * 2;
     let dequant = super::weights::dequant_transient(model, job, r);

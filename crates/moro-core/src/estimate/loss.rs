@@ -1,7 +1,7 @@
 //! Logits and loss buffers (memory-anatomy §3).
 
 use crate::job::{Job, LossImpl, Method, Padding};
-use crate::model::{AttentionKind, ModelSpec};
+use crate::model::ModelSpec;
 use crate::stack::{CompileScope, LossCode};
 
 use super::Regime;
@@ -421,10 +421,7 @@ pub fn compiled_tangents(model: &ModelSpec, job: &Job, r: &Regime) -> u64 {
         .layers
         .iter()
         .map(|g| {
-            let tokens = match g.attention {
-                AttentionKind::Full => job.seq_len,
-                AttentionKind::Sliding { window } => job.seq_len.min(window),
-            };
+            let tokens = g.attention.cached_tokens(job.seq_len);
             g.count * 2 * kv * tokens * e
         })
         .sum::<u64>()

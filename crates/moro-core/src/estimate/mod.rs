@@ -25,6 +25,7 @@ pub mod mlx;
 pub mod optimizer;
 pub mod parallel;
 pub mod rank;
+pub mod recurrent;
 pub mod regime;
 pub mod replay;
 pub mod stored;

@@ -242,6 +242,7 @@ fn tower_model(v: &VisionSpec) -> ModelSpec {
         seq2seq: None,
         vision: None,
         prequantized: None,
+        ssm: None,
     }
 }
 

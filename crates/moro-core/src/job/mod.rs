@@ -12,6 +12,7 @@ use crate::stack::DefaultLoss;
 
 pub mod against;
 mod liger;
+mod recurrent;
 pub mod settings;
 mod validate;
 

@@ -229,6 +229,7 @@ impl Job {
         }
         self.validate_images(model)?;
         self.validate_seq2seq(model)?;
+        self.validate_recurrent(model)?;
         self.validate_unsloth(model)?;
         self.validate_mlx(model)?;
         if self.grad_accum == 0 || self.grad_accum > 1 << 20 {

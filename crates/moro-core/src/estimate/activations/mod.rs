@@ -26,13 +26,16 @@
 //! terms to the byte: `16h + 4ad + 4kd + 4a + 8I` per token per layer.
 
 use crate::job::{Attention, Job, Method, Padding, PeftKind, Quantization};
-use crate::model::{EncoderSpec, ExpertGate, LayerGroup, Linear, LinearRole, ModelSpec, NormKind};
+use crate::model::{
+    AttentionKind, EncoderSpec, ExpertGate, LayerGroup, Linear, LinearRole, ModelSpec, NormKind,
+};
 use crate::stack::{AttentionModule, CompileScope};
 
 use super::Regime;
 use super::weights::{ADAPTER_PROMPT_LENGTH, ADAPTER_START_LAYER};
 
 mod compiled;
+mod mamba;
 pub mod seq2seq;
 mod unsloth;
 
@@ -276,6 +279,11 @@ impl Ctx<'_> {
     }
 
     fn norms_per_layer(g: &LayerGroup, m: &ModelSpec) -> u64 {
+        if g.attention == AttentionKind::Recurrent {
+            // `input_layernorm` and `post_attention_layernorm`; the mixer's gated norm is
+            // part of its core ([`Self::mamba_core`]).
+            return 2;
+        }
         let per = match m.norm {
             NormKind::RmsNorm => m.hidden_size,
             NormKind::LayerNorm => 2 * m.hidden_size,
@@ -301,8 +309,12 @@ impl Ctx<'_> {
         let mut bytes = 0u64;
         let o = self.linear_out_bytes(s);
         let attn_b = self.attn_bytes(o);
+        // A Mamba-2 mixer's `out_proj` reads `scan_output.to(dtype)`, the gated norm's
+        // output cast to the layer input's dtype.
+        let recurrent = g.attention == AttentionKind::Recurrent;
         let group_input_bytes = |grp: Group| match grp {
             Group::AttnIn | Group::MlpIn | Group::Router => s,
+            Group::AttnOut if recurrent => s,
             Group::AttnOut => attn_b,
             Group::MlpOut => o,
         };
@@ -439,6 +451,9 @@ impl Ctx<'_> {
                             .unwrap_or(0)
                             / tp
                     }
+                    Group::AttnOut if recurrent => {
+                        group_width(g, h, Group::AttnOut).unwrap_or(0) / tp
+                    }
                     Group::AttnOut => m.q_width() / tp,
                     _ => h,
                 };
@@ -566,7 +581,9 @@ impl Ctx<'_> {
         let attn_b = self.attn_bytes(o);
         // SDPA and FlashAttention save their output, which o_proj reads unless RoPE's
         // layout makes it a copy; eager attention's `matmul(probs, v)` saves only its inputs.
-        let out_saved = litgpt || (job.attention != Attention::Eager && !m.rope_by_concat);
+        let recurrent = g.attention == AttentionKind::Recurrent;
+        let out_saved =
+            !recurrent && (litgpt || (job.attention != Attention::Eager && !m.rope_by_concat));
         bytes += self.linear_inputs(g, out_saved);
         if m.qk_norm {
             bytes += self.qk_norm_bytes(o);
@@ -583,6 +600,7 @@ impl Ctx<'_> {
         let padded = (job.padding.has_mask() || prefix > 0) && !litgpt;
         let seq = job.seq_len;
         bytes += match job.attention {
+            _ if recurrent => m.ssm.as_ref().map_or(0, |ssm| self.mamba_core(ssm)),
             _ if litgpt => {
                 let mut b = self.litgpt_attention_core(attn_b);
                 // LoRA on a subset of q/k/v: `zero_pad`'s `index_copy` saves its (copied)

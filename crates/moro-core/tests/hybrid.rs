@@ -1,0 +1,243 @@
+//! Granite 4.0's hybrid Mamba-2 / attention decoder (`granitemoehybrid`), against
+//! transformers 5.25 (parameters counted on the meta device) and the training step traced on
+//! fake CUDA tensors (`calibration/moe_trace.py --matrix hybrid`,
+//! `validation/oracle-traces/hybrid.jsonl`: torch 2.15, transformers 5.25, PEFT 0.21.2;
+//! transformers' torch path of the scan, as without `mamba_ssm`).
+
+use moro_core::estimate::{DeviceProfile, estimate};
+use moro_core::job::{Attention, JobSettings, Method, Optimizer, Precision, Targets};
+use moro_core::model::{AttentionKind, ModelSpec};
+use serde_json::Value;
+
+const TINY: &str = include_str!("../../../validation/hybrid-configs/granite-4.0-h-tiny-shape.json");
+
+fn config(over: &[(&str, Value)]) -> ModelSpec {
+    let mut cfg: Value = serde_json::from_str(TINY).expect("config");
+    for (k, v) in over {
+        cfg[*k] = v.clone();
+    }
+    moro_core::arch::parse_config(cfg.to_string().as_bytes()).expect("parses")
+}
+
+fn cut4(over: &[(&str, Value)]) -> ModelSpec {
+    let mut all = vec![
+        ("num_hidden_layers", Value::from(4)),
+        (
+            "layer_types",
+            serde_json::json!(["mamba", "mamba", "attention", "mamba"]),
+        ),
+    ];
+    all.extend(over.iter().cloned());
+    config(&all)
+}
+
+/// `sum(p.numel())` of `GraniteMoeHybridForCausalLM(config)` built on the meta device.
+#[test]
+fn parameter_counts_are_transformers() {
+    assert_eq!(config(&[]).total_params(), 6_939_037_248);
+    assert_eq!(cut4(&[]).total_params(), 827_621_040);
+    assert_eq!(
+        cut4(&[("num_local_experts", 0.into())]).total_params(),
+        223_248_048
+    );
+    // Granite-4.0-H-Small's published shape: 32.2 B.
+    let small = config(&[
+        ("hidden_size", 4096.into()),
+        ("num_attention_heads", 32.into()),
+        ("num_key_value_heads", 8.into()),
+        ("num_local_experts", 72.into()),
+        ("num_experts_per_tok", 10.into()),
+        ("intermediate_size", 768.into()),
+        ("shared_intermediate_size", 1536.into()),
+        ("mamba_n_heads", 128.into()),
+        ("mamba_d_head", 64.into()),
+    ]);
+    assert_eq!(small.total_params(), 32_207_337_984);
+    // `GraniteMoeHybridConfig()`'s defaults: every layer Mamba-2, head width "auto".
+    let defaults = moro_core::arch::parse_config(
+        br#"{"model_type": "granitemoehybrid", "num_attention_heads": 32}"#,
+    )
+    .expect("parses");
+    assert_eq!(defaults.total_params(), 38_601_064_448);
+    assert!(
+        defaults
+            .layers
+            .iter()
+            .all(|g| g.attention == AttentionKind::Recurrent)
+    );
+}
+
+const TRACES: &str = include_str!("../../../validation/oracle-traces/hybrid.jsonl");
+
+fn oracle_device() -> DeviceProfile {
+    DeviceProfile {
+        cublas_workspace_bytes: 0,
+        ..DeviceProfile::default()
+    }
+}
+
+/// The traced job, as moro settings.
+fn settings(t: &Value) -> JobSettings {
+    let j = &t["job"];
+    let lora = &j["lora"];
+    JobSettings {
+        method: Some(match j["method"].as_str().unwrap() {
+            "full" => Method::Full,
+            "qlora" => Method::Qlora,
+            _ => Method::Lora,
+        }),
+        precision: Some(match j["precision"].as_str().unwrap() {
+            "bf16-mixed" => Precision::Bf16Mixed,
+            _ => Precision::Bf16,
+        }),
+        optimizer: Some(if j["optimizer"].as_str().unwrap().contains("fused") {
+            Optimizer::AdamwTorchFused
+        } else {
+            Optimizer::AdamwTorch
+        }),
+        attention: Some(Attention::Sdpa),
+        gradient_checkpointing: Some(j["grad_ckpt"].as_bool().unwrap()),
+        micro_batch_size: j["micro_batch"].as_u64(),
+        seq_len: j["seq_len"].as_u64(),
+        lora_rank: lora["r"].as_u64(),
+        lora_alpha: lora["alpha"].as_f64(),
+        lora_dropout: lora["dropout"].as_f64(),
+        target_modules: lora["targets"]
+            .as_array()
+            .map(|v| Targets::Names(v.iter().map(|s| s.as_str().unwrap().to_owned()).collect())),
+        ..JobSettings::default()
+    }
+}
+
+/// Every traced step (LoRA, QLoRA and full; bf16 and bf16-mixed; with and without
+/// checkpointing; a padded last chunk; routed experts or none; a small vocabulary, where a
+/// layer's recomputation or backward is the peak): moro's allocated peak within 3 %.
+#[test]
+fn training_steps_match_their_traces() {
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for line in TRACES.lines() {
+        let t: Value = serde_json::from_str(line).expect("trace");
+        let label = t["label"].as_str().unwrap();
+        let mut over = vec![("vocab_size", t["config"]["vocab_size"].clone())];
+        if label.contains(" dense ") {
+            over.push(("num_local_experts", 0.into()));
+        }
+        let m = cut4(&over);
+        let job = settings(&t).resolve_for(&m).expect("resolves");
+        let e = estimate(&m, &job, &oracle_device()).expect("valid job");
+        let want = t["measured"]["peak_allocated_bytes"].as_u64().unwrap();
+        #[allow(clippy::cast_precision_loss)]
+        let err = e.peak_allocated_bytes as f64 / want as f64 - 1.0;
+        eprintln!(
+            "{label}: {:+.2} % (moro {} at {}, oracle {want} at {})",
+            err * 100.0,
+            e.peak_allocated_bytes,
+            e.peak_phase.as_str(),
+            t["measured"]["peak_at"]["phase"]
+        );
+        if err.abs() > 0.03 {
+            failures.push(format!("{label}: {:+.2} %", err * 100.0));
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 9);
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+/// The prefill (one forward under `no_grad` with a cache, the last position's logits, as
+/// `generate` runs it) traced on fake CUDA tensors (`calibration/prefill_trace.py`,
+/// `validation/oracle-traces/hybrid-prefill.jsonl`): the torch path's chunk scan at its
+/// widest moment and the recurrent state in place of a KV cache. Within 3 %.
+#[test]
+fn prefill_matches_its_traces() {
+    let traces = include_str!("../../../validation/oracle-traces/hybrid-prefill.jsonl");
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for line in traces.lines() {
+        let t: Value = serde_json::from_str(line).expect("trace");
+        let label = t["label"].as_str().unwrap();
+        let m = moro_core::arch::parse_config(t["config"].to_string().as_bytes()).expect("parses");
+        let settings = JobSettings {
+            method: Some(Method::Inference),
+            attention: Some(Attention::Sdpa),
+            micro_batch_size: Some(1),
+            seq_len: t["seq_len"].as_u64(),
+            ..JobSettings::default()
+        };
+        let job = settings.resolve_for(&m).expect("resolves");
+        let e = estimate(&m, &job, &oracle_device()).expect("valid job");
+        let want = t["peak_allocated_bytes"].as_u64().unwrap();
+        #[allow(clippy::cast_precision_loss)]
+        let err = e.peak_allocated_bytes as f64 / want as f64 - 1.0;
+        eprintln!(
+            "{label}: {:+.2} % (moro {}, oracle {want})",
+            err * 100.0,
+            e.peak_allocated_bytes
+        );
+        if err.abs() > 0.03 {
+            failures.push(format!("{label}: {:+.2} %", err * 100.0));
+        }
+        checked += 1;
+    }
+    assert!(checked >= 2);
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+/// What was not traced on Mamba-2 layers is refused by name; the recurrent state replaces
+/// the KV cache of those layers and does not grow with the context.
+#[test]
+fn untraced_settings_are_refused_and_the_state_is_fixed() {
+    use moro_core::job::{Padding, Stack};
+    let m = config(&[]);
+    let base = JobSettings {
+        method: Some(Method::Lora),
+        seq_len: Some(2048),
+        ..JobSettings::default()
+    };
+    let field = |s: JobSettings| {
+        s.resolve_for(&m)
+            .and_then(|j| j.validate(&m).map(|()| j))
+            .unwrap_err()
+            .field
+    };
+    assert_eq!(
+        field(JobSettings {
+            stack: Some(Stack::Torchtune),
+            ..base.clone()
+        }),
+        "stack"
+    );
+    assert_eq!(
+        field(JobSettings {
+            compile: Some(true),
+            ..base.clone()
+        }),
+        "compile"
+    );
+    assert_eq!(
+        field(JobSettings {
+            padding: Some(Padding::Padded),
+            ..base.clone()
+        }),
+        "padding"
+    );
+    let job = base.resolve_for(&m).expect("resolves");
+    assert!(job.validate(&m).is_ok());
+
+    // 36 Mamba-2 layers × (bf16 conv state 3,328 × 4 + fp32 state 48 × 64 × 128), per
+    // sequence, whatever the context; the 4 attention layers' cache grows with it.
+    let state = 36 * (2 * 3328 * 4 + 4 * 48 * 64 * 128);
+    assert_eq!(
+        moro_core::estimate::recurrent::state_bytes(&m, 1, 2, 1),
+        state
+    );
+    let kv = moro_core::estimate::inference::kv_cache_bytes(
+        &m,
+        1,
+        8192,
+        moro_core::job::KvDtype::F16,
+        1,
+    );
+    assert_eq!(kv, 4 * 2 * 4 * 128 * 8192 * 2);
+}
