@@ -33,6 +33,12 @@ Where the image tokens come from (transformers 5.24.0, site-packages/transformer
     `idefics3/processing_idefics3.py:Idefics3Processor.replace_image_token`
     ((rows*cols + 1) * image_seq_len placeholders, plus <fake_token_around_image>,
     <row_i_col_j>, <global-img> and newline characters).
+  * Llama 3.2 Vision: `mllama/image_processing_pil_mllama.py` (tiles of 560 x 560, padded to
+    `max_image_tiles` = 4 empty ones included) and `mllama/processing_mllama.py` (the prompt's
+    <|image|> token stays; `get_cross_attention_token_mask` and
+    `convert_sparse_cross_attention_mask_to_dense` make the cross_attention_mask).
+    `--matrix mllama` regenerates validation/oracle-traces/vlm-mllama.jsonl (8 cases, about
+    2 minutes) from validation/vlm-configs/.
   Class defaults differ from the models' published preprocessor_config.json for three of them
   (Gemma3ImageProcessor: 224x224; CLIPImageProcessor: 224; Qwen2VLImageProcessor:
   max_pixels 28*28*1280 = 1003520 while Qwen's preprocessor_config.json has 12845056). The trace
@@ -87,6 +93,7 @@ ORACLE_DIR = os.environ.get("MORO_ORACLE_DIR") or os.path.normpath(
 )
 CONFIG_DIRS = [
     os.path.join(ROOT, "data", "models"),
+    os.path.join(ROOT, "validation", "vlm-configs"),
 ]
 TRACES = os.path.join(ROOT, "validation", "oracle-traces", "vlm.jsonl")
 IMAGE_TOKENS = os.path.join(ROOT, "validation", "vlm-image-tokens.jsonl")
@@ -107,8 +114,11 @@ PROFILES = {
         "llava": {"size": {"shortest_edge": 336}, "crop_size": {"height": 336, "width": 336}},
         "idefics3": {},
         "pixtral": {},
+        # Llama 3.2 Vision's preprocessor_config.json: 560 x 560 tiles, at most 4.
+        "mllama": {"size": {"height": 560, "width": 560}, "max_image_tiles": 4},
     },
-    "class_default": {"qwen": {}, "gemma3": {}, "llava": {}, "idefics3": {}, "pixtral": {}},
+    "class_default": {"qwen": {}, "gemma3": {}, "llava": {}, "idefics3": {}, "pixtral": {},
+                      "mllama": {}},
 }
 
 
@@ -171,7 +181,7 @@ def patch_mistral3_for_fake() -> str:
 def family_of(model_type: str) -> str:
     return {"qwen2_vl": "qwen", "qwen2_5_vl": "qwen", "qwen3_vl": "qwen", "qwen3_vl_moe": "qwen",
             "gemma3": "gemma3", "llava": "llava", "idefics3": "idefics3",
-            "smolvlm": "idefics3", "mistral3": "pixtral"}[model_type]
+            "smolvlm": "idefics3", "mistral3": "pixtral", "mllama": "mllama"}[model_type]
 
 
 def vision_prefixes(family: str):
@@ -182,6 +192,7 @@ def vision_prefixes(family: str):
         "llava": ("model.vision_tower.", "model.multi_modal_projector."),
         "idefics3": ("model.vision_model.", "model.connector."),
         "pixtral": ("model.vision_tower.", "model.multi_modal_projector."),
+        "mllama": ("model.vision_model.", "model.multi_modal_projector."),
     }[family]
 
 
@@ -218,6 +229,8 @@ def image_processor(family: str, cfg, profile: str = "hub"):
         kw.update(patch_size=cfg.vision_config.patch_size * cfg.spatial_merge_size)
         if profile == "hub":
             kw["size"] = {"longest_edge": cfg.vision_config.image_size}
+    elif family == "mllama":
+        from transformers.models.mllama.image_processing_pil_mllama import MllamaImageProcessorPil as C
     else:
         from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil as C
         if profile == "hub":
@@ -284,6 +297,20 @@ def image_tokens_for(family: str, cfg, width: int, height: int, profile: str = "
                    grid={"rows": rows, "cols": cols, "patches": (h // cfg.vision_config.patch_size)
                          * (w // cfg.vision_config.patch_size)})
         res["_image_size"] = [h, w]
+    elif family == "mllama":
+        # `MllamaProcessor`: the prompt's one <|image|> token stays; the image reaches the
+        # language model through its cross-attention layers, as `pixel_values` of
+        # (images, max_image_tiles, 3, tile, tile) tiles, padded with empty ones, over which the
+        # tower runs whole.
+        tiles = int(out["num_tiles"][0][0])
+        res.update(image_tokens=1, extra_tokens=0,
+                   extra_tokens_what="none (the <|image|> token itself)",
+                   resized_width=None, resized_height=None,
+                   grid={"tiles": tiles, "max_image_tiles": proc.max_image_tiles,
+                         "pixel_values_shape": list(pv.shape)})
+        res["_aspect_ratio_ids"] = out["aspect_ratio_ids"]
+        res["_aspect_ratio_mask"] = out["aspect_ratio_mask"]
+        res["_num_tiles"] = tiles
     else:
         rows, cols = int(out["rows"][0][0]), int(out["cols"][0][0])
         # `Idefics3Model.image_seq_len`: the tower's patches over the pixel shuffle's
@@ -333,6 +360,11 @@ def load_config(path: str, text_layers: int | None, vision_layers: int | None, a
         if getattr(text, "max_window_layers", None) is not None:
             text.max_window_layers = min(text.max_window_layers, text_layers)
         cuts["text_layers"] = [text_layers, full_text]
+        if getattr(text, "cross_attention_layers", None):
+            # Mllama: keep the cross-attention layers inside the cut.
+            kept = [i for i in text.cross_attention_layers if i < text_layers]
+            cuts["cross_attention_layers"] = [kept, list(text.cross_attention_layers)]
+            text.cross_attention_layers = kept
     vc = cfg.vision_config
     vkey = "depth" if hasattr(vc, "depth") else "num_hidden_layers"
     full_vision = getattr(vc, vkey)
@@ -346,6 +378,12 @@ def load_config(path: str, text_layers: int | None, vision_layers: int | None, a
             cuts["fullatt_block_indexes"] = [kept, list(vc.fullatt_block_indexes)]
             vc.fullatt_block_indexes = kept
         cuts["vision_layers"] = [vision_layers, full_vision]
+        if getattr(vc, "intermediate_layers_indices", None) is not None:
+            # Mllama: the tower's output stacks these layers' outputs beside the last one.
+            kept = [i for i in vc.intermediate_layers_indices if i < vision_layers]
+            cuts["intermediate_layers_indices"] = [kept, list(vc.intermediate_layers_indices)]
+            vc.intermediate_layers_indices = kept
+            vc.vision_output_dim = vc.hidden_size * (len(kept) + 1)
     cfg.use_cache = False
     text.use_cache = False
     return cfg, model_type, cuts
@@ -358,6 +396,8 @@ def token_ids(cfg, family: str) -> dict:
         return {"image": cfg.image_token_id, "boi": cfg.boi_token_id, "eoi": cfg.eoi_token_id, "nl2": 108}
     if family == "llava":
         return {"image": cfg.image_token_id}
+    if family == "mllama":
+        return {"image": cfg.image_token_index}
     return {"image": cfg.image_token_id}
 
 
@@ -719,9 +759,26 @@ def run(args) -> dict:
             real["mm_token_type_ids"] = torch.tensor(types, dtype=torch.int32)
         if family == "gemma3":
             real["token_type_ids"] = torch.tensor(types, dtype=torch.long)
+        if family == "mllama" and n_img:
+            # `MllamaProcessor`: each image's tiles attend from its <|image|> token to the next
+            # image's, the last to the end (`get_cross_attention_token_mask`,
+            # `convert_sparse_cross_attention_mask_to_dense`).
+            from transformers.models.mllama.processing_mllama import (
+                convert_sparse_cross_attention_mask_to_dense, get_cross_attention_token_mask)
+            sparse = [get_cross_attention_token_mask(r, cfg.image_token_index) for r in rows]
+            dense = convert_sparse_cross_attention_mask_to_dense(
+                sparse, [[info["_num_tiles"]] * n_img] * B, cfg.vision_config.max_num_tiles, total_seq)
+            real["cross_attention_mask"] = torch.from_numpy(dense)
+            real["aspect_ratio_ids"] = torch.from_numpy(np.ascontiguousarray(
+                info["_aspect_ratio_ids"])).reshape(1, 1).repeat(B, n_img)
+            real["aspect_ratio_mask"] = torch.from_numpy(np.ascontiguousarray(
+                info["_aspect_ratio_mask"])).reshape(1, 1, -1).repeat(B, n_img, 1)
         if n_img:
             pv = torch.from_numpy(np.ascontiguousarray(info["_pixel_values"]))
-            if family == "qwen":
+            if family == "mllama":
+                # (1, 1, tiles, 3, H, W) per image -> (B, images, tiles, 3, H, W).
+                real["pixel_values"] = pv.reshape(1, 1, *pv.shape[2:]).repeat(B, n_img, 1, 1, 1, 1)
+            elif family == "qwen":
                 real["pixel_values"] = pv.repeat(B * n_img, 1)
                 real["image_grid_thw"] = torch.tensor([info["_grid_thw"]] * (B * n_img), dtype=torch.long)
             else:
@@ -841,7 +898,7 @@ def run(args) -> dict:
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="HF config.json of the VLM")
-    p.add_argument("--matrix", choices=["vlm", "image-tokens", "params"])
+    p.add_argument("--matrix", choices=["vlm", "mllama", "image-tokens", "params"])
     p.add_argument("--text-layers", type=int)
     p.add_argument("--vision-layers", type=int)
     p.add_argument("--method", choices=["full", "lora"], default="lora")
@@ -923,6 +980,39 @@ def run_matrix() -> None:
                          "--vision-layers", "8", "--method", "lora", "--precision", "bf16",
                          "--images-per-sample", "1", "--image-size", "896x896", "--batch", "1",
                          "--seq", "4096", "--label", label, "--out", TRACES])
+
+
+MLLAMA_TRACES = os.path.join(ROOT, "validation", "oracle-traces", "vlm-mllama.jsonl")
+# Llama 3.2 Vision cut to 4 text layers (the cross-attention layer at 3 kept) and 8 local
+# tower layers (its 8 global layers whole): (case, arguments).
+MLLAMA_CASES = [
+    ("lora bf16 frozen 1x1120x1120", ["--method", "lora", "--precision", "bf16"]),
+    ("lora bf16 frozen ckpt 1x1120x1120", ["--method", "lora", "--precision", "bf16", "--grad-ckpt"]),
+    ("full bf16 frozen ckpt 1x1120x1120", ["--method", "full", "--precision", "bf16", "--grad-ckpt"]),
+    ("full bf16 trained-vision ckpt 1x1120x1120",
+     ["--method", "full", "--precision", "bf16", "--grad-ckpt", "--train-vision"]),
+    ("lora bf16-mixed frozen 1x1120x1120", ["--method", "lora", "--precision", "bf16-mixed"]),
+    ("lora bf16 frozen 2x1120x1120", ["--method", "lora", "--precision", "bf16", "--images-per-sample", "2"]),
+    ("lora bf16 frozen 1x560x560", ["--method", "lora", "--precision", "bf16", "--image-size", "560x560"]),
+    ("lora bf16 text-only", ["--method", "lora", "--precision", "bf16", "--images-per-sample", "0"]),
+]
+
+
+def run_mllama_matrix() -> None:
+    """Every Llama 3.2 Vision case into MLLAMA_TRACES (cases already there are kept)."""
+    done = set()
+    if os.path.exists(MLLAMA_TRACES):
+        with open(MLLAMA_TRACES) as f:
+            done = {json.loads(line).get("label") for line in f if line.strip()}
+    config = find_config("llama-3.2-11b-vision-shape")
+    for case, args in MLLAMA_CASES:
+        label = "llama-3.2-11b-vision-shape-T4-V8 %s b1 s512" % case
+        if label in done:
+            continue
+        cmd = [sys.executable, os.path.abspath(__file__), "--config", config, "--text-layers", "4",
+               "--vision-layers", "8", "--images-per-sample", "1", "--image-size", "1120x1120",
+               *args, "--batch", "1", "--seq", "512", "--label", label, "--out", MLLAMA_TRACES]
+        run_case(label, cmd)
 
 
 def run_case(label: str, cmd: list) -> None:
@@ -1017,6 +1107,9 @@ def main() -> None:
     args = build_parser().parse_args()
     if args.matrix == "vlm":
         run_matrix()
+        return
+    if args.matrix == "mllama":
+        run_mllama_matrix()
         return
     if args.matrix == "image-tokens":
         run_image_tokens()
