@@ -183,6 +183,10 @@ pub enum AttentionKind {
         /// The window, in tokens.
         window: u64,
     },
+    /// Cross-attention from the text to the images' vision states (Mllama's
+    /// `MllamaCrossAttentionDecoderLayer`): its k and v read the vision states, its KV cache
+    /// holds them, not the text.
+    Cross,
     /// No attention: the layer mixes tokens with a recurrent state-space scan
     /// ([`ModelSpec::ssm`]), which keeps a fixed-size state instead of a KV cache.
     Recurrent,
@@ -195,7 +199,7 @@ impl AttentionKind {
         match self {
             Self::Full => context,
             Self::Sliding { window } => context.min(window),
-            Self::Recurrent => 0,
+            Self::Recurrent | Self::Cross => 0,
         }
     }
 }

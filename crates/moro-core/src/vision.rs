@@ -55,6 +55,15 @@ pub struct VisionSpec {
     /// padded batch (Gemma 3: `token_type_ids` → `create_masks_for_vision_model`): SDPA then
     /// runs its mem-efficient kernel with K and V repeated to every query head.
     pub image_attention_mask: bool,
+    /// Whether the tower's blocks are `GradientCheckpointingLayer`s that checkpoint under
+    /// gradient checkpointing. Mllama's `MllamaVisionEncoderLayer` is a plain `nn.Module`:
+    /// a recorded tower saves every block whole.
+    #[serde(default = "yes")]
+    pub blocks_checkpoint: bool,
+}
+
+const fn yes() -> bool {
+    true
 }
 
 const fn is_zero(n: &u64) -> bool {
@@ -133,6 +142,20 @@ pub enum ImageTokens {
         tokens_per_tile: u64,
         /// `size.longest_edge` of the processor (4 tiles in the released checkpoints).
         longest_edge: u64,
+    },
+    /// Llama 3.2 Vision (`MllamaImageProcessor`, `MllamaVisionModel`): the image is split
+    /// into tiles of `tile_size` and padded with empty tiles to `max_tiles` (the
+    /// `pixel_values` of every image hold them all); the tower runs the image's tiles as one
+    /// sequence of `max_tiles` × ((tile / patch)² + 1) positions, each tile padded to a
+    /// multiple of 8; the language model reads the result through its cross-attention
+    /// layers, so the sequence keeps just the prompt's `<|image|>` token.
+    CrossTiles {
+        /// Tile side in pixels (560).
+        tile_size: u64,
+        /// Tower patch side (14).
+        patch_size: u64,
+        /// `max_image_tiles` of the processor, `max_num_tiles` of the tower (4).
+        max_tiles: u64,
     },
 }
 
@@ -272,6 +295,19 @@ impl ImageTokens {
                     } else {
                         (tile_size, tile_size)
                     },
+                }
+            }
+            Self::CrossTiles {
+                tile_size,
+                patch_size,
+                max_tiles,
+            } => {
+                let side = tile_size / patch_size.max(1);
+                ImageShape {
+                    tower_tokens: max_tiles * (side * side + 1).next_multiple_of(8),
+                    tower_passes: 1,
+                    added_tokens: 0,
+                    resized: (tile_size, tile_size),
                 }
             }
             Self::Tiled {
@@ -478,9 +514,27 @@ impl VisionSpec {
         match self.tokens {
             ImageTokens::Fixed { image_size, .. } => (image_size, image_size),
             ImageTokens::Dynamic { .. } | ImageTokens::Pixtral { .. } => (1024, 1024),
-            ImageTokens::Tiled { tile_size, .. } | ImageTokens::Split { tile_size, .. } => {
-                (tile_size, tile_size)
+            ImageTokens::Tiled { tile_size, .. }
+            | ImageTokens::Split { tile_size, .. }
+            | ImageTokens::CrossTiles { tile_size, .. } => (tile_size, tile_size),
+        }
+    }
+
+    /// Vision states one image gives each cross-attention layer of the language model
+    /// ([`ImageTokens::CrossTiles`]: every tile's patches and class token, the tower's
+    /// padding dropped), 0 for models that put image tokens into the sequence.
+    #[must_use]
+    pub const fn cross_states_per_image(&self) -> u64 {
+        match self.tokens {
+            ImageTokens::CrossTiles {
+                tile_size,
+                patch_size,
+                max_tiles,
+            } => {
+                let side = tile_size / if patch_size == 0 { 1 } else { patch_size };
+                max_tiles * (side * side + 1)
             }
+            _ => 0,
         }
     }
 
@@ -493,7 +547,8 @@ impl VisionSpec {
             ImageTokens::Fixed { .. }
             | ImageTokens::Tiled { .. }
             | ImageTokens::Split { .. }
-            | ImageTokens::Pixtral { .. } => 0,
+            | ImageTokens::Pixtral { .. }
+            | ImageTokens::CrossTiles { .. } => 0,
         }
     }
 

@@ -932,7 +932,7 @@ fn attention_split(spec: &moro_core::model::ModelSpec) -> (u64, Vec<(u64, u64)>)
         match g.attention {
             AttentionKind::Full => full += g.count,
             AttentionKind::Sliding { window } => sliding.push((g.count, window)),
-            AttentionKind::Recurrent => {}
+            AttentionKind::Recurrent | AttentionKind::Cross => {}
         }
     }
     (full, sliding)

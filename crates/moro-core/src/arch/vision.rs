@@ -165,6 +165,7 @@ pub(crate) fn gemma3(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, Arch
         },
         flash_attention: false,
         image_attention_mask: true,
+        blocks_checkpoint: true,
     })
 }
 
@@ -218,6 +219,7 @@ pub(crate) fn llava(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, ArchE
         },
         flash_attention: true,
         image_attention_mask: false,
+        blocks_checkpoint: true,
     })
 }
 
@@ -287,6 +289,7 @@ pub(crate) fn pixtral(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, Arc
         },
         flash_attention: true,
         image_attention_mask: false,
+        blocks_checkpoint: true,
     })
 }
 
@@ -359,6 +362,7 @@ pub(crate) fn qwen3_vl(top: &Cfg<'_>, model_type: &str) -> Result<VisionSpec, Ar
         },
         flash_attention: true,
         image_attention_mask: false,
+        blocks_checkpoint: true,
     })
 }
 
@@ -419,6 +423,7 @@ pub(crate) fn idefics3(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, Ar
         },
         flash_attention: true,
         image_attention_mask: false,
+        blocks_checkpoint: true,
     })
 }
 
@@ -483,6 +488,7 @@ pub(crate) fn llama4(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, Arch
         },
         flash_attention: true,
         image_attention_mask: false,
+        blocks_checkpoint: true,
     })
 }
 
@@ -568,5 +574,94 @@ pub(crate) fn qwen_vl(
         },
         flash_attention: true,
         image_attention_mask: false,
+        blocks_checkpoint: true,
+    })
+}
+
+/// Llama 3.2 Vision's tower and projector (transformers 5.25 `MllamaVisionModel`,
+/// `MllamaVisionConfig` defaults but the released 560-pixel tiles): `patch_embedding`
+/// Conv2d(3, h, p) without bias, `class_embedding` (h), `gated_positional_embedding` (a gate,
+/// (image / p)² + 1 rows, and a `tile_embedding` of `max_num_tiles` × those rows per aspect
+/// ratio, plus one), `pre_tile_positional_embedding` and `post_tile_positional_embedding` (a
+/// gate and `max_num_tiles` × h per aspect ratio, plus one), `layernorm_pre` and
+/// `layernorm_post`; `num_hidden_layers` local and `num_global_layers` global blocks, each
+/// `q_proj`/`k_proj`/`v_proj`/`o_proj` without bias, `fc1`/`fc2` with bias and two LayerNorms,
+/// the global ones with `gate_attn` and `gate_ffn`; `multi_modal_projector`, one Linear
+/// (`vision_output_dim` → the text's hidden size) with bias. The blocks are plain
+/// `nn.Module`s: they do not checkpoint.
+pub(crate) fn mllama(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, ArchError> {
+    let v = vision_config(top)?;
+    let h = v.dim_or("hidden_size", 1280, MAX_VISION_HIDDEN)?;
+    let intermediate = v.dim_or("intermediate_size", 5120, MAX_VISION_INTERMEDIATE)?;
+    let local = v.dim_or("num_hidden_layers", 32, MAX_LAYERS)?;
+    let global = v.uint_or("num_global_layers", 8, MAX_LAYERS)?;
+    let heads = v.dim_or("attention_heads", 16, MAX_HEADS)?;
+    if h % heads != 0 {
+        return Err(v.err(
+            "attention_heads",
+            format!("does not divide hidden_size {h}"),
+        ));
+    }
+    let (image, patch) = image_geometry(&v, 448, 14)?;
+    let channels = v.dim_or("num_channels", 3, 16)?;
+    let tiles = v.dim_or("max_num_tiles", 4, 64)?;
+    let ratios = match v.get("supported_aspect_ratios") {
+        None => 8,
+        Some(serde_json::Value::Array(a)) => u64::try_from(a.len()).unwrap_or(u64::MAX),
+        Some(_) => return Err(v.err("supported_aspect_ratios", "is not a list")),
+    };
+    let output = v.dim_or("vision_output_dim", 7680, MAX_VISION_INTERMEDIATE)?;
+    let side = image / patch;
+    let positions = side * side + 1;
+    let plain = |name: &str, i: u64, o: u64| Linear::new(name, i, o, false, LinearRole::Vision);
+    let linears = vec![
+        plain("q_proj", h, h),
+        plain("k_proj", h, h),
+        plain("v_proj", h, h),
+        plain("o_proj", h, h),
+        linear("fc1", h, intermediate),
+        linear("fc2", intermediate, h),
+    ];
+    let mut layers = block(local, linears.clone(), 4 * h);
+    if global > 0 {
+        // `gate_attn` and `gate_ffn`.
+        layers.extend(block(global, linears, 4 * h + 2));
+    }
+    let tile_embedding = (ratios + 1) * tiles * positions * h;
+    let aspect_embeddings = 2 * ((ratios + 1) * tiles * h + 1);
+    Ok(VisionSpec {
+        model_type: "mllama_vision_model".to_owned(),
+        hidden_size: h,
+        intermediate_size: intermediate,
+        num_heads: heads,
+        norm: NormKind::LayerNorm,
+        gated_mlp: false,
+        rotary: false,
+        layers,
+        embedding_params: channels * patch * patch * h
+            + h
+            + 1
+            + positions * h
+            + tile_embedding
+            + aspect_embeddings
+            + 4 * h,
+        projector: vec![Linear::new(
+            "multi_modal_projector",
+            output,
+            text_hidden,
+            true,
+            LinearRole::Vision,
+        )],
+        projector_other_params: 0,
+        idle_params: 0,
+        tokens: ImageTokens::CrossTiles {
+            tile_size: image,
+            patch_size: patch,
+            max_tiles: tiles,
+        },
+        // `MllamaPreTrainedModel._supports_flash_attn = False`: it builds 4-D masks.
+        flash_attention: false,
+        image_attention_mask: false,
+        blocks_checkpoint: false,
     })
 }

@@ -127,6 +127,70 @@ pub(crate) fn idefics3(top: &Cfg<'_>, model_type: &str) -> Result<ModelSpec, Arc
     Ok(spec)
 }
 
+/// `mllama` (Llama 3.2 Vision): the `text_config`'s Llama decoder (keys it omits take
+/// `MllamaTextConfig`'s defaults, the 11B shape) whose `cross_attention_layers` are
+/// `MllamaCrossAttentionDecoderLayer`s (the same Linears and MLP, plus `q_norm` and `k_norm`
+/// over a head and the `cross_attn_attn_gate` and `cross_attn_mlp_gate` scalars), and the
+/// tower of [`vision::mllama`]. `embed_tokens` holds `vocab_size + 8` rows (the image and
+/// padding tokens), lm_head `vocab_size`: the 8 rows are counted outside the layers, with the
+/// final norm.
+pub(crate) fn mllama(top: &Cfg<'_>) -> Result<ModelSpec, ArchError> {
+    let empty = Map::new();
+    let mut text = top.opt_object("text_config")?.unwrap_or(&empty).clone();
+    for (key, value) in [
+        ("hidden_size", 4096),
+        ("intermediate_size", 14_336),
+        ("num_hidden_layers", 40),
+        ("num_attention_heads", 32),
+        ("num_key_value_heads", 8),
+        ("vocab_size", 128_256),
+        ("max_position_embeddings", 131_072),
+    ] {
+        text.entry(key.to_owned()).or_insert(Value::from(value));
+    }
+    text.remove("model_type");
+    inherit(top, &mut text, &["torch_dtype", "dtype"]);
+    let c = Cfg::nested(&text, "text_config");
+    let cross: Vec<u64> = if c.has_key("cross_attention_layers") {
+        c.uint_list("cross_attention_layers")?
+    } else {
+        vec![3, 8, 13, 18, 23, 28, 33, 38]
+    };
+    let mut spec = llama::parse(&c, "llama")?;
+    let layers = spec.num_layers;
+    let mut seen = Vec::new();
+    for &i in &cross {
+        if i >= layers || seen.contains(&i) {
+            return Err(c.err(
+                "cross_attention_layers",
+                format!("lists layer {i} twice or past the {layers} layers"),
+            ));
+        }
+        seen.push(i);
+    }
+    let n_cross = u64::try_from(cross.len()).unwrap_or(u64::MAX);
+    let hd = spec.head_dim;
+    let h = spec.hidden_size;
+    if n_cross > 0 {
+        let Some(g) = spec.layers.first_mut() else {
+            return Err(c.err("num_hidden_layers", "has no layers"));
+        };
+        g.count -= n_cross;
+        let cross_group = crate::model::LayerGroup {
+            count: n_cross,
+            other_params: g.other_params + 2 * hd + 2,
+            attention: crate::model::AttentionKind::Cross,
+            ..g.clone()
+        };
+        spec.layers.retain(|g| g.count > 0);
+        spec.layers.push(cross_group);
+    }
+    spec.final_norm_params += 8 * h;
+    spec.vision = Some(vision::mllama(top, h)?);
+    spec.model_type = "mllama".to_owned();
+    Ok(spec)
+}
+
 /// Fills the keys a Llama `text_config` omits with `LlamaConfig`'s defaults (transformers
 /// 5.24 `configuration_llama.py`: the 7B shape), as the multimodal config classes build it.
 fn llama_defaults(text: &mut Map<String, Value>) {

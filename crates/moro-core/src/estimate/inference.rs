@@ -28,6 +28,22 @@ pub fn kv_cache_bytes(model: &ModelSpec, batch: u64, context: u64, kv: KvDtype, 
         * elem
 }
 
+/// The cache of Mllama's cross-attention layers ([`AttentionKind::Cross`]): every layer keeps
+/// the keys and values of its images' vision states, made at the prefill
+/// (`MllamaTextCrossAttention`: `cache.update` of the projected `cross_attention_states`),
+/// whatever the text's length.
+fn cross_cache(model: &ModelSpec, job: &Job, tp: u64) -> u64 {
+    let Some(v) = &model.vision else { return 0 };
+    let states = v.cross_states_per_image() * job.images.per_sample * job.micro_batch_size;
+    let layers: u64 = model
+        .layers
+        .iter()
+        .filter(|g| g.attention == crate::model::AttentionKind::Cross)
+        .map(|g| g.count)
+        .sum();
+    layers * states * 2 * model.kv_width() / tp.max(1) * job.kv_dtype.bytes()
+}
+
 /// litgpt's KV cache (`build_kv_cache`: `heads = 1 if n_query_groups == 1 else n_head`):
 /// grouped-query models cache every query head, not their KV groups; tensor parallelism
 /// (`generate/tp.py`) divides `n_head` and `n_query_groups` by the degree first. The
@@ -165,7 +181,9 @@ pub(super) fn phases(
     if let Some(ssm) = &model.ssm {
         prefill = prefill.max(super::recurrent::prefill_bytes(ssm, h, b, s, cb) / tp);
     }
-    let kv = kv + super::recurrent::state_bytes(model, b, cb, tp) / pp;
+    let kv = kv
+        + super::recurrent::state_bytes(model, b, cb, tp) / pp
+        + cross_cache(model, job, tp) / pp;
     // Logits: `generate` keeps only the last position (`logits_to_keep=1`), upcast to fp32.
     let logits = b * model.vocab_size / tp * 4 * 2;
     let dequant = super::weights::dequant_transient(model, job, r);

@@ -478,9 +478,20 @@ fn add_vision(phases: &mut Vec<PhaseBytes>, v: &vision::VisionStep, cublas: u64,
         .find(|p| p.phase == Phase::OptimizerStep)
         .map(|step| {
             let mut c = resident(step);
+            // A trained tower's backward frees its saved tensors block by block as it makes
+            // their gradients: its widest moment is its start (every saved tensor, none of
+            // its gradients) or its end (every gradient, nothing saved).
+            let grads = step.component(Component::Gradients);
+            let (grads, saved) = if tower_grads > 0 && v.saved > tower_grads {
+                (grads.saturating_sub(tower_grads), v.saved)
+            } else if tower_grads > 0 {
+                (grads, 0)
+            } else {
+                (grads, v.saved)
+            };
             c.extend([
-                (Component::Gradients, step.component(Component::Gradients)),
-                (Component::Activations, v.pixels + v.saved + v.one_layer),
+                (Component::Gradients, grads),
+                (Component::Activations, v.pixels + saved + v.one_layer),
                 (Component::Transients, cublas + v.backward_transient),
             ]);
             c

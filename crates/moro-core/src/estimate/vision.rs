@@ -123,12 +123,45 @@ pub fn step(model: &ModelSpec, job: &Job, r: &Regime) -> VisionStep {
             ImageTokens::Tiled { tile_size, .. } | ImageTokens::Split { tile_size, .. } => {
                 3 * tile_size * tile_size * shape.tower_passes
             }
+            ImageTokens::CrossTiles {
+                tile_size,
+                max_tiles,
+                ..
+            } => 3 * tile_size * tile_size * max_tiles,
         }
         * 4;
+    // Mllama's tower (`MllamaVisionModel.forward`) keeps every block's output in
+    // `encoder_states` until it returns, then stacks the chosen ones (`torch.stack`), copies
+    // them out of their padding and concatenates them with the last (`torch.cat`): about 16
+    // more tensors of the tower's size. Its attention mask, `(1 - aspect_ratio_mask)` over
+    // every pair of positions, is one `T²` tensor an image, read by every block.
+    let unsaved_states = if v.blocks_checkpoint {
+        0
+    } else {
+        let layers: u64 = v.layers.iter().map(|g| g.count).sum();
+        tokens * h * b * (layers + 16) + images * per_pass * per_pass * b
+    };
+    let forward_transient = forward_transient + unsaved_states;
+    // Mllama's language model: the projected vision states its cross-attention layers read
+    // (kept by the layers' checkpoints, or saved by trainable k and v projections), and the
+    // cross-attention mask `(b, 1, S, V)` every such layer's SDPA saves.
+    let cross_states = v.cross_states_per_image() * images;
+    let cross = if cross_states > 0 {
+        let kept = job.gradient_checkpointing || job.method == Method::Full;
+        let states = if kept {
+            cross_states * model.hidden_size * b
+        } else {
+            0
+        };
+        states + job.seq_len * cross_states * b
+    } else {
+        0
+    };
     if !tower_recorded(model, job) {
         return VisionStep {
             forward_transient,
             pixels,
+            saved: cross,
             ..VisionStep::default()
         };
     }
@@ -140,14 +173,40 @@ pub fn step(model: &ModelSpec, job: &Job, r: &Regime) -> VisionStep {
         ..job.clone()
     };
     if !tower_trains(model, job) {
-        // Recorded but frozen: no adapter in it.
+        // Recorded but frozen: no adapter in it, and no weight that needs its input (a full
+        // fine-tune of the language model leaves the tower's weights frozen).
         tower_job.lora.targets = crate::job::Targets::Names(Vec::new());
+        if tower_job.method == Method::Full {
+            tower_job.method = Method::Lora;
+        }
+    }
+    if !v.blocks_checkpoint {
+        // Plain `nn.Module` blocks: every one saved whole.
+        tower_job.gradient_checkpointing = false;
     }
     let acts = Activations::new(&tower, &tower_job, r, 1);
+    // Mllama, recorded: the patch embedding's output, the two position embeddings' sums, the
+    // padded copy (saved by `layernorm_pre`), the last local block's output (saved by
+    // `layernorm_post`), and the attention mask every block's SDPA saves.
+    let unsaved_blocks = if v.blocks_checkpoint {
+        0
+    } else {
+        5 * tokens * h * b + images * per_pass * per_pass * b
+    };
+    let projector = if cross_states > 0 {
+        // One frozen Linear saves nothing; a trained one its input.
+        if tower_trains(model, job) {
+            cross_states * v.projector.iter().map(|l| l.in_features).sum::<u64>() * b
+        } else {
+            0
+        }
+    } else {
+        projector_saved(v, images, tokens, b)
+    };
     VisionStep {
         forward_transient,
         pixels,
-        saved: acts.all_layers() + projector_saved(v, images, tokens, b),
+        saved: acts.all_layers() + projector + unsaved_blocks + cross,
         one_layer: acts.one_layer,
         backward_transient: acts.layer_backward_transient,
     }
@@ -190,7 +249,8 @@ fn projector_saved(v: &VisionSpec, images: u64, patches: u64, b: u64) -> u64 {
             ImageTokens::Dynamic { .. }
             | ImageTokens::Tiled { .. }
             | ImageTokens::Split { .. }
-            | ImageTokens::Pixtral { .. },
+            | ImageTokens::Pixtral { .. }
+            | ImageTokens::CrossTiles { .. },
         ) => norm(patches),
     }
 }

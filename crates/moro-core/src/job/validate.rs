@@ -155,6 +155,18 @@ impl Job {
                 );
             }
         }
+        if v.cross_states_per_image() > 0 && !matches!(self.stack, Stack::Hf | Stack::Trl) {
+            return err(
+                "stack",
+                format!(
+                    "`{}` is modelled as transformers runs it (its cross-attention layers and a \
+                     tower that does not checkpoint); the {} stack was not traced there: use \
+                     stack hf or trl",
+                    model.model_type,
+                    self.stack.as_str()
+                ),
+            );
+        }
         let added = v.added_tokens(i);
         if model.max_position_embeddings > 0
             && self.method != Method::Inference

@@ -35,6 +35,7 @@ use super::Regime;
 use super::weights::{ADAPTER_PROMPT_LENGTH, ADAPTER_START_LAYER};
 
 mod compiled;
+mod cross;
 mod mamba;
 pub mod seq2seq;
 mod unsloth;
@@ -1153,6 +1154,22 @@ impl Activations {
                     };
                 }
                 bwd = bwd.max(ctx.layer_backward(g));
+                continue;
+            }
+            if g.attention == AttentionKind::Cross {
+                // Mllama's cross-attention layers run only with images ([`cross`]).
+                if ctx.cross_states_per_sample() == 0 {
+                    continue;
+                }
+                let layer = ctx.cross_layer_bytes(g);
+                one = one.max(layer);
+                bwd = bwd.max(ctx.layer_backward(g) + ctx.cross_backward());
+                all += g.count
+                    * if job.gradient_checkpointing {
+                        ckpt
+                    } else {
+                        layer
+                    };
                 continue;
             }
             if held_by_loop {
