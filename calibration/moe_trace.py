@@ -8,11 +8,12 @@ wrapper answers it as an sm90 GPU (H100/H200) would, then runs the fake-CUDA ora
 (../shared/oracle/oracle.py) unchanged: every option is the oracle's.
 
 `--matrix hybrid` regenerates validation/oracle-traces/hybrid.jsonl (the cases
-crates/moro-core/tests/hybrid.rs checks; about 3 minutes): Granite 4's hybrid Mamba-2 /
-attention decoder (`granitemoehybrid`) in the shape of validation/hybrid-configs/, cut to 4
-layers (three Mamba-2 and one attention), with and without routed experts. No `mamba_ssm`
-is installed, so transformers runs its torch path (`mamba2_chunk_scan`), as it does on a GPU
-without that package.
+crates/moro-core/tests/hybrid.rs checks; about 6 minutes): the hybrid decoders of
+validation/hybrid-configs/ cut to 4 layers (three recurrent, one attention), with and
+without routed experts: Granite 4 (`granitemoehybrid`, Mamba-2) and Qwen3-Next
+(`qwen3_next`, gated DeltaNet). Neither `mamba_ssm` nor `fla` is installed, so transformers
+runs its torch paths (`mamba2_chunk_scan`, `torch_chunk_gated_delta_rule`), as it does on a
+GPU without those packages.
 
 `--matrix moe` regenerates validation/oracle-traces/moe.jsonl (the cases
 crates/moro-core/tests/moe.rs checks; about 8 minutes on two cores): gpt-oss-20b whole, and
@@ -89,8 +90,15 @@ def trace_config(stem: str, layers: int | None, tmp: str) -> str:
 
 HYBRID_TRACES = os.path.join(ROOT, "validation", "oracle-traces", "hybrid.jsonl")
 HYBRID_CONFIGS = os.path.join(ROOT, "validation", "hybrid-configs")
-HYBRID_LAYERS = ["mamba", "mamba", "attention", "mamba"]
-HYBRID_TARGETS = "q_proj,k_proj,v_proj,o_proj,in_proj,out_proj"
+# Per model_type: the 4-layer cut's layer types and the LoRA targets.
+HYBRID_LAYERS = {
+    "granitemoehybrid": (["mamba", "mamba", "attention", "mamba"],
+                         "q_proj,k_proj,v_proj,o_proj,in_proj,out_proj"),
+    "qwen3_next": (["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+                   "q_proj,k_proj,v_proj,o_proj,in_proj_qkvz,in_proj_ba,out_proj"),
+}
+# The routed experts off, per model_type.
+HYBRID_DENSE = {"granitemoehybrid": "num_local_experts=0", "qwen3_next": "num_experts=0"}
 # (case, config overrides, oracle arguments).
 HYBRID_CASES = [
     ("lora bf16 1x1024", [], ["--method", "lora", "--precision", "bf16", "--batch", "1", "--seq", "1024"]),
@@ -99,7 +107,7 @@ HYBRID_CASES = [
     ("full bf16 fused 1x1024", [], ["--method", "full", "--precision", "bf16", "--adamw-impl", "fused", "--batch", "1", "--seq", "1024"]),
     ("full bf16 1x2048 ckpt", [], ["--method", "full", "--precision", "bf16", "--adamw-impl", "foreach", "--batch", "1", "--seq", "2048", "--grad-ckpt"]),
     ("qlora bf16 1x1024 ckpt", [], ["--method", "qlora", "--precision", "bf16", "--batch", "1", "--seq", "1024", "--grad-ckpt"]),
-    ("dense lora bf16 1x1024", ["num_local_experts=0"], ["--method", "lora", "--precision", "bf16", "--batch", "1", "--seq", "1024"]),
+    ("dense lora bf16 1x1024", ["dense"], ["--method", "lora", "--precision", "bf16", "--batch", "1", "--seq", "1024"]),
     ("v8192 full bf16 1x2048", ["vocab_size=8192"], ["--method", "full", "--precision", "bf16", "--adamw-impl", "fused", "--batch", "1", "--seq", "2048"]),
     ("v8192 lora bf16 1x4096 ckpt", ["vocab_size=8192"], ["--method", "lora", "--precision", "bf16", "--batch", "1", "--seq", "4096", "--grad-ckpt"]),
 ]
@@ -116,8 +124,9 @@ def run_hybrid_matrix() -> None:
         for name in sorted(os.listdir(HYBRID_CONFIGS)):
             with open(os.path.join(HYBRID_CONFIGS, name)) as f:
                 cfg = json.load(f)
-            cfg["num_hidden_layers"] = len(HYBRID_LAYERS)
-            cfg["layer_types"] = HYBRID_LAYERS
+            layers, targets = HYBRID_LAYERS[cfg["model_type"]]
+            cfg["num_hidden_layers"] = len(layers)
+            cfg["layer_types"] = layers
             config = os.path.join(tmp, name[:-5] + "-L4.json")
             with open(config, "w") as f:
                 json.dump(cfg, f)
@@ -126,9 +135,9 @@ def run_hybrid_matrix() -> None:
                 if label in done:
                     continue
                 cmd = [sys.executable, os.path.abspath(__file__), "--config", config, *args,
-                       "--lora-targets", HYBRID_TARGETS, "--label", label, "--out", HYBRID_TRACES]
+                       "--lora-targets", targets, "--label", label, "--out", HYBRID_TRACES]
                 for o in overrides:
-                    cmd += ["--override", o]
+                    cmd += ["--override", HYBRID_DENSE[cfg["model_type"]] if o == "dense" else o]
                 print(label, flush=True)
                 subprocess.run(cmd, check=True)
 

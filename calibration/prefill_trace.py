@@ -54,9 +54,11 @@ def main(argv):
     p.add_argument("--seq", type=int, required=True)
     p.add_argument("--label", default="")
     p.add_argument("--out")
+    p.add_argument("--top", type=int, default=0, help="list N largest live tensor groups at the peak")
     args = p.parse_args(argv)
 
     oracle, tracker = fake_inference_setup()
+    tracker.snapshot_top_at_peak = args.top > 0
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -94,6 +96,8 @@ def main(argv):
         "peak_allocated_bytes": tracker.peak,
         "params_bytes": tracker.peak_cats.get("params_frozen", 0),
     }
+    if args.top > 0:
+        row["top_live_at_peak"] = tracker.top_live_at_peak(args.top)
     line = json.dumps(row)
     if args.out:
         with open(args.out, "a") as f:
