@@ -187,8 +187,9 @@ pub enum AttentionKind {
     /// `MllamaCrossAttentionDecoderLayer`): its k and v read the vision states, its KV cache
     /// holds them, not the text.
     Cross,
-    /// No attention: the layer mixes tokens with a recurrent state-space scan
-    /// ([`ModelSpec::ssm`]), which keeps a fixed-size state instead of a KV cache.
+    /// No attention: the layer mixes tokens with a recurrent mixer (a state-space scan,
+    /// [`ModelSpec::ssm`], or a gated DeltaNet, [`ModelSpec::gated_delta_net`]), which keeps
+    /// a fixed-size state instead of a KV cache.
     Recurrent,
 }
 
@@ -201,6 +202,47 @@ impl AttentionKind {
             Self::Sliding { window } => context.min(window),
             Self::Recurrent | Self::Cross => 0,
         }
+    }
+}
+
+/// A gated DeltaNet linear-attention mixer (transformers 5.25 `Qwen3NextGatedDeltaNet`):
+/// `in_proj_qkvz` makes q and k (`key_heads` of `key_head_dim`) and v and the gate z
+/// (`value_heads` of `value_head_dim`), `in_proj_ba` one β and one decay per value head; a
+/// depthwise causal `conv1d` over q, k and v; the gated delta rule over `chunk`-token
+/// chunks; a gated RMSNorm per value head; `out_proj`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GatedDeltaNetSpec {
+    /// Query and key heads (`linear_num_key_heads`).
+    pub key_heads: u64,
+    /// Value heads (`linear_num_value_heads`); q and k are repeated to them.
+    pub value_heads: u64,
+    /// Channels per query and key head (`linear_key_head_dim`).
+    pub key_head_dim: u64,
+    /// Channels per value head (`linear_value_head_dim`).
+    pub value_head_dim: u64,
+    /// Causal convolution width (`linear_conv_kernel_dim`).
+    pub conv_kernel: u64,
+    /// Tokens per chunk of the delta rule (64 in `torch_chunk_gated_delta_rule`).
+    pub chunk: u64,
+}
+
+impl GatedDeltaNetSpec {
+    /// `key_heads · key_head_dim`.
+    #[must_use]
+    pub const fn key_dim(&self) -> u64 {
+        self.key_heads * self.key_head_dim
+    }
+
+    /// `value_heads · value_head_dim`.
+    #[must_use]
+    pub const fn value_dim(&self) -> u64 {
+        self.value_heads * self.value_head_dim
+    }
+
+    /// Channels the convolution runs over: q, k and v.
+    #[must_use]
+    pub const fn conv_channels(&self) -> u64 {
+        2 * self.key_dim() + self.value_dim()
     }
 }
 
@@ -497,6 +539,22 @@ pub struct ModelSpec {
     /// [`AttentionKind::Recurrent`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ssm: Option<SsmSpec>,
+    /// The gated DeltaNet mixer of the layers whose attention is
+    /// [`AttentionKind::Recurrent`] (Qwen3-Next).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gated_delta_net: Option<GatedDeltaNetSpec>,
+    /// The attention output is multiplied by `sigmoid` of a gate that `q_proj` makes beside
+    /// the queries (Qwen3-Next's `Qwen3NextAttention`: `q_proj` is twice as wide).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub attention_output_gate: bool,
+}
+
+impl ModelSpec {
+    /// Whether some layers mix tokens with a recurrent mixer instead of attention.
+    #[must_use]
+    pub const fn has_recurrent_mixer(&self) -> bool {
+        self.ssm.is_some() || self.gated_delta_net.is_some()
+    }
 }
 
 /// The gated activation inside a fused expert, as the saved tensors differ.

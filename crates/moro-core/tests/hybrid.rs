@@ -1,8 +1,9 @@
-//! Granite 4.0's hybrid Mamba-2 / attention decoder (`granitemoehybrid`), against
-//! transformers 5.25 (parameters counted on the meta device) and the training step traced on
-//! fake CUDA tensors (`calibration/moe_trace.py --matrix hybrid`,
-//! `validation/oracle-traces/hybrid.jsonl`: torch 2.15, transformers 5.25, PEFT 0.21.2;
-//! transformers' torch path of the scan, as without `mamba_ssm`).
+//! The hybrid recurrent / attention decoders — Granite 4.0 (`granitemoehybrid`, Mamba-2) and
+//! Qwen3-Next (`qwen3_next`, gated DeltaNet) — against transformers 5.25 (parameters counted
+//! on the meta device) and the training step traced on fake CUDA tensors
+//! (`calibration/moe_trace.py --matrix hybrid`, `validation/oracle-traces/hybrid.jsonl`:
+//! torch 2.15, transformers 5.25, PEFT 0.21.2; transformers' torch paths, as without
+//! `mamba_ssm` and `fla`).
 
 use moro_core::estimate::{DeviceProfile, estimate};
 use moro_core::job::{Attention, JobSettings, Method, Optimizer, Precision, Targets};
@@ -10,9 +11,14 @@ use moro_core::model::{AttentionKind, ModelSpec};
 use serde_json::Value;
 
 const TINY: &str = include_str!("../../../validation/hybrid-configs/granite-4.0-h-tiny-shape.json");
+const NEXT: &str = include_str!("../../../validation/hybrid-configs/qwen3-next-shape.json");
 
 fn config(over: &[(&str, Value)]) -> ModelSpec {
-    let mut cfg: Value = serde_json::from_str(TINY).expect("config");
+    from(TINY, over)
+}
+
+fn from(text: &str, over: &[(&str, Value)]) -> ModelSpec {
+    let mut cfg: Value = serde_json::from_str(text).expect("config");
     for (k, v) in over {
         cfg[*k] = v.clone();
     }
@@ -29,6 +35,24 @@ fn cut4(over: &[(&str, Value)]) -> ModelSpec {
     ];
     all.extend(over.iter().cloned());
     config(&all)
+}
+
+/// Qwen3-Next cut to three linear-attention layers and one full-attention layer.
+fn next4(over: &[(&str, Value)]) -> ModelSpec {
+    let mut all = vec![
+        ("num_hidden_layers", Value::from(4)),
+        (
+            "layer_types",
+            serde_json::json!([
+                "linear_attention",
+                "linear_attention",
+                "linear_attention",
+                "full_attention"
+            ]),
+        ),
+    ];
+    all.extend(over.iter().cloned());
+    from(NEXT, &all)
 }
 
 /// `sum(p.numel())` of `GraniteMoeHybridForCausalLM(config)` built on the meta device.
@@ -64,6 +88,15 @@ fn parameter_counts_are_transformers() {
             .layers
             .iter()
             .all(|g| g.attention == AttentionKind::Recurrent)
+    );
+
+    // Qwen3-Next: `Qwen3NextConfig()`'s 80B-A3B shape, its 4-layer cut with and without
+    // routed experts.
+    assert_eq!(from(NEXT, &[]).total_params(), 79_674_391_296);
+    assert_eq!(next4(&[]).total_params(), 7_210_003_520);
+    assert_eq!(
+        next4(&[("num_experts", 0.into())]).total_params(),
+        889_179_200
     );
 }
 
@@ -120,10 +153,18 @@ fn training_steps_match_their_traces() {
         let t: Value = serde_json::from_str(line).expect("trace");
         let label = t["label"].as_str().unwrap();
         let mut over = vec![("vocab_size", t["config"]["vocab_size"].clone())];
+        let next = label.starts_with("qwen3-next");
         if label.contains(" dense ") {
-            over.push(("num_local_experts", 0.into()));
+            over.push((
+                if next {
+                    "num_experts"
+                } else {
+                    "num_local_experts"
+                },
+                0.into(),
+            ));
         }
-        let m = cut4(&over);
+        let m = if next { next4(&over) } else { cut4(&over) };
         let job = settings(&t).resolve_for(&m).expect("resolves");
         let e = estimate(&m, &job, &oracle_device()).expect("valid job");
         let want = t["measured"]["peak_allocated_bytes"].as_u64().unwrap();
@@ -141,7 +182,7 @@ fn training_steps_match_their_traces() {
         }
         checked += 1;
     }
-    assert_eq!(checked, 9);
+    assert_eq!(checked, 18);
     assert!(failures.is_empty(), "{failures:?}");
 }
 
@@ -230,6 +271,14 @@ fn untraced_settings_are_refused_and_the_state_is_fixed() {
     let state = 36 * (2 * 3328 * 4 + 4 * 48 * 64 * 128);
     assert_eq!(
         moro_core::estimate::recurrent::state_bytes(&m, 1, 2, 1),
+        state
+    );
+    // Qwen3-Next: 36 gated DeltaNet layers × (bf16 conv state over q, k, v: 8,192 × 4; fp32
+    // rule state 32 × 128 × 128).
+    let next = from(NEXT, &[]);
+    let state = 36 * (2 * 8192 * 4 + 4 * 32 * 128 * 128);
+    assert_eq!(
+        moro_core::estimate::recurrent::state_bytes(&next, 1, 2, 1),
         state
     );
     let kv = moro_core::estimate::inference::kv_cache_bytes(

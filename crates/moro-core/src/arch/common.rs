@@ -383,6 +383,8 @@ pub(crate) fn build(p: Plan) -> Result<ModelSpec, ArchError> {
         vision: None,
         prequantized: None,
         ssm: None,
+        gated_delta_net: None,
+        attention_output_gate: false,
     };
     let total = checked_total(&spec)?;
     if total > MAX_TOTAL_PARAMS {

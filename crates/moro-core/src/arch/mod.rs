@@ -30,6 +30,7 @@ mod phi;
 mod phi3;
 mod qwen1;
 mod qwen2;
+mod qwen3_next;
 mod stablelm;
 mod t5;
 mod vision;
@@ -77,6 +78,7 @@ pub const SUPPORTED: &[&str] = &[
     "qwen2_moe",
     "qwen3",
     "qwen3_moe",
+    "qwen3_next",
     "gemma",
     "gemma2",
     "gemma3",
@@ -185,6 +187,7 @@ fn by_type(c: &cfg::Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchError> {
         "phi3" => phi3::parse(&c),
         "deepseek_v2" | "deepseek_v3" => deepseek::parse(&c, model_type),
         "glm4_moe" => glm4_moe::parse(&c),
+        "qwen3_next" => qwen3_next::parse(&c),
         "gpt_oss" => gpt_oss::parse(&c),
         "granitemoehybrid" => granite_hybrid::parse(&c),
         "llama4" | "llama4_text" => llama4::parse(&c, model_type),

@@ -178,9 +178,7 @@ pub(super) fn phases(
     if job.attention == Attention::Eager {
         prefill += b * (model.num_heads / tp) * s * s * (4 + cb);
     }
-    if let Some(ssm) = &model.ssm {
-        prefill = prefill.max(super::recurrent::prefill_bytes(ssm, h, b, s, cb) / tp);
-    }
+    prefill = prefill.max(super::recurrent::prefill_bytes(model, b, s, cb) / tp);
     let kv = kv
         + super::recurrent::state_bytes(model, b, cb, tp) / pp
         + cross_cache(model, job, tp) / pp;

@@ -303,6 +303,8 @@ fn tower_model(v: &VisionSpec) -> ModelSpec {
         vision: None,
         prequantized: None,
         ssm: None,
+        gated_delta_net: None,
+        attention_output_gate: false,
     }
 }
 

@@ -1,4 +1,5 @@
-//! What moro models of a model with Mamba-2 layers ([`crate::model::SsmSpec`]): transformers'
+//! What moro models of a model with recurrent layers (Mamba-2, [`crate::model::SsmSpec`]; gated
+//! DeltaNet, [`crate::model::GatedDeltaNetSpec`]): transformers'
 //! own modules on the hf and trl stacks, eager (not compiled), packed batches, whole layers
 //! on each GPU. The rest is refused by name rather than estimated as if the layers were
 //! attention.
@@ -7,9 +8,9 @@ use super::{Job, JobError, Stack};
 use crate::model::ModelSpec;
 
 impl Job {
-    /// Refuses the settings whose memory on a Mamba-2 layer was not traced.
+    /// Refuses the settings whose memory on a recurrent layer was not traced.
     pub(super) fn validate_recurrent(&self, model: &ModelSpec) -> Result<(), JobError> {
-        if model.ssm.is_none() {
+        if !model.has_recurrent_mixer() {
             return Ok(());
         }
         let m = &model.model_type;
@@ -18,7 +19,7 @@ impl Job {
             return err(
                 "stack",
                 format!(
-                    "`{m}` has Mamba-2 layers, which moro models as transformers runs them; \
+                    "`{m}` has recurrent (Mamba-2 or gated DeltaNet) layers, which moro models as transformers runs them; \
                      the {} stack was not traced there: use stack hf or trl",
                     self.stack.as_str()
                 ),
@@ -27,14 +28,14 @@ impl Job {
         if self.compile {
             return err(
                 "compile",
-                format!("torch.compile of `{m}`'s Mamba-2 scan was not traced; turn it off"),
+                format!("torch.compile of `{m}`'s recurrent layers was not traced; turn it off"),
             );
         }
         if self.padding.has_mask() {
             return err(
                 "padding",
                 format!(
-                    "a padding mask makes `{m}`'s Mamba-2 layers mask their inputs and \
+                    "a padding mask makes `{m}`'s recurrent layers mask their inputs and \
                      convolution, which was not traced; pack the batch (padding: packed)"
                 ),
             );

@@ -36,6 +36,7 @@ use super::weights::{ADAPTER_PROMPT_LENGTH, ADAPTER_START_LAYER};
 
 mod compiled;
 mod cross;
+mod gated_delta;
 mod mamba;
 pub mod seq2seq;
 mod unsloth;
@@ -583,8 +584,11 @@ impl Ctx<'_> {
         // SDPA and FlashAttention save their output, which o_proj reads unless RoPE's
         // layout makes it a copy; eager attention's `matmul(probs, v)` saves only its inputs.
         let recurrent = g.attention == AttentionKind::Recurrent;
-        let out_saved =
-            !recurrent && (litgpt || (job.attention != Attention::Eager && !m.rope_by_concat));
+        // Qwen3-Next's output gate multiplies the attention output first: `o_proj` reads the
+        // product.
+        let out_saved = !recurrent
+            && !m.attention_output_gate
+            && (litgpt || (job.attention != Attention::Eager && !m.rope_by_concat));
         bytes += self.linear_inputs(g, out_saved);
         if m.qk_norm {
             bytes += self.qk_norm_bytes(o);
@@ -601,7 +605,11 @@ impl Ctx<'_> {
         let padded = (job.padding.has_mask() || prefix > 0) && !litgpt;
         let seq = job.seq_len;
         bytes += match job.attention {
-            _ if recurrent => m.ssm.as_ref().map_or(0, |ssm| self.mamba_core(ssm)),
+            _ if recurrent => match (&m.ssm, &m.gated_delta_net) {
+                (Some(ssm), _) => self.mamba_core(ssm),
+                (None, Some(gdn)) => self.gated_delta_core(gdn),
+                (None, None) => 0,
+            },
             _ if litgpt => {
                 let mut b = self.litgpt_attention_core(attn_b);
                 // LoRA on a subset of q/k/v: `zero_pad`'s `index_copy` saves its (copied)
@@ -649,6 +657,12 @@ impl Ctx<'_> {
 
         if !litgpt {
             bytes += self.fused_qkv_view(g);
+        }
+        if m.attention_output_gate && !recurrent {
+            // `attn_output.reshape(...)`, a copy of SDPA's transposed output, and
+            // `sigmoid(gate)` (its output, from a copy of `q_proj`'s gate half), both saved by
+            // their product (transformers 5.25 `Qwen3NextAttention.forward`).
+            bytes += 2 * attn_b * ad;
         }
 
         if g.moe && m.expert_gate.is_some() {

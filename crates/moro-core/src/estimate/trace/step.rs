@@ -67,7 +67,7 @@ pub fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
         && job.parallel.sharding == Sharding::None
         && model.moe.is_none()
         && model.vision.is_none()
-        && model.ssm.is_none()
+        && !model.has_recurrent_mixer()
         && !job.optimizer_in_backward
         && !job.compile
         && !job.activation_offload
