@@ -25,7 +25,12 @@ encoder once, then N greedy decoder steps with an `EncoderDecoderCache`, as `gen
 them; `--matrix seq2seq-generate` regenerates validation/oracle-traces/seq2seq-generate.jsonl.
 
 `--matrix seq2seq` regenerates validation/oracle-traces/seq2seq.jsonl (the cases
-crates/moro-core/tests/seq2seq.rs checks).
+crates/moro-core/tests/seq2seq.rs checks); `--matrix seq2seq-bart`
+validation/oracle-traces/seq2seq-bart.jsonl (BART; crates/moro-core/tests/bart.rs).
+
+Unpadded BART runs answer transformers' "is this mask all ones?" as a GPU does (yes): BART's
+decoder makes itself an all-ones mask, which fake tensors cannot read. (T5 passes its
+position bias as a mask anyway; its traces are left as they were made.)
 
 Every other option is the oracle's (`--config`, `--method`, `--precision`, `--batch`, `--seq`,
 `--grad-ckpt`, `--lora-targets`, `--out`, ...).
@@ -127,7 +132,8 @@ def hook_blocks(model) -> None:
 
 
 def install_seq2seq(
-    target_len: int, untie: bool, per_block: bool = False, padded: bool = False
+    target_len: int, untie: bool, per_block: bool = False, padded: bool = False,
+    bart: bool = False,
 ) -> None:
     """Make the oracle's `AutoModelForCausalLM.from_config` build the seq2seq model, whose
     forward takes the oracle's `input_ids` as the encoder's and `target_len` labels; with
@@ -163,6 +169,19 @@ def install_seq2seq(
             return model
 
     transformers.AutoModelForCausalLM = Seq2SeqShim
+    if not padded and bart:
+        answer_all_ones_masks()
+
+
+def answer_all_ones_masks() -> None:
+    """BART's decoder makes `torch.ones(batch, length)` its attention mask when none is given,
+    and `create_causal_mask` skips it only after reading that it is all ones (`fast_all`),
+    which a fake tensor cannot show: a GPU skips it (SDPA's `is_causal`), so this trace
+    answers as the GPU does. Only unpadded runs, whose every mask is all ones, get this."""
+    from transformers import masking_utils
+
+    masking_utils.fast_all = lambda *a, **k: True
+    masking_utils.is_tracing = lambda tensor=None: False
 
 
 # (config, method, precision, batch, source tokens, target tokens, options, LoRA targets);
@@ -190,16 +209,31 @@ def label_of(case) -> str:
     )
 
 
-def run_matrix() -> None:
-    """Every case, one subprocess each, into TRACES (cases already there are kept: delete the
-    file to trace everything again)."""
+BART_TRACES = os.path.join(ROOT, "validation", "oracle-traces", "seq2seq-bart.jsonl")
+# BART (bart-base's shape, dropout 0.1 everywhere as its config has it), the same columns.
+BART_MATRIX = [
+    ("bart-base", "full", "bf16", 4, 256, 64, "", ""),
+    ("bart-base", "full", "bf16", 4, 256, 64, "padded", ""),
+    ("bart-base", "lora", "bf16", 4, 512, 128, "", "q_proj,v_proj"),
+    ("bart-base", "lora", "bf16-mixed", 4, 512, 128, "", "q_proj,k_proj,v_proj,out_proj,fc1,fc2"),
+    ("bart-base", "lora", "bf16-mixed", 8, 512, 128, "padded", "q_proj,v_proj"),
+    ("bart-base", "lora", "bf16", 4, 512, 128, "ckpt", "q_proj,v_proj"),
+    ("bart-base", "full", "bf16-mixed", 2, 512, 128, "ckpt", ""),
+    ("bart-base", "full", "bf16", 16, 512, 128, "", ""),
+    ("bart-base", "full", "bf16", 16, 512, 128, "padded", ""),
+]
+
+
+def run_matrix(matrix=None, traces=TRACES) -> None:
+    """Every case, one subprocess each, into `traces` (cases already there are kept: delete
+    the file to trace everything again)."""
     import subprocess
 
     done = set()
-    if os.path.exists(TRACES):
-        with open(TRACES) as f:
+    if os.path.exists(traces):
+        with open(traces) as f:
             done = {json.loads(line).get("label") for line in f}
-    for case in MATRIX:
+    for case in MATRIX if matrix is None else matrix:
         label = label_of(case)
         if label in done:
             continue
@@ -209,7 +243,7 @@ def run_matrix() -> None:
             "--config", os.path.join(CONFIGS, name + ".json"),
             "--method", method, "--precision", precision, "--adamw-impl", "foreach",
             "--batch", str(b), "--seq", str(s), "--target-len", str(t),
-            "--label", label, "--out", TRACES, "--attn", "sdpa",
+            "--label", label, "--out", traces, "--attn", "sdpa",
         ]
         if name.startswith("flan"):
             cmd.append("--untie")
@@ -254,6 +288,8 @@ def generate(argv: list[str]) -> None:
 
     with open(args.config) as f:
         d = json.load(f)
+    if d.get("model_type") == "bart" and not args.padded:
+        answer_all_ones_masks()
     cfg = oracle.make_hf_config(d, "sdpa")
     cfg.use_cache = True
     phases = {}
@@ -324,16 +360,26 @@ GENERATE_MATRIX = [
 ]
 
 
-def run_generate_matrix() -> None:
-    """Every generation case, one subprocess each, into GENERATE_TRACES (cases already there
-    are kept)."""
+BART_GENERATE_TRACES = os.path.join(
+    ROOT, "validation", "oracle-traces", "seq2seq-bart-generate.jsonl")
+BART_GENERATE_MATRIX = [
+    ("bart-base", 4, 512, 32, ""),
+    ("bart-base", 1, 1024, 64, ""),
+    ("bart-base", 8, 512, 128, "padded"),
+    ("bart-base", 16, 128, 256, ""),
+]
+
+
+def run_generate_matrix(matrix=None, traces=GENERATE_TRACES) -> None:
+    """Every generation case, one subprocess each, into `traces` (cases already there are
+    kept)."""
     import subprocess
 
     done = set()
-    if os.path.exists(GENERATE_TRACES):
-        with open(GENERATE_TRACES) as f:
+    if os.path.exists(traces):
+        with open(traces) as f:
             done = {json.loads(line).get("label") for line in f}
-    for name, b, s, n, options in GENERATE_MATRIX:
+    for name, b, s, n, options in GENERATE_MATRIX if matrix is None else matrix:
         label = "%s b%d s%d new%d%s" % (name, b, s, n, " " + options if options else "")
         if label in done:
             continue
@@ -341,7 +387,7 @@ def run_generate_matrix() -> None:
             sys.executable, os.path.abspath(__file__), "--generate",
             "--config", os.path.join(CONFIGS, name + ".json"),
             "--batch", str(b), "--seq", str(s), "--new-tokens", str(n),
-            "--label", label, "--out", GENERATE_TRACES,
+            "--label", label, "--out", traces,
         ]
         if name.startswith("flan"):
             cmd.append("--untie")
@@ -354,6 +400,12 @@ def run_generate_matrix() -> None:
 def main() -> None:
     if sys.argv[1:] == ["--matrix", "seq2seq"]:
         run_matrix()
+        return
+    if sys.argv[1:] == ["--matrix", "seq2seq-bart"]:
+        run_matrix(BART_MATRIX, BART_TRACES)
+        return
+    if sys.argv[1:] == ["--matrix", "seq2seq-bart-generate"]:
+        run_generate_matrix(BART_GENERATE_MATRIX, BART_GENERATE_TRACES)
         return
     if sys.argv[1:] == ["--matrix", "seq2seq-generate"]:
         run_generate_matrix()
@@ -368,7 +420,10 @@ def main() -> None:
     if target_len is None:
         sys.exit("seq2seq_trace: --target-len N is required")
     sys.path.insert(0, ORACLE_DIR)
-    install_seq2seq(int(target_len), bool(untie), bool(per_block), bool(padded))
+    config = rest[rest.index("--config") + 1] if "--config" in rest else ""
+    with open(config) as f:
+        bart = json.load(f).get("model_type") == "bart"
+    install_seq2seq(int(target_len), bool(untie), bool(per_block), bool(padded), bart)
     if per_block:
         record_trackers()
     import oracle
