@@ -400,6 +400,21 @@ pub enum FeedForward {
     /// `wo(dropout(gelu_new(wi_0(x)) * wi_1(x)))` (T5 v1.1, FLAN-T5, mT5:
     /// `feed_forward_proj: gated-gelu`, transformers' `NewGELUActivation`).
     GatedGeluNew,
+    /// `fc2(dropout(gelu(fc1(x))))` with biases (BART: `activation_function: gelu`,
+    /// `activation_dropout`).
+    Gelu,
+}
+
+/// Whose blocks an encoder-decoder has.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Seq2SeqFamily {
+    /// T5's pre-norm blocks with `T5LayerNorm` and a relative position bias.
+    #[default]
+    T5,
+    /// BART's post-norm blocks with LayerNorm, biases and learned positions (transformers
+    /// `BartEncoderLayer`, `BartDecoderLayer`).
+    Bart,
 }
 
 /// What an encoder-decoder model (T5, mT5) has besides its layer groups: the first
@@ -423,6 +438,12 @@ pub struct Seq2SeqSpec {
     /// output by `d_model ** -0.5` before lm_head (transformers 5.25
     /// `T5Config.scale_decoder_outputs`).
     pub scale_decoder_outputs: bool,
+    /// Whose blocks these are.
+    #[serde(default)]
+    pub family: Seq2SeqFamily,
+    /// `activation_dropout > 0` (BART): the feed-forward's hidden state is dropped out.
+    #[serde(default)]
+    pub activation_dropout: bool,
 }
 
 /// The architecture of a decoder-only language model (or, with [`ModelSpec::encoder`], an

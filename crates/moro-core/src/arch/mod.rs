@@ -10,6 +10,7 @@
 //! recounted with checked arithmetic, so hostile or corrupt configs give an [`ArchError`]
 //! naming the field instead of a panic or an overflow.
 
+mod bart;
 mod bert;
 mod bloom;
 mod cfg;
@@ -114,6 +115,7 @@ pub const SUPPORTED: &[&str] = &[
     "bloom",
     "bert",
     "roberta",
+    "bart",
     "t5",
     "mt5",
 ];
@@ -202,6 +204,7 @@ fn by_type(c: &cfg::Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchError> {
         "bloom" => bloom::parse(&c),
         "bert" | "roberta" => bert::parse(&c, model_type),
         "t5" | "mt5" => t5::parse(&c, model_type),
+        "bart" => bart::parse(&c),
         other => Err(ArchError::Unsupported {
             model_type: other.to_owned(),
             closest: closest::closest_supported(other, SUPPORTED).map(str::to_owned),

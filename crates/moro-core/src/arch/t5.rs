@@ -87,7 +87,7 @@ pub(crate) fn parse(c: &Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchErro
         ]
     };
     let ff = match feed_forward {
-        FeedForward::Relu => vec![
+        FeedForward::Relu | FeedForward::Gelu => vec![
             Linear::new("wi", d, d_ff, false, LinearRole::Mlp),
             Linear::new("wo", d_ff, d, false, LinearRole::Mlp),
         ],
@@ -178,6 +178,8 @@ pub(crate) fn parse(c: &Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchErro
         d_ff,
         dropout,
         scale_decoder_outputs: !mt5 && tie,
+        family: crate::model::Seq2SeqFamily::T5,
+        activation_dropout: false,
     });
     Ok(spec)
 }

@@ -96,15 +96,23 @@ fn seq2seq_phases(
     let per = if padded { b } else { 1 };
     let ff = match s2s.feed_forward {
         crate::model::FeedForward::GatedGeluNew => 4 * f,
-        crate::model::FeedForward::Relu => 2 * f,
+        crate::model::FeedForward::Relu | crate::model::FeedForward::Gelu => 2 * f,
     };
     // The bias every block receives, then the wider of the attention's moment (q, k, v,
     // the output and the block's mask copy) and the feed-forward's (the mask is freed).
-    let bias = a * src * src * cb;
+    let bart = s2s.family == crate::model::Seq2SeqFamily::Bart;
+    // BART has no position bias; a padded batch's boolean mask (made once) becomes an
+    // additive one per call (traced, `seq2seq-bart-generate.jsonl`).
+    let bias = if bart { 0 } else { a * src * src * cb };
     // With a padding mask `torch.where(mask, bias, min)` follows the permuted bias's strides
     // and `.contiguous()` copies it: two per-sample masks at that moment.
     let copies = if padded { 2 } else { 1 };
-    let attention = te * cb * 4 * n + copies * per * a * src * src * cb;
+    let masks = match (bart, padded) {
+        (true, true) => b * src * src * (cb + 1),
+        (true, false) => 0,
+        (false, _) => copies * per * a * src * src * cb,
+    };
+    let attention = te * cb * 4 * n + masks;
     let encoder = bias + te * cb * 4 * h + (te * cb * ff).max(attention);
     let kv = s2s.decoder_layers * b * 2 * n * (new + src) * elem;
     let encoder_output = te * h * cb;

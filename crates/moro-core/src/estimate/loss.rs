@@ -93,21 +93,25 @@ impl Loss {
     }
 
     /// An encoder-decoder's loss over its target tokens (transformers 5.25
-    /// `T5ForConditionalGeneration.forward`: `CrossEntropyLoss(ignore_index=-100)` on
-    /// `lm_head`'s logits as they come, no upcast). Without autocast `log_softmax` runs and
-    /// saves in the logits' dtype: the logits and the log-probabilities after the forward,
-    /// the log-probabilities and the two gradients at the backward. Under autocast
-    /// `log_softmax` runs in fp32 on a transient fp32 cast: 16-bit logits and fp32
-    /// log-probabilities, then fp32 gradients and the logits' 16-bit gradient. Nothing of it
-    /// outlives lm_head's backward, which runs before any block's (traced under
-    /// checkpointing: the peak is in an encoder block's backward, with none of it).
+    /// `T5ForConditionalGeneration.forward`, `BartForConditionalGeneration.forward`:
+    /// `CrossEntropyLoss()` on `lm_head`'s logits as they come, no upcast). Without autocast
+    /// `log_softmax` runs and saves in the logits' dtype: the logits and the
+    /// log-probabilities after the forward, the log-probabilities and the two gradients at
+    /// the backward. Under autocast `cross_entropy` decomposes: `log_softmax` runs in the
+    /// logits' 16-bit dtype and saves its output, `nll_loss` (autocast's fp32 list) saves an
+    /// fp32 copy of it; the 16-bit logits are alive to the forward's end, and the peak is
+    /// `nll_loss_backward`'s fp32 gradient beside both (traced on T5 and BART: the peak op
+    /// of their bf16-mixed steps, with the 16-bit log-probabilities and the fp32 copy
+    /// alive). Nothing of it outlives lm_head's backward, which runs before any block's
+    /// (traced under checkpointing: the peak is in an encoder block's backward, with none
+    /// of it).
     fn seq2seq(job: &Job, r: &Regime, v: u64) -> Self {
         let tv = job.micro_batch_size * job.target_tokens() * v;
         if r.autocast {
             Self {
-                forward_peak: 6 * tv,
-                forward_transient: 4 * tv,
-                backward_peak: 12 * tv,
+                forward_peak: 8 * tv,
+                forward_transient: 0,
+                backward_peak: 10 * tv,
                 backward_transient: 0,
                 after_backward: 0,
                 largest_block: 4 * tv,

@@ -32,6 +32,10 @@ impl Job {
             );
         }
         let t5 = &model.model_type;
+        let bart = model
+            .seq2seq
+            .as_ref()
+            .is_some_and(|s| s.family == crate::model::Seq2SeqFamily::Bart);
         if self.stack != Stack::Hf {
             return err(
                 "stack",
@@ -60,23 +64,31 @@ impl Job {
         if self.attention != Attention::Sdpa {
             return err(
                 "attention",
-                format!(
-                    "`{t5}` adds a learned position bias to its scores, which FlashAttention \
-                     cannot take; moro models transformers' default, sdpa"
-                ),
+                if bart {
+                    format!("moro models `{t5}` with transformers' default attention, sdpa")
+                } else {
+                    format!(
+                        "`{t5}` adds a learned position bias to its scores, which \
+                         FlashAttention cannot take; moro models transformers' default, sdpa"
+                    )
+                },
             );
         }
         if self.quantization != Quantization::None {
             return err(
                 "quantization",
-                format!(
-                    "bitsandbytes leaves `{t5}`'s `wo` unquantized (`_keep_in_fp32_modules` \
-                     joins `modules_to_not_convert`), which moro does not model yet: use lora \
-                     or full"
-                ),
+                if bart {
+                    format!("QLoRA of `{t5}` was not traced: use lora or full")
+                } else {
+                    format!(
+                        "bitsandbytes leaves `{t5}`'s `wo` unquantized \
+                         (`_keep_in_fp32_modules` joins `modules_to_not_convert`), which moro \
+                         does not model yet: use lora or full"
+                    )
+                },
             );
         }
-        if self.precision == Precision::Fp16Mixed && self.method.is_peft() {
+        if self.precision == Precision::Fp16Mixed && self.method.is_peft() && !bart {
             return err(
                 "precision",
                 format!(

@@ -34,6 +34,7 @@ use crate::stack::{AttentionModule, CompileScope};
 use super::Regime;
 use super::weights::{ADAPTER_PROMPT_LENGTH, ADAPTER_START_LAYER};
 
+mod bart;
 mod compiled;
 mod cross;
 mod gated_delta;

@@ -78,7 +78,8 @@ impl Ctx<'_> {
         let f = s2s.d_ff;
         let mask = if s2s.dropout { f } else { 0 };
         match s2s.feed_forward {
-            FeedForward::Relu => o * f + mask,
+            // `relu` saves its output, `gelu` its input: one hidden state either way.
+            FeedForward::Relu | FeedForward::Gelu => o * f + mask,
             FeedForward::GatedGeluNew => {
                 // `pow` is in autocast's fp32 list: the GELU's polynomial runs in fp32.
                 let p = if self.r.autocast { 4 } else { o };
@@ -90,7 +91,7 @@ impl Ctx<'_> {
 
     /// Whether `l` saves the very tensor it reads (rather than a private copy): a trainable
     /// weight reading it in its own dtype, or an adapter with no cast and no dropout.
-    fn reads_input_itself(&self, l: &Linear, xb: u64) -> bool {
+    pub(super) fn reads_input_itself(&self, l: &Linear, xb: u64) -> bool {
         let job = self.job;
         let r = self.r;
         if job.method == Method::Full {
@@ -166,6 +167,9 @@ impl Ctx<'_> {
 /// The activations of an encoder-decoder `job`: `seq_len` encoder tokens and
 /// [`crate::job::Job::target_tokens`] decoder tokens per sample.
 pub(super) fn activations(ctx: &Ctx<'_>, s2s: &Seq2SeqSpec) -> Activations {
+    if s2s.family == crate::model::Seq2SeqFamily::Bart {
+        return super::bart::activations(ctx, s2s);
+    }
     let m = ctx.m;
     let job = ctx.job;
     let r = ctx.r;
