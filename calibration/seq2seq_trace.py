@@ -26,7 +26,9 @@ them; `--matrix seq2seq-generate` regenerates validation/oracle-traces/seq2seq-g
 
 `--matrix seq2seq` regenerates validation/oracle-traces/seq2seq.jsonl (the cases
 crates/moro-core/tests/seq2seq.rs checks); `--matrix seq2seq-bart`
-validation/oracle-traces/seq2seq-bart.jsonl (BART; crates/moro-core/tests/bart.rs).
+validation/oracle-traces/seq2seq-bart.jsonl (BART; crates/moro-core/tests/bart.rs);
+`--matrix seq2seq-umt5` validation/oracle-traces/seq2seq-umt5.jsonl (UMT5;
+crates/moro-core/tests/seq2seq.rs).
 
 Unpadded BART runs answer transformers' "is this mask all ones?" as a GPU does (yes): BART's
 decoder makes itself an all-ones mask, which fake tensors cannot read. (T5 passes its
@@ -224,6 +226,16 @@ BART_MATRIX = [
 ]
 
 
+UMT5_TRACES = os.path.join(ROOT, "validation", "oracle-traces", "seq2seq-umt5.jsonl")
+# UMT5 (umt5-small's shape: a relative position bias in every layer), the same columns.
+UMT5_MATRIX = [
+    ("umt5-small", "full", "bf16", 4, 256, 64, "", ""),
+    ("umt5-small", "lora", "bf16", 4, 512, 128, "", "q,v"),
+    ("umt5-small", "lora", "bf16-mixed", 8, 512, 128, "padded", "q,v"),
+    ("umt5-small", "lora", "bf16", 4, 512, 128, "ckpt", "q,v"),
+]
+
+
 def run_matrix(matrix=None, traces=TRACES) -> None:
     """Every case, one subprocess each, into `traces` (cases already there are kept: delete
     the file to trace everything again)."""
@@ -245,7 +257,7 @@ def run_matrix(matrix=None, traces=TRACES) -> None:
             "--batch", str(b), "--seq", str(s), "--target-len", str(t),
             "--label", label, "--out", traces, "--attn", "sdpa",
         ]
-        if name.startswith("flan"):
+        if name.startswith(("flan", "umt5")):
             cmd.append("--untie")
         if "ckpt" in options:
             cmd.append("--grad-ckpt")
@@ -275,11 +287,13 @@ def generate(argv: list[str]) -> None:
     p.add_argument("--padded", action="store_true")
     p.add_argument("--label", default="")
     p.add_argument("--out")
+    p.add_argument("--top", type=int, default=0, help="list N largest live tensor groups at the peak")
     args = p.parse_args(argv)
     sys.path.insert(0, HERE)
     from prefill_trace import fake_inference_setup
 
     oracle, tracker = fake_inference_setup()
+    tracker.snapshot_top_at_peak = args.top > 0
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -341,6 +355,8 @@ def generate(argv: list[str]) -> None:
         "end_live_bytes": phases["end_live"],
         "params_bytes": tracker.peak_cats.get("params_frozen", 0),
     }
+    if args.top > 0:
+        row["top_live_at_peak"] = tracker.top_live_at_peak(args.top)
     line = json.dumps(row)
     if args.out:
         with open(args.out, "a") as f:
@@ -400,6 +416,9 @@ def run_generate_matrix(matrix=None, traces=GENERATE_TRACES) -> None:
 def main() -> None:
     if sys.argv[1:] == ["--matrix", "seq2seq"]:
         run_matrix()
+        return
+    if sys.argv[1:] == ["--matrix", "seq2seq-umt5"]:
+        run_matrix(UMT5_MATRIX, UMT5_TRACES)
         return
     if sys.argv[1:] == ["--matrix", "seq2seq-bart"]:
         run_matrix(BART_MATRIX, BART_TRACES)
