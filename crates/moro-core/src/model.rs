@@ -444,6 +444,10 @@ pub struct Seq2SeqSpec {
     /// `activation_dropout > 0` (BART): the feed-forward's hidden state is dropped out.
     #[serde(default)]
     pub activation_dropout: bool,
+    /// Every self-attention layer has its own relative position bias, and every
+    /// cross-attention layer makes its own zero bias (UMT5), where T5 computes both once.
+    #[serde(default)]
+    pub per_layer_bias: bool,
 }
 
 /// The architecture of a decoder-only language model (or, with [`ModelSpec::encoder`], an

@@ -368,3 +368,69 @@ fn bad_configs_name_their_field() {
         "num_layers"
     );
 }
+
+const UMT5: &str = include_str!("../../../validation/oracle-traces/seq2seq-umt5.jsonl");
+
+/// UMT5 (umt5-small's shape, its own lm_head as the checkpoint has it): counted as
+/// transformers 5.25 builds it, a relative position bias in every layer (306,601,984;
+/// `UMT5Config()`'s tied defaults 172,122,112), and every traced step (`calibration/
+/// seq2seq_trace.py --matrix seq2seq-umt5`) within −1 … +3 %.
+#[test]
+fn umt5_matches_transformers_and_its_traces() {
+    let small = spec(&config_file("umt5-small.json"));
+    assert_eq!(small.total_params(), 306_601_984);
+    assert_eq!(
+        spec(&json!({"model_type": "umt5"})).total_params(),
+        172_122_112
+    );
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for line in UMT5.lines() {
+        let t: Value = serde_json::from_str(line).expect("trace");
+        let job = settings(&t).resolve_for(&small).expect("resolves");
+        let e = estimate(&small, &job, &oracle_device()).expect("valid job");
+        let want = t["measured"]["peak_allocated_bytes"].as_u64().unwrap();
+        #[allow(clippy::cast_precision_loss)]
+        let err = e.peak_allocated_bytes as f64 / want as f64 - 1.0;
+        let label = t["label"].as_str().unwrap();
+        eprintln!("{label}: {:+.2} %", err * 100.0);
+        if !(-0.01..=0.03).contains(&err) {
+            failures.push(format!("{label}: {:+.2} %", err * 100.0));
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 4);
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+/// UMT5's generation (`seq2seq_trace.py --generate`, umt5-small's shape, untied): every
+/// encoder layer makes its own position bias, one at a time, so the encoder's widest moment
+/// is T5's; the peak within 1 % of each trace.
+#[test]
+fn umt5_generation_matches_its_traces() {
+    let traces = include_str!("../../../validation/oracle-traces/seq2seq-umt5-generate.jsonl");
+    let m = spec(&config_file("umt5-small.json"));
+    let mut checked = 0;
+    for line in traces.lines() {
+        let t: Value = serde_json::from_str(line).expect("trace");
+        let n = |k: &str| t[k].as_u64().unwrap();
+        let job = JobSettings {
+            method: Some(Method::Inference),
+            precision: Some(Precision::Bf16),
+            micro_batch_size: Some(n("batch")),
+            seq_len: Some(n("seq_len")),
+            target_len: Some(n("new_tokens")),
+            ..JobSettings::default()
+        }
+        .resolve_for(&m)
+        .expect("resolves");
+        let e = estimate(&m, &job, &oracle_device()).expect("valid job");
+        #[allow(clippy::cast_precision_loss)]
+        let err = e.peak_allocated_bytes as f64 / n("peak_allocated_bytes") as f64 - 1.0;
+        let label = t["label"].as_str().unwrap();
+        eprintln!("{label}: {:+.2} %", err * 100.0);
+        assert!(err.abs() <= 0.01, "{label}: {:+.2} %", err * 100.0);
+        checked += 1;
+    }
+    assert_eq!(checked, 2);
+}

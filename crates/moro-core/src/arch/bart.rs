@@ -160,6 +160,7 @@ pub(crate) fn parse(c: &Cfg<'_>) -> Result<ModelSpec, ArchError> {
         scale_decoder_outputs: false,
         family: Seq2SeqFamily::Bart,
         activation_dropout: dropout(c, "activation_dropout", 0.0)?,
+        per_layer_bias: false,
     });
     Ok(spec)
 }

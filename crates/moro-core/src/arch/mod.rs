@@ -118,6 +118,7 @@ pub const SUPPORTED: &[&str] = &[
     "bart",
     "t5",
     "mt5",
+    "umt5",
 ];
 
 /// Parses a HF `config.json`.
@@ -203,7 +204,7 @@ fn by_type(c: &cfg::Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchError> {
         "qwen" => qwen1::parse(&c),
         "bloom" => bloom::parse(&c),
         "bert" | "roberta" => bert::parse(&c, model_type),
-        "t5" | "mt5" => t5::parse(&c, model_type),
+        "t5" | "mt5" | "umt5" => t5::parse(&c, model_type),
         "bart" => bart::parse(&c),
         other => Err(ArchError::Unsupported {
             model_type: other.to_owned(),

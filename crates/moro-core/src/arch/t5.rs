@@ -35,7 +35,9 @@ const MAX_BUCKETS: u64 = 1 << 16;
 
 /// Parses a `t5` or `mt5` config.
 pub(crate) fn parse(c: &Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchError> {
-    let mt5 = model_type == "mt5";
+    // UMT5 takes mT5's defaults and T5's scaling, and a position bias in every layer.
+    let umt5 = model_type == "umt5";
+    let mt5 = model_type == "mt5" || umt5;
     let d = c.dim_or("d_model", 512, MAX_HIDDEN)?;
     let d_kv = c.dim_or("d_kv", 64, MAX_HEAD_DIM)?;
     let d_ff = c.dim_or("d_ff", if mt5 { 1024 } else { 2048 }, MAX_INTERMEDIATE)?;
@@ -46,6 +48,7 @@ pub(crate) fn parse(c: &Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchErro
     };
     let heads = c.dim_or("num_heads", if mt5 { 6 } else { 8 }, MAX_HEADS)?;
     let buckets = c.dim_or("relative_attention_num_buckets", 32, MAX_BUCKETS)?;
+    let bias = cfg::mul(buckets, heads, "relative_attention_num_buckets")?;
     let vocab = c.dim_or(
         "vocab_size",
         if mt5 { 250_112 } else { 32_128 },
@@ -121,16 +124,17 @@ pub(crate) fn parse(c: &Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchErro
         o_bias: false,
         mlp_bias: false,
         attn: attention(LinearRole::Attention),
-        // Two `T5LayerNorm` weights per encoder block.
-        layer_other: 2 * d,
+        // Two `T5LayerNorm` weights per encoder block (and UMT5's position bias).
+        layer_other: 2 * d + if umt5 { bias } else { 0 },
         dense_mlp: ff,
         moe: None,
         kinds: common::dense(common::all_full(c, enc_layers)?),
         mla: None,
-        // Each stack's `final_layer_norm` and first block's `relative_attention_bias`.
+        // Each stack's `final_layer_norm` and (T5, mT5) first block's
+        // `relative_attention_bias`.
         final_norm: cfg::add(
             2 * d,
-            cfg::mul(2 * buckets, heads, "relative_attention_num_buckets")?,
+            if umt5 { 0 } else { 2 * bias },
             "relative_attention_num_buckets",
         )?,
         load_dtype: c.dtype_or(Dtype::F32)?,
@@ -144,7 +148,8 @@ pub(crate) fn parse(c: &Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchErro
     })?;
     // The decoder's parameters, counted with checked arithmetic before they join the spec
     // (`build` bounded the rest), so `total_params` cannot overflow.
-    let dec_layer = decoder.iter().try_fold(3 * d, |acc, l| {
+    let dec_other = 3 * d + if umt5 { bias } else { 0 };
+    let dec_layer = decoder.iter().try_fold(dec_other, |acc, l| {
         cfg::add(
             acc,
             cfg::mul(l.in_features, l.out_features, "d_model")?,
@@ -165,8 +170,8 @@ pub(crate) fn parse(c: &Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchErro
     spec.layers.push(LayerGroup {
         count: dec_layers,
         linears: decoder,
-        // Three `T5LayerNorm` weights per decoder block.
-        other_params: 3 * d,
+        // Three `T5LayerNorm` weights per decoder block (and UMT5's position bias).
+        other_params: dec_other,
         attention: AttentionKind::Full,
         moe: false,
     });
@@ -177,9 +182,10 @@ pub(crate) fn parse(c: &Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchErro
         feed_forward,
         d_ff,
         dropout,
-        scale_decoder_outputs: !mt5 && tie,
+        scale_decoder_outputs: (model_type != "mt5") && tie,
         family: crate::model::Seq2SeqFamily::T5,
         activation_dropout: false,
+        per_layer_bias: umt5,
     });
     Ok(spec)
 }

@@ -114,6 +114,17 @@ fn seq2seq_phases(
     };
     let attention = te * cb * 4 * n + masks;
     let encoder = bias + te * cb * 4 * h + (te * cb * ff).max(attention);
+    // UMT5 computes its relative position buckets (`_relative_position_bucket`) over every
+    // pair of positions in every encoder layer, after the layer's q, k and v: at its widest
+    // five int64, one fp32 and one boolean `S × S` tensors, 53 bytes a pair, beside the
+    // stream and q, k, v (traced, `seq2seq-umt5-generate.jsonl`: umt5-small's peak at 2,048
+    // tokens). T5 computes them once, and its traced peaks are the blocks'.
+    let buckets = if s2s.per_layer_bias {
+        53 * src * src + te * cb * (2 * h + 3 * n)
+    } else {
+        0
+    };
+    let encoder = encoder.max(buckets);
     let kv = s2s.decoder_layers * b * 2 * n * (new + src) * elem;
     let encoder_output = te * h * cb;
     let logits = b * model.vocab_size * (cb + 4);

@@ -193,7 +193,15 @@ pub(super) fn activations(ctx: &Ctx<'_>, s2s: &Seq2SeqSpec) -> Activations {
     } else {
         0
     };
-    let dec_mask = a * tgt * tgt * bias_b + tgt * tgt + cross_mask;
+    // UMT5's cross-attention makes its own zero bias in every layer
+    // (`UMT5Attention.forward`: `torch.zeros((1, n_heads, seq_length, key_length))`), which
+    // SDPA saves as its mask; T5's is made once.
+    let own_cross_bias = if s2s.per_layer_bias && !padded {
+        a * tgt * src * bias_b
+    } else {
+        0
+    };
+    let dec_mask = a * tgt * tgt * bias_b + tgt * tgt + cross_mask + own_cross_bias;
     let enc_block = blocks.encoder * te + enc_mask;
     let dec_block = blocks.decoder * td + blocks.cross_kv * te + dec_mask;
     let full = job.method == Method::Full;
@@ -210,8 +218,13 @@ pub(super) fn activations(ctx: &Ctx<'_>, s2s: &Seq2SeqSpec) -> Activations {
         + lm_head_input * td;
     let (all, ckpt_one) = if job.gradient_checkpointing {
         // Each block's checkpoint is its input; the encoder's output and the position
-        // biases every block receives are one tensor each.
-        let shared = s * h * te + a * src * src * bias_b + a * tgt * (tgt + src) * bias_b;
+        // biases every block receives are one tensor each (UMT5's blocks make their own).
+        let biases = if s2s.per_layer_bias {
+            0
+        } else {
+            a * src * src * bias_b + a * tgt * (tgt + src) * bias_b
+        };
+        let shared = s * h * te + biases;
         (
             s2s.encoder_layers * s * h * te + s2s.decoder_layers * s * h * td + shared,
             s * h * te.max(td),
