@@ -5,10 +5,13 @@
 //! torch 2.15, transformers 5.25, PEFT 0.21.2; transformers' torch paths, as without
 //! `mamba_ssm` and `fla`).
 
-use moro_core::estimate::{DeviceProfile, estimate};
+mod support;
+
+use moro_core::estimate::estimate;
 use moro_core::job::{Attention, JobSettings, Method, Optimizer, Precision, Targets};
 use moro_core::model::{AttentionKind, ModelSpec};
 use serde_json::Value;
+use support::{Peaks, oracle_device};
 
 const TINY: &str = include_str!("../../../validation/hybrid-configs/granite-4.0-h-tiny-shape.json");
 const NEXT: &str = include_str!("../../../validation/hybrid-configs/qwen3-next-shape.json");
@@ -90,6 +93,19 @@ fn parameter_counts_are_transformers() {
             .all(|g| g.attention == AttentionKind::Recurrent)
     );
 
+    // A `layer_types` entry neither kind, or a list of the wrong length, names the key.
+    for bad in [
+        r#"{"model_type": "granitemoehybrid", "num_attention_heads": 32, "num_hidden_layers": 2, "layer_types": ["mamba", "conv"]}"#,
+        r#"{"model_type": "qwen3_next", "num_hidden_layers": 2, "layer_types": ["full_attention"]}"#,
+    ] {
+        match moro_core::arch::parse_config(bad.as_bytes()) {
+            Err(moro_core::arch::ArchError::Field { field, .. }) => {
+                assert_eq!(field, "layer_types")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
     // Qwen3-Next: `Qwen3NextConfig()`'s 80B-A3B shape, its 4-layer cut with and without
     // routed experts.
     assert_eq!(from(NEXT, &[]).total_params(), 79_674_391_296);
@@ -101,13 +117,6 @@ fn parameter_counts_are_transformers() {
 }
 
 const TRACES: &str = include_str!("../../../validation/oracle-traces/hybrid.jsonl");
-
-fn oracle_device() -> DeviceProfile {
-    DeviceProfile {
-        cublas_workspace_bytes: 0,
-        ..DeviceProfile::default()
-    }
-}
 
 /// The traced job, as moro settings.
 fn settings(t: &Value) -> JobSettings {
@@ -147,8 +156,7 @@ fn settings(t: &Value) -> JobSettings {
 /// layer's recomputation or backward is the peak): moro's allocated peak within 3 %.
 #[test]
 fn training_steps_match_their_traces() {
-    let mut failures = Vec::new();
-    let mut checked = 0;
+    let mut peaks = Peaks::default();
     for line in TRACES.lines() {
         let t: Value = serde_json::from_str(line).expect("trace");
         let label = t["label"].as_str().unwrap();
@@ -167,23 +175,9 @@ fn training_steps_match_their_traces() {
         let m = if next { next4(&over) } else { cut4(&over) };
         let job = settings(&t).resolve_for(&m).expect("resolves");
         let e = estimate(&m, &job, &oracle_device()).expect("valid job");
-        let want = t["measured"]["peak_allocated_bytes"].as_u64().unwrap();
-        #[allow(clippy::cast_precision_loss)]
-        let err = e.peak_allocated_bytes as f64 / want as f64 - 1.0;
-        eprintln!(
-            "{label}: {:+.2} % (moro {} at {}, oracle {want} at {})",
-            err * 100.0,
-            e.peak_allocated_bytes,
-            e.peak_phase.as_str(),
-            t["measured"]["peak_at"]["phase"]
-        );
-        if err.abs() > 0.03 {
-            failures.push(format!("{label}: {:+.2} %", err * 100.0));
-        }
-        checked += 1;
+        peaks.check(label, &e, &t, -0.03..=0.03);
     }
-    assert_eq!(checked, 18);
-    assert!(failures.is_empty(), "{failures:?}");
+    peaks.finish(18);
 }
 
 /// The prefill (one forward under `no_grad` with a cache, the last position's logits, as

@@ -2,12 +2,15 @@
 //! against the step traced on fake CUDA tensors (`calibration/vlm_trace.py --matrix mllama`,
 //! `validation/oracle-traces/vlm-mllama.jsonl`: torch 2.15, transformers 5.25, PEFT 0.21.2).
 
+mod support;
+
 use moro_core::estimate::{DeviceProfile, estimate};
 use moro_core::job::{
     Attention, JobSettings, Method, Optimizer, Precision, Targets, VisionTraining,
 };
 use moro_core::model::{AttentionKind, ModelSpec};
 use serde_json::Value;
+use support::Peaks;
 
 const CONFIG: &str =
     include_str!("../../../validation/vlm-configs/llama-3.2-11b-vision-shape.json");
@@ -117,31 +120,15 @@ fn settings(t: &Value) -> JobSettings {
 /// image at all): moro's allocated peak within 3 %.
 #[test]
 fn training_steps_match_their_traces() {
-    let mut failures = Vec::new();
-    let mut checked = 0;
     let m = config(Some(4), Some(8));
+    let mut peaks = Peaks::default();
     for line in TRACES.lines() {
         let t: Value = serde_json::from_str(line).expect("trace");
-        let label = t["label"].as_str().unwrap();
         let job = settings(&t).resolve_for(&m).expect("resolves");
         let e = estimate(&m, &job, &DeviceProfile::default()).expect("valid job");
-        let want = t["measured"]["peak_allocated_bytes"].as_u64().unwrap();
-        #[allow(clippy::cast_precision_loss)]
-        let err = e.peak_allocated_bytes as f64 / want as f64 - 1.0;
-        eprintln!(
-            "{label}: {:+.2} % (moro {} at {}, oracle {want} at {})",
-            err * 100.0,
-            e.peak_allocated_bytes,
-            e.peak_phase.as_str(),
-            t["measured"]["peak_at"]["phase"]
-        );
-        if err.abs() > 0.03 {
-            failures.push(format!("{label}: {:+.2} %", err * 100.0));
-        }
-        checked += 1;
+        peaks.check(t["label"].as_str().unwrap(), &e, &t, -0.03..=0.03);
     }
-    assert_eq!(checked, 8);
-    assert!(failures.is_empty(), "{failures:?}");
+    peaks.finish(8);
 }
 
 /// `MllamaImageProcessor` pads every image to 4 tiles of 560² whatever its size (the traces'

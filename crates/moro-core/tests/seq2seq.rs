@@ -7,22 +7,15 @@
 use moro_core::arch::parse_config;
 use moro_core::estimate::activations::Activations;
 use moro_core::estimate::regime::Regime;
+mod support;
+
 use moro_core::estimate::{DeviceProfile, estimate};
-use moro_core::job::{
-    Attention, Job, JobSettings, Method, Optimizer, Padding, Precision, Stack, Targets,
-};
+use moro_core::job::{Attention, Job, Method, Optimizer, Precision, Stack};
 use moro_core::model::ModelSpec;
 use serde_json::{Value, json};
+use support::{Peaks, oracle_device, seq2seq_generation, seq2seq_settings};
 
 const TRACES: &str = include_str!("../../../validation/oracle-traces/seq2seq.jsonl");
-
-/// The oracle runs no cuBLAS: no workspace on its device.
-fn oracle_device() -> DeviceProfile {
-    DeviceProfile {
-        cublas_workspace_bytes: 0,
-        ..DeviceProfile::default()
-    }
-}
 
 fn spec(cfg: &Value) -> ModelSpec {
     parse_config(cfg.to_string().as_bytes()).expect("parses")
@@ -120,40 +113,6 @@ fn one_encoder_block_by_hand() {
     assert_eq!(block + 2 * 512, 27_304_960);
 }
 
-fn settings(t: &Value) -> JobSettings {
-    let j = &t["job"];
-    let n = |k: &str| j[k].as_u64().unwrap();
-    let lora = &j["lora"];
-    JobSettings {
-        method: Some(match j["method"].as_str().unwrap() {
-            "full" => Method::Full,
-            _ => Method::Lora,
-        }),
-        precision: Some(match j["precision"].as_str().unwrap() {
-            "bf16-mixed" => Precision::Bf16Mixed,
-            _ => Precision::Bf16,
-        }),
-        optimizer: Some(Optimizer::AdamwTorch),
-        attention: Some(Attention::Sdpa),
-        gradient_checkpointing: Some(j["grad_ckpt"].as_bool().unwrap()),
-        micro_batch_size: Some(n("micro_batch")),
-        seq_len: Some(n("seq_len")),
-        target_len: Some(n("target_len")),
-        padding: Some(if j["padded"].as_bool().unwrap() {
-            Padding::Padded
-        } else {
-            Padding::Packed
-        }),
-        lora_rank: lora["r"].as_u64(),
-        lora_alpha: lora["alpha"].as_f64(),
-        lora_dropout: lora["dropout"].as_f64(),
-        target_modules: lora["targets"]
-            .as_array()
-            .map(|v| Targets::Names(v.iter().map(|s| s.as_str().unwrap().to_owned()).collect())),
-        ..JobSettings::default()
-    }
-}
-
 /// Every traced step: moro's allocated peak is never more than 1 % under the oracle's and
 /// at most 3 % over (T5 v1.0 and FLAN-T5 shapes; full and LoRA; bf16 and bf16-mixed; with
 /// and without checkpointing and a padding mask).
@@ -168,7 +127,7 @@ fn training_steps_match_their_traces() {
             cfg["tie_word_embeddings"] = false.into();
         }
         let m = spec(&cfg);
-        let job = settings(&t).resolve_for(&m).expect("resolves");
+        let job = seq2seq_settings(&t).resolve_for(&m).expect("resolves");
         let e = estimate(&m, &job, &oracle_device()).expect("valid job");
         let want = t["measured"]["peak_allocated_bytes"].as_u64().unwrap();
         #[allow(clippy::cast_precision_loss)]
@@ -293,51 +252,14 @@ const GENERATE: &str = include_str!("../../../validation/oracle-traces/seq2seq-g
 /// of the traced encoder's.
 #[test]
 fn generation_matches_its_traces() {
-    let mut checked = 0;
-    for line in GENERATE.lines() {
-        let t: Value = serde_json::from_str(line).expect("trace");
+    let model = |t: &Value| {
         let mut cfg = config_file(t["config_name"].as_str().unwrap());
         if t["untied_lm_head"].as_bool() == Some(true) {
             cfg["tie_word_embeddings"] = false.into();
         }
-        let m = spec(&cfg);
-        let n = |k: &str| t[k].as_u64().unwrap();
-        let job = JobSettings {
-            method: Some(Method::Inference),
-            precision: Some(Precision::Bf16),
-            micro_batch_size: Some(n("batch")),
-            seq_len: Some(n("seq_len")),
-            target_len: Some(n("new_tokens")),
-            padding: Some(if t["padded"].as_bool().unwrap() {
-                Padding::Padded
-            } else {
-                Padding::Packed
-            }),
-            ..JobSettings::default()
-        }
-        .resolve_for(&m)
-        .expect("resolves");
-        let e = estimate(&m, &job, &oracle_device()).expect("valid job");
-        let label = t["label"].as_str().unwrap();
-        #[allow(clippy::cast_precision_loss)]
-        let rel = |got: u64, want: u64| got as f64 / want as f64 - 1.0;
-        let peak = rel(e.peak_allocated_bytes, n("peak_allocated_bytes"));
-        let prefill = e
-            .phases
-            .iter()
-            .find(|p| p.phase == moro_core::estimate::Phase::Prefill)
-            .map(moro_core::estimate::PhaseBytes::total)
-            .unwrap();
-        let encoder = rel(prefill, n("encoder_peak_bytes"));
-        eprintln!(
-            "{label}: peak {:+.2} %, encoder {:+.2} %",
-            peak * 100.0,
-            encoder * 100.0
-        );
-        assert!(peak.abs() <= 0.01, "{label}: peak {peak}");
-        assert!(encoder.abs() <= 0.02, "{label}: encoder {encoder}");
-        checked += 1;
-    }
+        spec(&cfg)
+    };
+    let checked = seq2seq_generation(GENERATE, model, 0.01, 0.02);
     assert!(checked >= 5, "{checked} traces");
 }
 
@@ -383,24 +305,14 @@ fn umt5_matches_transformers_and_its_traces() {
         spec(&json!({"model_type": "umt5"})).total_params(),
         172_122_112
     );
-    let mut failures = Vec::new();
-    let mut checked = 0;
+    let mut peaks = Peaks::default();
     for line in UMT5.lines() {
         let t: Value = serde_json::from_str(line).expect("trace");
-        let job = settings(&t).resolve_for(&small).expect("resolves");
+        let job = seq2seq_settings(&t).resolve_for(&small).expect("resolves");
         let e = estimate(&small, &job, &oracle_device()).expect("valid job");
-        let want = t["measured"]["peak_allocated_bytes"].as_u64().unwrap();
-        #[allow(clippy::cast_precision_loss)]
-        let err = e.peak_allocated_bytes as f64 / want as f64 - 1.0;
-        let label = t["label"].as_str().unwrap();
-        eprintln!("{label}: {:+.2} %", err * 100.0);
-        if !(-0.01..=0.03).contains(&err) {
-            failures.push(format!("{label}: {:+.2} %", err * 100.0));
-        }
-        checked += 1;
+        peaks.check(t["label"].as_str().unwrap(), &e, &t, -0.01..=0.03);
     }
-    assert_eq!(checked, 4);
-    assert!(failures.is_empty(), "{failures:?}");
+    peaks.finish(4);
 }
 
 /// UMT5's generation (`seq2seq_trace.py --generate`, umt5-small's shape, untied): every
@@ -410,27 +322,5 @@ fn umt5_matches_transformers_and_its_traces() {
 fn umt5_generation_matches_its_traces() {
     let traces = include_str!("../../../validation/oracle-traces/seq2seq-umt5-generate.jsonl");
     let m = spec(&config_file("umt5-small.json"));
-    let mut checked = 0;
-    for line in traces.lines() {
-        let t: Value = serde_json::from_str(line).expect("trace");
-        let n = |k: &str| t[k].as_u64().unwrap();
-        let job = JobSettings {
-            method: Some(Method::Inference),
-            precision: Some(Precision::Bf16),
-            micro_batch_size: Some(n("batch")),
-            seq_len: Some(n("seq_len")),
-            target_len: Some(n("new_tokens")),
-            ..JobSettings::default()
-        }
-        .resolve_for(&m)
-        .expect("resolves");
-        let e = estimate(&m, &job, &oracle_device()).expect("valid job");
-        #[allow(clippy::cast_precision_loss)]
-        let err = e.peak_allocated_bytes as f64 / n("peak_allocated_bytes") as f64 - 1.0;
-        let label = t["label"].as_str().unwrap();
-        eprintln!("{label}: {:+.2} %", err * 100.0);
-        assert!(err.abs() <= 0.01, "{label}: {:+.2} %", err * 100.0);
-        checked += 1;
-    }
-    assert_eq!(checked, 2);
+    assert_eq!(seq2seq_generation(traces, |_| m.clone(), 0.01, 0.02), 2);
 }

@@ -21,8 +21,8 @@ use super::ArchError;
 use super::cfg::{self, Cfg, MAX_HEADS, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS};
 use super::common::{self, Heads, Plan};
 use crate::model::{
-    AttentionKind, Dtype, FeedForward, LayerGroup, Linear, LinearRole, ModelSpec, NormKind,
-    Seq2SeqFamily, Seq2SeqSpec,
+    AttentionKind, Dtype, FeedForward, Linear, LinearRole, ModelSpec, NormKind, Seq2SeqFamily,
+    Seq2SeqSpec,
 };
 
 /// Whether the dropout probability `key` (default `default`) is above 0.
@@ -128,29 +128,8 @@ pub(crate) fn parse(c: &Cfg<'_>) -> Result<ModelSpec, ArchError> {
         }
         other => other,
     })?;
-    let dec_layer = decoder
-        .iter()
-        .try_fold(6 * d, |acc, l| cfg::add(acc, l.params(), "d_model"))?;
-    let total = cfg::add(
-        spec.total_params(),
-        cfg::mul(dec_layer, dec_layers, "decoder_layers")?,
-        "decoder_layers",
-    )?;
-    if total > cfg::MAX_TOTAL_PARAMS {
-        return Err(c.err(
-            "decoder_layers",
-            format!("gives {total} parameters, over the 2^50 limit"),
-        ));
-    }
-    spec.layers.push(LayerGroup {
-        count: dec_layers,
-        linears: decoder,
-        // Three LayerNorms, weight and bias.
-        other_params: 6 * d,
-        attention: AttentionKind::Full,
-        moe: false,
-    });
-    spec.num_layers = enc_layers + dec_layers;
+    // Three LayerNorms per decoder layer, weight and bias.
+    common::push_decoder_stack(&mut spec, c, decoder, 6 * d, dec_layers, "decoder_layers")?;
     spec.seq2seq = Some(Seq2SeqSpec {
         encoder_layers: enc_layers,
         decoder_layers: dec_layers,

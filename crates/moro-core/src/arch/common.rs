@@ -426,3 +426,79 @@ fn checked_total(s: &ModelSpec) -> Result<u64, ArchError> {
     }
     Ok(total)
 }
+
+/// Appends an encoder-decoder's decoder stack to `spec` (whose layers are the encoder's):
+/// `layers` layers of `linears` and `other` more parameters each, counted with checked
+/// arithmetic so that [`ModelSpec::total_params`] cannot overflow; errors name `key`.
+pub(crate) fn push_decoder_stack(
+    spec: &mut ModelSpec,
+    c: &Cfg<'_>,
+    linears: Vec<Linear>,
+    other: u64,
+    layers: u64,
+    key: &str,
+) -> Result<(), ArchError> {
+    let per_layer = linears
+        .iter()
+        .try_fold(other, |acc, l| cfg::add(acc, l.params(), key))?;
+    let total = cfg::add(spec.total_params(), cfg::mul(per_layer, layers, key)?, key)?;
+    if total > cfg::MAX_TOTAL_PARAMS {
+        return Err(c.err(
+            key,
+            format!("gives {total} parameters, over the 2^50 limit"),
+        ));
+    }
+    spec.layers.push(LayerGroup {
+        count: layers,
+        linears,
+        other_params: other,
+        attention: AttentionKind::Full,
+        moe: false,
+    });
+    spec.num_layers += layers;
+    Ok(())
+}
+
+/// Each layer's mixer from a hybrid model's `layer_types` (`None` without the key): a
+/// name in `recurrent` is a recurrent layer ([`AttentionKind::Recurrent`]), one in `full`
+/// a full-attention layer; any other name, or a list of the wrong length, is an error
+/// naming the key.
+pub(crate) fn hybrid_layer_types(
+    c: &Cfg<'_>,
+    layers: u64,
+    recurrent: &[&str],
+    full: &[&str],
+) -> Result<Option<Vec<AttentionKind>>, ArchError> {
+    let Some(types) = c.opt_str_list("layer_types")? else {
+        return Ok(None);
+    };
+    if u64::try_from(types.len()).ok() != Some(layers) {
+        return Err(c.err(
+            "layer_types",
+            format!(
+                "has {} entries for {layers} layers (num_hidden_layers)",
+                types.len()
+            ),
+        ));
+    }
+    types
+        .into_iter()
+        .map(|t| {
+            if recurrent.contains(&t) {
+                Ok(AttentionKind::Recurrent)
+            } else if full.contains(&t) {
+                Ok(AttentionKind::Full)
+            } else {
+                Err(c.err(
+                    "layer_types",
+                    format!(
+                        "has \"{t}\"; expected \"{}\" or \"{}\"",
+                        recurrent.first().copied().unwrap_or_default(),
+                        full.first().copied().unwrap_or_default()
+                    ),
+                ))
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}

@@ -181,27 +181,11 @@ fn ssm_spec(c: &Cfg<'_>, hidden: u64) -> Result<SsmSpec, ArchError> {
 /// Each layer's mixer from `layer_types` (`"mamba"` / `"linear_attention"` or
 /// `"attention"`), every layer Mamba-2 without it.
 fn layer_kinds(c: &Cfg<'_>, layers: u64) -> Result<Vec<AttentionKind>, ArchError> {
-    let Some(types) = c.opt_str_list("layer_types")? else {
-        return Ok((0..layers).map(|_| AttentionKind::Recurrent).collect());
-    };
-    if u64::try_from(types.len()).ok() != Some(layers) {
-        return Err(c.err(
-            "layer_types",
-            format!(
-                "has {} entries for {layers} layers (num_hidden_layers)",
-                types.len()
-            ),
-        ));
-    }
-    types
-        .into_iter()
-        .map(|t| match t {
-            "mamba" | "linear_attention" => Ok(AttentionKind::Recurrent),
-            "attention" | "full_attention" => Ok(AttentionKind::Full),
-            other => Err(c.err(
-                "layer_types",
-                format!("has \"{other}\"; expected \"mamba\" or \"attention\""),
-            )),
-        })
-        .collect()
+    let listed = common::hybrid_layer_types(
+        c,
+        layers,
+        &["mamba", "linear_attention"],
+        &["attention", "full_attention"],
+    )?;
+    Ok(listed.unwrap_or_else(|| (0..layers).map(|_| AttentionKind::Recurrent).collect()))
 }

@@ -175,36 +175,19 @@ pub(crate) fn parse(c: &Cfg<'_>) -> Result<ModelSpec, ArchError> {
 /// Each layer's mixer from `layer_types`, every fourth layer full attention without it
 /// (`Qwen3NextConfig.__post_init__`: `full_attention_interval` 4).
 fn layer_kinds(c: &Cfg<'_>, layers: u64) -> Result<Vec<AttentionKind>, ArchError> {
-    let Some(types) = c.opt_str_list("layer_types")? else {
-        let interval = c.dim_or("full_attention_interval", 4, MAX_LAYERS)?;
-        return Ok((0..layers)
-            .map(|i| {
-                if (i + 1) % interval == 0 {
-                    AttentionKind::Full
-                } else {
-                    AttentionKind::Recurrent
-                }
-            })
-            .collect());
-    };
-    if u64::try_from(types.len()).ok() != Some(layers) {
-        return Err(c.err(
-            "layer_types",
-            format!(
-                "has {} entries for {layers} layers (num_hidden_layers)",
-                types.len()
-            ),
-        ));
+    if let Some(listed) =
+        common::hybrid_layer_types(c, layers, &["linear_attention"], &["full_attention"])?
+    {
+        return Ok(listed);
     }
-    types
-        .into_iter()
-        .map(|t| match t {
-            "linear_attention" => Ok(AttentionKind::Recurrent),
-            "full_attention" => Ok(AttentionKind::Full),
-            other => Err(c.err(
-                "layer_types",
-                format!("has \"{other}\"; expected \"linear_attention\" or \"full_attention\""),
-            )),
+    let interval = c.dim_or("full_attention_interval", 4, MAX_LAYERS)?;
+    Ok((0..layers)
+        .map(|i| {
+            if (i + 1).is_multiple_of(interval) {
+                AttentionKind::Full
+            } else {
+                AttentionKind::Recurrent
+            }
         })
-        .collect()
+        .collect())
 }

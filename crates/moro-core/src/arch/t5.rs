@@ -25,10 +25,7 @@ use serde_json::Value;
 use super::ArchError;
 use super::cfg::{self, Cfg, MAX_HEAD_DIM, MAX_HEADS, MAX_HIDDEN, MAX_INTERMEDIATE, MAX_LAYERS};
 use super::common::{self, Heads, Plan};
-use crate::model::{
-    AttentionKind, Dtype, FeedForward, LayerGroup, Linear, LinearRole, ModelSpec, NormKind,
-    Seq2SeqSpec,
-};
+use crate::model::{Dtype, FeedForward, Linear, LinearRole, ModelSpec, NormKind, Seq2SeqSpec};
 
 /// Largest `relative_attention_num_buckets` accepted.
 const MAX_BUCKETS: u64 = 1 << 16;
@@ -146,36 +143,16 @@ pub(crate) fn parse(c: &Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchErro
         }
         other => other,
     })?;
-    // The decoder's parameters, counted with checked arithmetic before they join the spec
-    // (`build` bounded the rest), so `total_params` cannot overflow.
+    // Three `T5LayerNorm` weights per decoder block (and UMT5's position bias).
     let dec_other = 3 * d + if umt5 { bias } else { 0 };
-    let dec_layer = decoder.iter().try_fold(dec_other, |acc, l| {
-        cfg::add(
-            acc,
-            cfg::mul(l.in_features, l.out_features, "d_model")?,
-            "d_model",
-        )
-    })?;
-    let total = cfg::add(
-        spec.total_params(),
-        cfg::mul(dec_layer, dec_layers, "num_decoder_layers")?,
+    common::push_decoder_stack(
+        &mut spec,
+        c,
+        decoder,
+        dec_other,
+        dec_layers,
         "num_decoder_layers",
     )?;
-    if total > cfg::MAX_TOTAL_PARAMS {
-        return Err(c.err(
-            "num_decoder_layers",
-            format!("gives {total} parameters, over the 2^50 limit"),
-        ));
-    }
-    spec.layers.push(LayerGroup {
-        count: dec_layers,
-        linears: decoder,
-        // Three `T5LayerNorm` weights per decoder block (and UMT5's position bias).
-        other_params: dec_other,
-        attention: AttentionKind::Full,
-        moe: false,
-    });
-    spec.num_layers = enc_layers + dec_layers;
     spec.seq2seq = Some(Seq2SeqSpec {
         encoder_layers: enc_layers,
         decoder_layers: dec_layers,

@@ -156,16 +156,8 @@ pub(super) fn activations(ctx: &Ctx<'_>, s2s: &Seq2SeqSpec) -> Activations {
             ln * h * te.max(td),
         )
     };
-    let full_fp32 = full && r.autocast && r.param_bytes == 4;
-    let autocast_weight_cache = if full_fp32 {
-        2 * (m.linear_params() + m.vocab_size * h)
-    } else if job.method.is_peft() && r.autocast && r.adapter_bytes == 4 {
-        2 * r.trainable_params
-    } else {
-        0
-    };
-    let autocast_weight_cache_backward =
-        super::weight_cache_in_backward(m, job, autocast_weight_cache, 1);
+    let (autocast_weight_cache, autocast_weight_cache_backward) =
+        super::seq2seq::weight_caches(ctx);
     let o = ctx.linear_out_bytes(ln);
     let backward = (3 * o * s2s.d_ff).max(4 * ctx.attn_bytes(o) * m.q_width()) + 2 * ln * h;
     Activations {

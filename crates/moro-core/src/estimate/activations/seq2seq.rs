@@ -235,19 +235,7 @@ pub(super) fn activations(ctx: &Ctx<'_>, s2s: &Seq2SeqSpec) -> Activations {
             s * h * te.max(td),
         )
     };
-    // Autocast's bf16 copies of fp32 trainable weights, cached for the forward: every
-    // matmul weight of a full fine-tune (the Linears and lm_head), or the adapters. Under
-    // checkpointing only the recomputed block's are alive in backward.
-    let full_fp32 = full && r.autocast && r.param_bytes == 4;
-    let autocast_weight_cache = if full_fp32 {
-        2 * (m.linear_params() + m.vocab_size * h)
-    } else if job.method.is_peft() && r.autocast && r.adapter_bytes == 4 {
-        2 * r.trainable_params
-    } else {
-        0
-    };
-    let autocast_weight_cache_backward =
-        super::weight_cache_in_backward(m, job, autocast_weight_cache, 1);
+    let (autocast_weight_cache, autocast_weight_cache_backward) = weight_caches(ctx);
     // One block's backward: the feed-forward's gradients (three of its hidden states) or
     // the attention's (dq, dk, dv and the output's), plus the residual gradient.
     let f = s2s.d_ff;
@@ -263,4 +251,21 @@ pub(super) fn activations(ctx: &Ctx<'_>, s2s: &Seq2SeqSpec) -> Activations {
         layer_backward_transient: backward * te.max(td),
         previous_step_quantized_inputs: 0,
     }
+}
+
+/// Autocast's bf16 copies of fp32 trainable weights in an encoder-decoder, cached for the
+/// forward: every matmul weight of a full fine-tune (the Linears and lm_head), or the
+/// adapters; and the part alive in backward (under checkpointing only the recomputed
+/// block's).
+pub(super) fn weight_caches(ctx: &Ctx<'_>) -> (u64, u64) {
+    let (m, job, r) = (ctx.m, ctx.job, ctx.r);
+    let full_fp32 = job.method == Method::Full && r.autocast && r.param_bytes == 4;
+    let cache = if full_fp32 {
+        2 * (m.linear_params() + m.vocab_size * m.hidden_size)
+    } else if job.method.is_peft() && r.autocast && r.adapter_bytes == 4 {
+        2 * r.trainable_params
+    } else {
+        0
+    };
+    (cache, super::weight_cache_in_backward(m, job, cache, 1))
 }

@@ -1,0 +1,141 @@
+//! What the tests that hold moro to the fake-CUDA oracle's traces share: the oracle's device,
+//! a collector of peak comparisons, and the seq2seq tracer's job.
+#![allow(dead_code)]
+
+use std::ops::RangeInclusive;
+
+use moro_core::estimate::{DeviceProfile, Estimate};
+use moro_core::job::{Attention, JobSettings, Method, Optimizer, Padding, Precision, Targets};
+use serde_json::Value;
+
+/// The oracle's device: no cuBLAS workspace (the fake tensors never allocate one).
+pub fn oracle_device() -> DeviceProfile {
+    DeviceProfile {
+        cublas_workspace_bytes: 0,
+        ..DeviceProfile::default()
+    }
+}
+
+/// Compares allocated peaks with traced ones, printing each (run with `--nocapture`) and
+/// collecting those outside their band.
+#[derive(Default)]
+pub struct Peaks {
+    failures: Vec<String>,
+    checked: usize,
+}
+
+impl Peaks {
+    /// Records `e`'s allocated peak against trace `t`'s (`measured.peak_allocated_bytes`),
+    /// a failure when the relative error is outside `band`.
+    pub fn check(&mut self, label: &str, e: &Estimate, t: &Value, band: RangeInclusive<f64>) {
+        let want = t["measured"]["peak_allocated_bytes"].as_u64().unwrap();
+        #[allow(clippy::cast_precision_loss)]
+        let err = e.peak_allocated_bytes as f64 / want as f64 - 1.0;
+        eprintln!(
+            "{label}: {:+.2} % (moro {} at {}, oracle {want} at {})",
+            err * 100.0,
+            e.peak_allocated_bytes,
+            e.peak_phase.as_str(),
+            t["measured"]["peak_at"]["phase"]
+        );
+        if !band.contains(&err) {
+            self.failures
+                .push(format!("{label}: {:+.2} %", err * 100.0));
+        }
+        self.checked += 1;
+    }
+
+    /// Fails unless `expected` traces were checked and all were inside their band.
+    pub fn finish(self, expected: usize) {
+        assert_eq!(self.checked, expected, "traces checked");
+        assert!(self.failures.is_empty(), "{:?}", self.failures);
+    }
+}
+
+/// The job of a `calibration/seq2seq_trace.py` training trace, as moro settings.
+pub fn seq2seq_settings(t: &Value) -> JobSettings {
+    let j = &t["job"];
+    let n = |k: &str| j[k].as_u64().unwrap();
+    let lora = &j["lora"];
+    JobSettings {
+        method: Some(match j["method"].as_str().unwrap() {
+            "full" => Method::Full,
+            _ => Method::Lora,
+        }),
+        precision: Some(match j["precision"].as_str().unwrap() {
+            "bf16-mixed" => Precision::Bf16Mixed,
+            _ => Precision::Bf16,
+        }),
+        optimizer: Some(Optimizer::AdamwTorch),
+        attention: Some(Attention::Sdpa),
+        gradient_checkpointing: Some(j["grad_ckpt"].as_bool().unwrap()),
+        micro_batch_size: Some(n("micro_batch")),
+        seq_len: Some(n("seq_len")),
+        target_len: Some(n("target_len")),
+        padding: Some(if j["padded"].as_bool().unwrap() {
+            Padding::Padded
+        } else {
+            Padding::Packed
+        }),
+        lora_rank: lora["r"].as_u64(),
+        lora_alpha: lora["alpha"].as_f64(),
+        lora_dropout: lora["dropout"].as_f64(),
+        target_modules: lora["targets"]
+            .as_array()
+            .map(|v| Targets::Names(v.iter().map(|s| s.as_str().unwrap().to_owned()).collect())),
+        ..JobSettings::default()
+    }
+}
+
+/// Holds moro's inference estimate to each `calibration/seq2seq_trace.py --generate` trace
+/// of `traces` (the model from `model`): the peak within `peak`, the encoder's phase within
+/// `encoder` (relative errors). Returns how many were checked.
+pub fn seq2seq_generation(
+    traces: &str,
+    model: impl Fn(&Value) -> moro_core::model::ModelSpec,
+    peak: f64,
+    encoder: f64,
+) -> usize {
+    let mut checked = 0;
+    for line in traces.lines() {
+        let t: Value = serde_json::from_str(line).expect("trace");
+        let m = model(&t);
+        let n = |k: &str| t[k].as_u64().unwrap();
+        let job = JobSettings {
+            method: Some(Method::Inference),
+            precision: Some(Precision::Bf16),
+            micro_batch_size: Some(n("batch")),
+            seq_len: Some(n("seq_len")),
+            target_len: Some(n("new_tokens")),
+            padding: Some(if t["padded"].as_bool() == Some(true) {
+                Padding::Padded
+            } else {
+                Padding::Packed
+            }),
+            ..JobSettings::default()
+        }
+        .resolve_for(&m)
+        .expect("resolves");
+        let e = moro_core::estimate::estimate(&m, &job, &oracle_device()).expect("valid job");
+        let label = t["label"].as_str().unwrap();
+        #[allow(clippy::cast_precision_loss)]
+        let rel = |got: u64, want: u64| got as f64 / want as f64 - 1.0;
+        let p = rel(e.peak_allocated_bytes, n("peak_allocated_bytes"));
+        let prefill = e
+            .phases
+            .iter()
+            .find(|p| p.phase == moro_core::estimate::Phase::Prefill)
+            .map(moro_core::estimate::PhaseBytes::total)
+            .unwrap();
+        let enc = rel(prefill, n("encoder_peak_bytes"));
+        eprintln!(
+            "{label}: peak {:+.2} %, encoder {:+.2} %",
+            p * 100.0,
+            enc * 100.0
+        );
+        assert!(p.abs() <= peak, "{label}: peak {p}");
+        assert!(enc.abs() <= encoder, "{label}: encoder {enc}");
+        checked += 1;
+    }
+    checked
+}
