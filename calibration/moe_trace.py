@@ -15,6 +15,9 @@ without routed experts: Granite 4 (`granitemoehybrid`, Mamba-2) and Qwen3-Next
 runs its torch paths (`mamba2_chunk_scan`, `torch_chunk_gated_delta_rule`), as it does on a
 GPU without those packages.
 
+`--matrix gemma3n` regenerates validation/oracle-traces/gemma3n.jsonl (crates/moro-core/tests/
+gemma3n.rs): Gemma 3n's text model in the shape of validation/text-configs/ cut to 6 layers.
+
 `--matrix moe` regenerates validation/oracle-traces/moe.jsonl (the cases
 crates/moro-core/tests/moe.rs checks; about 8 minutes on two cores): gpt-oss-20b whole, and
 Mixtral-8x7B, Qwen3-30B-A3B and GLM-4.5-Air cut to 4 layers, from their configs in data/models (gpt-oss
@@ -113,6 +116,57 @@ HYBRID_CASES = [
 ]
 
 
+GEMMA3N_TRACES = os.path.join(ROOT, "validation", "oracle-traces", "gemma3n.jsonl")
+GEMMA3N_CONFIG = os.path.join(ROOT, "validation", "text-configs", "gemma-3n-e4b-text-shape.json")
+# Gemma 3n's text model cut to 6 layers: sliding and full attention, activation sparsity in
+# the first two, the last two reading the KV of the last layer of their kind that has its own.
+GEMMA3N_CUT = {
+    "num_hidden_layers": 6,
+    "layer_types": ["sliding_attention", "sliding_attention", "full_attention",
+                    "sliding_attention", "sliding_attention", "full_attention"],
+    "num_kv_shared_layers": 2,
+    "activation_sparsity_pattern": [0.95, 0.95, 0.0, 0.0, 0.0, 0.0],
+    "intermediate_size": [16384] * 6,
+}
+DENSE = "activation_sparsity_pattern=[0.0, 0.0, 0.0, 0.0, 0.0, 0.0]"
+GEMMA3N_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+GEMMA3N_CASES = [
+    ("lora bf16 1x1024", [], ["--method", "lora", "--precision", "bf16", "--batch", "1", "--seq", "1024"]),
+    ("v8192 lora bf16 1x2048", ["vocab_size=8192", "vocab_size_per_layer_input=8192"], ["--method", "lora", "--precision", "bf16", "--batch", "1", "--seq", "2048"]),
+    ("v8192 lora bf16-mixed 1x2048", ["vocab_size=8192", "vocab_size_per_layer_input=8192"], ["--method", "lora", "--precision", "bf16-mixed", "--batch", "1", "--seq", "2048"]),
+    ("v8192 full bf16 1x2048", ["vocab_size=8192", "vocab_size_per_layer_input=8192"], ["--method", "full", "--precision", "bf16", "--adamw-impl", "fused", "--batch", "1", "--seq", "2048"]),
+    # Checkpointed, without the sparse layers: recomputing `_gaussian_topk` makes a tensor on
+    # the (fake) device outside the fake mode, which a GPU run does not mind.
+    ("v8192 dense lora bf16 2x2048 ckpt", ["vocab_size=8192", "vocab_size_per_layer_input=8192", DENSE], ["--method", "lora", "--precision", "bf16", "--batch", "2", "--seq", "2048", "--grad-ckpt"]),
+    ("v8192 dense full bf16 1x4096 ckpt", ["vocab_size=8192", "vocab_size_per_layer_input=8192", DENSE], ["--method", "full", "--precision", "bf16", "--adamw-impl", "fused", "--batch", "1", "--seq", "4096", "--grad-ckpt"]),
+]
+
+
+def run_gemma3n_matrix() -> None:
+    """Every Gemma 3n case into GEMMA3N_TRACES (cases already there are kept)."""
+    done = set()
+    if os.path.exists(GEMMA3N_TRACES):
+        with open(GEMMA3N_TRACES) as f:
+            done = {json.loads(line).get("label") for line in f}
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(GEMMA3N_CONFIG) as f:
+            cfg = json.load(f)
+        cfg.update(GEMMA3N_CUT)
+        config = os.path.join(tmp, "gemma-3n-e4b-text-shape-L6.json")
+        with open(config, "w") as f:
+            json.dump(cfg, f)
+        for case, overrides, args in GEMMA3N_CASES:
+            label = "gemma-3n-e4b-text-shape-L6 %s" % case
+            if label in done:
+                continue
+            cmd = [sys.executable, os.path.abspath(__file__), "--config", config, *args,
+                   "--lora-targets", GEMMA3N_TARGETS, "--label", label, "--out", GEMMA3N_TRACES]
+            for o in overrides:
+                cmd += ["--override", o]
+            print(label, flush=True)
+            subprocess.run(cmd, check=True)
+
+
 def run_hybrid_matrix() -> None:
     """Every hybrid case, one subprocess each, into HYBRID_TRACES (cases already there are
     kept)."""
@@ -164,6 +218,9 @@ def run_matrix() -> None:
 
 
 def main() -> None:
+    if sys.argv[1:] == ["--matrix", "gemma3n"]:
+        run_gemma3n_matrix()
+        return
     if sys.argv[1:] == ["--matrix", "hybrid"]:
         run_hybrid_matrix()
         return
