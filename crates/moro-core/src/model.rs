@@ -205,6 +205,40 @@ impl AttentionKind {
     }
 }
 
+/// Gemma 3n's text model (transformers 5.25 `Gemma3nTextModel`, `Gemma3nTextDecoderLayer`):
+/// the hidden state travels as `altup` streams (AltUp: each layer predicts all of them,
+/// runs on one, corrects all), each layer adds a low-rank LAuReL branch and its own
+/// per-layer input (`ple` wide, from a second embedding table and a projection of the
+/// token embedding), the last `kv_shared_layers` reuse the keys and values of the last
+/// layer of their kind that has its own, and some layers sparsify their MLP's gate
+/// (`_gaussian_topk`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gemma3nSpec {
+    /// AltUp streams (`altup_num_inputs`).
+    pub altup: u64,
+    /// LAuReL rank (`laurel_rank`).
+    pub laurel_rank: u64,
+    /// Per-layer input width (`hidden_size_per_layer_input`).
+    pub ple: u64,
+    /// Per-layer input vocabulary (`vocab_size_per_layer_input`).
+    pub ple_vocab: u64,
+    /// Per [`ModelSpec::layers`] group: whether its layers reuse another layer's keys and
+    /// values (no k/v projections of their own), and whether they sparsify the MLP's gate.
+    pub groups: Vec<Gemma3nGroup>,
+}
+
+/// What a Gemma 3n layer group does beyond its Linears.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gemma3nGroup {
+    /// Reuses the keys and values of an earlier layer (`kv_sharing_modes == "reuse"`).
+    pub kv_shared: bool,
+    /// `activation_sparsity_pattern > 0`: `relu(gate - (mean + std · icdf(p)))`.
+    pub sparse: bool,
+    /// Keeps its keys and values at full length for the layers that reuse them
+    /// (`kv_sharing_modes == "store"`), a sliding layer too.
+    pub stores_kv: bool,
+}
+
 /// A gated DeltaNet linear-attention mixer (transformers 5.25 `Qwen3NextGatedDeltaNet`):
 /// `in_proj_qkvz` makes q and k (`key_heads` of `key_head_dim`) and v and the gate z
 /// (`value_heads` of `value_head_dim`), `in_proj_ba` one β and one decay per value head; a
@@ -568,6 +602,9 @@ pub struct ModelSpec {
     /// [`AttentionKind::Recurrent`] (Qwen3-Next).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gated_delta_net: Option<GatedDeltaNetSpec>,
+    /// Gemma 3n's AltUp, LAuReL, per-layer inputs and KV sharing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gemma3n: Option<Gemma3nSpec>,
     /// The attention output is multiplied by `sigmoid` of a gate that `q_proj` makes beside
     /// the queries (Qwen3-Next's `Qwen3NextAttention`: `q_proj` is twice as wide).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

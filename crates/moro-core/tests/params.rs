@@ -1207,11 +1207,11 @@ mod errors {
 
     #[test]
     fn unsupported_names_the_closest_type() {
-        let err = parse_config(br#"{"model_type": "gemma3n"}"#).expect_err("unsupported");
+        let err = parse_config(br#"{"model_type": "falcon_h1"}"#).expect_err("unsupported");
         let message = err.to_string();
         assert!(
             message.starts_with(
-                "unsupported model_type `gemma3n` (the closest supported is `gemma3`); supported: "
+                "unsupported model_type `falcon_h1` (the closest supported is `falcon`); supported: "
             ),
             "{message}"
         );

@@ -385,6 +385,7 @@ pub(crate) fn build(p: Plan) -> Result<ModelSpec, ArchError> {
         ssm: None,
         gated_delta_net: None,
         attention_output_gate: false,
+        gemma3n: None,
     };
     let total = checked_total(&spec)?;
     if total > MAX_TOTAL_PARAMS {

@@ -19,6 +19,7 @@ mod common;
 mod deepseek;
 mod falcon;
 mod gemma;
+mod gemma3n;
 mod glm4_moe;
 mod gpt2;
 mod gpt_neox;
@@ -84,6 +85,8 @@ pub const SUPPORTED: &[&str] = &[
     "gemma2",
     "gemma3",
     "gemma3_text",
+    "gemma3n",
+    "gemma3n_text",
     "qwen2_vl",
     "qwen2_5_vl",
     "qwen3_vl",
@@ -192,6 +195,7 @@ fn by_type(c: &cfg::Cfg<'_>, model_type: &str) -> Result<ModelSpec, ArchError> {
         "glm4_moe" => glm4_moe::parse(&c),
         "qwen3_next" => qwen3_next::parse(&c),
         "gpt_oss" => gpt_oss::parse(&c),
+        "gemma3n" | "gemma3n_text" => gemma3n::parse(&c, model_type),
         "granitemoehybrid" => granite_hybrid::parse(&c),
         "llama4" | "llama4_text" => llama4::parse(&c, model_type),
         "olmo2" | "olmo3" => olmo2::parse(&c, model_type),

@@ -19,8 +19,17 @@ pub fn kv_cache_bytes(model: &ModelSpec, batch: u64, context: u64, kv: KvDtype, 
     model
         .layers
         .iter()
-        .map(|g| {
-            let tokens = g.attention.cached_tokens(context);
+        .enumerate()
+        .map(|(i, g)| {
+            // Gemma 3n: a layer that reuses another's keys and values caches none; the layer
+            // it reuses keeps them at full length, a sliding one too (`DynamicCache`'s
+            // full-length layer for `kv_sharing_modes == "store"`).
+            let sharing = model.gemma3n.as_ref().and_then(|s| s.groups.get(i));
+            let tokens = match sharing {
+                Some(f) if f.kv_shared => 0,
+                Some(f) if f.stores_kv => context,
+                _ => g.attention.cached_tokens(context),
+            };
             g.count * tokens * per_tok
         })
         .sum::<u64>()
@@ -198,6 +207,15 @@ pub(super) fn phases(
         prefill += b * (model.num_heads / tp) * s * s * (4 + cb);
     }
     prefill = prefill.max(super::recurrent::prefill_bytes(model, b, s, cb) / tp);
+    if let Some(g) = &model.gemma3n {
+        // Gemma 3n's widest moment is a layer's MLP (gate, up, the GELU and the product)
+        // with every AltUp stream twice (the prediction and its clone) and a dozen h-wide
+        // tensors of the layer (the streams' rescaled copies, the norms, LAuReL's sums and
+        // the per-layer input's), the per-layer inputs, and the sliding layers' boolean mask
+        // over the prompt (traced, `validation/oracle-traces/gemma3n-prefill.jsonl`).
+        let i_max = model.intermediate_size / tp;
+        prefill = t * cb * (4 * i_max + 2 * g.altup * h + 12 * h + 4 * g.ple) + b * s * s;
+    }
     let kv = kv
         + super::recurrent::state_bytes(model, b, cb, tp) / pp
         + cross_cache(model, job, tp) / pp;

@@ -305,6 +305,7 @@ fn tower_model(v: &VisionSpec) -> ModelSpec {
         ssm: None,
         gated_delta_net: None,
         attention_output_gate: false,
+        gemma3n: None,
     }
 }
 

@@ -11,6 +11,7 @@ use crate::model::ModelSpec;
 use crate::stack::DefaultLoss;
 
 pub mod against;
+mod gemma3n;
 mod liger;
 mod recurrent;
 pub mod settings;

@@ -251,6 +251,7 @@ impl Job {
                 ),
             );
         }
+        self.validate_gemma3n(model)?;
         self.validate_images(model)?;
         self.validate_seq2seq(model)?;
         self.validate_recurrent(model)?;

@@ -38,6 +38,7 @@ mod bart;
 mod compiled;
 mod cross;
 mod gated_delta;
+mod gemma3n;
 mod mamba;
 pub mod seq2seq;
 mod unsloth;
@@ -1139,7 +1140,12 @@ impl Activations {
         }
         let t = job.micro_batch_size * job.seq_len;
         let h = model.hidden_size;
-        let ckpt = r.stream_bytes * h;
+        // A layer's checkpoint is its input: Gemma 3n's is every AltUp stream.
+        let ckpt = match &model.gemma3n {
+            // fp32 under autocast ([`gemma3n`]).
+            Some(g) => g.altup * if r.autocast { 4 } else { r.stream_bytes } * h,
+            None => r.stream_bytes * h,
+        };
         let mut all = 0u64;
         let mut one = 0u64;
         let mut bwd = 0u64;
@@ -1151,7 +1157,7 @@ impl Activations {
         let adapter = job.peft.is_adapter() && job.method.is_peft();
         let scope = job.stack.profile().compile;
         let mut idx = 0u64;
-        for g in &model.layers {
+        for (gi, g) in model.layers.iter().enumerate() {
             if adapter {
                 // lit-gpt adapters: what a layer saves depends on its index (the prefix and
                 // the gate start at `adapter_start_layer`), so each layer is counted.
@@ -1169,6 +1175,27 @@ impl Activations {
                     };
                 }
                 bwd = bwd.max(ctx.layer_backward(g));
+                continue;
+            }
+            if let Some(spec) = &model.gemma3n {
+                let flags = spec
+                    .groups
+                    .get(gi)
+                    .copied()
+                    .unwrap_or(crate::model::Gemma3nGroup {
+                        kv_shared: false,
+                        sparse: false,
+                        stores_kv: false,
+                    });
+                let layer = ctx.gemma3n_layer_bytes(g, flags, spec);
+                one = one.max(layer);
+                bwd = bwd.max(ctx.layer_backward(g) + ctx.gemma3n_backward(g));
+                all += g.count
+                    * if job.gradient_checkpointing {
+                        ckpt
+                    } else {
+                        layer
+                    };
                 continue;
             }
             if g.attention == AttentionKind::Cross {
@@ -1227,7 +1254,9 @@ impl Activations {
         let mut head = if job.compile && scope == CompileScope::Model {
             ctx.compiled_head_bytes()
         } else {
-            final_norm + if full { 2 * h } else { 0 }
+            final_norm
+                + if full { 2 * h } else { 0 }
+                + model.gemma3n.as_ref().map_or(0, |g| ctx.gemma3n_outside(g))
         };
         let mut head_fixed = 0u64;
         if adapter && job.peft == PeftKind::AdapterV2 {

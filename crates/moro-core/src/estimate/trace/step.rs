@@ -68,6 +68,7 @@ pub fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
         && model.moe.is_none()
         && model.vision.is_none()
         && !model.has_recurrent_mixer()
+        && model.gemma3n.is_none()
         && !job.optimizer_in_backward
         && !job.compile
         && !job.activation_offload
