@@ -284,3 +284,21 @@ fn untraced_settings_are_refused_and_the_state_is_fixed() {
     );
     assert_eq!(kv, 4 * 2 * 4 * 128 * 8192 * 2);
 }
+
+/// Liger patches Qwen3-Next, which moro has not traced with it: refused saying so, not that
+/// Liger has no kernels there.
+#[test]
+fn liger_on_qwen3_next_is_refused_as_untraced() {
+    let m = from(NEXT, &[]);
+    let job = JobSettings {
+        method: Some(Method::Lora),
+        seq_len: Some(1024),
+        liger: Some(moro_core::job::Liger::ALL),
+        ..JobSettings::default()
+    }
+    .resolve_for(&m)
+    .expect("resolves");
+    let e = job.validate(&m).unwrap_err();
+    assert_eq!(e.field, "liger");
+    assert!(e.message.contains("not traced"), "{}", e.message);
+}

@@ -131,6 +131,13 @@ impl Liger {
         Ok(out)
     }
 
+    /// Whether liger-kernel 0.8.5 patches `model_type` where moro has not traced its kernels
+    /// (`apply_liger_kernel_to_mllama`, `apply_liger_kernel_to_qwen3_next`).
+    #[must_use]
+    pub fn patches_untraced(model_type: &str) -> bool {
+        matches!(model_type, "mllama" | "qwen3_next")
+    }
+
     /// Whether liger-kernel 0.8.5 has kernels for `model_type`.
     #[must_use]
     pub fn patches(model_type: &str) -> bool {

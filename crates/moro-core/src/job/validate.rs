@@ -971,6 +971,16 @@ impl Job {
                 ),
             );
         }
+        if Liger::patches_untraced(&model.model_type) {
+            return err(
+                "liger",
+                format!(
+                    "liger-kernel 0.8.5 patches `{}`, but moro has not traced its kernels \
+                     there; estimate without Liger",
+                    model.model_type
+                ),
+            );
+        }
         if !Liger::patches(&model.model_type) {
             return err(
                 "liger",
