@@ -646,6 +646,9 @@ def run(args) -> dict:
     from transformers import AutoModelForImageTextToText
 
     cfg, model_type, cuts = load_config(args.config, args.text_layers, args.vision_layers)
+    if args.prefill:
+        cfg.use_cache = True
+        cfg.get_text_config().use_cache = True
     family = family_of(model_type)
     if family == "idefics3":
         notes.append(patch_idefics3_for_fake())
@@ -680,7 +683,7 @@ def run(args) -> dict:
             if args.vision_attn and args.vision_attn != args.attn:
                 attn_impl = {"": args.attn, "text_config": args.attn, "vision_config": args.vision_attn}
             model = AutoModelForImageTextToText.from_config(cfg, dtype=base_dtype, attn_implementation=attn_impl)
-        model.train()
+        model.train(not args.prefill)
         counts = param_counts(model, family)
         # freeze the vision tower and the projector unless asked (TRL / most VLM recipes)
         for n, p in model.named_parameters():
@@ -809,6 +812,16 @@ def run(args) -> dict:
             for step in range(1, args.steps + 1):
                 tracker.set_phase("idle", "step%d.inputs" % step)
                 inputs = make_inputs()
+                if args.prefill:
+                    # `generate`'s prefill: the prompt with its images under no_grad, a
+                    # cache, the last position's logits.
+                    tracker.set_phase("forward", "prefill")
+                    inputs.pop("labels", None)
+                    with torch.no_grad(), ac():
+                        out = model(**inputs, use_cache=True, logits_to_keep=1)
+                    step_losses.append("none (prefill)")
+                    del out, inputs
+                    break
                 tracker.set_phase("forward", "step%d.forward" % step)
                 with ac():
                     out = model(**inputs)
@@ -898,7 +911,7 @@ def run(args) -> dict:
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="HF config.json of the VLM")
-    p.add_argument("--matrix", choices=["vlm", "mllama", "image-tokens", "params"])
+    p.add_argument("--matrix", choices=["vlm", "mllama", "vlm-prefill", "image-tokens", "params"])
     p.add_argument("--text-layers", type=int)
     p.add_argument("--vision-layers", type=int)
     p.add_argument("--method", choices=["full", "lora"], default="lora")
@@ -918,6 +931,8 @@ def build_parser():
                    help="attention implementation of the vision tower only (default: --attn)")
     p.add_argument("--sdpa-backend", choices=["auto", "flash", "efficient", "math"], default="auto")
     p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--prefill", action="store_true",
+                   help="trace generate's prefill (no_grad, a cache, the last logits) instead of a step")
     p.add_argument("--top", type=int, default=0)
     p.add_argument("--label")
     p.add_argument("--out", help="append the result as one JSON line")
@@ -1012,6 +1027,37 @@ def run_mllama_matrix() -> None:
         cmd = [sys.executable, os.path.abspath(__file__), "--config", config, "--text-layers", "4",
                "--vision-layers", "8", "--images-per-sample", "1", "--image-size", "1120x1120",
                *args, "--batch", "1", "--seq", "512", "--label", label, "--out", MLLAMA_TRACES]
+        run_case(label, cmd)
+
+
+PREFILL_TRACES = os.path.join(ROOT, "validation", "oracle-traces", "vlm-prefill.jsonl")
+# (config stem, text layers, vision layers, images per sample, image size)
+PREFILL_CASES = [
+    ("Qwen--Qwen2.5-VL-3B-Instruct", 4, 8, 1, "896x896"),
+    ("Qwen--Qwen2.5-VL-3B-Instruct", 4, 8, 2, "1280x720"),
+    ("google--gemma-3-4b-it", 4, 8, 1, "896x896"),
+    ("llava-hf--llava-1.5-7b-hf", 4, 8, 1, "336x336"),
+    ("llama-3.2-11b-vision-shape", 4, 8, 1, "1120x1120"),
+    ("llama-3.2-11b-vision-shape", 4, 8, 2, "560x560"),
+]
+
+
+def run_prefill_matrix() -> None:
+    """`generate`'s prefill with images, bf16 weights, 512 text tokens: every case into
+    PREFILL_TRACES (cases already there are kept)."""
+    done = set()
+    if os.path.exists(PREFILL_TRACES):
+        with open(PREFILL_TRACES) as f:
+            done = {json.loads(line).get("label") for line in f if line.strip()}
+    for stem, tl, vl, n, size in PREFILL_CASES:
+        label = "%s-T%d-V%d prefill b1 s512 %dx%s" % (stem, tl, vl, n, size)
+        if label in done:
+            continue
+        cmd = [sys.executable, os.path.abspath(__file__), "--config", find_config(stem),
+               "--text-layers", str(tl), "--vision-layers", str(vl), "--method", "full",
+               "--precision", "bf16", "--batch", "1", "--seq", "512", "--prefill",
+               "--images-per-sample", str(n), "--image-size", size, "--label", label,
+               "--out", PREFILL_TRACES]
         run_case(label, cmd)
 
 
@@ -1110,6 +1156,9 @@ def main() -> None:
         return
     if args.matrix == "mllama":
         run_mllama_matrix()
+        return
+    if args.matrix == "vlm-prefill":
+        run_prefill_matrix()
         return
     if args.matrix == "image-tokens":
         run_image_tokens()
