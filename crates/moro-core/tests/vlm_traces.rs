@@ -120,12 +120,13 @@ fn allocated_peak_matches_the_traces() {
     assert!(failures.is_empty(), "{failures:?}");
 }
 
-/// A config of `data/models/` (the catalog) or `data/staged/`, by file stem.
+/// A config of `data/models/` (the catalog), `data/staged/` or `validation/vlm-configs/`, by
+/// file stem.
 fn config_of(stem: &str) -> Value {
     let dir = env!("CARGO_MANIFEST_DIR");
-    let text = ["models", "staged"]
+    let text = ["data/models", "data/staged", "validation/vlm-configs"]
         .iter()
-        .find_map(|d| std::fs::read_to_string(format!("{dir}/../../data/{d}/{stem}.json")).ok())
+        .find_map(|d| std::fs::read_to_string(format!("{dir}/../../{d}/{stem}.json")).ok())
         .unwrap_or_else(|| panic!("{stem}: no config"));
     serde_json::from_str(&text).expect("json")
 }
@@ -238,4 +239,95 @@ fn idefics3_counts_as_transformers_builds_it() {
         checked += 1;
     }
     assert_eq!(checked, 9);
+}
+
+/// `generate`'s prefill with images (`calibration/vlm_trace.py --matrix vlm-prefill`: the
+/// prompt and its images under no_grad with a cache, bf16 weights): the tower's forward, then
+/// the language model's; within 3 % at the allocated level.
+#[test]
+fn prefill_with_images_matches_its_traces() {
+    let traces = include_str!("../../../validation/oracle-traces/vlm-prefill.jsonl");
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for line in traces.lines() {
+        let t: Value = serde_json::from_str(line).expect("trace");
+        let stem = t["config_name"].as_str().unwrap().trim_end_matches(".json");
+        let (tl, vl) = (
+            t["cut"]["text_layers"][0].as_u64().unwrap(),
+            t["cut"]["vision_layers"][0].as_u64().unwrap(),
+        );
+        let mut cfg = config_of(stem);
+        if cfg.get("text_config").is_some() {
+            cfg["text_config"]["num_hidden_layers"] = tl.into();
+            if let Some(cross) = cfg["text_config"]["cross_attention_layers"]
+                .as_array()
+                .cloned()
+            {
+                cfg["text_config"]["cross_attention_layers"] = Value::Array(
+                    cross
+                        .into_iter()
+                        .filter(|i| i.as_u64().unwrap() < tl)
+                        .collect(),
+                );
+            }
+        } else {
+            cfg["num_hidden_layers"] = tl.into();
+        }
+        let tower_key = if stem.starts_with("Qwen--Qwen2") {
+            "depth"
+        } else {
+            "num_hidden_layers"
+        };
+        cfg["vision_config"][tower_key] = vl.into();
+        if let Some(ix) = cfg["vision_config"]["intermediate_layers_indices"]
+            .as_array()
+            .cloned()
+        {
+            let kept: Vec<Value> = ix
+                .into_iter()
+                .filter(|i| i.as_u64().unwrap() < vl)
+                .collect();
+            cfg["vision_config"]["vision_output_dim"] = (1280 * (kept.len() as u64 + 1)).into();
+            cfg["vision_config"]["intermediate_layers_indices"] = Value::Array(kept);
+        }
+        let m = moro_core::arch::parse_config(cfg.to_string().as_bytes()).expect("parses");
+        let j = &t["job"];
+        let job = JobSettings {
+            method: Some(Method::Inference),
+            precision: Some(Precision::Bf16),
+            attention: Some(Attention::Sdpa),
+            micro_batch_size: Some(1),
+            seq_len: j["text_seq"].as_u64(),
+            images_per_sample: j["images_per_sample"].as_u64(),
+            image_size: Some((
+                j["image_size"][0].as_u64().unwrap(),
+                j["image_size"][1].as_u64().unwrap(),
+            )),
+            ..JobSettings::default()
+        }
+        .resolve_for(&m)
+        .expect("resolves");
+        // The oracle allocates no cuBLAS workspace.
+        let device = DeviceProfile {
+            cublas_workspace_bytes: 0,
+            ..DeviceProfile::default()
+        };
+        let e = estimate(&m, &job, &device).expect("valid job");
+        let want = t["measured"]["peak_allocated_bytes"].as_u64().unwrap();
+        #[allow(clippy::cast_precision_loss)]
+        let err = e.peak_allocated_bytes as f64 / want as f64 - 1.0;
+        let label = t["label"].as_str().unwrap();
+        eprintln!(
+            "{label}: {:+.2} % (moro {} at {}, oracle {want})",
+            err * 100.0,
+            e.peak_allocated_bytes,
+            e.peak_phase.as_str()
+        );
+        if err.abs() > 0.03 {
+            failures.push(format!("{label}: {:+.2} %", err * 100.0));
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 6);
+    assert!(failures.is_empty(), "{failures:?}");
 }

@@ -239,6 +239,13 @@ pub(super) fn phases(
     } else {
         0
     };
+    // A vision-language model's tower runs over the prompt's images first, under no_grad
+    // ([`super::vision::step`]'s forward working set); the batch's `pixel_values` stay for
+    // the whole forward, and Mllama's cross-attention mask with them. The prefill's widest
+    // moment is the tower's or the language model's (traced,
+    // `validation/oracle-traces/vlm-prefill.jsonl`).
+    let v = super::vision::step(model, job, r);
+    let tower = v.pixels + v.saved + v.forward_transient.saturating_sub(prefill / pp);
     let cublas = device.cublas_workspace_bytes;
     let weights = sh.weights + replicated;
     vec![
@@ -251,7 +258,10 @@ pub(super) fn phases(
             components: vec![
                 (Component::Weights, weights),
                 (Component::KvCache, kv),
-                (Component::Activations, prefill / pp + autocast_cache),
+                (
+                    Component::Activations,
+                    prefill / pp + autocast_cache + tower,
+                ),
                 (Component::LogitsLoss, logits),
                 (Component::Transients, cublas + dequant),
             ],

@@ -103,16 +103,23 @@ pub fn step(model: &ModelSpec, job: &Job, r: &Regime) -> VisionStep {
     let per_pass = patches / shape.tower_passes.max(1);
     let b = r.compute_bytes;
     let h = v.hidden_size;
-    // Residual stream, norm output, fused q/k/v, attention output and the MLP's
-    // intermediate (two for a gated one) of one block at a time; eager attention's fp32
-    // scores and their probabilities per image. [DERIVED]
+    // One block at a time, the wider of its attention's and its MLP's working sets (the
+    // MLP's intermediate two for a gated one); eager attention's fp32 scores and their
+    // probabilities per image. [DERIVED]
     let mlp = if v.gated_mlp { 3 } else { 2 } * v.intermediate_size;
     let eager = if job.attention == crate::job::Attention::Eager {
         passes * v.num_heads * per_pass * per_pass * (4 + b)
     } else {
         0
     };
-    let forward_transient = tokens * b * (6 * h + mlp) + eager;
+    // A rotary tower (Qwen-VL) is widest at its RoPE: q and k cast to fp32, their products
+    // with cos and sin, `rotate_half`'s `cat` and the sum (six fp32 h-wide tensors), beside
+    // the fused qkv output and two copies of the stream (traced, `vlm-prefill.jsonl`).
+    let rope = if v.rotary { b * 5 * h + 24 * h } else { 0 };
+    // A block's widest moment: its attention's (the stream, the normed input, q, k, v and the
+    // output) or its MLP's (the stream, the normed input and the intermediate).
+    let block = b * (6 * h).max(2 * h + mlp);
+    let forward_transient = tokens * block.max(rope) + eager;
     // The processor's `pixel_values`, fp32, held by the batch for the whole step: Qwen-VL's
     // `temporal_patch_size` copies of every patch, the others one resized image each.
     let pixels = images
@@ -132,16 +139,22 @@ pub fn step(model: &ModelSpec, job: &Job, r: &Regime) -> VisionStep {
         * 4;
     // Mllama's tower (`MllamaVisionModel.forward`) keeps every block's output in
     // `encoder_states` until it returns, then stacks the chosen ones (`torch.stack`), copies
-    // them out of their padding and concatenates them with the last (`torch.cat`): about 16
-    // more tensors of the tower's size. Its attention mask, `(1 - aspect_ratio_mask)` over
-    // every pair of positions, is one `T²` tensor an image, read by every block.
-    let unsaved_states = if v.blocks_checkpoint {
-        0
+    // them out of their padding and concatenates them with the last (`torch.cat`): its widest
+    // moment is a late block's working set or that end, beside every kept output. Its
+    // attention mask, `(1 - aspect_ratio_mask)` over every pair of positions, is one `T²`
+    // tensor an image, read by every block.
+    let forward_transient = if v.blocks_checkpoint {
+        forward_transient
     } else {
         let layers: u64 = v.layers.iter().map(|g| g.count).sum();
-        tokens * h * b * (layers + 16) + images * per_pass * per_pass * b
+        // The chosen layers' outputs: the projector reads the last one and them.
+        let chosen = v
+            .projector
+            .first()
+            .map_or(0, |l| (l.in_features / h.max(1)).saturating_sub(1));
+        let end = (3 * chosen + 1) * tokens * h * b;
+        tokens * h * b * layers + images * per_pass * per_pass * b + forward_transient.max(end)
     };
-    let forward_transient = forward_transient + unsaved_states;
     // Mllama's language model: the projected vision states its cross-attention layers read
     // (kept by the layers' checkpoints, or saved by trainable k and v projections), and the
     // cross-attention mask `(b, 1, S, V)` every such layer's SDPA saves.
