@@ -60,6 +60,9 @@ pub struct VisionSpec {
     /// a recorded tower saves every block whole.
     #[serde(default = "yes")]
     pub blocks_checkpoint: bool,
+    /// The processor's pan-and-scan, where it has one (Gemma 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pan_and_scan: Option<PanAndScan>,
 }
 
 const fn yes() -> bool {
@@ -168,7 +171,51 @@ pub struct Images {
     pub width: u64,
     /// Height in pixels.
     pub height: u64,
+    /// Gemma 3's pan-and-scan (`do_pan_and_scan=True`): an image of an exaggerated aspect
+    /// ratio also goes in as crops ([`PanAndScan`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pan_and_scan: bool,
 }
+
+/// Gemma 3's pan-and-scan (transformers 5.25 `Gemma3ImageProcessor.pan_and_scan`, the
+/// processor's defaults `Gemma3ProcessorKwargs`): an image whose longer side is at least
+/// `min_ratio` times the shorter is also cut along its longer side into `round(ratio)`
+/// crops (2 to `max_crops`, each at least `min_crop` pixels), each resized and encoded like
+/// the image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PanAndScan {
+    /// `pan_and_scan_min_crop_size` (256).
+    pub min_crop: u64,
+    /// `pan_and_scan_max_num_crops` (4).
+    pub max_crops: u64,
+    /// `pan_and_scan_min_ratio_to_activate` (1.2), in tenths.
+    pub min_ratio_tenths: u64,
+}
+
+impl PanAndScan {
+    /// Crops of a `width × height` image, 0 when pan-and-scan leaves it whole.
+    #[must_use]
+    pub fn crops(&self, width: u64, height: u64) -> u64 {
+        let (long, short) = (width.max(height), width.min(height).max(1));
+        if 10 * long < self.min_ratio_tenths * short {
+            return 0;
+        }
+        // `int(floor(long / short + 0.5))`, then at most `floor(long / min_crop)`.
+        let n = ((2 * long + short) / (2 * short))
+            .min(long / self.min_crop.max(1))
+            .clamp(2, self.max_crops.max(2));
+        // Each crop at least `min_crop` on its shorter side.
+        if long.div_ceil(n).min(short) < self.min_crop {
+            return 0;
+        }
+        n
+    }
+}
+
+/// Text tokens `Gemma3Processor` adds around an image's pan-and-scan crops: "Here is the
+/// original image … and here are some crops to help you see better" and the spaces between
+/// the crops (Gemma 3's tokenizer: 16 + one per crop).
+const PAN_AND_SCAN_TEXT_TOKENS: u64 = 16;
 
 /// Largest image side moro accepts, in pixels.
 pub const MAX_IMAGE_SIDE: u64 = 1 << 16;
@@ -561,6 +608,7 @@ impl VisionSpec {
             per_sample: 1,
             width,
             height,
+            pan_and_scan: false,
         }
     }
 
@@ -570,7 +618,24 @@ impl VisionSpec {
         if images.per_sample == 0 {
             return 0;
         }
-        images.per_sample * self.tokens.shape(images.width, images.height).added_tokens
+        let added = self.tokens.shape(images.width, images.height).added_tokens;
+        let crops = self.crops(images);
+        let per_image = if crops > 0 {
+            // The image and each crop as a whole image sequence, and the text around them.
+            (1 + crops) * (added + 1) - 1 + PAN_AND_SCAN_TEXT_TOKENS + crops
+        } else {
+            added
+        };
+        images.per_sample * per_image
+    }
+
+    /// Pan-and-scan crops of each of `images` (0 without pan-and-scan).
+    #[must_use]
+    pub fn crops(&self, images: &Images) -> u64 {
+        match (&self.pan_and_scan, images.pan_and_scan) {
+            (Some(p), true) => p.crops(images.width, images.height),
+            _ => 0,
+        }
     }
 }
 

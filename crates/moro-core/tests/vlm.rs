@@ -226,3 +226,72 @@ fn gemma3_with_images_runs_no_flash_attention() {
     let best = search(&m, &space, &caps).best.expect("fits an H100");
     assert_ne!(best.job.attention, Attention::Flash);
 }
+
+/// Gemma 3's pan-and-scan (`do_pan_and_scan=True`, the processor's defaults: crops of at
+/// least 256 pixels, at most 4, from a 1.2 aspect ratio): the crops `Gemma3ImageProcessor`
+/// makes (its `num_crops`, transformers 5.25), the tokens `Gemma3Processor` writes for them
+/// (counted with Gemma 3's tokenizer: 798, 1,059 and 1,320 for 2, 3 and 4 crops, 260
+/// without), and a tower pass per crop.
+#[test]
+fn pan_and_scan_crops_follow_the_processor() {
+    let m = spec("google/gemma-3-4b-it");
+    let v = m.vision.as_ref().unwrap();
+    let images = |width, height| moro_core::vision::Images {
+        per_sample: 1,
+        width,
+        height,
+        pan_and_scan: true,
+    };
+    for (w, h, crops) in [
+        (896, 896, 0),
+        (1280, 720, 2),
+        (2000, 500, 4),
+        (1200, 1100, 0),
+        (600, 1400, 2),
+        (3000, 600, 4),
+        (500, 300, 0),
+        (1024, 768, 2),
+    ] {
+        assert_eq!(v.crops(&images(w, h)), crops, "{w}x{h}");
+    }
+    // The sequence's tokens beyond the prompt's one `<start_of_image>`.
+    assert_eq!(v.added_tokens(&images(896, 896)), 260 - 1);
+    assert_eq!(v.added_tokens(&images(1280, 720)), 798 - 1);
+    assert_eq!(v.added_tokens(&images(1200, 400)), 1059 - 1);
+    assert_eq!(v.added_tokens(&images(3000, 600)), 1320 - 1);
+    // Off, as the processor has it by default: the image alone.
+    let off = moro_core::vision::Images {
+        pan_and_scan: false,
+        ..images(3000, 600)
+    };
+    assert_eq!(v.added_tokens(&off), 259);
+    // The crops go through the tower too: the estimate grows.
+    let peak = |pan| {
+        let (m, job) = job(
+            "google/gemma-3-4b-it",
+            JobSettings {
+                method: Some(Method::Lora),
+                images_per_sample: Some(1),
+                image_size: Some((3000, 600)),
+                pan_and_scan: Some(pan),
+                ..JobSettings::default()
+            },
+        );
+        estimate(&m, &job, &DeviceProfile::default())
+            .unwrap()
+            .peak_allocated_bytes
+    };
+    assert!(peak(true) > peak(false));
+    // A processor without it says so.
+    let (qwen, qjob) = job(
+        "Qwen/Qwen2.5-VL-3B-Instruct",
+        JobSettings {
+            pan_and_scan: Some(true),
+            ..JobSettings::default()
+        },
+    );
+    assert_eq!(
+        qjob.validate(&qwen).unwrap_err().field,
+        "training.pan_and_scan"
+    );
+}

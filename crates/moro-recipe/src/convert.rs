@@ -114,6 +114,7 @@ impl Recipe {
             images_per_sample: (job.images.per_sample > 0).then_some(job.images.per_sample),
             image_size: (job.images.per_sample > 0)
                 .then(|| format!("{}x{}", job.images.width, job.images.height)),
+            pan_and_scan: job.images.pan_and_scan,
             vision: (job.vision != moro_core::job::VisionTraining::Frozen)
                 .then(|| job.vision.into()),
             target_len: job.target_len,
@@ -214,6 +215,7 @@ impl Recipe {
                 .map(moro_core::vision::parse_image_size)
                 .transpose()
                 .map_err(|e| RecipeError::value("training.image_size", e))?,
+            pan_and_scan: t.pan_and_scan.then_some(true),
             vision: t.vision.map(Into::into),
             liger: match &t.liger_kernels {
                 Some(_) if t.liger => {

@@ -336,6 +336,10 @@ pub struct TrainingSection {
     /// Default: the processor's own square, or 1024x1024 for dynamic resolution (Qwen-VL).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_size: Option<String>,
+    /// Gemma 3's pan-and-scan (`do_pan_and_scan: true`): images of an exaggerated aspect
+    /// ratio also go in as 2 to 4 crops. Default: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pan_and_scan: bool,
     /// What trains in the vision tower and projector: `frozen`, `adapted` (the LoRA targets
     /// reach the tower's Linears) or `trained` (full fine-tuning). Default: `frozen`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -549,6 +553,7 @@ impl Default for TrainingSection {
             num_layers: None,
             images_per_sample: None,
             image_size: None,
+            pan_and_scan: false,
             vision: None,
             target_len: None,
         }

@@ -131,6 +131,10 @@ pub(crate) struct JobArgs {
     /// own square; 1024x1024 for Qwen-VL's dynamic resolution].
     #[arg(long, value_parser = moro_core::vision::parse_image_size, help_heading = "Shape")]
     pub(crate) image_size: Option<(u64, u64)>,
+    /// Gemma 3's pan-and-scan: an image of an exaggerated aspect ratio also goes in as 2 to 4
+    /// crops, each encoded like an image (`do_pan_and_scan=True`) [default: off].
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", help_heading = "Shape")]
+    pub(crate) pan_and_scan: Option<bool>,
     /// Vision tower and projector: frozen, adapted (LoRA targets reach them) or trained
     /// (full fine-tuning) [default: frozen].
     #[arg(long, value_parser = parse_vision, help_heading = "Training")]
@@ -263,6 +267,7 @@ impl JobArgs {
                 (None, None) => None,
             },
             compile: self.compile,
+            pan_and_scan: self.pan_and_scan,
             activation_offload: self.activation_offload,
             adapted_layers: self.num_layers.map(|n| n.0),
             target_len: self.target_len,

@@ -166,6 +166,11 @@ pub(crate) fn gemma3(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, Arch
         flash_attention: false,
         image_attention_mask: true,
         blocks_checkpoint: true,
+        pan_and_scan: Some(crate::vision::PanAndScan {
+            min_crop: 256,
+            max_crops: 4,
+            min_ratio_tenths: 12,
+        }),
     })
 }
 
@@ -220,6 +225,7 @@ pub(crate) fn llava(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, ArchE
         flash_attention: true,
         image_attention_mask: false,
         blocks_checkpoint: true,
+        pan_and_scan: None,
     })
 }
 
@@ -290,6 +296,7 @@ pub(crate) fn pixtral(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, Arc
         flash_attention: true,
         image_attention_mask: false,
         blocks_checkpoint: true,
+        pan_and_scan: None,
     })
 }
 
@@ -363,6 +370,7 @@ pub(crate) fn qwen3_vl(top: &Cfg<'_>, model_type: &str) -> Result<VisionSpec, Ar
         flash_attention: true,
         image_attention_mask: false,
         blocks_checkpoint: true,
+        pan_and_scan: None,
     })
 }
 
@@ -424,6 +432,7 @@ pub(crate) fn idefics3(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, Ar
         flash_attention: true,
         image_attention_mask: false,
         blocks_checkpoint: true,
+        pan_and_scan: None,
     })
 }
 
@@ -489,6 +498,7 @@ pub(crate) fn llama4(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, Arch
         flash_attention: true,
         image_attention_mask: false,
         blocks_checkpoint: true,
+        pan_and_scan: None,
     })
 }
 
@@ -575,6 +585,7 @@ pub(crate) fn qwen_vl(
         flash_attention: true,
         image_attention_mask: false,
         blocks_checkpoint: true,
+        pan_and_scan: None,
     })
 }
 
@@ -663,5 +674,6 @@ pub(crate) fn mllama(top: &Cfg<'_>, text_hidden: u64) -> Result<VisionSpec, Arch
         flash_attention: false,
         image_attention_mask: false,
         blocks_checkpoint: false,
+        pan_and_scan: None,
     })
 }

@@ -91,7 +91,8 @@ pub fn step(model: &ModelSpec, job: &Job, r: &Regime) -> VisionStep {
     let Some(v) = &model.vision else {
         return VisionStep::default();
     };
-    let images = job.micro_batch_size * job.images.per_sample;
+    // Pan-and-scan's crops go through the tower as images of their own.
+    let images = job.micro_batch_size * job.images.per_sample * (1 + v.crops(&job.images));
     if images == 0 {
         return VisionStep::default();
     }

@@ -85,6 +85,9 @@ pub struct JobSettings {
     /// `training.image_size` as (width, height). Default: the processor's own square, or
     /// 1024 × 1024 where it resizes dynamically ([`crate::vision::VisionSpec::default_image_size`]).
     pub image_size: Option<(u64, u64)>,
+    /// `training.pan_and_scan`: Gemma 3's pan-and-scan crops. Default: off, as
+    /// `Gemma3Processor` has it.
+    pub pan_and_scan: Option<bool>,
     /// `training.vision`. Default: frozen.
     pub vision: Option<VisionTraining>,
     /// `training.liger` / `training.liger_kernels`: Liger's kernels. Default: none.
@@ -121,7 +124,7 @@ impl JobSettings {
             padding, optimizer, gradient_checkpointing, optimizer_in_backward, attention,
             precision, stack, loss, kv_dtype, gpus, tensor_parallel, pipeline_parallel,
             sharding, offload, nodes, reduce_bucket, versions, images_per_sample, image_size,
-            vision, liger, compile, activation_offload, adapted_layers, target_len,
+            pan_and_scan, vision, liger, compile, activation_offload, adapted_layers, target_len,
         )
     }
 
@@ -281,22 +284,27 @@ impl JobSettings {
             versions: self.versions.unwrap_or_default(),
             optimizer_in_backward: self.optimizer_in_backward.unwrap_or(false),
             peft,
-            images: match (self.images_per_sample, self.image_size) {
-                (Some(n), Some((width, height))) => crate::vision::Images {
-                    per_sample: n,
-                    width,
-                    height,
-                },
-                (Some(n), None) => crate::vision::Images {
-                    per_sample: n,
-                    ..base.images
-                },
-                (None, Some((width, height))) => crate::vision::Images {
-                    per_sample: 1,
-                    width,
-                    height,
-                },
-                (None, None) => base.images,
+            images: crate::vision::Images {
+                pan_and_scan: self.pan_and_scan.unwrap_or(false),
+                ..match (self.images_per_sample, self.image_size) {
+                    (Some(n), Some((width, height))) => crate::vision::Images {
+                        per_sample: n,
+                        width,
+                        height,
+                        pan_and_scan: false,
+                    },
+                    (Some(n), None) => crate::vision::Images {
+                        per_sample: n,
+                        ..base.images
+                    },
+                    (None, Some((width, height))) => crate::vision::Images {
+                        per_sample: 1,
+                        width,
+                        height,
+                        pan_and_scan: false,
+                    },
+                    (None, None) => base.images,
+                }
             },
             vision: self.vision.unwrap_or(base.vision),
             liger: self.liger.unwrap_or_default(),
@@ -574,6 +582,7 @@ mod tests {
             versions: Some(job.versions),
             images_per_sample: Some(job.images.per_sample),
             image_size: Some((job.images.width, job.images.height)),
+            pan_and_scan: Some(job.images.pan_and_scan),
             vision: Some(job.vision),
             liger: Some(job.liger),
             compile: Some(job.compile),

@@ -117,6 +117,12 @@ impl Job {
         let err = |field, message: String| Err(JobError { field, message });
         let i = &self.images;
         let Some(v) = &model.vision else {
+            if i.pan_and_scan {
+                return err(
+                    "training.pan_and_scan",
+                    format!("{} is a text model: it takes no images", model.model_type),
+                );
+            }
             if i.per_sample > 0 {
                 return err(
                     "training.images_per_sample",
@@ -134,6 +140,15 @@ impl Job {
             }
             return Ok(());
         };
+        if i.pan_and_scan && v.pan_and_scan.is_none() {
+            return err(
+                "training.pan_and_scan",
+                format!(
+                    "{}'s processor has no pan-and-scan (Gemma 3's has): drop it",
+                    model.model_type
+                ),
+            );
+        }
         if i.per_sample > MAX_IMAGES_PER_SAMPLE {
             return err(
                 "training.images_per_sample",

@@ -128,6 +128,7 @@ fn jobs() -> Vec<Job> {
             per_sample: 2,
             width: 1280,
             height: 720,
+            pan_and_scan: true,
         },
         vision: moro_core::job::VisionTraining::Adapted,
         liger: moro_core::job::Liger {
