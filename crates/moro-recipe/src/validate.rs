@@ -5,6 +5,7 @@
 //! does not have) are the engine's ([`moro_core::job::Job::validate`]); map its errors back to
 //! the file with [`crate::job_error`].
 
+use moro_core::hardware::{HardwareSpec, HwError, parse_hardware_spec};
 use moro_core::job::{MAX_BATCH, MAX_SEQ_LEN};
 
 use crate::choices::{Method, Offload, Quantization};
@@ -228,6 +229,9 @@ impl Recipe {
                 ));
             }
             range("hardware.count", h.count, MAX_GPUS, "")?;
+            if let Some(p) = &h.preset {
+                preset(p)?;
+            }
         }
         if let Some(d) = &self.data {
             if !(d.percentile > 0.0 && d.percentile <= 100.0) {
@@ -245,4 +249,22 @@ impl Recipe {
         }
         Ok(())
     }
+}
+
+/// `hardware.preset` names one GPU of the catalog (an id or a name it knows).
+fn preset(p: &str) -> Result<(), RecipeError> {
+    let message = match parse_hardware_spec(p) {
+        Ok(HardwareSpec::Given(h)) if h.devices.len() == 1 => return Ok(()),
+        Ok(_) => format!("`{p}` is not one GPU preset; name one such as `rtx-4090`"),
+        Err(HwError::Unknown { nearest, .. }) => format!(
+            "unknown GPU preset `{p}`; nearest presets: {}",
+            nearest.join(", ")
+        ),
+        Err(HwError::Ambiguous { candidates, .. }) => format!(
+            "`{p}` matches several presets ({}); name one",
+            candidates.join(", ")
+        ),
+        Err(HwError::Invalid(m)) => m,
+    };
+    Err(RecipeError::value("hardware.preset", message))
 }

@@ -262,6 +262,27 @@ fn inconsistent_fields_are_rejected() {
 }
 
 #[test]
+fn an_unknown_gpu_preset_is_named_not_skipped() {
+    // Issue 18: an unknown `hardware.preset` read as "has no `hardware:` section".
+    let e = err("model:\n  base: a\nhardware:\n  preset: rtx-9999\n  memory_bytes: 24000000000\n");
+    assert_eq!(
+        (e.field.as_deref(), e.line, e.column),
+        (Some("hardware.preset"), Some(4), Some(11))
+    );
+    assert!(
+        e.to_string()
+            .contains("unknown GPU preset `rtx-9999`; nearest presets: rtx-"),
+        "{e}"
+    );
+    let e = err("model:\n  base: a\nhardware:\n  preset: 2xh100-sxm\n");
+    assert_eq!(e.field.as_deref(), Some("hardware.preset"));
+    for ok in ["h100-sxm", "rtx-4090", "NVIDIA GeForce RTX 4090"] {
+        let text = format!("model:\n  base: a\nhardware:\n  preset: \"{ok}\"\n");
+        assert!(moro_recipe::parse(&text).is_ok(), "{ok}");
+    }
+}
+
+#[test]
 fn empty_files_syntax_errors_and_bad_bytes() {
     for text in ["", "\n\n", "# only a comment\n"] {
         let e = err(text);

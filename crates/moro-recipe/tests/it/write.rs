@@ -81,7 +81,9 @@ fn with_strings(s: &str) -> Recipe {
         parallel: None,
         hardware: Some(HardwareSection {
             name: Some(s.to_owned()),
-            preset: Some(s.to_owned()),
+            // A preset is a catalog id, checked when read (the writer's quoting of it is
+            // checked above).
+            preset: Some("rtx-4090".to_owned()),
             ..HardwareSection::default()
         }),
         prediction: None,
