@@ -45,8 +45,16 @@ pub(crate) fn price_of(preset: &str) -> Option<f64> {
         .map(|(_, v)| *v)
 }
 
-/// Catalog families `--model-size` picks from: the dense Llama-style architectures.
-const SIZE_MODEL_TYPES: [&str; 2] = ["qwen2", "llama"];
+/// Catalog families `--model-size` picks from: the dense Llama-style architectures, as Meta
+/// and Qwen publish them (not fine-tunes or distillations named after another model).
+const SIZE_MODEL_TYPES: [&str; 3] = ["qwen2", "qwen3", "llama"];
+const SIZE_ORGS: [&str; 2] = ["meta-llama/", "Qwen/"];
+
+/// The smallest vocabulary `--model-size` takes as today's: Llama 3 has 128,256 entries,
+/// Qwen2 to Qwen3 151,936 or 152,064, where Llama 2 and its 2023 relatives had 32,000. The
+/// vocabulary sets the logits' memory, the largest single block of a long-context step, so a
+/// size stands for a model with a current tokenizer.
+const CURRENT_VOCAB: u64 = 100_000;
 
 fn parse_method_choice(s: &str) -> Result<MethodChoice, String> {
     MethodChoice::parse(s)
@@ -89,7 +97,11 @@ pub(crate) fn model_of_size(params: u64) -> Option<(&'static str, ModelSpec)> {
     catalog::entries()
         .iter()
         .filter_map(|e| catalog::load(e).ok().map(|s| (e.id, s)))
-        .filter(|(_, s)| SIZE_MODEL_TYPES.contains(&s.model_type.as_str()))
+        .filter(|(id, s)| {
+            SIZE_ORGS.iter().any(|o| id.starts_with(o))
+                && SIZE_MODEL_TYPES.contains(&s.model_type.as_str())
+                && s.vocab_size >= CURRENT_VOCAB
+        })
         .min_by(|a, b| dist(a.1.total_params()).total_cmp(&dist(b.1.total_params())))
 }
 
@@ -105,7 +117,8 @@ pub(crate) struct FitArgs {
         required_unless_present = "model_size"
     )]
     pub(crate) model: Option<String>,
-    /// Or just a size (`7B`, `1.5B`): the catalog's Qwen2/Llama-architecture model nearest it.
+    /// Or just a size (`7B`, `1.5B`): the catalog's Llama/Qwen model with a current
+    /// (100k+ entry) vocabulary nearest it.
     #[arg(long, value_parser = parse_model_size)]
     pub(crate) model_size: Option<u64>,
     /// Full fine-tuning or PEFT: auto, full, lora, qlora; or inference (one sequence of the
