@@ -136,6 +136,24 @@ pub(crate) fn resolve(inputs: JobInputs<'_>) -> Result<JobSetup> {
 }
 
 impl JobSetup {
+    /// The same job on `stack`: every setting as resolved here, only the stack changed (what
+    /// an export to that stack's trainer writes), checked against the model again.
+    pub(crate) fn on_stack(&self, stack: moro_core::job::Stack) -> Result<JobSetup> {
+        let settings = JobSettings {
+            stack: Some(stack),
+            ..JobSettings::said_in_full(&self.job)
+        };
+        let job = settings
+            .resolve_for(&self.model.spec)
+            .map_err(|e| crate::error::job(&e))?;
+        job.validate(&self.model.spec)
+            .map_err(|e| crate::error::job(&e))?;
+        Ok(JobSetup {
+            job,
+            ..self.clone()
+        })
+    }
+
     /// The estimate of the job, with the checkpoint's exact stored weights when they were
     /// read.
     pub(crate) fn estimate(&self) -> Result<Estimate> {

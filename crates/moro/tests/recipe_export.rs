@@ -141,3 +141,70 @@ fn a_format_that_cannot_express_the_recipe_exits_2_naming_the_field() {
         text(&o.stderr)
     );
 }
+
+/// `recipe export --json` in `dir` for `recipe` to `format`: the report.
+fn export_report(dir: &std::path::Path, recipe: &str, format: &str) -> serde_json::Value {
+    std::fs::write(dir.join(format!("{format}.yaml")), recipe).unwrap_or_else(|e| panic!("{e}"));
+    let o = moro()
+        .current_dir(dir)
+        .args([
+            "recipe",
+            "export",
+            &format!("{format}.yaml"),
+            "--to",
+            format,
+        ])
+        .args(["--output", &format!("{format}/"), "--json"])
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o.stdout)))
+}
+
+#[test]
+fn an_export_to_another_stack_is_estimated_there_too() {
+    // Issue 18: a recipe sized on `hf` went to TRL and Unsloth without a word about their
+    // memory. The export keeps every setting the recipe resolves to, so its figure is the
+    // estimate of that job said in full with only the stack changed.
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let planned = "model:\n  base: meta-llama/Llama-3.1-8B\n  method: qlora\n  lora_rank: 16\n\
+                   training:\n  stack: hf\n  max_seq_length: 4096\n  optimizer: adamw_torch_fused\n\
+                   \x20 gradient_checkpointing: false\n  precision: bf16-mixed\n  attention: sdpa\n  \
+                   loss: standard\n";
+    let v = export_report(dir.path(), planned, "trl");
+    let o = &v["on_trainer_stack"];
+    assert_eq!(
+        (o["recipe_stack"].as_str(), o["trainer_stack"].as_str()),
+        (Some("hf"), Some("trl"))
+    );
+    let on_trl = planned.replace("stack: hf", "stack: trl");
+    std::fs::write(dir.path().join("on_trl.yaml"), &on_trl).unwrap_or_else(|e| panic!("{e}"));
+    let est = moro()
+        .current_dir(dir.path())
+        .args(["estimate", "on_trl.yaml", "--json"])
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let est: serde_json::Value = serde_json::from_slice(&est.stdout).unwrap_or_default();
+    assert_eq!(
+        o["trainer_peak_device_bytes"], est["peak_device_bytes"],
+        "{v}\n{est}"
+    );
+    assert_ne!(
+        o["trainer_peak_device_bytes"], o["recipe_peak_device_bytes"],
+        "{v}"
+    );
+    // A stack that does not model the job says why instead of a figure.
+    let full = planned.replace("method: qlora\n  lora_rank: 16\n", "method: full\n");
+    let o = &export_report(dir.path(), &full, "unsloth")["on_trainer_stack"];
+    assert!(o["trainer_peak_device_bytes"].is_null(), "{o}");
+    assert!(
+        o["refused"]
+            .as_str()
+            .is_some_and(|r| r.contains("full fine-tuning")),
+        "{o}"
+    );
+    // TRL keeps QLoRA's adapters in bf16 where the HF Trainer's PEFT keeps them fp32
+    // (`StackProfile::adapter_dtype`); that is the difference the note reports here.
+    // The trainer's own stack: nothing to add.
+    assert!(export_report(dir.path(), planned, "hf-trainer")["on_trainer_stack"].is_null());
+}

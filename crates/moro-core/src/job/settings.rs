@@ -112,6 +112,54 @@ macro_rules! layer {
 }
 
 impl JobSettings {
+    /// Every setting of `job`, said explicitly.
+    #[must_use]
+    pub fn said_in_full(job: &Job) -> JobSettings {
+        let p = &job.parallel;
+        JobSettings {
+            method: Some(job.method),
+            quantization: Some(job.quantization),
+            peft: Some(job.peft),
+            lora_rank: Some(job.lora.rank),
+            lora_alpha: Some(job.lora.alpha),
+            lora_dropout: Some(job.lora.dropout),
+            target_modules: Some(job.lora.targets.clone()),
+            dora: Some(job.lora.dora),
+            feedforward_modules: job.lora.feedforward.clone(),
+            virtual_tokens: Some(job.lora.virtual_tokens),
+            decompose_factor: job.lora.decompose_factor,
+            micro_batch_size: Some(job.micro_batch_size),
+            seq_len: Some(job.seq_len),
+            grad_accum: Some(job.grad_accum),
+            padding: Some(job.padding),
+            optimizer: Some(job.optimizer),
+            gradient_checkpointing: Some(job.gradient_checkpointing),
+            optimizer_in_backward: Some(job.optimizer_in_backward),
+            attention: Some(job.attention),
+            precision: Some(job.precision),
+            stack: Some(job.stack),
+            loss: job.loss,
+            kv_dtype: Some(job.kv_dtype),
+            gpus: Some(p.gpus()),
+            tensor_parallel: Some(p.tensor_parallel),
+            pipeline_parallel: Some(p.pipeline),
+            sharding: Some(p.sharding),
+            offload: Some(p.offload),
+            nodes: Some(p.nodes),
+            reduce_bucket: p.reduce_bucket,
+            versions: Some(job.versions),
+            images_per_sample: Some(job.images.per_sample),
+            image_size: Some((job.images.width, job.images.height)),
+            pan_and_scan: Some(job.images.pan_and_scan),
+            vision: Some(job.vision),
+            liger: Some(job.liger),
+            compile: Some(job.compile),
+            activation_offload: Some(job.activation_offload),
+            adapted_layers: Some(job.adapted_layers),
+            target_len: job.target_len,
+        }
+    }
+
     /// These settings, with `base`'s filling what these leave out (flags over a recipe:
     /// `flags.or(recipe)`).
     #[must_use]
@@ -545,53 +593,6 @@ mod tests {
         assert_eq!((job.seq_len, job.micro_batch_size), (4096, 4));
     }
 
-    /// Every setting of `job`, said explicitly.
-    fn said_in_full(job: &Job) -> JobSettings {
-        let p = &job.parallel;
-        JobSettings {
-            method: Some(job.method),
-            quantization: Some(job.quantization),
-            peft: Some(job.peft),
-            lora_rank: Some(job.lora.rank),
-            lora_alpha: Some(job.lora.alpha),
-            lora_dropout: Some(job.lora.dropout),
-            target_modules: Some(job.lora.targets.clone()),
-            dora: Some(job.lora.dora),
-            feedforward_modules: job.lora.feedforward.clone(),
-            virtual_tokens: Some(job.lora.virtual_tokens),
-            decompose_factor: job.lora.decompose_factor,
-            micro_batch_size: Some(job.micro_batch_size),
-            seq_len: Some(job.seq_len),
-            grad_accum: Some(job.grad_accum),
-            padding: Some(job.padding),
-            optimizer: Some(job.optimizer),
-            gradient_checkpointing: Some(job.gradient_checkpointing),
-            optimizer_in_backward: Some(job.optimizer_in_backward),
-            attention: Some(job.attention),
-            precision: Some(job.precision),
-            stack: Some(job.stack),
-            loss: job.loss,
-            kv_dtype: Some(job.kv_dtype),
-            gpus: Some(p.gpus()),
-            tensor_parallel: Some(p.tensor_parallel),
-            pipeline_parallel: Some(p.pipeline),
-            sharding: Some(p.sharding),
-            offload: Some(p.offload),
-            nodes: Some(p.nodes),
-            reduce_bucket: p.reduce_bucket,
-            versions: Some(job.versions),
-            images_per_sample: Some(job.images.per_sample),
-            image_size: Some((job.images.width, job.images.height)),
-            pan_and_scan: Some(job.images.pan_and_scan),
-            vision: Some(job.vision),
-            liger: Some(job.liger),
-            compile: Some(job.compile),
-            activation_offload: Some(job.activation_offload),
-            adapted_layers: Some(job.adapted_layers),
-            target_len: job.target_len,
-        }
-    }
-
     #[test]
     fn a_job_said_in_full_resolves_to_itself() {
         let mut job = Job {
@@ -602,6 +603,6 @@ mod tests {
         };
         job.parallel.data_parallel = 4;
         job.parallel.tensor_parallel = 2;
-        assert_eq!(said_in_full(&job).resolve().unwrap(), job);
+        assert_eq!(JobSettings::said_in_full(&job).resolve().unwrap(), job);
     }
 }

@@ -11,11 +11,13 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::Args;
 use moro_core::catalog;
+use moro_core::job::{JobSettings, Stack};
 use moro_export::{Export, Format, Options};
 use serde::Serialize;
 
+use super::recipe::LoadedRecipe;
 use crate::error::{user, user_hint};
-use crate::output::{json, note, stdout};
+use crate::output::{gib, json, note, stdout};
 
 /// Arguments of `moro recipe export`.
 #[derive(Debug, Args)]
@@ -51,6 +53,122 @@ struct Report<'a> {
     files: Vec<String>,
     warnings: &'a [String],
     launch: &'a str,
+    /// The recipe's job on the trainer's own stack, when the recipe was planned on another.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    on_trainer_stack: Option<&'a OnTrainerStack>,
+}
+
+/// The job estimated twice: on the stack the recipe was planned on and on the one the
+/// trainer runs (the export keeps the recipe's batch and context, the memory differs).
+#[derive(Debug, Serialize)]
+struct OnTrainerStack {
+    /// The recipe's stack.
+    recipe_stack: Stack,
+    /// Its predicted device peak and bound, bytes.
+    recipe_peak_device_bytes: u64,
+    recipe_peak_upper_bytes: u64,
+    /// The trainer's stack.
+    trainer_stack: Stack,
+    /// The predicted device peak and bound there, bytes; absent when that stack refuses
+    /// the job.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    trainer_peak_device_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    trainer_peak_upper_bytes: Option<u64>,
+    /// Why that stack does not estimate the job.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    refused: Option<String>,
+}
+
+/// The stack a format's trainer runs, where moro models it: LLaMA-Factory and the HF Trainer
+/// train with transformers' `Trainer`, the TRL and Unsloth scripts with `SFTTrainer` (and
+/// Unsloth's kernels), MLX with `mlx_lm.lora`. axolotl's trainer and the launcher configs
+/// are not one modelled stack.
+fn trainer_stack(format: Format) -> Option<Stack> {
+    match format {
+        Format::HfTrainer | Format::Llamafactory => Some(Stack::Hf),
+        Format::Trl => Some(Stack::Trl),
+        Format::Unsloth => Some(Stack::Unsloth),
+        Format::Mlx => Some(Stack::Mlx),
+        Format::Axolotl | Format::Deepspeed | Format::Accelerate => None,
+    }
+}
+
+/// The recipe's job on `format`'s stack beside the recipe's own, when they differ.
+fn on_trainer_stack(loaded: &LoadedRecipe, format: Format) -> Result<Option<OnTrainerStack>> {
+    let Some(trainer) = trainer_stack(format) else {
+        return Ok(None);
+    };
+    let setup = crate::setup::resolve(crate::setup::JobInputs {
+        recipe: Some(loaded),
+        model: None,
+        flags: &JobSettings::default(),
+        target: None,
+        hub: &crate::resolve::HubArgs::default(),
+    })?;
+    if setup.job.stack == trainer {
+        return Ok(None);
+    }
+    let judged = |setup: &crate::setup::JobSetup| -> Result<(u64, u64)> {
+        let est = setup.estimate()?;
+        let upper = crate::verdict::judge(&est, &setup.job, None).peak_upper_bytes;
+        Ok((est.peak_device_bytes, upper))
+    };
+    let (recipe_peak, recipe_upper) = judged(&setup)?;
+    let mut out = OnTrainerStack {
+        recipe_stack: setup.job.stack,
+        recipe_peak_device_bytes: recipe_peak,
+        recipe_peak_upper_bytes: recipe_upper,
+        trainer_stack: trainer,
+        trainer_peak_device_bytes: None,
+        trainer_peak_upper_bytes: None,
+        refused: None,
+    };
+    match setup.on_stack(trainer).and_then(|s| judged(&s)) {
+        Ok((peak, upper)) => {
+            out.trainer_peak_device_bytes = Some(peak);
+            out.trainer_peak_upper_bytes = Some(upper);
+        }
+        Err(e) => out.refused = Some(e.to_string()),
+    }
+    Ok(Some(out))
+}
+
+/// The note that says what [`OnTrainerStack`] holds.
+fn on_trainer_stack_text(o: &OnTrainerStack, format: Format) -> String {
+    let planned = format!(
+        "note: the recipe was planned on stack {} (predicted {} GiB, bound {} GiB)",
+        o.recipe_stack.as_str(),
+        gib(o.recipe_peak_device_bytes),
+        gib(o.recipe_peak_upper_bytes)
+    );
+    match (
+        o.trainer_peak_device_bytes,
+        o.trainer_peak_upper_bytes,
+        &o.refused,
+    ) {
+        (Some(peak), _, _) if peak == o.recipe_peak_device_bytes => format!(
+            "{planned}; the {} export runs on stack {}, every other setting kept: the same \
+             prediction",
+            format.as_str(),
+            o.trainer_stack.as_str()
+        ),
+        (Some(peak), Some(upper), _) => format!(
+            "{planned}; the {} export runs on stack {}, every other setting kept: predicted {} \
+             GiB, bound {} GiB",
+            format.as_str(),
+            o.trainer_stack.as_str(),
+            gib(peak),
+            gib(upper)
+        ),
+        (_, _, refused) => format!(
+            "{planned}; the {} export runs on stack {}, which moro does not estimate for this \
+             job: {}",
+            format.as_str(),
+            o.trainer_stack.as_str(),
+            refused.as_deref().unwrap_or("")
+        ),
+    }
 }
 
 /// Runs `moro recipe export`.
@@ -71,11 +189,15 @@ pub(crate) fn run_export(args: &ExportArgs) -> Result<ExitCode> {
         std::fs::create_dir_all(&dir)
             .map_err(|e| user(format!("cannot create {}: {e}", dir.display())))?;
     }
+    let trainer = on_trainer_stack(&loaded, args.to)?;
     for (f, path) in export.files.iter().zip(&paths) {
         crate::output::write_atomic(path, f.content.as_bytes())
             .map_err(|e| user(format!("cannot write {}: {e}", path.display())))?;
     }
-    report(&export, &paths, args.json)
+    if let Some(o) = &trainer {
+        note(&on_trainer_stack_text(o, args.to));
+    }
+    report(&export, &paths, args.json, trainer.as_ref())
 }
 
 /// `loaded` in `format`, its main file named `main_name` (default: the format's own name);
@@ -126,7 +248,12 @@ fn destination(output: Option<&Path>, format: Format) -> (PathBuf, String) {
     }
 }
 
-fn report(export: &Export, paths: &[PathBuf], as_json: bool) -> Result<ExitCode> {
+fn report(
+    export: &Export,
+    paths: &[PathBuf],
+    as_json: bool,
+    on_trainer_stack: Option<&OnTrainerStack>,
+) -> Result<ExitCode> {
     for w in &export.warnings {
         note(&format!("warning: {w}"));
     }
@@ -137,6 +264,7 @@ fn report(export: &Export, paths: &[PathBuf], as_json: bool) -> Result<ExitCode>
             files,
             warnings: &export.warnings,
             launch: &export.launch,
+            on_trainer_stack,
         };
         stdout(&json(&r)?)?;
     } else {
