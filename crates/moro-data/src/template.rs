@@ -180,11 +180,22 @@ fn python_formatter(
     }
 }
 
+/// The widest `tojson` indent rendered. Chat templates indent by 2 or 4; a template that
+/// asks for billions of spaces per level (found by fuzzing) would fill memory before the
+/// engine's fuel runs out, so it is refused.
+const MAX_INDENT: usize = 64;
+
 /// `json.dumps(value, ensure_ascii=False, indent=indent, sort_keys=sort_keys)`.
 fn tojson(value: &Jv, kwargs: Kwargs) -> Result<Jv, Error> {
     let indent: Option<usize> = kwargs.get("indent")?;
     let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
     kwargs.assert_all_used()?;
+    if let Some(n) = indent.filter(|&n| n > MAX_INDENT) {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("tojson: indent {n} is wider than {MAX_INDENT} spaces"),
+        ));
+    }
     let mut v = serde_json::to_value(value)
         .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
     if sort_keys == Some(true) {
@@ -367,6 +378,12 @@ mod tests {
             out.unwrap(),
             "{\n  \"a\": [\n    1\n  ],\n  \"b\": \"<x>\"\n}"
         );
+        // An indent of billions of spaces (a fuzzing find) is an error, not a full memory.
+        let out = render(
+            "{{ messages[0] | tojson(indent=2555555555) }}",
+            &json!([{"a": [1]}]),
+        );
+        assert!(out.unwrap_err().to_string().contains("indent 2555555555"));
     }
 
     #[test]
