@@ -24,6 +24,40 @@ pub(super) fn load_dataset_call(dataset: &str) -> String {
     }
 }
 
+/// The dataset lines of a TRL / Unsloth script: `load_dataset(...)`, then Alpaca-style rows
+/// (instruction, optional input, output: `yahma/alpaca-cleaned`, `tatsu-lab/alpaca`) written
+/// out as one `text` each, since `SFTTrainer` reads only a `text`, `messages` or
+/// `prompt`/`completion` column (TRL 1.x `SFTTrainer._prepare_dataset`). `eos` is the
+/// expression of the end-of-text token to append; `None` where `SFTTrainer` appends it.
+pub(super) fn dataset_lines(dataset: &str, eos: Option<&str>) -> String {
+    const ALPACA: &str = r####"
+
+def alpaca_text(rows):
+    """Alpaca-style rows (instruction, optional input, output) as one training text each."""
+    inputs = rows["input"] if "input" in rows else [""] * len(rows["instruction"])
+    texts = []
+    for instruction, context, output in zip(rows["instruction"], inputs, rows["output"]):
+        text = f"### Instruction:\n{instruction}\n\n"
+        if context:
+            text += f"### Input:\n{context}\n\n"
+        texts.append(text + f"### Response:\n{output}"END)
+    return {"text": texts}
+
+
+# SFTTrainer trains on a `text`, `messages` or `prompt`/`completion` column: Alpaca-style
+# rows are written out as text first.
+if {"instruction", "output"} <= set(dataset.column_names):
+    dataset = dataset.map(alpaca_text, batched=True, remove_columns=dataset.column_names)
+
+"####;
+    let end = eos.map_or(String::new(), |e| format!(" + {e}"));
+    format!(
+        "dataset = {}\n{}",
+        load_dataset_call(dataset),
+        ALPACA.replace("END)", &format!("{end})"))
+    )
+}
+
 /// SFTConfig keyword arguments (TRL ≥ 0.20 names: `max_length`, not `max_seq_length`).
 pub(super) fn sft_config_kwargs(
     p: &Plan<'_>,
@@ -205,7 +239,7 @@ pub(crate) fn trl(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
             call("LoraConfig", &[], &lora_kwargs(p), 0)
         ));
     }
-    s.push_str(&format!("dataset = {}\n\n", load_dataset_call(&dataset)));
+    s.push_str(&dataset_lines(&dataset, None));
     let mut trainer_kw: Vec<(&str, Py)> = vec![
         ("model", code("model")),
         ("args", code("training_args")),

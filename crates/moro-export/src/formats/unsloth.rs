@@ -139,7 +139,7 @@ pub(crate) fn unsloth(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
         "training_args = {}\n\n",
         call("SFTConfig", &[], &kw(&sft), 0)
     ));
-    s.push_str(&format!("dataset = {}\n\n", load_dataset_call(&dataset)));
+    s.push_str(&dataset_lines(&dataset, Some("tokenizer.eos_token")));
     let trainer_kw: Vec<(&str, Py)> = vec![
         ("model", code("model")),
         ("processing_class", code("tokenizer")),

@@ -64,6 +64,24 @@ model = AutoModelForCausalLM.from_pretrained(
 
 dataset = load_dataset("tatsu-lab/alpaca", split="train")
 
+
+def alpaca_text(rows):
+    """Alpaca-style rows (instruction, optional input, output) as one training text each."""
+    inputs = rows["input"] if "input" in rows else [""] * len(rows["instruction"])
+    texts = []
+    for instruction, context, output in zip(rows["instruction"], inputs, rows["output"]):
+        text = f"### Instruction:\n{instruction}\n\n"
+        if context:
+            text += f"### Input:\n{context}\n\n"
+        texts.append(text + f"### Response:\n{output}")
+    return {"text": texts}
+
+
+# SFTTrainer trains on a `text`, `messages` or `prompt`/`completion` column: Alpaca-style
+# rows are written out as text first.
+if {"instruction", "output"} <= set(dataset.column_names):
+    dataset = dataset.map(alpaca_text, batched=True, remove_columns=dataset.column_names)
+
 trainer = SFTTrainer(
     model=model,
     args=training_args,
