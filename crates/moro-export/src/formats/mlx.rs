@@ -81,7 +81,7 @@ pub(crate) fn mlx(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
     );
     m.set("train", true);
     let dataset = p.dataset_or("mlx-community/WikiSQL", &mut w);
-    m.set("data", dataset);
+    m.set("data", mlx_data(&dataset, &mut w));
     m.set(
         "fine_tune_type",
         match (p.is_peft(), p.lora.dora) {
@@ -160,4 +160,27 @@ pub(crate) fn mlx(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
         warnings: w,
         launch,
     })
+}
+
+/// `data:` as mlx_lm reads it: a Hub id, or a local folder holding `train.jsonl` (and
+/// `valid.jsonl`, `test.jsonl`; mlx-lm 0.32 `tuner/datasets.py` `load_local_dataset`). A
+/// recipe's `…/train.jsonl` becomes its folder; another local file is named with a warning,
+/// since mlx_lm would find no training set in it.
+fn mlx_data(dataset: &str, w: &mut Vec<String>) -> String {
+    if local_data_type(dataset).is_none() {
+        return dataset.to_owned();
+    }
+    let path = std::path::Path::new(dataset);
+    let folder = path
+        .parent()
+        .map(|d| d.to_string_lossy().into_owned())
+        .filter(|d| !d.is_empty())
+        .unwrap_or_else(|| ".".to_owned());
+    if path.file_name().is_none_or(|n| n != "train.jsonl") {
+        w.push(format!(
+            "training.dataset = {dataset}: mlx_lm reads `train.jsonl` and `valid.jsonl` from a \
+             folder; save the rows as {folder}/train.jsonl (JSON Lines)"
+        ));
+    }
+    folder
 }
