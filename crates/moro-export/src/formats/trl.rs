@@ -91,8 +91,25 @@ pub(super) fn sft_config_kwargs(
     kw
 }
 
-/// `trl sft` command-line arguments equivalent to the script.
-pub(super) fn trl_cli(p: &Plan<'_>, dataset: &str, sft: &[(String, Py)]) -> Vec<String> {
+/// `SFTConfig` fields a command line cannot set: typed `Optional[dict]`, they get argparse's
+/// `type=dict`, which no string passes (transformers 5.25 `HfArgumentParser`; checked with
+/// TRL 1.16's `TrlParser`). `gradient_checkpointing_kwargs` is typed `dict | str` and reads
+/// JSON, so it can.
+const DICT_ONLY_FIELDS: &[&str] = &["liger_kernel_config"];
+
+/// `trl sft` command-line arguments equivalent to the script, or the field that keeps it
+/// from being said on one.
+pub(super) fn trl_cli(
+    p: &Plan<'_>,
+    dataset: &str,
+    sft: &[(String, Py)],
+) -> Result<Vec<String>, &'static str> {
+    if let Some(field) = DICT_ONLY_FIELDS
+        .iter()
+        .find(|f| sft.iter().any(|(k, _)| k == *f))
+    {
+        return Err(field);
+    }
     let mut a: Vec<(String, String)> = vec![
         ("model_name_or_path".into(), p.base.clone()),
         ("dataset_name".into(), dataset.to_owned()),
@@ -140,9 +157,9 @@ pub(super) fn trl_cli(p: &Plan<'_>, dataset: &str, sft: &[(String, Py)]) -> Vec<
         };
         a.push((k.clone(), text));
     }
-    a.into_iter()
+    Ok(a.into_iter()
         .map(|(k, v)| format!("--{k} {}", shell_word(&v)))
-        .collect()
+        .collect())
 }
 
 pub(super) fn serde_like_json(m: &Map) -> String {
@@ -181,9 +198,21 @@ pub(crate) fn trl(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
     let launch = script_launch(p, main);
 
     let mut s = script_header(p, "TRL SFTTrainer", &launch, &mut w);
-    s.push_str("#\n# The same run with the `trl sft` command line:\n#   trl sft");
-    for arg in trl_cli(p, &dataset, &sft) {
-        s.push_str(&format!(" \\\n#     {arg}"));
+    match trl_cli(p, &dataset, &sft) {
+        Ok(args) => {
+            s.push_str(
+                "#\n# The same run with the `trl sft` command line (for a dataset with a `text`,\n\
+                 # `messages` or `prompt`/`completion` column; it skips this script's Alpaca rows):\n\
+                 #   trl sft",
+            );
+            for arg in args {
+                s.push_str(&format!(" \\\n#     {arg}"));
+            }
+        }
+        Err(field) => s.push_str(&format!(
+            "#\n# No `trl sft` command line says this run: {field} is a dict, which TRL's parser\n\
+             # reads only from a --config file.",
+        )),
     }
     s.push_str("\n\nimport os\n\nimport torch\nfrom datasets import load_dataset\n");
     if p.is_peft() {

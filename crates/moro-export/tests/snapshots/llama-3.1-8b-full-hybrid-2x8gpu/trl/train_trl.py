@@ -3,7 +3,8 @@
 # Run: accelerate launch --config_file accelerate.yaml --machine_rank $NODE_RANK --main_process_ip $MASTER_ADDR --main_process_port 29500 train_trl.py
 # 2 nodes of 8 GPUs: run the command on every node, with NODE_RANK set to the node's rank (0 on the main node, 1 on the other) and MASTER_ADDR to the main node's address.
 #
-# The same run with the `trl sft` command line:
+# The same run with the `trl sft` command line (for a dataset with a `text`,
+# `messages` or `prompt`/`completion` column; it skips this script's Alpaca rows):
 #   trl sft \
 #     --model_name_or_path meta-llama/Llama-3.1-8B \
 #     --dataset_name tatsu-lab/alpaca \

@@ -2,35 +2,8 @@
 # Edit the recipe and export again rather than editing this file.
 # Run: accelerate launch --config_file accelerate.yaml train_trl.py
 #
-# The same run with the `trl sft` command line:
-#   trl sft \
-#     --model_name_or_path meta-llama/Llama-3.1-8B \
-#     --dataset_name ./data/train.jsonl \
-#     --dtype float16 \
-#     --attn_implementation sdpa \
-#     --use_peft true \
-#     --lora_r 16 \
-#     --lora_alpha 32 \
-#     --lora_dropout 0.05 \
-#     --lora_target_modules 'q_proj k_proj v_proj o_proj gate_proj up_proj down_proj' \
-#     --max_length 8192 \
-#     --packing true \
-#     --output_dir outputs/Llama-3.1-8B-lora \
-#     --per_device_train_batch_size 1 \
-#     --gradient_accumulation_steps 16 \
-#     --num_train_epochs 1.0 \
-#     --learning_rate 0.0002 \
-#     --lr_scheduler_type cosine \
-#     --optim sgd \
-#     --optim_args momentum=0.9 \
-#     --bf16 false \
-#     --fp16 true \
-#     --gradient_checkpointing false \
-#     --use_liger_kernel true \
-#     --liger_kernel_config '{"rope":false,"rms_norm":false,"swiglu":false,"geglu":false,"cross_entropy":false,"fused_linear_cross_entropy":true}' \
-#     --logging_steps 10 \
-#     --save_strategy epoch \
-#     --report_to none
+# No `trl sft` command line says this run: liger_kernel_config is a dict, which TRL's parser
+# reads only from a --config file.
 
 import os
 

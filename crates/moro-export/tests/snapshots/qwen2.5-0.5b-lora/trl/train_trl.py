@@ -2,7 +2,8 @@
 # Edit the recipe and export again rather than editing this file.
 # Run: python train_trl.py
 #
-# The same run with the `trl sft` command line:
+# The same run with the `trl sft` command line (for a dataset with a `text`,
+# `messages` or `prompt`/`completion` column; it skips this script's Alpaca rows):
 #   trl sft \
 #     --model_name_or_path Qwen/Qwen2.5-0.5B \
 #     --dataset_name tatsu-lab/alpaca \

@@ -6,7 +6,8 @@
 #   node-0 slots=8
 #   node-1 slots=8
 #
-# The same run with the `trl sft` command line:
+# The same run with the `trl sft` command line (for a dataset with a `text`,
+# `messages` or `prompt`/`completion` column; it skips this script's Alpaca rows):
 #   trl sft \
 #     --model_name_or_path Qwen/Qwen2.5-7B \
 #     --dataset_name tatsu-lab/alpaca \
