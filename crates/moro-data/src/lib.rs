@@ -7,6 +7,7 @@
 mod contain;
 mod error;
 pub mod gguf_vocab;
+mod parquet_pages;
 pub mod rows;
 pub mod scan;
 pub mod shape;

@@ -179,7 +179,13 @@ fn read_parquet_rows<R: parquet::file::reader::ChunkReader + 'static>(
     file: R,
     each: &mut impl FnMut(Result<Row, DataError>) -> ControlFlow<()>,
 ) -> Result<(), DataError> {
+    use parquet::file::metadata::ParquetMetaDataReader;
     use parquet::file::reader::{FileReader, SerializedFileReader};
+    let metadata = ParquetMetaDataReader::new()
+        .parse_and_finish(&file)
+        .map_err(|e| DataError::new(format!("not a Parquet file moro can read: {e}")))?;
+    crate::parquet_pages::check(&file, &metadata)
+        .map_err(|e| DataError::new(format!("the Parquet file is corrupt: {e}")))?;
     let reader = SerializedFileReader::new(file)
         .map_err(|e| DataError::new(format!("not a Parquet file moro can read: {e}")))?;
     let rows = reader

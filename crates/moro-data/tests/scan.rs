@@ -327,6 +327,52 @@ fn a_corrupt_parquet_file_is_an_error_not_a_panic() {
 }
 
 #[test]
+fn a_parquet_page_claiming_gigabytes_is_refused_before_it_is_read() {
+    // Found by the dataset_rows fuzz target: 6,772 bytes whose third chunk's page header
+    // claims 2^31 - 25 uncompressed bytes (a varint padded with continuation bytes, which
+    // parquet 60.1 reads and then reserves, 2.1 GB resident, before decompressing). The
+    // check refuses the file before any page is read.
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/fuzz/parquet-page-claims-2gib.parquet");
+    let bytes = std::fs::read(path).unwrap();
+    let mut rows = 0;
+    let r = moro_data::rows::read_parquet(bytes::Bytes::from(bytes), |_| {
+        rows += 1;
+        std::ops::ControlFlow::Continue(())
+    });
+    let e = r.unwrap_err();
+    assert!(
+        e.message.starts_with("the Parquet file is corrupt: a page"),
+        "{e}"
+    );
+    assert_eq!(rows, 0, "nothing is read from a file that fails the check");
+
+    // The same check by hand: text.parquet (pyarrow) reads whole; with its first page's
+    // uncompressed size (bytes 7-8, the varint 0x82 0x42 = zigzag 4,225) raised to 8,191
+    // (0xfe 0x7f) it claims more than its column chunk's 4,452 bytes.
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/text.parquet");
+    let mut bytes = std::fs::read(path).unwrap();
+    let count = |b: &[u8]| {
+        let mut n = 0;
+        let r = moro_data::rows::read_parquet(bytes::Bytes::from(b.to_vec()), |_| {
+            n += 1;
+            std::ops::ControlFlow::Continue(())
+        });
+        (r, n)
+    };
+    assert_eq!(count(&bytes).1, 200);
+    assert_eq!(bytes[4..9], [0x15, 0x04, 0x15, 0x82, 0x42]);
+    bytes[7..9].copy_from_slice(&[0xfe, 0x7f]);
+    let (r, n) = count(&bytes);
+    assert_eq!(n, 0);
+    assert_eq!(
+        r.unwrap_err().message,
+        "the Parquet file is corrupt: a page claims 8191 uncompressed bytes where its column \
+         chunk holds 4452 (and moro reads pages of at most 256 MiB)"
+    );
+}
+
+#[test]
 fn a_malformed_tokenizer_json_is_an_error_not_a_panic() {
     // Found by the tokenizer_files fuzz target (first byte: the config's length, then the
     // config, then tokenizer.json): a decoder tokenizers 0.22 unwraps.

@@ -1,0 +1,295 @@
+//! A Parquet file's page headers, checked before the parquet crate reads its pages.
+//!
+//! parquet 60.1 reserves the uncompressed size a page header claims before it decompresses
+//! the page (`file/serialized_reader.rs`, `decode_page`), so a corrupt header claiming 2³¹
+//! bytes costs that much memory. Here every page of every column chunk is walked first: a page
+//! may not claim more uncompressed bytes than its chunk's metadata gives the whole chunk, nor
+//! more than [`MAX_PAGE_BYTES`], and its compressed bytes must lie inside the chunk. Like the
+//! reader, the walk stops once the data pages hold the chunk's values.
+//!
+//! A header is a Thrift compact-protocol struct (parquet-format `PageHeader`: field 2
+//! `uncompressed_page_size: i32`, field 3 `compressed_page_size: i32`, then optional fields,
+//! which are skipped whatever they hold).
+
+use parquet::file::metadata::ParquetMetaData;
+use parquet::file::reader::ChunkReader;
+
+/// The largest page moro reads, uncompressed. Writers cut pages at about 1 MiB (parquet-rs,
+/// pyarrow and Spark by default); a 256 MiB page is far beyond any dataset row.
+pub(crate) const MAX_PAGE_BYTES: i64 = 256 << 20;
+
+/// How many bytes of a chunk are read at a time to find a page header.
+const HEADER_WINDOW: u64 = 64 << 10;
+
+/// Nested structs and lists a header may hold (parquet's own headers nest two deep).
+const MAX_DEPTH: u32 = 32;
+
+/// Checks every page header of `file`, whose footer is `metadata`.
+///
+/// # Errors
+/// What is inconsistent, in words.
+pub(crate) fn check(file: &impl ChunkReader, metadata: &ParquetMetaData) -> Result<(), String> {
+    let file_len = file.len();
+    for group in metadata.row_groups() {
+        for column in group.columns() {
+            let (start, claimed_len) = column.byte_range();
+            if start > file_len {
+                return Err(format!(
+                    "a column chunk starts at byte {start}, past the file's end ({file_len})"
+                ));
+            }
+            let len = claimed_len.min(file_len - start);
+            let chunk_uncompressed = column.uncompressed_size().max(0);
+            // The reader stops once the chunk's values are read; so does the walk.
+            let chunk_values = column.num_values();
+            let (mut pos, mut values) = (0u64, 0i64);
+            while pos < len && values < chunk_values {
+                let window = file
+                    .get_bytes(start + pos, (len - pos).min(HEADER_WINDOW) as usize)
+                    .map_err(|e| e.to_string())?;
+                let header = match read_header(&window) {
+                    Some(h) => h,
+                    None if (window.len() as u64) < len - pos => {
+                        let rest = file
+                            .get_bytes(start + pos, (len - pos) as usize)
+                            .map_err(|e| e.to_string())?;
+                        read_header(&rest).ok_or("a page header is unreadable")?
+                    }
+                    None => return Err("a page header is unreadable".into()),
+                };
+                let limit = chunk_uncompressed.min(MAX_PAGE_BYTES);
+                if header.uncompressed < 0 || header.uncompressed > limit {
+                    return Err(format!(
+                        "a page claims {} uncompressed bytes where its column chunk holds {} \
+                         (and moro reads pages of at most {} MiB)",
+                        header.uncompressed,
+                        chunk_uncompressed,
+                        MAX_PAGE_BYTES >> 20
+                    ));
+                }
+                let after = pos + header.len as u64;
+                if header.compressed < 0 || after + header.compressed as u64 > len {
+                    return Err(format!(
+                        "a page claims {} compressed bytes, past its column chunk's end",
+                        header.compressed
+                    ));
+                }
+                pos = after + header.compressed as u64;
+                values = values.saturating_add(header.values.max(0));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What the walk needs of one page header.
+#[derive(Debug, PartialEq, Eq)]
+struct Header {
+    /// Bytes the header itself takes.
+    len: usize,
+    uncompressed: i64,
+    compressed: i64,
+    /// A data page's values (0 for a dictionary or index page).
+    values: i64,
+}
+
+/// Reads the page header at the start of `bytes`; `None` when it is cut short or malformed.
+fn read_header(bytes: &[u8]) -> Option<Header> {
+    let mut r = Reader { bytes, pos: 0 };
+    let (mut uncompressed, mut compressed, mut values) = (None, None, 0);
+    let mut field = 0i16;
+    loop {
+        let head = r.byte()?;
+        if head == 0 {
+            break;
+        }
+        let kind = head & 0x0f;
+        field = match head >> 4 {
+            0 => i16::try_from(zigzag(r.varint()?)).ok()?,
+            delta => field.checked_add(i16::from(delta))?,
+        };
+        match (field, kind) {
+            (2, 5) => uncompressed = Some(zigzag(r.varint()?)),
+            (3, 5) => compressed = Some(zigzag(r.varint()?)),
+            // data_page_header and data_page_header_v2: their field 1 is num_values.
+            (5 | 8, 12) => values = r.struct_i32_field_1()?,
+            _ => r.skip(kind, 0)?,
+        }
+    }
+    Some(Header {
+        len: r.pos,
+        uncompressed: uncompressed?,
+        compressed: compressed?,
+        values,
+    })
+}
+
+fn zigzag(n: u64) -> i64 {
+    (n >> 1) as i64 ^ -((n & 1) as i64)
+}
+
+/// A Thrift compact-protocol reader over a byte slice.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl Reader<'_> {
+    fn byte(&mut self) -> Option<u8> {
+        let b = *self.bytes.get(self.pos)?;
+        self.pos += 1;
+        Some(b)
+    }
+
+    fn varint(&mut self) -> Option<u64> {
+        let mut n = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.byte()?;
+            n |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Some(n);
+            }
+        }
+        None
+    }
+
+    fn advance(&mut self, n: u64) -> Option<()> {
+        let end = self.pos.checked_add(usize::try_from(n).ok()?)?;
+        (end <= self.bytes.len()).then(|| self.pos = end)
+    }
+
+    /// Reads a struct, returning its field 1 when that is an i32 (0 otherwise).
+    fn struct_i32_field_1(&mut self) -> Option<i64> {
+        let mut found = 0;
+        let mut field = 0i16;
+        loop {
+            let head = self.byte()?;
+            if head == 0 {
+                return Some(found);
+            }
+            field = match head >> 4 {
+                0 => i16::try_from(zigzag(self.varint()?)).ok()?,
+                delta => field.checked_add(i16::from(delta))?,
+            };
+            if (field, head & 0x0f) == (1, 5) {
+                found = zigzag(self.varint()?);
+            } else {
+                self.skip(head & 0x0f, 1)?;
+            }
+        }
+    }
+
+    /// Skips one value of compact type `kind`.
+    fn skip(&mut self, kind: u8, depth: u32) -> Option<()> {
+        if depth > MAX_DEPTH {
+            return None;
+        }
+        match kind {
+            1 | 2 => Some(()),
+            3 => self.advance(1),
+            4..=6 => self.varint().map(drop),
+            7 => self.advance(8),
+            8 => {
+                let n = self.varint()?;
+                self.advance(n)
+            }
+            9 | 10 => {
+                let head = self.byte()?;
+                let n = match head >> 4 {
+                    15 => self.varint()?,
+                    n => u64::from(n),
+                };
+                let elem = head & 0x0f;
+                for _ in 0..n {
+                    // A list's booleans take a byte each.
+                    if elem == 1 || elem == 2 {
+                        self.advance(1)?;
+                    } else {
+                        self.skip(elem, depth + 1)?;
+                    }
+                }
+                Some(())
+            }
+            11 => {
+                let n = self.varint()?;
+                if n == 0 {
+                    return Some(());
+                }
+                let kinds = self.byte()?;
+                for _ in 0..n {
+                    self.skip(kinds >> 4, depth + 1)?;
+                    self.skip(kinds & 0x0f, depth + 1)?;
+                }
+                Some(())
+            }
+            12 => loop {
+                let head = self.byte()?;
+                if head == 0 {
+                    return Some(());
+                }
+                if head >> 4 == 0 {
+                    self.varint()?;
+                }
+                self.skip(head & 0x0f, depth + 1)?;
+            },
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Header, read_header};
+
+    /// A data page header as the Thrift compact protocol writes it, by hand from the
+    /// parquet-format definition: type DATA_PAGE (field 1, i32 0), uncompressed 100 (field 2),
+    /// compressed 60 (field 3), then field 5 `data_page_header` { num_values 10 (1),
+    /// encoding PLAIN 0 (2), definition RLE 3 (3), repetition RLE 3 (4), statistics (5) {
+    /// max_value "zz" (5, binary) } }.
+    const DATA_PAGE: &[u8] = &[
+        0x15, 0x00, // field 1, i32, zigzag(0)
+        0x15, 0xc8, 0x01, // field 2, i32, zigzag(100) = 200
+        0x15, 0x78, // field 3, i32, zigzag(60) = 120
+        0x2c, // field 5 (delta 2), struct
+        0x15, 0x14, // num_values 10
+        0x15, 0x00, // encoding 0
+        0x15, 0x06, // definition_level_encoding 3
+        0x15, 0x06, // repetition_level_encoding 3
+        0x1c, // field 5, struct: statistics
+        0x58, 0x02, b'z', b'z', // field 5 (delta 5), binary, length 2
+        0x00, // end of statistics
+        0x00, // end of data_page_header
+        0x00, // end of PageHeader
+    ];
+
+    #[test]
+    fn a_hand_written_header_reads_and_its_length_is_exact() {
+        assert_eq!(
+            read_header(DATA_PAGE),
+            Some(Header {
+                len: DATA_PAGE.len(),
+                uncompressed: 100,
+                compressed: 60,
+                values: 10,
+            })
+        );
+        // Page bytes after the header are not read.
+        let mut with_page = DATA_PAGE.to_vec();
+        with_page.extend_from_slice(&[0xff; 60]);
+        assert_eq!(
+            read_header(&with_page).map(|h| h.len),
+            Some(DATA_PAGE.len())
+        );
+    }
+
+    #[test]
+    fn cut_or_garbled_headers_are_unreadable_not_a_panic() {
+        for end in 0..DATA_PAGE.len() {
+            assert_eq!(read_header(&DATA_PAGE[..end]), None, "{end}");
+        }
+        assert_eq!(read_header(&[0x1d]), None); // an unknown type
+        // A struct nested past the depth limit.
+        let deep: Vec<u8> = std::iter::repeat_n(0x1c, 100).collect();
+        assert_eq!(read_header(&deep), None);
+    }
+}
