@@ -690,19 +690,7 @@ fn output_speaks_words() {
 /// nothing like the job fits (a 70B full fine-tune on a 24 GB card) what would.
 #[test]
 fn does_not_fit_says_what_would() {
-    let job = [
-        "estimate",
-        "--model",
-        "meta-llama/Llama-2-7b-hf",
-        "--method",
-        "full",
-        "--precision",
-        "bf16-mixed",
-        "--optimizer",
-        "adamw_torch",
-        "--hardware",
-        "h100-sxm",
-    ];
+    let job = common::LLAMA2_FULL_ON_H100;
     let o = run(&job);
     assert_eq!(o.code, 1);
     assert!(o.stdout.contains("does NOT fit"), "{}", o.stdout);

@@ -33,24 +33,10 @@ fn scratch() -> tempfile::TempDir {
     tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"))
 }
 
-const LLAMA2_FULL_ON_H100: [&str; 11] = [
-    "estimate",
-    "--model",
-    "meta-llama/Llama-2-7b-hf",
-    "--method",
-    "full",
-    "--precision",
-    "bf16-mixed",
-    "--optimizer",
-    "adamw_torch",
-    "--hardware",
-    "h100-sxm",
-];
-
 #[test]
 fn does_not_fit_is_no_longer_a_dead_end() {
     let d = scratch();
-    let o = moro(d.path(), &LLAMA2_FULL_ON_H100);
+    let o = moro(d.path(), &common::LLAMA2_FULL_ON_H100);
     assert_eq!(o.code, 1, "{}", o.stderr);
     assert!(o.stdout.contains("does NOT fit"), "{}", o.stdout);
     let after = o

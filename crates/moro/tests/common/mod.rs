@@ -42,6 +42,22 @@ pub fn moro(dir: &Path) -> Command {
     c
 }
 
+/// Issue 18's "does not fit" job: Llama-2-7B fully fine-tuned with AdamW in bf16-mixed on one
+/// H100 (the README shows its answer).
+pub const LLAMA2_FULL_ON_H100: [&str; 11] = [
+    "estimate",
+    "--model",
+    "meta-llama/Llama-2-7b-hf",
+    "--method",
+    "full",
+    "--precision",
+    "bf16-mixed",
+    "--optimizer",
+    "adamw_torch",
+    "--hardware",
+    "h100-sxm",
+];
+
 /// `moro ARGS` in `dir`: asserts the exit code, returns stdout.
 pub fn stdout_of(dir: &Path, args: &[&str], code: i32) -> Vec<u8> {
     moro(dir)
