@@ -18,8 +18,9 @@ use parquet::file::reader::ChunkReader;
 /// pyarrow and Spark by default); a 256 MiB page is far beyond any dataset row.
 pub(crate) const MAX_PAGE_BYTES: i64 = 256 << 20;
 
-/// How many bytes of a chunk are read at a time to find a page header.
-const HEADER_WINDOW: u64 = 64 << 10;
+/// The bytes first read to find a page header; the window grows sixteenfold while a header
+/// runs past it.
+const HEADER_WINDOW: u64 = 256;
 
 /// Nested structs and lists a header may hold (parquet's own headers nest two deep).
 const MAX_DEPTH: u32 = 32;
@@ -44,19 +45,7 @@ pub(crate) fn check(file: &impl ChunkReader, metadata: &ParquetMetaData) -> Resu
             let chunk_values = column.num_values();
             let (mut pos, mut values) = (0u64, 0i64);
             while pos < len && values < chunk_values {
-                let window = file
-                    .get_bytes(start + pos, (len - pos).min(HEADER_WINDOW) as usize)
-                    .map_err(|e| e.to_string())?;
-                let header = match read_header(&window) {
-                    Some(h) => h,
-                    None if (window.len() as u64) < len - pos => {
-                        let rest = file
-                            .get_bytes(start + pos, (len - pos) as usize)
-                            .map_err(|e| e.to_string())?;
-                        read_header(&rest).ok_or("a page header is unreadable")?
-                    }
-                    None => return Err("a page header is unreadable".into()),
-                };
+                let header = header_at(file, start + pos, len - pos)?;
                 let limit = chunk_uncompressed.min(MAX_PAGE_BYTES);
                 if header.uncompressed < 0 || header.uncompressed > limit {
                     return Err(format!(
@@ -80,6 +69,24 @@ pub(crate) fn check(file: &impl ChunkReader, metadata: &ParquetMetaData) -> Resu
         }
     }
     Ok(())
+}
+
+/// The page header at `at`, with at most `room` bytes before its chunk ends: read through a
+/// window that starts small (headers are tens of bytes) and grows while the header runs on.
+fn header_at(file: &impl ChunkReader, at: u64, room: u64) -> Result<Header, String> {
+    let mut window = HEADER_WINDOW;
+    loop {
+        let bytes = file
+            .get_bytes(at, window.min(room) as usize)
+            .map_err(|e| e.to_string())?;
+        if let Some(h) = read_header(&bytes) {
+            return Ok(h);
+        }
+        if window >= room {
+            return Err("a page header is unreadable".into());
+        }
+        window = window.saturating_mul(16);
+    }
 }
 
 /// What the walk needs of one page header.
@@ -179,6 +186,20 @@ impl Reader<'_> {
         }
     }
 
+    /// `None` unless `n` elements, a byte each at least, can still follow.
+    fn fits(&self, n: u64) -> Option<()> {
+        (n <= (self.bytes.len() - self.pos) as u64).then_some(())
+    }
+
+    /// Skips one element of a list, set or map: there a boolean takes a byte of its own,
+    /// so every element takes one at least.
+    fn skip_element(&mut self, kind: u8, depth: u32) -> Option<()> {
+        match kind {
+            1 | 2 => self.advance(1),
+            _ => self.skip(kind, depth),
+        }
+    }
+
     /// Skips one value of compact type `kind`.
     fn skip(&mut self, kind: u8, depth: u32) -> Option<()> {
         if depth > MAX_DEPTH {
@@ -199,14 +220,10 @@ impl Reader<'_> {
                     15 => self.varint()?,
                     n => u64::from(n),
                 };
+                self.fits(n)?;
                 let elem = head & 0x0f;
                 for _ in 0..n {
-                    // A list's booleans take a byte each.
-                    if elem == 1 || elem == 2 {
-                        self.advance(1)?;
-                    } else {
-                        self.skip(elem, depth + 1)?;
-                    }
+                    self.skip_element(elem, depth + 1)?;
                 }
                 Some(())
             }
@@ -215,10 +232,11 @@ impl Reader<'_> {
                 if n == 0 {
                     return Some(());
                 }
+                self.fits(n)?;
                 let kinds = self.byte()?;
                 for _ in 0..n {
-                    self.skip(kinds >> 4, depth + 1)?;
-                    self.skip(kinds & 0x0f, depth + 1)?;
+                    self.skip_element(kinds >> 4, depth + 1)?;
+                    self.skip_element(kinds & 0x0f, depth + 1)?;
                 }
                 Some(())
             }
@@ -291,5 +309,15 @@ mod tests {
         // A struct nested past the depth limit.
         let deep: Vec<u8> = std::iter::repeat_n(0x1c, 100).collect();
         assert_eq!(read_header(&deep), None);
+        // A map claiming 2^63 boolean pairs in a few bytes (a fuzzing find: it spun, its
+        // elements taking no bytes) and maps of maps fanning out: refused at once.
+        let many_bools = [
+            0x1b, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, 0x21,
+        ];
+        assert_eq!(read_header(&many_bools), None);
+        let fan: Vec<u8> = std::iter::once(0x1b)
+            .chain(std::iter::repeat_n(0x5b, 2000))
+            .collect();
+        assert_eq!(read_header(&fan), None);
     }
 }
