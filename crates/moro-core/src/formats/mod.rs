@@ -16,23 +16,30 @@ pub mod safetensors;
 mod fuzz_regressions {
     use super::{gguf, safetensors};
 
-    fn inputs(kind: &str) -> Vec<Vec<u8>> {
-        let dir = format!(
-            "{}/src/formats/testdata/fuzz/{kind}",
-            env!("CARGO_MANIFEST_DIR")
-        );
-        let mut out: Vec<Vec<u8>> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| std::fs::read(e.unwrap().path()).unwrap())
-            .collect();
+    /// The regression inputs kept here, then the libFuzzer corpus of `target`
+    /// (`fuzz/corpus/`, minimized), which the suite replays in debug builds, where integer
+    /// overflow panics.
+    fn inputs(kind: &str, target: &str) -> Vec<Vec<u8>> {
+        let root = env!("CARGO_MANIFEST_DIR");
+        let mut out = Vec::new();
+        for dir in [
+            format!("{root}/src/formats/testdata/fuzz/{kind}"),
+            format!("{root}/../../fuzz/corpus/{target}"),
+        ] {
+            out.extend(
+                std::fs::read_dir(dir)
+                    .unwrap()
+                    .map(|e| std::fs::read(e.unwrap().path()).unwrap()),
+            );
+        }
         out.sort();
         out
     }
 
     #[test]
     fn gguf_inputs() {
-        let inputs = inputs("gguf");
-        assert!(inputs.len() >= 10);
+        let inputs = inputs("gguf", "gguf_header");
+        assert!(inputs.len() >= 100);
         for data in inputs {
             let Ok(h) = gguf::parse_header(&data) else {
                 continue;
@@ -51,9 +58,23 @@ mod fuzz_regressions {
     }
 
     #[test]
+    fn config_json_inputs() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fuzz/corpus/config_json");
+        let mut n = 0;
+        for e in std::fs::read_dir(dir).unwrap() {
+            let data = std::fs::read(e.unwrap().path()).unwrap();
+            if let Ok(spec) = crate::arch::parse_config(&data) {
+                let _ = spec.total_params();
+            }
+            n += 1;
+        }
+        assert!(n >= 100, "{n} inputs in {dir}");
+    }
+
+    #[test]
     fn safetensors_inputs() {
-        let inputs = inputs("safetensors");
-        assert!(inputs.len() >= 10);
+        let inputs = inputs("safetensors", "safetensors_header");
+        assert!(inputs.len() >= 100);
         for data in inputs {
             let _ = safetensors::needed_prefix_len(&data);
             if let Ok(h) = safetensors::parse_header(&data) {
