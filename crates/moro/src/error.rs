@@ -60,6 +60,21 @@ pub(crate) fn job_at(e: &moro_core::job::JobError, message: impl Into<String>) -
     anyhow::Error::new(u)
 }
 
+/// A flag's value that cannot be used, naming the flag: `--memory: …`.
+pub(crate) fn flag(name: &str, message: impl fmt::Display) -> UserError {
+    let mut u = UserError::new(format!("{name}: {message}"));
+    u.field = Some(name.to_owned());
+    u
+}
+
+/// A recipe that cannot be read, at its file, line and column, naming its key.
+pub(crate) fn recipe(e: moro_recipe::RecipeError, shown: &str) -> anyhow::Error {
+    let field = e.field.clone();
+    let mut u = UserError::new(e.with_source(shown).to_string());
+    u.field = field;
+    anyhow::Error::new(u)
+}
+
 /// The recipe search's refusal, naming its field.
 pub(crate) fn search(e: &moro_core::search::SearchError) -> anyhow::Error {
     let moro_core::search::SearchError::Invalid { field, .. } = e;
@@ -78,13 +93,9 @@ pub(crate) fn user_hint(message: impl Into<String>, hint: impl Into<String>) -> 
 pub(crate) fn to_json(e: &anyhow::Error) -> serde_json::Value {
     let user = e.downcast_ref::<UserError>();
     let causes: Vec<String> = e.chain().skip(1).map(ToString::to_string).collect();
-    let message = e.to_string();
-    let field = user
-        .and_then(|u| u.field.as_deref())
-        .or_else(|| field_named_by(&message));
     let mut value = serde_json::json!({"error": {
-        "message": message,
-        "field": field,
+        "message": e.to_string(),
+        "field": user.and_then(|u| u.field.as_deref()),
         "causes": causes,
         "hint": user.and_then(|u| u.hint.as_deref()),
         "exit_code": user.map_or(2, |u| u.code),
@@ -93,21 +104,6 @@ pub(crate) fn to_json(e: &anyhow::Error) -> serde_json::Value {
         value["error"]["closest"] = serde_json::json!(closest);
     }
     value
-}
-
-/// The field a message names first, for errors made without one: `--memory: …` (a flag),
-/// `` `lora_rank`: … `` (a job setting) or `` moro.yaml:5:11: field `hardware.preset`: … `` (a
-/// recipe's key).
-fn field_named_by(message: &str) -> Option<&str> {
-    let head = message.split(": ").next()?;
-    if head.starts_with("--") && !head.contains(' ') {
-        return Some(head);
-    }
-    if let Some(f) = head.strip_prefix('`').and_then(|h| h.strip_suffix('`')) {
-        return Some(f);
-    }
-    let after = message.split(": field `").nth(1)?;
-    after.split('`').next()
 }
 
 /// Prints the error and returns its exit code (2 unless it says otherwise): as words on
@@ -193,27 +189,4 @@ pub(crate) fn clap_to_json(e: &clap::Error) -> serde_json::Value {
         "hint": hint,
         "exit_code": 2,
     }})
-}
-
-#[cfg(test)]
-mod tests {
-    use super::field_named_by;
-
-    #[test]
-    fn a_message_names_its_field_first() {
-        assert_eq!(
-            field_named_by("--memory: `24` has no unit; say `24GiB`"),
-            Some("--memory")
-        );
-        assert_eq!(
-            field_named_by("`lora_rank`: applies to adapter methods"),
-            Some("lora_rank")
-        );
-        assert_eq!(
-            field_named_by("moro.yaml:5:11: field `hardware.preset`: unknown GPU preset"),
-            Some("hardware.preset")
-        );
-        assert_eq!(field_named_by("cannot read `x.yaml`: not found"), None);
-        assert_eq!(field_named_by("--model or --model-size is required"), None);
-    }
 }

@@ -4,7 +4,7 @@
 use anyhow::Result;
 use moro_core::hardware::{Hardware, HardwareSpec, parse_hardware_spec};
 
-use crate::error::{user, user_hint};
+use crate::error::{flag, user, user_hint};
 
 /// The hardware a command targets.
 #[derive(Debug, Clone)]
@@ -45,11 +45,15 @@ impl Target {
 /// Resolves `--hardware SPEC` (or `--memory SIZE`).
 pub(crate) fn resolve(spec: Option<&str>, memory: Option<&str>) -> Result<Option<Target>> {
     if let Some(m) = memory {
-        let bytes = moro_core::units::parse_size(m).map_err(|e| user(format!("--memory: {e}")))?;
+        let bytes =
+            moro_core::units::parse_size(m).map_err(|e| anyhow::Error::new(flag("--memory", e)))?;
         if bytes < moro_core::units::GIB {
-            return Err(user_hint(
-                format!("--memory: `{m}` is under 1 GiB, smaller than any GPU"),
-                "give the memory per GPU with its unit, e.g. --memory 24GiB",
+            return Err(anyhow::Error::new(
+                flag(
+                    "--memory",
+                    format!("`{m}` is under 1 GiB, smaller than any GPU"),
+                )
+                .hint("give the memory per GPU with its unit, e.g. --memory 24GiB"),
             ));
         }
         let d = moro_core::hardware::Device::generic(bytes);

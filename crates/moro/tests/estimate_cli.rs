@@ -1602,3 +1602,42 @@ fn sharded_estimate_names_each_ranks_parts() {
         text.stdout
     );
 }
+
+/// An error moro makes itself names its field under `--json` where it is about one (a flag's
+/// value, a recipe's key) and no field where it is not (a file, a model path).
+#[test]
+fn json_errors_name_the_field_they_are_about_and_no_other() {
+    let llama = ["estimate", "--json", "--model", "meta-llama/Llama-3.1-8B"];
+    assert_refused(&[&llama[..], &["--memory", "24"]].concat(), "--memory");
+    assert_refused(&[&llama[..], &["--memory", "0.5GiB"]].concat(), "--memory");
+    assert_refused(
+        &[&llama[..], &["--method", "full", "--lora-rank", "64"]].concat(),
+        "lora_rank",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("moro.yaml"),
+        "model:\n  base: Qwen/Qwen2.5-7B\n  method: qlora\nhardware:\n  preset: rtx-9999\n",
+    )
+    .unwrap();
+    std::fs::write(d.join("notes.txt"), "not a model\n").unwrap();
+    for (args, field) in [
+        (
+            &["estimate", "moro.yaml", "--json"][..],
+            Some("hardware.preset"),
+        ),
+        (
+            &["recipe", "check", "moro.yaml", "--json"],
+            Some("hardware.preset"),
+        ),
+        (&["estimate", "missing.yaml", "--json"], None),
+        // The path is in backticks at the message's start; it is not a field.
+        (&["estimate", "--model", "./notes.txt", "--json"], None),
+    ] {
+        let o = moro().current_dir(d).args(args).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["error"]["field"].as_str(), field, "{args:?}: {v}");
+    }
+}

@@ -7,7 +7,7 @@ use moro_core::hardware::{Device, Hardware, HardwareSpec, parse_hardware_spec};
 use moro_core::job::JobSettings;
 use moro_recipe::Recipe;
 
-use crate::error::user;
+use crate::error::{self, user};
 use crate::hw::Target;
 
 /// A recipe read from a file.
@@ -34,11 +34,8 @@ impl LoadedRecipe {
     /// Parses and validates the bytes of the recipe shown as `shown` in errors.
     pub(crate) fn from_bytes(shown: String, bytes: &[u8]) -> Result<Self> {
         let text = String::from_utf8_lossy(bytes).into_owned();
-        let recipe =
-            moro_recipe::parse_bytes(bytes).map_err(|e| user(e.with_source(&shown).to_string()))?;
-        let settings = recipe
-            .settings()
-            .map_err(|e| user(e.with_source(&shown).to_string()))?;
+        let recipe = moro_recipe::parse_bytes(bytes).map_err(|e| error::recipe(e, &shown))?;
+        let settings = recipe.settings().map_err(|e| error::recipe(e, &shown))?;
         let loaded = Self {
             path: shown,
             text,
