@@ -8,6 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use common::Out;
 use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
@@ -21,28 +22,13 @@ fn fixture() -> PathBuf {
     root().join("calibration/tests/fixtures/sample_rows.jsonl")
 }
 
-struct Out {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
 fn run_in(config: &Path, args: &[&str], env: &[(&str, &str)]) -> Out {
     let mut c = common::isolated();
     c.env("MORO_CONFIG_DIR", config);
     for (k, v) in env {
         c.env(k, v);
     }
-    let o = c.args(args).output().expect("moro runs");
-    Out {
-        code: o.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-    }
-}
-
-fn json_of(o: &Out) -> Value {
-    serde_json::from_str(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}\n{}", o.stdout, o.stderr))
+    Out::of(c.args(args))
 }
 
 fn python3() -> Option<PathBuf> {
@@ -90,7 +76,7 @@ fn validate_reads_every_harness_row_at_its_level() {
         &[],
     );
     assert_eq!(o.code, 0, "{}", o.stderr);
-    let v = json_of(&o);
+    let v = o.json();
     let rows = v["rows"].as_array().unwrap();
     let lines = std::fs::read_to_string(fixture()).unwrap().lines().count();
     assert_eq!(rows.len(), lines);
@@ -133,7 +119,7 @@ fn fit_show_reset() {
         &[],
     );
     assert_eq!(o.code, 0, "{}", o.stderr);
-    let v = json_of(&o);
+    let v = o.json();
     let path = PathBuf::from(v["path"].as_str().unwrap());
     assert_eq!(path, cfg.join("profile-nvidia-h200.json"));
     assert!(path.is_file());
@@ -162,14 +148,14 @@ fn fit_show_reset() {
         o.stdout
     );
     let o = run_in(&cfg, &["calibrate", "--show", "--json"], &[]);
-    assert_eq!(json_of(&o)["profiles"].as_array().unwrap().len(), 1);
+    assert_eq!(o.json()["profiles"].as_array().unwrap().len(), 1);
 
     let o = run_in(&cfg, &["calibrate", "--reset", "--json"], &[]);
     assert_eq!(o.code, 0);
-    assert_eq!(json_of(&o)["removed"].as_array().unwrap().len(), 1);
+    assert_eq!(o.json()["removed"].as_array().unwrap().len(), 1);
     assert!(!path.exists());
     let o = run_in(&cfg, &["calibrate", "--show", "--json"], &[]);
-    assert_eq!(json_of(&o)["profiles"].as_array().unwrap().len(), 0);
+    assert_eq!(o.json()["profiles"].as_array().unwrap().len(), 0);
     let o = run_in(&cfg, &["calibrate", "--show"], &[]);
     assert_eq!(o.code, 0);
     assert!(
@@ -201,7 +187,7 @@ fn consistent_offset_is_fitted() {
         &["validate", "--json", fx.to_str().unwrap()],
         &[],
     );
-    let report = json_of(&o);
+    let report = o.json();
     let predicted: std::collections::HashMap<String, u64> = report["rows"]
         .as_array()
         .unwrap()
@@ -253,7 +239,7 @@ fn estimate_json(cfg: &Path, extra: &[&str]) -> (Value, String) {
     args.extend_from_slice(extra);
     let o = run_in(cfg, &args, &[]);
     assert!(o.code == 0 || o.code == 1, "{}", o.stderr);
-    (json_of(&o), o.stderr)
+    (o.json(), o.stderr)
 }
 
 #[test]
@@ -487,7 +473,7 @@ echo '{{"ran": 6}}'"#,
     assert!(cfg.join("measured-nvidia-h200.jsonl").is_file());
     assert!(cfg.join("profile-nvidia-h200.json").is_file());
     let o = run_in(&cfg, &["calibrate", "--show", "--json"], &[]);
-    let shown = json_of(&o);
+    let shown = o.json();
     assert_eq!(
         shown["profiles"][0]["profile"]["device"]["cuda_context_bytes"],
         900 * MIB
@@ -539,7 +525,7 @@ fn fit_profile(cfg: &std::path::Path, rows: &std::path::Path) -> Value {
         &[],
     );
     assert_eq!(o.code, 0, "{}", o.stderr);
-    json_of(&o)["profile"].clone()
+    o.json()["profile"].clone()
 }
 
 /// The allocator model in the core (`moro_core::caching_allocator`) and

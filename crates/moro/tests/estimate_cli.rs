@@ -5,30 +5,19 @@ mod common;
 
 use std::process::Command;
 
+use common::Out;
+
 /// The binary without the developer's Hugging Face cache, token or calibration profile.
 fn moro() -> Command {
     common::isolated()
 }
 
-struct Out {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
 fn run(args: &[&str]) -> Out {
-    let o = moro().args(args).output().expect("runs");
-    Out {
-        code: o.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-    }
+    Out::of(moro().args(args))
 }
 
 fn json(args: &[&str]) -> serde_json::Value {
-    let o = run(args);
-    assert!(o.code == 0 || o.code == 1, "exit {}: {}", o.code, o.stderr);
-    serde_json::from_str(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", o.stdout))
+    run(args).answer_json()
 }
 
 #[test]

@@ -6,27 +6,10 @@
 
 mod common;
 
-struct Out {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
+use common::Out;
 
 fn moro(dir: &std::path::Path, args: &[&str]) -> Out {
-    let o = common::isolated()
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("runs");
-    Out {
-        code: o.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-    }
-}
-
-fn json(o: &Out) -> serde_json::Value {
-    serde_json::from_str(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}{}", o.stdout, o.stderr))
+    Out::of(common::isolated().current_dir(dir).args(args))
 }
 
 fn scratch() -> tempfile::TempDir {
@@ -59,7 +42,7 @@ fn does_not_fit_is_no_longer_a_dead_end() {
     let o = moro(d.path(), &fits);
     assert_eq!(o.code, 0, "{}", o.stderr);
     assert!(o.stdout.contains("GiB to spare"), "{}", o.stdout);
-    let v = json(&moro(d.path(), &[&fits[..], &["--json"]].concat()));
+    let v = moro(d.path(), &[&fits[..], &["--json"]].concat()).json();
     let spare = v["memory_bytes"].as_u64().unwrap() - v["peak_upper_bytes"].as_u64().unwrap();
     assert!(spare > 0, "{v}");
 }
@@ -68,7 +51,7 @@ fn does_not_fit_is_no_longer_a_dead_end() {
 fn recipe_generate_keeps_room_and_ranks_as_it_says() {
     let d = scratch();
     let generate = |seq: &str| {
-        json(&moro(
+        moro(
             d.path(),
             &[
                 "recipe",
@@ -81,7 +64,8 @@ fn recipe_generate_keeps_room_and_ranks_as_it_says() {
                 seq,
                 "--json",
             ],
-        ))
+        )
+        .json()
     };
     let (long, short) = (generate("8192"), generate("2048"));
     for v in [&long, &short] {
@@ -354,7 +338,7 @@ fn polish() {
         d.path(),
         &["fit", "--model-size", "7B", "--method", "qlora", "--json"],
     );
-    let v = json(&o);
+    let v = o.json();
     // Qwen2-7B's published count; Llama-2-7B's 32,000-entry vocabulary no longer stands in.
     assert_eq!(v["parameters"].as_u64(), Some(7_615_616_512), "{v}");
     let o = moro(
@@ -378,7 +362,7 @@ fn polish() {
         .concat(),
     );
     assert_eq!(o.code, 2);
-    let e = json(&o);
+    let e = o.json();
     assert_eq!(e["error"]["field"], "--memory", "{e}");
     // Shell completions.
     for shell in ["bash", "zsh", "fish", "powershell"] {

@@ -8,29 +8,12 @@ mod support;
 
 use std::path::Path;
 
+use common::Out;
 use moro_core::formats::gguf::tiny_llama;
 use moro_core::formats::safetensors::{self, encode_header};
 use support::{Route, Server, hub_headers};
 
 const SECRET: &str = "hf_cli_test_secret";
-
-struct Out {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Out {
-    fn json(&self) -> serde_json::Value {
-        assert!(
-            self.code == 0 || self.code == 1,
-            "exit {}: {}",
-            self.code,
-            self.stderr
-        );
-        serde_json::from_str(&self.stdout).unwrap_or_else(|e| panic!("{e}: {}", self.stdout))
-    }
-}
 
 /// The binary with a clean Hub environment: `HF_ENDPOINT` = `endpoint`, `HF_HOME` = `home`.
 fn moro(endpoint: &str, home: &Path, env: &[(&str, &str)], args: &[&str]) -> Out {
@@ -45,12 +28,7 @@ fn moro(endpoint: &str, home: &Path, env: &[(&str, &str)], args: &[&str]) -> Out
     for (k, v) in env {
         c.env(k, v);
     }
-    let o = c.args(args).output().expect("runs");
-    Out {
-        code: o.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-    }
+    Out::of(c.args(args))
 }
 
 /// A llama config: hidden 64, MLP 128, 2 layers, 4 heads, 2 KV heads, vocab 1000, untied.
@@ -162,7 +140,7 @@ fn a_model_only_on_the_hub_uses_its_safetensors_headers() {
         "inference",
         "--json",
     ];
-    let v = moro(&server.url(), home.path(), &[], &args).json();
+    let v = moro(&server.url(), home.path(), &[], &args).answer_json();
     assert!(
         v["model"]["source"]
             .as_str()
@@ -208,7 +186,7 @@ fn a_model_only_on_the_hub_uses_its_safetensors_headers() {
         &[("HF_HUB_OFFLINE", "1")],
         &args,
     );
-    assert_eq!(o.json()["model"]["source"], "Hugging Face cache");
+    assert_eq!(o.answer_json()["model"]["source"], "Hugging Face cache");
 }
 
 #[test]
@@ -246,7 +224,7 @@ fn a_pre_quantized_checkpoint_counts_as_stored() {
             "--json",
         ],
     );
-    let v = o.json();
+    let v = o.answer_json();
     assert_eq!(v["model"]["stored_weights"]["quantization"], "awq");
     assert_eq!(weights(&v), stored);
     assert!(stored < PARAMS * 2);
@@ -281,7 +259,7 @@ fn a_directory_of_sharded_safetensors() {
             "--json",
         ],
     )
-    .json();
+    .answer_json();
     assert_eq!(v["model"]["source"], "local directory");
     assert_eq!(
         v["model"]["stored_weights"]["total_bytes"].as_u64(),
@@ -326,7 +304,7 @@ fn a_gated_repo_needs_a_token_that_is_never_printed() {
     assert!(o.stderr.is_empty(), "{}", o.stderr);
 
     let o = moro(&server.url(), home.path(), &[("HF_TOKEN", SECRET)], &args);
-    let v = o.json();
+    let v = o.answer_json();
     assert_eq!(
         v["model"]["stored_weights"]["total_bytes"].as_u64(),
         Some(PARAMS * 2)
@@ -376,7 +354,7 @@ fn offline_or_failing_hub_falls_back_to_the_catalog() {
             "--json",
         ],
     );
-    assert_eq!(o.json()["model"]["source"], "embedded catalog");
+    assert_eq!(o.answer_json()["model"]["source"], "embedded catalog");
     assert!(o.stderr.contains("offline"), "{}", o.stderr);
     assert!(o.stderr.contains("embedded catalog"), "{}", o.stderr);
     assert!(server.log().is_empty(), "{:?}", server.log());
@@ -392,7 +370,7 @@ fn offline_or_failing_hub_falls_back_to_the_catalog() {
             "--json",
         ],
     );
-    assert_eq!(o.json()["model"]["source"], "embedded catalog");
+    assert_eq!(o.answer_json()["model"]["source"], "embedded catalog");
     assert!(server.log().is_empty());
     // A pinned revision the Hub does not have: the catalog, with the reason.
     let o = moro(
@@ -408,7 +386,7 @@ fn offline_or_failing_hub_falls_back_to_the_catalog() {
             "--json",
         ],
     );
-    assert_eq!(o.json()["model"]["source"], "embedded catalog");
+    assert_eq!(o.answer_json()["model"]["source"], "embedded catalog");
     assert!(
         o.stderr.contains("cannot fetch") && o.stderr.contains("embedded catalog"),
         "{}",
@@ -422,7 +400,7 @@ fn offline_or_failing_hub_falls_back_to_the_catalog() {
         &[],
         &["estimate", "--model", "meta-llama/Llama-3.1-8B", "--json"],
     );
-    assert_eq!(o.json()["model"]["source"], "embedded catalog");
+    assert_eq!(o.answer_json()["model"]["source"], "embedded catalog");
     assert_eq!(server.log().len(), before);
 }
 
@@ -523,7 +501,7 @@ fn gguf_estimate_matches_the_hand_computation() {
     let f = file.to_str().expect("utf8");
     let run = |args: &[&str]| moro("http://127.0.0.1:9", dir.path(), &[], args);
 
-    let v = run(&["gguf", f, "--ctx-size", "1000", "--json"]).json();
+    let v = run(&["gguf", f, "--ctx-size", "1000", "--json"]).answer_json();
     assert_eq!(v["gpu_weights_bytes"].as_u64(), Some(2 * LAYER + OUT));
     assert_eq!(v["host_weights_bytes"].as_u64(), Some(EMBD));
     assert_eq!(v["kv_cache_bytes"].as_u64(), Some(KV));
@@ -545,7 +523,7 @@ fn gguf_estimate_matches_the_hand_computation() {
         "1000",
         "--json",
     ])
-    .json();
+    .answer_json();
     assert_eq!(e["total_gpu_bytes"], v["total_gpu_bytes"]);
 
     // q8_0 KV cache: one 34-byte block per row.
@@ -560,11 +538,11 @@ fn gguf_estimate_matches_the_hand_computation() {
         "q8_0",
         "--json",
     ])
-    .json();
+    .answer_json();
     assert_eq!(q8["kv_cache_bytes"].as_u64(), Some(2 * 1024 * 68));
 
     // One layer offloaded: the other and the output on the host.
-    let p = run(&["gguf", f, "-c", "1000", "--n-gpu-layers", "1", "--json"]).json();
+    let p = run(&["gguf", f, "-c", "1000", "--n-gpu-layers", "1", "--json"]).answer_json();
     assert_eq!(p["gpu_weights_bytes"].as_u64(), Some(LAYER));
     assert_eq!(p["host_weights_bytes"].as_u64(), Some(EMBD + LAYER + OUT));
     assert_eq!(p["kv_cache_host_bytes"].as_u64(), Some(1024 * 128));
@@ -616,7 +594,7 @@ fn gguf_header_from_the_hub() {
             "--json",
         ],
     )
-    .json();
+    .answer_json();
     assert_eq!(
         v["total_gpu_bytes"].as_u64(),
         Some(2 * LAYER + OUT + KV + COMPUTE)

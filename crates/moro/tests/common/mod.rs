@@ -34,6 +34,42 @@ pub fn isolated() -> std::process::Command {
     c
 }
 
+/// What a finished run of moro said.
+pub struct Out {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Out {
+    /// Runs `c` to its end.
+    pub fn of(c: &mut std::process::Command) -> Self {
+        let o = c.output().expect("moro runs");
+        Self {
+            code: o.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+
+    /// stdout as JSON, showing both streams when it is not.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}\n{}", self.stdout, self.stderr))
+    }
+
+    /// An answer's JSON: exit 0 (fits) or 1 (does not), then stdout as JSON.
+    pub fn answer_json(&self) -> serde_json::Value {
+        assert!(
+            self.code == 0 || self.code == 1,
+            "exit {}: {}",
+            self.code,
+            self.stderr
+        );
+        self.json()
+    }
+}
+
 /// `moro` in `dir` ([`isolated`]), with its own config dir there.
 pub fn moro(dir: &Path) -> Command {
     let mut c = Command::from_std(isolated());
