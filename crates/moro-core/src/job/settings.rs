@@ -333,26 +333,14 @@ impl JobSettings {
             optimizer_in_backward: self.optimizer_in_backward.unwrap_or(false),
             peft,
             images: crate::vision::Images {
+                per_sample: match (self.images_per_sample, self.image_size) {
+                    (Some(n), _) => n,
+                    (None, Some(_)) => 1,
+                    (None, None) => base.images.per_sample,
+                },
+                width: self.image_size.map_or(base.images.width, |(w, _)| w),
+                height: self.image_size.map_or(base.images.height, |(_, h)| h),
                 pan_and_scan: self.pan_and_scan.unwrap_or(false),
-                ..match (self.images_per_sample, self.image_size) {
-                    (Some(n), Some((width, height))) => crate::vision::Images {
-                        per_sample: n,
-                        width,
-                        height,
-                        pan_and_scan: false,
-                    },
-                    (Some(n), None) => crate::vision::Images {
-                        per_sample: n,
-                        ..base.images
-                    },
-                    (None, Some((width, height))) => crate::vision::Images {
-                        per_sample: 1,
-                        width,
-                        height,
-                        pan_and_scan: false,
-                    },
-                    (None, None) => base.images,
-                }
             },
             vision: self.vision.unwrap_or(base.vision),
             liger: self.liger.unwrap_or_default(),
