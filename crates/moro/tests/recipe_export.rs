@@ -208,3 +208,17 @@ fn an_export_to_another_stack_is_estimated_there_too() {
     // The trainer's own stack: nothing to add.
     assert!(export_report(dir.path(), planned, "hf-trainer")["on_trainer_stack"].is_null());
 }
+
+#[test]
+fn a_base_moro_cannot_estimate_is_still_exported() {
+    // The estimate on the trainer's stack needs the model; the export does not. Offline, a
+    // base outside the catalog is exported as before, with a note instead of the figure.
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let v = export_report(
+        dir.path(),
+        "model:\n  base: someorg/unknown-model-7b\n  method: lora\n",
+        "trl",
+    );
+    assert!(v["on_trainer_stack"].is_null(), "{v}");
+    assert!(dir.path().join("trl/train_trl.py").is_file());
+}

@@ -189,7 +189,14 @@ pub(crate) fn run_export(args: &ExportArgs) -> Result<ExitCode> {
         std::fs::create_dir_all(&dir)
             .map_err(|e| user(format!("cannot create {}: {e}", dir.display())))?;
     }
-    let trainer = on_trainer_stack(&loaded, args.to)?;
+    // The export needs no model; the estimate beside it does (a base moro cannot find
+    // offline): the files are written without it.
+    let trainer = on_trainer_stack(&loaded, args.to).unwrap_or_else(|e| {
+        note(&format!(
+            "note: the export is not estimated on its trainer's stack: {e}"
+        ));
+        None
+    });
     for (f, path) in export.files.iter().zip(&paths) {
         crate::output::write_atomic(path, f.content.as_bytes())
             .map_err(|e| user(format!("cannot write {}: {e}", path.display())))?;
