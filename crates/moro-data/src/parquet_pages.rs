@@ -105,17 +105,9 @@ fn read_header(bytes: &[u8]) -> Option<Header> {
     let mut r = Reader { bytes, pos: 0 };
     let (mut uncompressed, mut compressed, mut values) = (None, None, 0);
     let mut field = 0i16;
-    loop {
-        let head = r.byte()?;
-        if head == 0 {
-            break;
-        }
-        let kind = head & 0x0f;
-        field = match head >> 4 {
-            0 => i16::try_from(zigzag(r.varint()?)).ok()?,
-            delta => field.checked_add(i16::from(delta))?,
-        };
-        match (field, kind) {
+    while let Some((id, kind)) = r.field(field)? {
+        field = id;
+        match (id, kind) {
             (2, 5) => uncompressed = Some(zigzag(r.varint()?)),
             (3, 5) => compressed = Some(zigzag(r.varint()?)),
             // data_page_header and data_page_header_v2: their field 1 is num_values.
@@ -165,25 +157,32 @@ impl Reader<'_> {
         (end <= self.bytes.len()).then(|| self.pos = end)
     }
 
+    /// The next field of a struct whose previous field was `last`: its id and compact type,
+    /// or `None` at the struct's stop (the outer `None`: cut short or malformed).
+    fn field(&mut self, last: i16) -> Option<Option<(i16, u8)>> {
+        let head = self.byte()?;
+        if head == 0 {
+            return Some(None);
+        }
+        let id = match head >> 4 {
+            0 => i16::try_from(zigzag(self.varint()?)).ok()?,
+            delta => last.checked_add(i16::from(delta))?,
+        };
+        Some(Some((id, head & 0x0f)))
+    }
+
     /// Reads a struct, returning its field 1 when that is an i32 (0 otherwise).
     fn struct_i32_field_1(&mut self) -> Option<i64> {
-        let mut found = 0;
-        let mut field = 0i16;
-        loop {
-            let head = self.byte()?;
-            if head == 0 {
-                return Some(found);
-            }
-            field = match head >> 4 {
-                0 => i16::try_from(zigzag(self.varint()?)).ok()?,
-                delta => field.checked_add(i16::from(delta))?,
-            };
-            if (field, head & 0x0f) == (1, 5) {
+        let (mut found, mut field) = (0, 0i16);
+        while let Some((id, kind)) = self.field(field)? {
+            field = id;
+            if (id, kind) == (1, 5) {
                 found = zigzag(self.varint()?);
             } else {
-                self.skip(head & 0x0f, 1)?;
+                self.skip(kind, 1)?;
             }
         }
+        Some(found)
     }
 
     /// `None` unless `n` elements, a byte each at least, can still follow.
@@ -240,16 +239,14 @@ impl Reader<'_> {
                 }
                 Some(())
             }
-            12 => loop {
-                let head = self.byte()?;
-                if head == 0 {
-                    return Some(());
+            12 => {
+                let mut field = 0i16;
+                while let Some((id, kind)) = self.field(field)? {
+                    field = id;
+                    self.skip(kind, depth + 1)?;
                 }
-                if head >> 4 == 0 {
-                    self.varint()?;
-                }
-                self.skip(head & 0x0f, depth + 1)?;
-            },
+                Some(())
+            }
             _ => None,
         }
     }
