@@ -16,23 +16,32 @@ pub mod safetensors;
 mod fuzz_regressions {
     use super::{gguf, safetensors};
 
-    /// The regression inputs kept here, then the libFuzzer corpus of `target`
-    /// (`fuzz/corpus/`, minimized), which the suite replays in debug builds, where integer
-    /// overflow panics.
-    fn inputs(kind: &str, target: &str) -> Vec<Vec<u8>> {
-        let root = env!("CARGO_MANIFEST_DIR");
-        let mut out = Vec::new();
-        for dir in [
-            format!("{root}/src/formats/testdata/fuzz/{kind}"),
-            format!("{root}/../../fuzz/corpus/{target}"),
-        ] {
-            out.extend(
-                std::fs::read_dir(dir)
-                    .unwrap()
-                    .map(|e| std::fs::read(e.unwrap().path()).unwrap()),
-            );
-        }
+    /// Every file in `dir`, in order.
+    fn files(dir: &str) -> Vec<Vec<u8>> {
+        let mut out: Vec<Vec<u8>> = std::fs::read_dir(dir)
+            .unwrap_or_else(|e| panic!("{dir}: {e}"))
+            .map(|e| std::fs::read(e.unwrap().path()).unwrap())
+            .collect();
         out.sort();
+        out
+    }
+
+    /// The libFuzzer corpus of `target` (`fuzz/corpus/`, minimized), which the suite replays
+    /// in debug builds, where integer overflow panics.
+    fn corpus(target: &str) -> Vec<Vec<u8>> {
+        files(&format!(
+            "{}/../../fuzz/corpus/{target}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+    }
+
+    /// The regression inputs kept here, then `target`'s corpus.
+    fn inputs(kind: &str, target: &str) -> Vec<Vec<u8>> {
+        let mut out = files(&format!(
+            "{}/src/formats/testdata/fuzz/{kind}",
+            env!("CARGO_MANIFEST_DIR")
+        ));
+        out.extend(corpus(target));
         out
     }
 
@@ -59,16 +68,13 @@ mod fuzz_regressions {
 
     #[test]
     fn config_json_inputs() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fuzz/corpus/config_json");
-        let mut n = 0;
-        for e in std::fs::read_dir(dir).unwrap() {
-            let data = std::fs::read(e.unwrap().path()).unwrap();
+        let inputs = corpus("config_json");
+        assert!(inputs.len() >= 100, "{} inputs", inputs.len());
+        for data in inputs {
             if let Ok(spec) = crate::arch::parse_config(&data) {
                 let _ = spec.total_params();
             }
-            n += 1;
         }
-        assert!(n >= 100, "{n} inputs in {dir}");
     }
 
     #[test]
