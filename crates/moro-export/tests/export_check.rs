@@ -15,6 +15,14 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// `calibration/export-check.json`, the last run of the check.
+fn record() -> Value {
+    serde_json::from_str(
+        &std::fs::read_to_string(root().join("calibration/export-check.json")).unwrap(),
+    )
+    .unwrap()
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -60,10 +68,7 @@ fn snapshot_folders() -> BTreeMap<String, PathBuf> {
 
 #[test]
 fn every_snapshot_was_checked_by_its_trainer_since_it_last_changed() {
-    let record: Value = serde_json::from_str(
-        &std::fs::read_to_string(root().join("calibration/export-check.json")).unwrap(),
-    )
-    .unwrap();
+    let record = record();
     let checked: BTreeMap<String, &Value> = record["files"]
         .as_array()
         .unwrap()
@@ -104,10 +109,7 @@ fn every_snapshot_was_checked_by_its_trainer_since_it_last_changed() {
 
 #[test]
 fn the_record_names_the_trainer_releases_it_ran() {
-    let record: Value = serde_json::from_str(
-        &std::fs::read_to_string(root().join("calibration/export-check.json")).unwrap(),
-    )
-    .unwrap();
+    let record = record();
     for (env, packages) in [
         (
             "default",
