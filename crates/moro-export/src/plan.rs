@@ -39,6 +39,8 @@ pub(crate) enum Dist {
         n: u64,
         strategy: Strategy,
         offload_params: bool,
+        /// `FullyShardedDataParallel` (1) or `fully_shard` (2).
+        version: moro_core::job::FsdpApi,
     },
 }
 
@@ -217,6 +219,7 @@ impl<'a> Plan<'a> {
                     n,
                     strategy: s,
                     offload_params: offload != Offload::None,
+                    version: jp.fsdp,
                 }
             }
         };

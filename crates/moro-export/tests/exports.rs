@@ -53,6 +53,12 @@ const CASES: &[(&str, &str)] = &[
          parallel:\n  gpus: 16\n  nodes: 2\n  strategy: fsdp_hybrid_shard\n",
     ),
     (
+        "qwen2.5-1.5b-full-fsdp2-2gpu",
+        "model:\n  base: Qwen/Qwen2.5-1.5B\n  method: full\ntraining:\n  micro_batch_size: 2\n  \
+         max_seq_length: 2048\n  gradient_checkpointing: true\n  dataset: tatsu-lab/alpaca\n\
+         parallel:\n  gpus: 2\n  strategy: fsdp_full_shard\n  fsdp_version: 2\n",
+    ),
+    (
         "smollm2-135m-full-ddp-2gpu",
         "model:\n  base: HuggingFaceTB/SmolLM2-135M\n  method: full\ntraining:\n  micro_batch_size: 16\n  optimizer: adamw_8bit\n  \
          precision: bf16\nparallel:\n  gpus: 2\n",

@@ -128,6 +128,10 @@ impl Recipe {
             offload: p.offload.into(),
             nodes: p.nodes,
             reduce_bucket_size: p.reduce_bucket,
+            // Written when it is not what the stack would choose.
+            fsdp_version: (p.sharding.is_fsdp()
+                && p.fsdp != moro_core::job::FsdpApi::default_for(job.stack, &job.versions))
+            .then_some(p.fsdp.version()),
         });
         Self {
             name: Some(name.into()),
@@ -203,6 +207,9 @@ impl Recipe {
             offload: p.map(|p| p.offload.into()),
             nodes: p.map(|p| p.nodes),
             reduce_bucket: p.and_then(|p| p.reduce_bucket_size),
+            fsdp_version: p
+                .and_then(|p| p.fsdp_version)
+                .and_then(moro_core::job::FsdpApi::from_version),
             versions: t
                 .versions
                 .as_ref()

@@ -596,6 +596,12 @@ pub struct ParallelSection {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub reduce_bucket_size: Option<u64>,
+    /// The FSDP implementation (FSDP strategies): 1, PyTorch's `FullyShardedDataParallel`,
+    /// or 2, `fully_shard`, as accelerate's `fsdp_version` names them. Default: the stack's
+    /// (1 for hf and trl, as accelerate; 2 for torchtune from 0.3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 2)))]
+    pub fsdp_version: Option<u64>,
 }
 
 impl Default for ParallelSection {
@@ -608,6 +614,7 @@ impl Default for ParallelSection {
             offload: defaults::offload(),
             nodes: 1,
             reduce_bucket_size: None,
+            fsdp_version: None,
         }
     }
 }

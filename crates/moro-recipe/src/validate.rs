@@ -210,6 +210,24 @@ impl Recipe {
                     ),
                 ));
             }
+            if let Some(v) = p.fsdp_version {
+                if moro_core::job::FsdpApi::from_version(v).is_none() {
+                    return Err(RecipeError::value(
+                        "parallel.fsdp_version",
+                        format!("must be 1 or 2 (accelerate's fsdp_version), got {v}"),
+                    ));
+                }
+                if !moro_core::job::Sharding::from(p.strategy).is_fsdp() {
+                    return Err(RecipeError::value(
+                        "parallel.fsdp_version",
+                        format!(
+                            "applies to the FSDP strategies, not `{}`: drop it or choose \
+                             fsdp_full_shard",
+                            p.strategy
+                        ),
+                    ));
+                }
+            }
             if p.offload == Offload::OptimizerAndParams && !p.strategy.shards_params() {
                 return Err(RecipeError::value(
                     "parallel.offload",

@@ -3,8 +3,8 @@
 
 use clap::Args;
 use moro_core::job::{
-    Attention, JobSettings, Liger, LossImpl, Method, Offload, Optimizer, Padding, PeftKind,
-    Precision, Quantization, Sharding, Stack, Targets, VisionTraining,
+    Attention, FsdpApi, JobSettings, Liger, LossImpl, Method, Offload, Optimizer, Padding,
+    PeftKind, Precision, Quantization, Sharding, Stack, Targets, VisionTraining,
 };
 
 use moro_recipe::choices;
@@ -60,6 +60,16 @@ fn parse_count(s: &str) -> Result<u64, String> {
         return Err(format!("must be at least 1, got {v}"));
     }
     u64::try_from(v).map_err(|_| format!("`{s}` is too large"))
+}
+
+fn parse_fsdp_version(s: &str) -> Result<FsdpApi, String> {
+    match s.trim() {
+        "1" => Ok(FsdpApi::Fsdp1),
+        "2" => Ok(FsdpApi::Fsdp2),
+        other => Err(format!(
+            "unknown FSDP version `{other}`; use 1 (FullyShardedDataParallel) or 2 (fully_shard)"
+        )),
+    }
 }
 
 fn parse_fraction(s: &str) -> Result<f64, String> {
@@ -211,6 +221,10 @@ pub(crate) struct JobArgs {
     /// two such buffers during backward) [default: "auto", hidden_size²].
     #[arg(long, value_parser = parse_count, help_heading = "Parallel")]
     pub(crate) reduce_bucket_size: Option<u64>,
+    /// FSDP implementation, as accelerate's `fsdp_version`: 1 (FullyShardedDataParallel) or
+    /// 2 (fully_shard) [default: the stack's: 1 for hf and trl, 2 for torchtune].
+    #[arg(long, value_parser = parse_fsdp_version, help_heading = "Parallel")]
+    pub(crate) fsdp_version: Option<FsdpApi>,
 }
 
 impl JobArgs {
@@ -256,6 +270,7 @@ impl JobArgs {
             offload: self.offload,
             nodes: self.nodes,
             reduce_bucket: self.reduce_bucket_size,
+            fsdp_version: self.fsdp_version,
             versions: None,
             images_per_sample: self.images_per_sample,
             image_size: self.image_size,

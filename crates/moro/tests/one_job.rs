@@ -148,6 +148,11 @@ const SETTINGS: &[Setting] = &[
         flag: "--nodes",
         key: "parallel.nodes",
     },
+    Setting {
+        name: "fsdp_version",
+        flag: "--fsdp-version",
+        key: "parallel.fsdp_version",
+    },
 ];
 
 fn setting(name: &str) -> &'static Setting {
@@ -326,6 +331,24 @@ const CASES: &[Case] = &[
     ),
     case(L70, &["method=full", "gpus=16", "tp=2", "strategy=zero3"]),
     case(L70, &["method=qlora", "gpus=2", "strategy=fsdp_full_shard"]),
+    case(
+        LLAMA8,
+        &[
+            "method=full",
+            "gpus=8",
+            "strategy=fsdp_full_shard",
+            "fsdp_version=2",
+        ],
+    ),
+    case(
+        L70,
+        &[
+            "method=qlora",
+            "gpus=2",
+            "strategy=fsdp_full_shard",
+            "fsdp_version=2",
+        ],
+    ),
     case(L70, &["method=lora", "gpus=8", "strategy=zero3", "gc=true"]),
 ];
 

@@ -635,6 +635,10 @@ pub struct Parallel {
     /// buffers for every backward (`stage_1_and_2.py` `backward`, with `overlap_comm`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reduce_bucket: Option<u64>,
+    /// The FSDP implementation when the sharding is FSDP's ([`FsdpApi`]), resolved from the
+    /// stack when not given; FSDP1 (and meaningless) otherwise.
+    #[serde(default, skip_serializing_if = "FsdpApi::is_fsdp1")]
+    pub fsdp: FsdpApi,
 }
 
 const fn one() -> u64 {
@@ -658,6 +662,7 @@ impl Parallel {
             offload: Offload::None,
             nodes: 1,
             reduce_bucket: None,
+            fsdp: FsdpApi::Fsdp1,
         }
     }
 
@@ -719,6 +724,71 @@ pub enum Sharding {
     FsdpShardGradOp,
     /// FSDP HYBRID_SHARD: full shard inside a node, replicate across nodes.
     FsdpHybridShard,
+}
+
+impl Sharding {
+    /// One of FSDP's strategies.
+    #[must_use]
+    pub const fn is_fsdp(self) -> bool {
+        matches!(
+            self,
+            Self::FsdpFullShard | Self::FsdpShardGradOp | Self::FsdpHybridShard
+        )
+    }
+}
+
+/// Which FSDP implementation shards the job: PyTorch's `FullyShardedDataParallel` wrapper
+/// (FSDP1: flat parameters, gathered on an unshard stream) or `fully_shard` (FSDP2:
+/// per-parameter sharding, its all-gather output made on a copy-in stream). accelerate's
+/// `fsdp_version` (default 1, `accelerate/utils/dataclasses.py` 1.16); torchtune's
+/// distributed recipes call `fully_shard` from 0.3 (pytorch/torchtune#1287); Lightning's
+/// `FSDPStrategy` wraps with FSDP1.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FsdpApi {
+    /// `torch.distributed.fsdp.FullyShardedDataParallel`.
+    #[default]
+    Fsdp1,
+    /// `torch.distributed.fsdp.fully_shard`.
+    Fsdp2,
+}
+
+impl FsdpApi {
+    /// accelerate's `fsdp_version`.
+    #[must_use]
+    pub const fn version(self) -> u64 {
+        match self {
+            Self::Fsdp1 => 1,
+            Self::Fsdp2 => 2,
+        }
+    }
+
+    /// The implementation `stack` wraps with at `versions` when the job does not say
+    /// ([`crate::stack::StackProfile::fsdp_api`], [`Versions::torchtune_wraps_with_fsdp1`]).
+    #[must_use]
+    pub fn default_for(stack: Stack, versions: &Versions) -> Self {
+        let api = stack.profile().fsdp_api;
+        if api == Self::Fsdp2 && versions.torchtune_wraps_with_fsdp1() {
+            Self::Fsdp1
+        } else {
+            api
+        }
+    }
+
+    /// From accelerate's `fsdp_version` (1 or 2).
+    #[must_use]
+    pub const fn from_version(v: u64) -> Option<Self> {
+        match v {
+            1 => Some(Self::Fsdp1),
+            2 => Some(Self::Fsdp2),
+            _ => None,
+        }
+    }
+
+    #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+    fn is_fsdp1(&self) -> bool {
+        *self == Self::Fsdp1
+    }
 }
 
 /// What is offloaded to host memory.
@@ -836,6 +906,14 @@ impl Versions {
     #[must_use]
     pub fn trainer_embedding_override(&self) -> bool {
         self.transformers.is_none_or(|v| v >= (4, 19))
+    }
+
+    /// torchtune's distributed recipes wrapped with FSDP1 (`FullyShardedDataParallel`)
+    /// before 0.3; `fully_shard` (FSDP2) from 0.3 (pytorch/torchtune#1287, the full
+    /// fine-tune's recipe, the last to move).
+    #[must_use]
+    pub fn torchtune_wraps_with_fsdp1(&self) -> bool {
+        self.torchtune.is_some_and(|v| v < (0, 3))
     }
 
     /// torchtune's recipes before 0.3 kept a `.contiguous()` copy of the shifted fp32 logits

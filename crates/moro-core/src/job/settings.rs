@@ -8,9 +8,9 @@
 //! trains bf16 weights). So the same intent gives the same [`Job`], whichever way it came.
 
 use super::{
-    Attention, Job, JobError, KvDtype, Liger, LoraConfig, LossImpl, Method, Offload, Optimizer,
-    Padding, Parallel, PeftKind, Precision, Quantization, Sharding, Stack, Targets, Versions,
-    VisionTraining,
+    Attention, FsdpApi, Job, JobError, KvDtype, Liger, LoraConfig, LossImpl, Method, Offload,
+    Optimizer, Padding, Parallel, PeftKind, Precision, Quantization, Sharding, Stack, Targets,
+    Versions, VisionTraining,
 };
 use crate::stack::{DefaultCheckpointing, DefaultPrecision};
 
@@ -78,6 +78,8 @@ pub struct JobSettings {
     pub nodes: Option<u64>,
     /// `parallel.reduce_bucket_size`. Default: DeepSpeed's `"auto"`.
     pub reduce_bucket: Option<u64>,
+    /// `parallel.fsdp_version`. Default: the stack's ([`crate::stack::StackProfile::fsdp_api`]).
+    pub fsdp_version: Option<FsdpApi>,
     /// `training.versions`. Default: current releases.
     pub versions: Option<Versions>,
     /// `training.images_per_sample`. Default: 1 on a vision-language model, else 0.
@@ -147,6 +149,7 @@ impl JobSettings {
             offload: Some(p.offload),
             nodes: Some(p.nodes),
             reduce_bucket: p.reduce_bucket,
+            fsdp_version: p.sharding.is_fsdp().then_some(p.fsdp),
             versions: Some(job.versions),
             images_per_sample: Some(job.images.per_sample),
             image_size: Some((job.images.width, job.images.height)),
@@ -171,7 +174,7 @@ impl JobSettings {
             dora, feedforward_modules, virtual_tokens, decompose_factor, micro_batch_size, seq_len, grad_accum,
             padding, optimizer, gradient_checkpointing, optimizer_in_backward, attention,
             precision, stack, loss, kv_dtype, gpus, tensor_parallel, pipeline_parallel,
-            sharding, offload, nodes, reduce_bucket, versions, images_per_sample, image_size,
+            sharding, offload, nodes, reduce_bucket, fsdp_version, versions, images_per_sample, image_size,
             pan_and_scan, vision, liger, compile, activation_offload, adapted_layers, target_len,
         )
     }
@@ -307,7 +310,21 @@ impl JobSettings {
             virtual_tokens: self.virtual_tokens.unwrap_or(d.virtual_tokens),
             decompose_factor: self.decompose_factor,
         };
-        let parallel = self.parallel()?;
+        let versions = self.versions.unwrap_or_default();
+        let mut parallel = self.parallel()?;
+        if self.fsdp_version.is_some() && !parallel.sharding.is_fsdp() {
+            return Err(JobError {
+                field: "parallel.fsdp_version",
+                message: "applies to the FSDP strategies (fsdp_full_shard, fsdp_shard_grad_op, \
+                          fsdp_hybrid_shard): drop it or choose one"
+                    .to_owned(),
+            });
+        }
+        if parallel.sharding.is_fsdp() {
+            parallel.fsdp = self
+                .fsdp_version
+                .unwrap_or_else(|| FsdpApi::default_for(stack, &versions));
+        }
         let base = Job::default();
         Ok(Job {
             method,
@@ -329,7 +346,7 @@ impl JobSettings {
             } else {
                 KvDtype::F16
             }),
-            versions: self.versions.unwrap_or_default(),
+            versions,
             optimizer_in_backward: self.optimizer_in_backward.unwrap_or(false),
             peft,
             images: crate::vision::Images {
@@ -466,6 +483,7 @@ impl JobSettings {
             offload: self.offload.unwrap_or(Offload::None),
             nodes: self.nodes.unwrap_or(1),
             reduce_bucket: self.reduce_bucket,
+            fsdp: FsdpApi::Fsdp1,
         })
     }
 }

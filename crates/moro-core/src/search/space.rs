@@ -521,6 +521,18 @@ impl Space {
                 offload: c.layout.offload,
                 nodes: c.layout.nodes.max(1),
                 reduce_bucket: self.parallel.reduce_bucket,
+                // A fixed FSDP layout keeps its implementation; a searched one is the stack's.
+                fsdp: match (
+                    c.layout.sharding.is_fsdp(),
+                    self.parallel.sharding.is_fsdp(),
+                ) {
+                    (true, true) => self.parallel.fsdp,
+                    (true, false) => crate::job::FsdpApi::default_for(
+                        self.stack,
+                        &crate::job::Versions::default(),
+                    ),
+                    (false, _) => crate::job::FsdpApi::Fsdp1,
+                },
             },
             images: self.images,
             liger: if c.liger {

@@ -47,6 +47,7 @@ pub(super) const PROFILE: StackProfile = StackProfile {
     step_replay: true,
     kv_cache: KvCacheLayout::Transformers,
     tp_replicates_embeddings: false,
+    fsdp_api: crate::job::FsdpApi::Fsdp1,
     fsdp: FsdpWrap::PerUnit,
     compile: CompileScope::Model,
     activation_offload: None,

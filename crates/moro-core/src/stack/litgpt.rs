@@ -29,6 +29,7 @@ pub(super) const PROFILE: StackProfile = StackProfile {
     step_replay: false,
     kv_cache: KvCacheLayout::Litgpt,
     tp_replicates_embeddings: true,
+    fsdp_api: crate::job::FsdpApi::Fsdp1,
     fsdp: FsdpWrap::Lightning,
     compile: CompileScope::Untraced,
     activation_offload: None,

@@ -75,6 +75,9 @@ pub struct StackProfile {
     pub tp_replicates_embeddings: bool,
     /// How FSDP wraps the model.
     pub fsdp: FsdpWrap,
+    /// The FSDP implementation the stack's launcher uses when the job does not say
+    /// ([`crate::job::FsdpApi`]).
+    pub fsdp_api: crate::job::FsdpApi,
     /// What `torch.compile` compiles.
     pub compile: CompileScope,
     /// How checkpointed layer inputs go to host memory, where the stack can.

@@ -28,6 +28,7 @@ pub(super) const PROFILE: StackProfile = StackProfile {
     step_replay: false,
     kv_cache: KvCacheLayout::Transformers,
     tp_replicates_embeddings: false,
+    fsdp_api: crate::job::FsdpApi::Fsdp2,
     fsdp: FsdpWrap::PerUnit,
     compile: CompileScope::Layers,
     activation_offload: Some(ActivationOffload::Torchtune),

@@ -6,8 +6,8 @@ use serde_json::Value;
 
 use crate::hardware;
 use crate::job::{
-    Attention, Job, LoraConfig, LossImpl, Method, Offload, Optimizer, Padding, Parallel, PeftKind,
-    Precision, Quantization, Sharding, Stack, Targets, Versions,
+    Attention, FsdpApi, Job, LoraConfig, LossImpl, Method, Offload, Optimizer, Padding, Parallel,
+    PeftKind, Precision, Quantization, Sharding, Stack, Targets, Versions,
 };
 use crate::units::GIB;
 
@@ -585,6 +585,18 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         // An encoder-decoder row's target tokens per sample.
         target_len: num(v, "target_len"),
     };
+    // FSDP2 where the row says so (`fully_shard`), else the stack's.
+    let mut job = job;
+    if job.parallel.sharding.is_fsdp() {
+        job.parallel.fsdp =
+            if sharding_text.contains("fsdp2") || sharding_text.contains("fully_shard") {
+                FsdpApi::Fsdp2
+            } else if sharding_text.contains("fsdp1") {
+                FsdpApi::Fsdp1
+            } else {
+                FsdpApi::default_for(job.stack, &job.versions)
+            };
+    }
 
     let metric_text = text(v, "metric").to_ascii_lowercase();
     let metric = if metric_text.contains("nvidia") || metric_text.contains("nvml") {

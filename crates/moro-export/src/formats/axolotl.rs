@@ -1,5 +1,6 @@
 //! axolotl: one YAML config.
 
+use moro_core::job::FsdpApi;
 use moro_recipe::choices::{Attention, Method, Precision, Quantization, Strategy};
 
 use super::*;
@@ -148,9 +149,12 @@ pub(crate) fn axolotl(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
         Dist::Fsdp {
             strategy,
             offload_params,
+            version,
             ..
         } => {
-            // axolotl's FSDP block (FSDP2: sharding is reshard_after_forward true/false).
+            // axolotl's FSDP block: `fsdp_config` keys without the `fsdp_` prefix, which
+            // axolotl turns into accelerate's FSDP environment (`setup_fsdp_envs`).
+            let fsdp2 = version == FsdpApi::Fsdp2;
             let mut f = Map::new();
             f.set("offload_params", offload_params);
             f.set(
@@ -163,19 +167,32 @@ pub(crate) fn axolotl(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
             );
             f.set("auto_wrap_policy", "TRANSFORMER_BASED_WRAP");
             f.set_opt("transformer_layer_cls_to_wrap", p.decoder_layer_class());
-            f.set(
-                "reshard_after_forward",
-                strategy != Strategy::FsdpShardGradOp,
-            );
             f.set("cpu_ram_efficient_loading", true);
-            if strategy == Strategy::FsdpHybridShard {
-                w.push(
-                    "parallel.strategy = fsdp_hybrid_shard: axolotl's FSDP2 config has no hybrid sharding; \
-                     exported as full sharding"
-                        .to_owned(),
+            if fsdp2 {
+                // FSDP2's sharding is reshard_after_forward true/false.
+                f.set(
+                    "reshard_after_forward",
+                    strategy != Strategy::FsdpShardGradOp,
                 );
+            } else {
+                // axolotl's reshard_after_forward is FSDP2's bool; left out, accelerate's FSDP1
+                // takes its default FULL_SHARD.
+                f.set("sync_module_states", true);
+                f.set("use_orig_params", true);
             }
-            m.set("fsdp_version", 2_u64);
+            if strategy != Strategy::FsdpFullShard {
+                let kept = if fsdp2 && strategy == Strategy::FsdpShardGradOp {
+                    None
+                } else {
+                    Some(format!(
+                        "parallel.strategy = {strategy}: axolotl's FSDP{} config has no such \
+                         sharding; exported as full sharding",
+                        version.version()
+                    ))
+                };
+                w.extend(kept);
+            }
+            m.set("fsdp_version", version.version());
             m.set("fsdp_config", f);
         }
         Dist::Single | Dist::Ddp { .. } => {}

@@ -1,5 +1,6 @@
 //! DeepSpeed and accelerate: their config files, and the two formats that are only those.
 
+use moro_core::job::FsdpApi;
 use moro_recipe::choices::{Precision, Strategy};
 
 use super::*;
@@ -113,17 +114,40 @@ pub(super) fn accelerate_value(p: &Plan<'_>, warnings: &mut Vec<String>) -> Valu
         Dist::Fsdp {
             strategy,
             offload_params,
+            version,
             ..
         } => {
+            let fsdp2 = version == FsdpApi::Fsdp2;
             let mut f = Map::new();
             f.set("fsdp_activation_checkpointing", false);
             f.set("fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP");
-            f.set("fsdp_backward_prefetch", "BACKWARD_PRE");
+            if !fsdp2 {
+                f.set("fsdp_backward_prefetch", "BACKWARD_PRE");
+            }
             f.set("fsdp_cpu_ram_efficient_loading", true);
-            f.set("fsdp_forward_prefetch", false);
+            if !fsdp2 {
+                f.set("fsdp_forward_prefetch", false);
+            }
             f.set("fsdp_offload_params", offload_params);
-            // FSDP1's sharding strategy (accelerate ≥ 1.6 spells it fsdp_reshard_after_forward).
-            f.set("fsdp_reshard_after_forward", fsdp_strategy_name(strategy));
+            if fsdp2 {
+                // FSDP2 takes a bool (accelerate `FullyShardedDataParallelPlugin`: "Should be a
+                // bool if `fsdp_version` is set to 2"); it has no hybrid key of its own.
+                f.set(
+                    "fsdp_reshard_after_forward",
+                    strategy != Strategy::FsdpShardGradOp,
+                );
+                if strategy == Strategy::FsdpHybridShard {
+                    warnings.push(
+                        "parallel.strategy = fsdp_hybrid_shard with fsdp_version 2: accelerate's \
+                         FSDP2 config has no hybrid sharding; exported as full sharding"
+                            .to_owned(),
+                    );
+                }
+            } else {
+                // FSDP1's sharding strategy (accelerate ≥ 1.6 spells it
+                // fsdp_reshard_after_forward).
+                f.set("fsdp_reshard_after_forward", fsdp_strategy_name(strategy));
+            }
             f.set(
                 "fsdp_state_dict_type",
                 if p.is_peft() {
@@ -132,7 +156,9 @@ pub(super) fn accelerate_value(p: &Plan<'_>, warnings: &mut Vec<String>) -> Valu
                     "SHARDED_STATE_DICT"
                 },
             );
-            f.set("fsdp_sync_module_states", true);
+            if !fsdp2 {
+                f.set("fsdp_sync_module_states", true);
+            }
             match p.decoder_layer_class() {
                 Some(c) => f.set("fsdp_transformer_layer_cls_to_wrap", c),
                 None => warnings.push(
@@ -141,8 +167,10 @@ pub(super) fn accelerate_value(p: &Plan<'_>, warnings: &mut Vec<String>) -> Valu
                         .to_owned(),
                 ),
             }
-            f.set("fsdp_use_orig_params", true);
-            f.set("fsdp_version", 1_u64);
+            if !fsdp2 {
+                f.set("fsdp_use_orig_params", true);
+            }
+            f.set("fsdp_version", version.version());
             m.set("distributed_type", "FSDP");
             m.set("fsdp_config", f);
             m.set("mixed_precision", accelerate_mixed_precision(p));

@@ -59,6 +59,7 @@ fn every_field_maps() {
             offload: Offload::OptimizerAndParams,
             nodes: 2,
             reduce_bucket: None,
+            fsdp: moro_core::job::FsdpApi::Fsdp1,
         }
     );
     assert_eq!(
@@ -111,6 +112,7 @@ fn jobs() -> Vec<Job> {
             offload: Offload::OptimizerAndParams,
             nodes: 3,
             reduce_bucket: Some(500_000_000),
+            fsdp: moro_core::job::FsdpApi::Fsdp1,
         },
         kv_dtype: KvDtype::F8,
         versions: Versions {
@@ -472,4 +474,44 @@ fn liger_keys_resolve_and_contradictions_name_the_field() {
             "{e}"
         );
     }
+}
+
+#[test]
+fn the_fsdp_version_reaches_the_job_and_is_written_only_when_not_the_stacks() {
+    use moro_core::job::FsdpApi;
+    let fsdp = "model:\n  base: m\nparallel:\n  gpus: 4\n  strategy: fsdp_full_shard\n";
+    // Unsaid: the stack's (accelerate's default for hf; torchtune's `fully_shard`).
+    let hf = ok(fsdp).to_job().unwrap();
+    assert_eq!(hf.parallel.fsdp, FsdpApi::Fsdp1);
+    let tt = ok(&fsdp.replace("parallel:", "training:\n  stack: torchtune\nparallel:"))
+        .to_job()
+        .unwrap();
+    assert_eq!(tt.parallel.fsdp, FsdpApi::Fsdp2);
+    let two = ok(&format!("{fsdp}  fsdp_version: 2\n")).to_job().unwrap();
+    assert_eq!(two.parallel.fsdp, FsdpApi::Fsdp2);
+    // Written back only where it is not the stack's default.
+    let y = |job: &Job| {
+        to_yaml(
+            &Recipe::from_job("t", "m", job, TrainingExtras::default()),
+            "",
+        )
+    };
+    assert!(!y(&hf).contains("fsdp_version"));
+    assert!(!y(&tt).contains("fsdp_version"));
+    assert!(y(&two).contains("  fsdp_version: 2\n"), "{}", y(&two));
+    // Not 1 or 2, or not an FSDP strategy: refused by name.
+    assert_eq!(
+        crate::err(&format!("{fsdp}  fsdp_version: 3\n"))
+            .field
+            .as_deref(),
+        Some("parallel.fsdp_version")
+    );
+    assert_eq!(
+        crate::err(
+            "model:\n  base: m\nparallel:\n  gpus: 4\n  strategy: zero3\n  fsdp_version: 2\n"
+        )
+        .field
+        .as_deref(),
+        Some("parallel.fsdp_version")
+    );
 }

@@ -1,0 +1,91 @@
+# TRL SFTTrainer script, written by moro 0.1.0 from recipe `Qwen/Qwen2.5-1.5B`.
+# Edit the recipe and export again rather than editing this file.
+# Run: accelerate launch --config_file accelerate.yaml train_trl.py
+#
+# The same run with the `trl sft` command line (for a dataset with a `text`,
+# `messages` or `prompt`/`completion` column; it skips this script's Alpaca rows):
+#   trl sft \
+#     --model_name_or_path Qwen/Qwen2.5-1.5B \
+#     --dataset_name tatsu-lab/alpaca \
+#     --dtype bfloat16 \
+#     --attn_implementation sdpa \
+#     --max_length 2048 \
+#     --packing true \
+#     --loss_type nll \
+#     --output_dir outputs/Qwen2.5-1.5B-full \
+#     --per_device_train_batch_size 2 \
+#     --gradient_accumulation_steps 1 \
+#     --num_train_epochs 1.0 \
+#     --learning_rate 0.00001 \
+#     --lr_scheduler_type cosine \
+#     --optim adamw_torch_fused \
+#     --bf16 false \
+#     --fp16 false \
+#     --gradient_checkpointing true \
+#     --gradient_checkpointing_kwargs '{"use_reentrant":false}' \
+#     --logging_steps 10 \
+#     --save_strategy epoch \
+#     --report_to none
+
+import os
+
+import torch
+from datasets import load_dataset
+from transformers import AutoModelForCausalLM
+from trl import SFTConfig, SFTTrainer
+
+MODEL = "Qwen/Qwen2.5-1.5B"
+
+training_args = SFTConfig(
+    max_length=2048,
+    packing=True,
+    loss_type="nll",
+    output_dir="outputs/Qwen2.5-1.5B-full",
+    per_device_train_batch_size=2,
+    gradient_accumulation_steps=1,
+    num_train_epochs=1.0,
+    learning_rate=0.00001,
+    lr_scheduler_type="cosine",
+    optim="adamw_torch_fused",
+    bf16=False,
+    fp16=False,
+    gradient_checkpointing=True,
+    gradient_checkpointing_kwargs={"use_reentrant": False},
+    logging_steps=10,
+    save_strategy="epoch",
+    report_to="none",
+)
+
+model = AutoModelForCausalLM.from_pretrained(
+    MODEL,
+    dtype=torch.bfloat16,
+    attn_implementation="sdpa",
+)
+
+dataset = load_dataset("tatsu-lab/alpaca", split="train")
+
+
+def alpaca_text(rows):
+    """Alpaca-style rows (instruction, optional input, output) as one training text each."""
+    inputs = rows["input"] if "input" in rows else [""] * len(rows["instruction"])
+    texts = []
+    for instruction, context, output in zip(rows["instruction"], inputs, rows["output"]):
+        text = f"### Instruction:\n{instruction}\n\n"
+        if context:
+            text += f"### Input:\n{context}\n\n"
+        texts.append(text + f"### Response:\n{output}")
+    return {"text": texts}
+
+
+# SFTTrainer trains on a `text`, `messages` or `prompt`/`completion` column: Alpaca-style
+# rows are written out as text first.
+if {"instruction", "output"} <= set(dataset.column_names):
+    dataset = dataset.map(alpaca_text, batched=True, remove_columns=dataset.column_names)
+
+trainer = SFTTrainer(
+    model=model,
+    args=training_args,
+    train_dataset=dataset,
+)
+trainer.train()
+trainer.save_model()
