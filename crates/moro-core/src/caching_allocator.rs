@@ -101,6 +101,8 @@ pub struct CachingAllocator {
     reserved: u64,
     peak_allocated: u64,
     peak_reserved: u64,
+    /// Bytes in segments per stream now, and each stream's peak.
+    by_stream: Vec<(Stream, u64, u64)>,
 }
 
 impl CachingAllocator {
@@ -132,6 +134,26 @@ impl CachingAllocator {
     #[must_use]
     pub const fn peak_reserved(&self) -> u64 {
         self.peak_reserved
+    }
+
+    /// The most bytes `stream`'s segments held at once (since the start).
+    #[must_use]
+    pub fn peak_reserved_on(&self, stream: Stream) -> u64 {
+        self.by_stream
+            .iter()
+            .find(|s| s.0 == stream)
+            .map_or(0, |s| s.2)
+    }
+
+    fn reserve_on(&mut self, stream: Stream, seg: u64) {
+        self.reserved += seg;
+        self.peak_reserved = self.peak_reserved.max(self.reserved);
+        if let Some(s) = self.by_stream.iter_mut().find(|s| s.0 == stream) {
+            s.1 += seg;
+            s.2 = s.2.max(s.1);
+        } else {
+            self.by_stream.push((stream, seg, seg));
+        }
     }
 
     fn cache(&mut self, i: usize) {
@@ -175,8 +197,7 @@ impl CachingAllocator {
             });
             // Segments are never adjacent: blocks of two segments never merge.
             self.next_addr += seg + ROUND_LARGE;
-            self.reserved += seg;
-            self.peak_reserved = self.peak_reserved.max(self.reserved);
+            self.reserve_on(stream, seg);
             self.blocks.len() - 1
         };
         let rest = self.blocks[i].size - size;
@@ -281,9 +302,12 @@ impl CachingAllocator {
             .flat_map(|pool| pool.iter().copied())
             .filter(|&(_, _, _, i)| self.blocks[i].prev.is_none() && self.blocks[i].next.is_none())
             .collect();
-        for (_, size, _, i) in whole {
+        for (stream, size, _, i) in whole {
             self.uncache(i);
             self.reserved -= size;
+            if let Some(s) = self.by_stream.iter_mut().find(|s| s.0 == stream) {
+                s.1 -= size;
+            }
         }
     }
 

@@ -18,6 +18,10 @@ const FIXTURE: &str = include_str!("../../../validation/oracle-traces/fsdp-tiny-
 struct Replayed {
     peak_allocated: u64,
     peak_reserved: u64,
+    /// The most each of FSDP's side streams' segments held.
+    reducing_reserved: u64,
+    unshard: u64,
+    pre_unshard: u64,
 }
 
 /// Replays the fixture's events; `streams: false` puts every allocation on the compute
@@ -84,6 +88,9 @@ fn replay(row: &serde_json::Value, streams: bool) -> Replayed {
     Replayed {
         peak_allocated: a.peak_allocated(),
         peak_reserved: a.peak_reserved(),
+        reducing_reserved: a.peak_reserved_on(Stream(2)),
+        unshard: a.peak_reserved_on(Stream(1)),
+        pre_unshard: a.peak_reserved_on(Stream(3)),
     }
 }
 
@@ -110,4 +117,52 @@ fn an_fsdp_rank_replays_stream_by_stream() {
         with.peak_reserved,
         without.peak_reserved
     );
+}
+
+/// moro's model of FSDP's side-stream pools ([`moro_core::estimate::streams`]) against the
+/// recorded rank replayed stream by stream: the pools that gather (the unit buffers and,
+/// under FSDP1's mixed precision, the low-precision shards) and the pool that reduces (the
+/// reduce-scatter outputs and the fp32 gradients kept in `.grad`) reserve what the
+/// replay's do, to the segment.
+#[test]
+fn moro_side_stream_pools_match_the_replay() {
+    use moro_core::estimate::{Phase, Regime, parallel::Sharded, streams};
+    use moro_core::job::{JobSettings, Method, Precision, Sharding};
+
+    let row: serde_json::Value = serde_json::from_str(FIXTURE.lines().next().unwrap()).unwrap();
+    let replayed = replay(&row, true);
+    let config = serde_json::to_string(&row["config"]).unwrap();
+    let model =
+        moro_core::validation::config_with_overrides(&config, &serde_json::Map::new()).unwrap();
+    let job = JobSettings {
+        method: Some(Method::Full),
+        precision: Some(Precision::Bf16Mixed),
+        micro_batch_size: Some(2),
+        seq_len: Some(64),
+        gradient_checkpointing: Some(true),
+        gpus: Some(2),
+        sharding: Some(Sharding::FsdpFullShard),
+        ..JobSettings::default()
+    }
+    .resolve_for(&model)
+    .unwrap();
+    let par = Sharded::new(&model, &job, &Regime::resolve(&model, &job));
+    let side = streams::at(&par, &job, Phase::OptimizerStep, false).unwrap();
+    eprintln!(
+        "unshard: moro {} replay {}; pre-unshard: moro {} replay {}; post-backward: moro {} \
+         replay {}",
+        side.all_gather.reserved,
+        replayed.unshard,
+        side.pre_unshard.reserved,
+        replayed.pre_unshard,
+        side.reduce_scatter.reserved,
+        replayed.reducing_reserved
+    );
+    assert_eq!(side.all_gather.reserved, replayed.unshard);
+    assert_eq!(side.reduce_scatter.reserved, replayed.reducing_reserved);
+    // The replay hands a `record_stream`ed block back only at a phase's end, as if every
+    // all-gather of the phase were still running: it holds every shard the phase cast.
+    // moro holds the shards of the two all-gathers `limit_all_gathers` lets run.
+    assert!(side.pre_unshard.reserved > 0);
+    assert!(side.pre_unshard.reserved <= replayed.pre_unshard);
 }

@@ -1576,6 +1576,8 @@ fn sharded_estimate_names_each_ranks_parts() {
         "weights shard",
         "gathered layers",
         "gathered root",
+        "on all-gather stream",
+        "stream-held cache",
         "loading:",
     ] {
         assert!(text.stdout.contains(part), "{part}:\n{}", text.stdout);
@@ -1585,6 +1587,11 @@ fn sharded_estimate_names_each_ranks_parts() {
     let text = run(&offloaded);
     assert!(!text.stdout.contains("weights shard"), "{}", text.stdout);
     assert!(text.stdout.contains("replicated"), "{}", text.stdout);
+    assert!(
+        text.stdout.contains("on all-gather stream"),
+        "{}",
+        text.stdout
+    );
     assert!(
         text.stdout.contains("host memory for offload"),
         "{}",
@@ -1602,6 +1609,11 @@ fn json_errors_name_the_field_they_are_about_and_no_other() {
     assert_refused(
         &[&llama[..], &["--method", "full", "--lora-rank", "64"]].concat(),
         "lora_rank",
+    );
+    // An FSDP implementation for a job FSDP does not shard.
+    assert_refused(
+        &[&llama[..], &["--gpus", "2", "--fsdp-version", "2"]].concat(),
+        "parallel.fsdp_version",
     );
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();

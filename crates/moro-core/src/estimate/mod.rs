@@ -29,6 +29,7 @@ pub mod recurrent;
 pub mod regime;
 pub mod replay;
 pub mod stored;
+pub mod streams;
 pub mod trace;
 pub mod vision;
 pub mod weights;
@@ -282,6 +283,10 @@ pub struct Estimate {
     /// forward and backward's reserved level, a floor under the reserved level.
     #[serde(default)]
     pub step_segments_bytes: u64,
+    /// FSDP: bytes its own streams' pools reserve and do not use at each phase
+    /// ([`streams`]): added to that phase's reserved level.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stream_cached: Vec<(Phase, u64)>,
     /// A sharded job's rank, its bytes by part; `None` otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank: Option<rank::RankParts>,
@@ -401,6 +406,7 @@ pub fn estimate_without_replay(
             held_recomputed_inputs: 0,
             largest_freed_block: 0,
             step_segments: 0,
+            backward_end_at_root: false,
         }
     } else {
         training_phases(model, job, &regime, device, &par)
@@ -527,6 +533,9 @@ struct StepPhases {
     largest_freed_block: u64,
     /// [`step_segments`].
     step_segments: u64,
+    /// The end of backward is FSDP's root unit's backward (its layers resharded), not the
+    /// first layer's ([`streams::at`]).
+    backward_end_at_root: bool,
 }
 
 /// Builds the phase list of a training step, the largest buffer the step frees
@@ -747,7 +756,7 @@ fn training_phases(
             ),
         ]
     };
-    let end = if par.root_grads > 0 {
+    let (end, backward_end_at_root) = if par.root_grads > 0 {
         // FSDP, full fine-tuning: the root unit's sharded gradient exists only after its
         // reduce-scatter, which follows its assembly; until then lm_head's gradient waits
         // unsharded (`head_grads`). The first layer's backward, then the root's: the layers
@@ -777,9 +786,9 @@ fn training_phases(
         ];
         let sum = |v: &[(Component, u64)]| v.iter().map(|(_, b)| b).sum::<u64>();
         if sum(&in_root) > sum(&in_layer) {
-            in_root
+            (in_root, true)
         } else {
-            in_layer
+            (in_layer, false)
         }
     } else {
         // An untied embedding's gradient comes after the first layer's backward
@@ -803,11 +812,12 @@ fn training_phases(
             (Component::Transients, cublas + comm_bwd),
         ];
         let sum = |v: &[(Component, u64)]| v.iter().map(|(_, b)| b).sum::<u64>();
-        if embedding_grad > 0 && sum(&at_embedding) > sum(&in_layer) {
+        let end = if embedding_grad > 0 && sum(&at_embedding) > sum(&in_layer) {
             at_embedding
         } else {
             in_layer
-        }
+        };
+        (end, false)
     };
     phases.push(PhaseBytes {
         phase: Phase::BackwardEnd,
@@ -843,6 +853,7 @@ fn training_phases(
         tower_grads,
     );
     StepPhases {
+        backward_end_at_root,
         held_recomputed_inputs: 2 * held_inputs,
         step_segments: step_segments(model, job, regime, par, &phases, head.largest_block),
         largest_freed_block: largest_freed_block(model, job, regime, &head, par.tp),
@@ -960,7 +971,17 @@ fn finish(
         held_recomputed_inputs,
         largest_freed_block,
         step_segments,
+        backward_end_at_root,
     } = step;
+    // What FSDP's own streams keep cached at each phase ([`streams`]).
+    let stream_cached = phases
+        .iter()
+        .filter_map(|p| {
+            let side = streams::at(par, job, p.phase, backward_end_at_root)?;
+            (side.cached() > 0).then_some((p.phase, side.cached()))
+        })
+        .collect();
+    let side_at_peak = streams::at(par, job, largest_phase(&phases).phase, backward_end_at_root);
     let churn = if load::replays_steps(job) {
         let hidden_state = job.micro_batch_size * job.seq_len * model.hidden_size * 2
             / job.parallel.tensor_parallel.max(1);
@@ -994,7 +1015,15 @@ fn finish(
         load_reserved_bytes: load::load_reserved_bytes(model, job, regime, &churn),
         replayed_fragmentation_bytes: 0,
         step_segments_bytes: step_segments,
-        rank: rank::parts(model, job, regime, par, held_recomputed_inputs),
+        stream_cached,
+        rank: rank::parts(
+            model,
+            job,
+            regime,
+            par,
+            held_recomputed_inputs,
+            side_at_peak,
+        ),
     };
     set_levels(&mut est, device, outside, device.cuda_context_bytes);
     est
@@ -1036,6 +1065,7 @@ fn finish_mlx(model: &ModelSpec, regime: &Regime, phases: Vec<PhaseBytes>) -> Es
         load_reserved_bytes: 0,
         replayed_fragmentation_bytes: 0,
         step_segments_bytes: 0,
+        stream_cached: Vec::new(),
         rank: None,
     }
 }
@@ -1072,6 +1102,21 @@ pub(crate) fn set_levels(est: &mut Estimate, device: &DeviceProfile, outside: u6
             );
             reserved = reserved.max(a + r + est.step_segments_bytes);
         }
+    }
+    // FSDP's streams hold blocks the compute stream cannot use: at each phase, on top of
+    // what the phase reserves.
+    for p in &est.phases {
+        let Some(&(_, cached)) = est.stream_cached.iter().find(|c| c.0 == p.phase) else {
+            continue;
+        };
+        let (a, r) = allocated_and_reserve(
+            p,
+            device,
+            est.largest_freed_block,
+            est.load_reserved_bytes,
+            est.replayed_fragmentation_bytes,
+        );
+        reserved = reserved.max(a + r + cached);
     }
     let reserve = reserved - allocated;
     let mut components = peak.components;

@@ -61,6 +61,40 @@ pub struct Sharded {
     pub holds_recomputed_inputs: bool,
     /// Tensor-parallel degree (activations and logits are split by it).
     pub tp: u64,
+    /// FSDP: what this rank allocates on FSDP's own streams ([`super::streams`]); `None`
+    /// otherwise.
+    pub fsdp_streams: Option<FsdpStreams>,
+}
+
+/// The blocks an FSDP rank allocates on the streams FSDP gathers and reduces on, by size
+/// ([`super::streams`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FsdpStreams {
+    /// The implementation (FSDP1's unshard stream holds the gathered units; FSDP2's copy-in
+    /// stream only each unit's all-gather output).
+    pub api: crate::job::FsdpApi,
+    /// One layer unit as gathered.
+    pub unit: u64,
+    /// The root unit as gathered (0 when it is not gathered apart).
+    pub root: u64,
+    /// Layer units on this rank (its pipeline stage's).
+    pub units: u64,
+    /// One layer unit's sharded gradient as kept in `.grad`.
+    pub unit_grad: u64,
+    /// The root unit's sharded gradient (0 for PEFT: the root is frozen).
+    pub root_grad: u64,
+    /// Bytes per element of the gradient as kept, and of the reduce-scatter output it is
+    /// cast from when FSDP's mixed precision reduces in another dtype (bf16 reduced, fp32
+    /// kept); `None` when the output is the gradient itself.
+    pub cast_from: Option<(u64, u64)>,
+    /// Gradients are copied to the host after their reduce-scatter (CPU offload).
+    pub grads_to_host: bool,
+    /// FSDP1's mixed precision casts a unit's shard to the gather dtype before its
+    /// all-gather, on the pre-unshard stream (`FlatParamHandle._use_low_precision_shard`:
+    /// `_mp_shard`); `false` when the shard is stored in that dtype.
+    pub low_precision_shards: bool,
+    /// Ranks a unit is sharded over.
+    pub group: u64,
 }
 
 /// Whether the strategy is DeepSpeed's (16-bit model, fp32 master weights in the partitions,
@@ -147,7 +181,10 @@ impl Sharded {
         // 16-bit), and its trainable share.
         let layers = model.num_layers.max(1);
         let non_layer = total.saturating_sub(model.layer_params());
-        let base_all = base_weight_bytes(model, job, r);
+        // bitsandbytes' 4-bit quantization states are not parameters: FSDP neither flattens
+        // nor gathers them (they stay whole on every rank: `RankParts::replicated`).
+        let base_all = base_weight_bytes(model, job, r)
+            .saturating_sub(super::weights::bnb4_quant_state_bytes(model, job));
         let layer_bytes_all =
             base_all.saturating_sub(non_layer * r.frozen_bytes.max(r.param_bytes));
         let unit_bytes = (layer_bytes_all / layers).min(layer_params * 2) / tp;
@@ -176,6 +213,7 @@ impl Sharded {
             paged_states,
             holds_recomputed_inputs: false,
             tp,
+            fsdp_streams: None,
         };
         if job.method == Method::Inference {
             return s;
@@ -421,6 +459,27 @@ impl Sharded {
                 }
                 s.step_transient = step_transient / group;
                 s.holds_recomputed_inputs = fsdp1_holds_recomputed_inputs(job);
+                // The reduced gradient is cast to the parameter's dtype when FSDP's mixed
+                // precision reduces in 16 bits and the trainable weights are fp32
+                // (`_cast_grad_to_param_dtype`; FSDP2 `_cast_and_view_sharded_grads`).
+                let unit_grad = if full {
+                    layer_params * tb / group
+                } else {
+                    unit_trainable / group
+                };
+                let cast = tb > gather_bytes && !(lightning && job.grad_accum > 1);
+                s.fsdp_streams = Some(FsdpStreams {
+                    api: p.fsdp,
+                    unit: unit_bytes,
+                    root: s.gathered_root,
+                    units: layers / pp,
+                    unit_grad,
+                    root_grad: s.root_grads,
+                    cast_from: cast.then_some((tb, gather_bytes)),
+                    grads_to_host: offload,
+                    low_precision_shards: full && cast && p.fsdp == crate::job::FsdpApi::Fsdp1,
+                    group,
+                });
                 if offload {
                     s.host_bytes = (base + adapters + states + grads) / group;
                 }

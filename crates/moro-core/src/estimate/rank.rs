@@ -11,6 +11,7 @@ use crate::model::ModelSpec;
 
 use super::Regime;
 use super::parallel::Sharded;
+use super::streams::SideStreams;
 use super::weights::{added_params, base_weight_bytes, bnb4_quant_state_bytes};
 
 /// One rank's sharded bytes, by part (all at the allocated level).
@@ -35,6 +36,19 @@ pub struct RankParts {
     /// Finished layers' checkpoints and input gradients that FSDP1's hooks keep until the
     /// end of backward ([`super::parallel::fsdp1_holds_recomputed_inputs`]); 0 when none.
     pub held_recomputed_inputs: u64,
+    /// On FSDP's all-gather stream at the peak (FSDP1's unshard stream: the gathered units;
+    /// FSDP2's copy-in stream: a unit's all-gather output). Part of the parts above.
+    #[serde(default)]
+    pub all_gather_stream: u64,
+    /// On FSDP's reduce-scatter stream at the peak: the sharded gradients its
+    /// reduce-scatters made (FSDP1's post-backward stream). Part of the parts above.
+    #[serde(default)]
+    pub reduce_scatter_stream: u64,
+    /// Reserved by those two streams' pools and not in use at the peak: blocks freed there
+    /// (last step's gradients, gathered units) that the compute stream cannot take. Part of
+    /// the reserved level, not of the allocated parts above.
+    #[serde(default)]
+    pub stream_cached: u64,
     /// What each rank holds when the script loads the whole model onto its GPU before
     /// wrapping (a quantized model placed by `device_map`): the run's floor then. moro's
     /// estimate assumes the model is sharded as it is wrapped (rank 0 loads on the host,
@@ -51,6 +65,7 @@ pub fn parts(
     r: &Regime,
     par: &Sharded,
     held_recomputed_inputs: u64,
+    side: Option<SideStreams>,
 ) -> Option<RankParts> {
     let sharding = job.parallel.sharding;
     if sharding == Sharding::None || job.method == Method::Inference {
@@ -88,6 +103,9 @@ pub fn parts(
         gathered_root: par.gathered_root,
         grad_assembly: par.unit_grad_assembly,
         held_recomputed_inputs,
+        all_gather_stream: side.map_or(0, |s| s.all_gather.live),
+        reduce_scatter_stream: side.map_or(0, |s| s.reduce_scatter.live),
+        stream_cached: side.map_or(0, |s| s.cached()),
         whole_model_load: whole,
     })
 }

@@ -601,9 +601,7 @@ fn render_rank(rank: &moro_core::estimate::rank::RankParts, est: &Estimate) -> S
     row(
         "gathered layers",
         rank.gathered_layers,
-        "the running and the prefetched unit, on the all-gather stream (its blocks serve \
-         no other stream)"
-            .to_owned(),
+        "the running and the prefetched unit".to_owned(),
     );
     row(
         "gathered root",
@@ -620,6 +618,23 @@ fn render_rank(rank: &moro_core::estimate::rank::RankParts, est: &Estimate) -> S
         rank.held_recomputed_inputs,
         "finished layers' checkpoints and input gradients FSDP1's hooks keep to backward's \
          end (reentrant checkpointing, transformers < 4.52)"
+            .to_owned(),
+    );
+    row(
+        "  on all-gather stream",
+        rank.all_gather_stream,
+        "of the above, in blocks FSDP's all-gather stream made at the peak".to_owned(),
+    );
+    row(
+        "  on reduce-scatter stream",
+        rank.reduce_scatter_stream,
+        "of the above, the sharded gradients FSDP's reduce-scatter stream made".to_owned(),
+    );
+    row(
+        "stream-held cache",
+        rank.stream_cached,
+        "cached by FSDP's streams and not in use at the peak (last step's gradients, \
+         gathered units): reserved, and no other stream can use it"
             .to_owned(),
     );
     let mut out = format!("\n{}", t.render());
