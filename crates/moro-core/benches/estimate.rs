@@ -20,13 +20,13 @@ fn model(id: &str) -> ModelSpec {
 /// QLoRA on every Linear, NF4 with double quantization, checkpointing.
 fn qlora(seq_len: u64) -> Job {
     let mut job = Job {
-        method: Method::Qlora,
+        method: Method::QuantizedAdapters,
         quantization: Quantization::Nf4Dq,
         seq_len,
         gradient_checkpointing: true,
         ..Job::default()
     };
-    job.lora.targets = moro_core::job::Targets::AllLinear;
+    job.adapter.targets = moro_core::job::Targets::AllLinear;
     job
 }
 
@@ -105,7 +105,12 @@ fn grid(bencher: divan::Bencher, n: usize) {
     let profile = DeviceProfile::default();
     let mut jobs = Vec::with_capacity(n);
     'outer: for rep in 0.. {
-        for method in [Method::Full, Method::Lora, Method::Qlora, Method::Inference] {
+        for method in [
+            Method::Full,
+            Method::Adapters,
+            Method::QuantizedAdapters,
+            Method::Inference,
+        ] {
             for b in [1u64, 2, 4, 8, 16] {
                 for s in [512u64, 1024, 2048, 4096, 8192] {
                     for opt in [
@@ -117,7 +122,7 @@ fn grid(bencher: divan::Bencher, n: usize) {
                         for gc in [false, true] {
                             let mut j = Job {
                                 method,
-                                quantization: if method == Method::Qlora {
+                                quantization: if method == Method::QuantizedAdapters {
                                     Quantization::Nf4Dq
                                 } else {
                                     Quantization::None
@@ -128,7 +133,7 @@ fn grid(bencher: divan::Bencher, n: usize) {
                                 gradient_checkpointing: gc,
                                 ..Job::default()
                             };
-                            j.lora.rank = 8 << (rep % 5);
+                            j.adapter.rank = 8 << (rep % 5);
                             jobs.push(j);
                             if jobs.len() == n {
                                 break 'outer;

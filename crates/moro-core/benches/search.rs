@@ -62,7 +62,7 @@ fn qwen2_5_72b_rtx_3060_nothing_fits(bencher: divan::Bencher) {
 fn llama_3_1_8b_qlora_every_gpu_class(bencher: divan::Bencher, shared: bool) {
     let (spec, _) = setup("meta-llama/Llama-3.1-8B", "rtx-4090");
     let request = Request {
-        method: moro_core::search::MethodChoice::Only(moro_core::job::Method::Qlora),
+        method: moro_core::search::MethodChoice::Only(moro_core::job::Method::QuantizedAdapters),
         seq_len: Some(4096),
         ..Request::default()
     };

@@ -117,10 +117,10 @@ choice! {
     Method => core::Method {
         /// All parameters trainable.
         Full = "full" => Full,
-        /// LoRA adapters on a frozen 16/32-bit base.
-        Lora = "lora" => Lora,
-        /// LoRA adapters on a frozen quantized base.
-        Qlora = "qlora" => Qlora,
+        /// Adapters (LoRA unless `peft` says otherwise) on a frozen 16/32-bit base.
+        Lora = "lora" => Adapters,
+        /// Adapters on a frozen quantized base.
+        Qlora = "qlora" => QuantizedAdapters,
         /// Forward only, with a KV cache.
         Inference = "inference" => Inference,
     }

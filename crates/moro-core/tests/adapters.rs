@@ -15,8 +15,11 @@ fn model(id: &str) -> ModelSpec {
 
 fn adapter_job(peft: PeftKind) -> Job {
     Job {
-        method: Method::Lora,
-        peft,
+        method: Method::Adapters,
+        adapter: moro_core::job::PeftConfig {
+            method: peft,
+            ..moro_core::job::PeftConfig::default()
+        },
         stack: Stack::Litgpt,
         precision: Precision::Bf16,
         micro_batch_size: 1,
@@ -124,7 +127,7 @@ fn adapters_need_litgpt_and_a_frozen_base() {
     };
     assert_eq!(estimate(&m, &full, &d).expect_err("full").field, "peft");
     let q = Job {
-        method: Method::Qlora,
+        method: Method::QuantizedAdapters,
         quantization: Quantization::Nf4,
         ..adapter_job(PeftKind::AdapterV2)
     };
@@ -188,7 +191,7 @@ fn litgpt_splits_phi3_fused_projections() {
     let per_layer = (3 * r * h + 3 * h * r) + r * 2 * h + 2 * r * (h + i) + r * (i + h);
     let job = |stack| {
         JobSettings {
-            method: Some(Method::Lora),
+            method: Some(Method::Adapters),
             stack: Some(stack),
             lora_rank: Some(r),
             target_modules: Some(Targets::Names(

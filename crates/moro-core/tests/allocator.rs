@@ -3,7 +3,7 @@
 
 use moro_core::catalog;
 use moro_core::estimate::{DeviceProfile, Estimate, Phase, estimate};
-use moro_core::job::{Job, LoraConfig, Method, Optimizer, Precision};
+use moro_core::job::{Job, Method, Optimizer, PeftConfig, Precision};
 use moro_core::model::ModelSpec;
 
 const GIB: u64 = 1 << 30;
@@ -16,11 +16,11 @@ fn model(id: &str) -> ModelSpec {
 /// non-reentrant checkpointing, micro-batch 1 × 2048.
 fn lora_job(m: &ModelSpec, seq: u64) -> Job {
     let mut j = Job {
-        method: Method::Lora,
+        method: Method::Adapters,
         // The default LoRA: r16, alpha 32, the seven projections; the H200 job ran no dropout.
-        lora: LoraConfig {
+        adapter: PeftConfig {
             dropout: 0.0,
-            ..LoraConfig::default()
+            ..PeftConfig::default()
         },
         micro_batch_size: 1,
         seq_len: seq,
@@ -29,7 +29,7 @@ fn lora_job(m: &ModelSpec, seq: u64) -> Job {
         gradient_checkpointing: true,
         ..Job::default()
     };
-    j.lora.targets = moro_core::targets::resolve(m, &j.lora.targets);
+    j.adapter.targets = moro_core::targets::resolve(m, &j.adapter.targets);
     j
 }
 

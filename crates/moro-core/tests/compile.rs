@@ -19,7 +19,7 @@ use moro_core::estimate::Regime;
 use moro_core::estimate::activations::Activations;
 use moro_core::estimate::loss::Loss;
 use moro_core::job::{
-    Attention, Job, LoraConfig, LossImpl, Method, Optimizer, Precision, Stack, Targets,
+    Attention, Job, LossImpl, Method, Optimizer, PeftConfig, Precision, Stack, Targets,
 };
 use moro_core::model::ModelSpec;
 
@@ -33,13 +33,13 @@ fn model(id: &str) -> ModelSpec {
 fn traced_job(row: &serde_json::Value, compile: bool) -> Job {
     let lora = row["method"] == "lora";
     Job {
-        method: if lora { Method::Lora } else { Method::Full },
-        lora: LoraConfig {
+        method: if lora { Method::Adapters } else { Method::Full },
+        adapter: PeftConfig {
             rank: row["lora_r"].as_u64().unwrap_or(16),
             alpha: 32.0,
             dropout: row["lora_dropout"].as_f64().unwrap_or(0.0),
             targets: Targets::AllLinear,
-            ..LoraConfig::default()
+            ..PeftConfig::default()
         },
         micro_batch_size: row["B"].as_u64().unwrap(),
         seq_len: row["T"].as_u64().unwrap(),
@@ -159,12 +159,12 @@ fn torchtune_job(row: &serde_json::Value, compile: bool) -> Job {
     ];
     Job {
         stack: Stack::Torchtune,
-        lora: LoraConfig {
+        adapter: PeftConfig {
             rank: row["lora_r"].as_u64().unwrap_or(64),
             alpha: 128.0,
             dropout: row["lora_dropout"].as_f64().unwrap_or(0.0),
             targets: Targets::Names(targets.iter().map(|t| (*t).to_owned()).collect()),
-            ..LoraConfig::default()
+            ..PeftConfig::default()
         },
         precision: Precision::Bf16,
         ..traced_job(row, compile)
@@ -206,7 +206,7 @@ fn torchtune_compiled_losses_keep_what_their_traces_keep() {
         let mut job = torchtune_job(row, true);
         if !chunked {
             // the LoRA recipe keeps the compiled loss (the full one drops it)
-            job.method = Method::Lora;
+            job.method = Method::Adapters;
         }
         job.loss = Some(if chunked {
             LossImpl::Chunked

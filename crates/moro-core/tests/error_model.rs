@@ -88,7 +88,7 @@ fn regimes_without_runs_are_named() {
     };
     let class = JobClass {
         stack: Stack::Torchtune,
-        method: Method::Qlora,
+        method: Method::QuantizedAdapters,
         sharded: true,
     };
     let band = empty.band(Metric::Reserved, class);

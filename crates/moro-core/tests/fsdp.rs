@@ -24,13 +24,13 @@ fn the_root_unit_stays_gathered_whole() {
             },
             ..Job::default()
         };
-        job.lora.targets = moro_core::targets::resolve(&m, &job.lora.targets);
+        job.adapter.targets = moro_core::targets::resolve(&m, &job.adapter.targets);
         let r = Regime::resolve(&m, &job);
         Sharded::new(&m, &job, &r).gathered_root
     };
     let root: u64 = (2 * 32_000 * 4096 + 4096) * 2;
     for n in [2, 4] {
-        assert_eq!(gathered_root(n, Method::Lora), root);
+        assert_eq!(gathered_root(n, Method::Adapters), root);
         // A full fine-tune's root is gathered in MixedPrecision's 16-bit.
         assert_eq!(gathered_root(n, Method::Full), root);
     }
@@ -66,8 +66,8 @@ fn full_fine_tuning_assembles_the_root_gradient_at_the_end_of_backward() {
     assert_eq!(s.root_grad_assembly, 2 * (2 * 256_000 * 2_048 + 2_048) * 2);
     // Under PEFT the root is frozen: nothing to assemble.
     let mut lora = job.clone();
-    lora.method = Method::Lora;
-    lora.lora.targets = moro_core::targets::resolve(&m, &lora.lora.targets);
+    lora.method = Method::Adapters;
+    lora.adapter.targets = moro_core::targets::resolve(&m, &lora.adapter.targets);
     let r = Regime::resolve(&m, &lora);
     assert_eq!(Sharded::new(&m, &lora, &r).root_grad_assembly, 0);
 }
@@ -105,7 +105,7 @@ fn a_units_gradient_is_assembled_from_its_views() {
             },
             ..Job::default()
         };
-        job.lora.targets = moro_core::targets::resolve(&m, &job.lora.targets);
+        job.adapter.targets = moro_core::targets::resolve(&m, &job.adapter.targets);
         let r = Regime::resolve(&m, &job);
         let s = Sharded::new(&m, &job, &r);
         assert_eq!(s.comm_buffers, 0, "only in backward");
@@ -113,7 +113,7 @@ fn a_units_gradient_is_assembled_from_its_views() {
         s.unit_grad_assembly
     };
     use moro_core::job::Stack;
-    assert_eq!(buffers(Method::Lora, Stack::Litgpt), 2 * block * 2);
+    assert_eq!(buffers(Method::Adapters, Stack::Litgpt), 2 * block * 2);
     assert_eq!(buffers(Method::Full, Stack::Hf), 2 * block * 2);
-    assert!(buffers(Method::Lora, Stack::Hf) < 2 * block * 2 / 50);
+    assert!(buffers(Method::Adapters, Stack::Hf) < 2 * block * 2 / 50);
 }

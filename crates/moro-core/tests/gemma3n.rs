@@ -89,7 +89,7 @@ fn settings(t: &Value) -> moro_core::job::JobSettings {
         method: Some(if j["method"] == "full" {
             Method::Full
         } else {
-            Method::Lora
+            Method::Adapters
         }),
         precision: Some(if j["precision"] == "bf16-mixed" {
             Precision::Bf16Mixed
@@ -190,7 +190,7 @@ fn untraced_settings_are_refused_by_name() {
     use moro_core::job::{Attention, JobSettings, Method, Quantization, Stack};
     let m = parse_config(br#"{"model_type": "gemma3n"}"#).expect("parses");
     let base = JobSettings {
-        method: Some(Method::Lora),
+        method: Some(Method::Adapters),
         seq_len: Some(1024),
         ..JobSettings::default()
     };
@@ -208,7 +208,7 @@ fn untraced_settings_are_refused_by_name() {
     };
     assert_eq!(field(images), "training.images_per_sample");
     let qlora = JobSettings {
-        method: Some(Method::Qlora),
+        method: Some(Method::QuantizedAdapters),
         quantization: Some(Quantization::Nf4Dq),
         ..base.clone()
     };

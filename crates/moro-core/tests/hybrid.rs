@@ -125,8 +125,8 @@ fn settings(t: &Value) -> JobSettings {
     JobSettings {
         method: Some(match j["method"].as_str().unwrap() {
             "full" => Method::Full,
-            "qlora" => Method::Qlora,
-            _ => Method::Lora,
+            "qlora" => Method::QuantizedAdapters,
+            _ => Method::Adapters,
         }),
         precision: Some(match j["precision"].as_str().unwrap() {
             "bf16-mixed" => Precision::Bf16Mixed,
@@ -226,7 +226,7 @@ fn untraced_settings_are_refused_and_the_state_is_fixed() {
     use moro_core::job::{Padding, Stack};
     let m = config(&[]);
     let base = JobSettings {
-        method: Some(Method::Lora),
+        method: Some(Method::Adapters),
         seq_len: Some(2048),
         ..JobSettings::default()
     };
@@ -291,7 +291,7 @@ fn untraced_settings_are_refused_and_the_state_is_fixed() {
 fn liger_on_qwen3_next_is_refused_as_untraced() {
     let m = from(NEXT, &[]);
     let job = JobSettings {
-        method: Some(Method::Lora),
+        method: Some(Method::Adapters),
         seq_len: Some(1024),
         liger: Some(moro_core::job::Liger::ALL),
         ..JobSettings::default()

@@ -101,7 +101,7 @@ fn liger_rms_norm_reaches_qwen3_q_and_k_norms() {
     let m = catalog::load(catalog::find("Qwen/Qwen3-8B").expect("in catalog")).expect("parses");
     let per_layer = |liger: Liger| {
         let job = Job {
-            method: Method::Lora,
+            method: Method::Adapters,
             precision: Precision::Bf16Mixed,
             gradient_checkpointing: false,
             micro_batch_size: 1,

@@ -13,7 +13,7 @@ fn sequences_longer_than_learned_positions_are_rejected() {
         seq_len: 1024,
         ..Job::default()
     };
-    ok.lora.targets = moro_core::targets::resolve(&m, &Targets::AllLinear);
+    ok.adapter.targets = moro_core::targets::resolve(&m, &Targets::AllLinear);
     assert!(estimate(&m, &ok, &DeviceProfile::default()).is_ok());
     let long = Job {
         seq_len: 1025,

@@ -3,7 +3,7 @@
 use moro_core::catalog;
 use moro_core::estimate::Regime;
 use moro_core::estimate::load;
-use moro_core::job::{Job, LoraConfig, Method, Quantization, Stack, Versions};
+use moro_core::job::{Job, Method, PeftConfig, Quantization, Stack, Versions};
 
 fn load_reserved_bytes(m: &moro_core::model::ModelSpec, job: &Job) -> u64 {
     load::load_reserved_bytes(m, job, &Regime::resolve(m, job), &[])
@@ -14,13 +14,13 @@ fn load_reserved_bytes(m: &moro_core::model::ModelSpec, job: &Job) -> u64 {
 fn torchtune_qlora(torchao: Option<(u32, u32)>) -> (moro_core::model::ModelSpec, Job) {
     let m = catalog::load(catalog::find("meta-llama/Llama-2-7b-hf").expect("catalog")).unwrap();
     let mut job = Job {
-        method: Method::Qlora,
+        method: Method::QuantizedAdapters,
         quantization: Quantization::Nf4Dq,
         // The default targets are those seven (q, k, v, o, gate, up, down).
-        lora: LoraConfig {
+        adapter: PeftConfig {
             rank: 8,
             alpha: 16.0,
-            ..LoraConfig::default()
+            ..PeftConfig::default()
         },
         stack: Stack::Torchtune,
         versions: Versions {
@@ -29,7 +29,7 @@ fn torchtune_qlora(torchao: Option<(u32, u32)>) -> (moro_core::model::ModelSpec,
         },
         ..Job::default()
     };
-    job.lora.targets = moro_core::targets::resolve(&m, &job.lora.targets);
+    job.adapter.targets = moro_core::targets::resolve(&m, &job.adapter.targets);
     (m, job)
 }
 

@@ -82,7 +82,7 @@ fn settings(t: &Value) -> JobSettings {
     JobSettings {
         method: Some(match j["method"].as_str().unwrap() {
             "full" => Method::Full,
-            _ => Method::Lora,
+            _ => Method::Adapters,
         }),
         precision: Some(match j["precision"].as_str().unwrap() {
             "bf16-mixed" => Precision::Bf16Mixed,
@@ -193,7 +193,7 @@ fn generation_caches_the_images_keys_and_values() {
 fn other_stacks_are_refused_by_name() {
     let m = config(None, None);
     let job = JobSettings {
-        method: Some(Method::Lora),
+        method: Some(Method::Adapters),
         stack: Some(moro_core::job::Stack::Torchtune),
         images_per_sample: Some(1),
         image_size: Some((560, 560)),

@@ -14,7 +14,7 @@ use moro_core::arch::parse_config;
 use moro_core::catalog;
 use moro_core::estimate::{Component, DeviceProfile, estimate};
 use moro_core::job::{
-    Job, JobSettings, LoraConfig, Method, Optimizer, Precision, Quantization, Stack, Targets,
+    Job, JobSettings, Method, Optimizer, PeftConfig, Precision, Quantization, Stack, Targets,
     Versions,
 };
 use moro_core::model::ModelSpec;
@@ -61,16 +61,16 @@ fn traced_job(row: &serde_json::Value) -> Job {
     Job {
         method: match (full, bits) {
             (true, _) => Method::Full,
-            (false, 0) => Method::Lora,
-            (false, _) => Method::Qlora,
+            (false, 0) => Method::Adapters,
+            (false, _) => Method::QuantizedAdapters,
         },
         quantization,
-        lora: LoraConfig {
+        adapter: PeftConfig {
             rank: row["rank"].as_u64().unwrap(),
             dropout: row["dropout"].as_f64().unwrap(),
             targets,
             dora,
-            ..LoraConfig::default()
+            ..PeftConfig::default()
         },
         micro_batch_size: row["batch"].as_u64().unwrap(),
         seq_len: row["seq"].as_u64().unwrap(),
@@ -143,7 +143,7 @@ fn weights_by_hand() {
     let model = catalog::load(catalog::find("Qwen/Qwen3-8B").unwrap()).unwrap();
     let job = JobSettings {
         stack: Some(Stack::Mlx),
-        method: Some(Method::Qlora),
+        method: Some(Method::QuantizedAdapters),
         ..JobSettings::default()
     }
     .resolve()

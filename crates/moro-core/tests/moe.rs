@@ -15,7 +15,7 @@
 
 use moro_core::catalog;
 use moro_core::estimate::{DeviceProfile, estimate, weights};
-use moro_core::job::{Attention, Job, LoraConfig, Method, Optimizer, Precision, Targets};
+use moro_core::job::{Attention, Job, Method, Optimizer, PeftConfig, Precision, Targets};
 use moro_core::model::ModelSpec;
 
 fn model() -> ModelSpec {
@@ -52,12 +52,12 @@ fn names(v: &[&str]) -> Targets {
 fn job(method: Method, precision: Precision, batch: u64, seq: u64, ckpt: bool) -> Job {
     let mut j = Job {
         method,
-        lora: LoraConfig {
+        adapter: PeftConfig {
             rank: 16,
             alpha: 32.0,
             dropout: 0.0,
             targets: names(&["q_proj", "k_proj", "v_proj", "o_proj"]),
-            ..LoraConfig::default()
+            ..PeftConfig::default()
         },
         micro_batch_size: batch,
         seq_len: seq,
@@ -67,7 +67,7 @@ fn job(method: Method, precision: Precision, batch: u64, seq: u64, ckpt: bool) -
         gradient_checkpointing: ckpt,
         ..Job::default()
     };
-    if method == Method::Qlora {
+    if method == Method::QuantizedAdapters {
         j.quantization = moro_core::job::Quantization::Nf4Dq;
     }
     j
@@ -76,7 +76,7 @@ fn job(method: Method, precision: Precision, batch: u64, seq: u64, ckpt: bool) -
 /// The six traced jobs of each model (`calibration/moe_trace.py` `CASES`), with its targets
 /// and attention.
 fn cases(targets: &[&str], attention: Attention) -> Vec<(&'static str, Job)> {
-    use Method::{Full, Lora, Qlora};
+    use Method::{Adapters as Lora, Full, QuantizedAdapters as Qlora};
     use Precision::{Bf16, Bf16Mixed};
     let mut v = vec![
         ("lora bf16 1x1024", job(Lora, Bf16, 1, 1024, false)),
@@ -95,7 +95,7 @@ fn cases(targets: &[&str], attention: Attention) -> Vec<(&'static str, Job)> {
     ];
     for (_, j) in &mut v {
         j.attention = attention;
-        j.lora.targets = names(targets);
+        j.adapter.targets = names(targets);
     }
     v
 }
@@ -165,7 +165,7 @@ fn allocated_peak_matches_the_traces() {
     let mut failures = Vec::new();
     for (prefix, m, targets, attention) in models() {
         for (case, mut j) in cases(targets, attention) {
-            j.lora.targets = moro_core::targets::resolve(&m, &j.lora.targets);
+            j.adapter.targets = moro_core::targets::resolve(&m, &j.adapter.targets);
             let label = format!("{prefix} {case}");
             let e = estimate(&m, &j, &DeviceProfile::default()).expect("valid job");
             let want = traced(&label);
@@ -186,9 +186,9 @@ fn allocated_peak_matches_the_traces() {
 #[test]
 fn adapters_go_on_the_attention_modules_only() {
     let m = model();
-    let mut j = job(Method::Lora, Precision::Bf16, 1, 512, false);
-    for targets in [Targets::AllLinear, LoraConfig::default().targets] {
-        j.lora.targets = moro_core::targets::resolve(&m, &targets);
+    let mut j = job(Method::Adapters, Precision::Bf16, 1, 512, false);
+    for targets in [Targets::AllLinear, PeftConfig::default().targets] {
+        j.adapter.targets = moro_core::targets::resolve(&m, &targets);
         j.validate(&m).expect("valid");
         let e = estimate(&m, &j, &DeviceProfile::default()).expect("valid job");
         assert_eq!(
@@ -196,7 +196,7 @@ fn adapters_go_on_the_attention_modules_only() {
             24 * 16 * (2 * (2880 + 4096) + 2 * (2880 + 512))
         );
     }
-    j.lora.targets = moro_core::targets::resolve(&m, &names(&["down_proj"]));
+    j.adapter.targets = moro_core::targets::resolve(&m, &names(&["down_proj"]));
     let err = j.validate(&m).expect_err("no module");
     assert_eq!(err.field, "target_modules");
 }
@@ -209,7 +209,7 @@ fn adapters_go_on_the_attention_modules_only() {
 #[test]
 fn qlora_leaves_the_experts_unquantized() {
     let m = model();
-    let j = job(Method::Qlora, Precision::Bf16, 1, 512, true);
+    let j = job(Method::QuantizedAdapters, Precision::Bf16, 1, 512, true);
     let r = moro_core::estimate::Regime::resolve(&m, &j);
     let base = weights::base_weight_bytes(&m, &j, &r);
     let attention: u64 = 24 * (2880 * 4096 + 2 * 2880 * 512 + 4096 * 2880);
@@ -239,7 +239,7 @@ fn inference_keeps_the_mxfp4_experts() {
 
     // Training cannot keep them, and SDPA cannot run the sinks.
     let lora = JobSettings {
-        method: Some(Method::Lora),
+        method: Some(Method::Adapters),
         quantization: Some(Quantization::Mxfp4),
         ..JobSettings::default()
     };

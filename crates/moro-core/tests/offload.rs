@@ -46,7 +46,7 @@ fn zero2_gradient_buckets_live_in_backward() {
     assert_eq!(m.hidden_size, 2048);
     let phase_bytes = |bucket: Option<u64>, phase: Phase| {
         let mut job = Job {
-            method: Method::Lora,
+            method: Method::Adapters,
             parallel: Parallel {
                 sharding: Sharding::Zero2,
                 reduce_bucket: bucket,
@@ -54,7 +54,7 @@ fn zero2_gradient_buckets_live_in_backward() {
             },
             ..Job::default()
         };
-        job.lora.targets = moro_core::targets::resolve(&m, &job.lora.targets);
+        job.adapter.targets = moro_core::targets::resolve(&m, &job.adapter.targets);
         estimate(&m, &job, &DeviceProfile::default())
             .unwrap()
             .phase_component(phase, Component::Transients)

@@ -1299,18 +1299,21 @@ fn prequantized_checkpoints_default_to_their_storage() {
     let job = JobSettings::default().resolve_for(&unsloth).unwrap();
     assert_eq!(
         (job.method, job.quantization),
-        (Method::Qlora, Quantization::Nf4Dq)
+        (Method::QuantizedAdapters, Quantization::Nf4Dq)
     );
     let qlora = JobSettings {
-        method: Some(Method::Qlora),
+        method: Some(Method::QuantizedAdapters),
         ..JobSettings::default()
     };
     let on_base = qlora.resolve_for(&base).unwrap();
     let lora = JobSettings {
-        method: Some(Method::Lora),
+        method: Some(Method::Adapters),
         ..JobSettings::default()
     };
-    assert_eq!(lora.resolve_for(&unsloth).unwrap().method, Method::Qlora);
+    assert_eq!(
+        lora.resolve_for(&unsloth).unwrap().method,
+        Method::QuantizedAdapters
+    );
     let full = JobSettings {
         method: Some(Method::Full),
         ..JobSettings::default()

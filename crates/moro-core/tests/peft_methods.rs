@@ -14,7 +14,7 @@
 
 use moro_core::catalog;
 use moro_core::estimate::{DeviceProfile, estimate};
-use moro_core::job::{Attention, Job, LoraConfig, Method, Optimizer, PeftKind, Precision, Targets};
+use moro_core::job::{Attention, Job, Method, Optimizer, PeftConfig, PeftKind, Precision, Targets};
 use moro_core::model::ModelSpec;
 use moro_core::validation::{CatalogModels, Status, validate};
 
@@ -30,13 +30,13 @@ fn names(v: &[&str]) -> Targets {
 
 fn job(peft: PeftKind, rank: u64, targets: &[&str]) -> Job {
     Job {
-        method: Method::Lora,
-        peft,
-        lora: LoraConfig {
+        method: Method::Adapters,
+        adapter: PeftConfig {
+            method: peft,
             rank,
             dropout: 0.0,
             targets: names(targets),
-            ..LoraConfig::default()
+            ..PeftConfig::default()
         },
         micro_batch_size: 4,
         seq_len: 768,
@@ -59,12 +59,12 @@ fn cases() -> Vec<(&'static str, Job, u64, f64)> {
         "up_proj",
     ];
     let mut ia3_all = job(PeftKind::Ia3, 0, &all7);
-    ia3_all.lora.feedforward = Some(names(&["up_proj", "gate_proj", "down_proj"]));
+    ia3_all.adapter.feedforward = Some(names(&["up_proj", "gate_proj", "down_proj"]));
     let mut prompt = job(PeftKind::PromptTuning, 0, &[]);
-    prompt.lora.virtual_tokens = 200;
-    prompt.lora.targets = Targets::AllLinear;
+    prompt.adapter.virtual_tokens = 200;
+    prompt.adapter.targets = Targets::AllLinear;
     let mut ln = job(PeftKind::LnTuning, 0, &[]);
-    ln.lora.targets = Targets::AllLinear;
+    ln.adapter.targets = Targets::AllLinear;
     vec![
         (
             "lora r32 q,v",
@@ -189,7 +189,7 @@ fn invalid_peft_settings_are_refused() {
     let e = estimate(&m, &full, &DeviceProfile::default()).unwrap_err();
     assert!(e.to_string().contains("peft"), "{e}");
     let mut prompt = job(PeftKind::PromptTuning, 0, &[]);
-    prompt.lora.virtual_tokens = 0;
+    prompt.adapter.virtual_tokens = 0;
     let e = estimate(&m, &prompt, &DeviceProfile::default()).unwrap_err();
     assert!(e.to_string().contains("virtual_tokens"), "{e}");
     let mut sharded = job(PeftKind::Vera, 256, &["q_proj"]);

@@ -16,7 +16,7 @@
 
 use moro_core::catalog;
 use moro_core::estimate::{DeviceProfile, estimate};
-use moro_core::job::{Attention, Job, LoraConfig, Method, Optimizer, PeftKind, Precision, Targets};
+use moro_core::job::{Attention, Job, Method, Optimizer, PeftConfig, PeftKind, Precision, Targets};
 use moro_core::model::ModelSpec;
 use moro_core::validation::{CatalogModels, Status, validate};
 
@@ -34,14 +34,14 @@ fn names(v: &[&str]) -> Targets {
 /// checkpointing, r 32 on q and v.
 fn job(peft: PeftKind, batch: u64, seq: u64) -> Job {
     Job {
-        method: Method::Lora,
-        peft,
-        lora: LoraConfig {
+        method: Method::Adapters,
+        adapter: PeftConfig {
+            method: peft,
             rank: 32,
             alpha: 64.0,
             dropout: 0.0,
             targets: names(&["q_proj", "v_proj"]),
-            ..LoraConfig::default()
+            ..PeftConfig::default()
         },
         micro_batch_size: batch,
         seq_len: seq,
@@ -55,15 +55,15 @@ fn job(peft: PeftKind, batch: u64, seq: u64) -> Job {
 
 fn dora(dropout: f64) -> Job {
     let mut j = job(PeftKind::Lora, 4, 768);
-    j.lora.dora = true;
-    j.lora.dropout = dropout;
+    j.adapter.dora = true;
+    j.adapter.dropout = dropout;
     j
 }
 
 fn prefix(tokens: u64) -> Job {
     let mut j = job(PeftKind::PrefixTuning, 4, 768);
-    j.lora.virtual_tokens = tokens;
-    j.lora.targets = Targets::AllLinear;
+    j.adapter.virtual_tokens = tokens;
+    j.adapter.targets = Targets::AllLinear;
     j
 }
 
@@ -71,7 +71,7 @@ fn prefix(tokens: u64) -> Job {
 /// benchmark, the same in the trace) and the traced allocated peak (GiB).
 fn llama_cases() -> Vec<(&'static str, Job, u64, f64)> {
     let mut lokr = job(PeftKind::LoKr, 4, 768);
-    lokr.lora.decompose_factor = Some(4);
+    lokr.adapter.decompose_factor = Some(4);
     vec![
         ("dora", dora(0.0), 9_289_728, 21.678),
         ("dora dropout 0.05", dora(0.05), 9_289_728, 24.075),
@@ -99,7 +99,7 @@ fn trainable_counts_are_peft_counts() {
 fn lokr_factors_by_hand() {
     let m = model("meta-llama/Llama-3.2-3B");
     let mut sqrt = job(PeftKind::LoKr, 4, 768);
-    sqrt.lora.decompose_factor = None;
+    sqrt.adapter.decompose_factor = None;
     let e = estimate(&m, &sqrt, &DeviceProfile::default()).expect("valid job");
     let q = 48 * 48 + 64 * 64;
     let v = 32 * 48 + 32 * 64;
@@ -131,12 +131,12 @@ fn allocated_peak_matches_the_traces() {
 fn dora_weight_norm_transient_under_checkpointing() {
     let m = model("meta-llama/Llama-3.1-8B");
     let mut j = job(PeftKind::Lora, 1, 256);
-    j.lora.rank = 16;
-    j.lora.alpha = 32.0;
-    j.lora.targets = Targets::AllLinear;
+    j.adapter.rank = 16;
+    j.adapter.alpha = 32.0;
+    j.adapter.targets = Targets::AllLinear;
     j.gradient_checkpointing = true;
     let plain = estimate(&m, &j, &DeviceProfile::default()).expect("valid job");
-    j.lora.dora = true;
+    j.adapter.dora = true;
     let e = estimate(&m, &j, &DeviceProfile::default()).expect("valid job");
     let got = e.peak_allocated_bytes as f64 / GIB;
     assert!((got - 17.392).abs() < 0.1, "{got:.3} GiB vs trace 17.392");
@@ -216,7 +216,7 @@ fn benchmark_rows_are_covered() {
 fn bad_settings_name_their_field() {
     let m = model("meta-llama/Llama-3.2-3B");
     let mut zero = job(PeftKind::LoKr, 1, 512);
-    zero.lora.decompose_factor = Some(0);
+    zero.adapter.decompose_factor = Some(0);
     let e = estimate(&m, &zero, &DeviceProfile::default()).unwrap_err();
     assert!(e.to_string().contains("decompose_factor"), "{e}");
     let e = estimate(&m, &prefix(0), &DeviceProfile::default()).unwrap_err();

@@ -24,17 +24,21 @@ fn model(i: usize) -> ModelSpec {
 
 fn est(m: &ModelSpec, j: &Job) -> Estimate {
     let mut j = j.clone();
-    j.lora.targets = moro_core::targets::resolve(m, &j.lora.targets);
+    j.adapter.targets = moro_core::targets::resolve(m, &j.adapter.targets);
     // PEFT's LoRA on transformers-5 stacked experts refuses dropout (`Job::validate`).
     if m.moe.is_some() {
-        j.lora.dropout = 0.0;
+        j.adapter.dropout = 0.0;
     }
     estimate(m, &j, &DeviceProfile::default()).expect("valid job")
 }
 
 fn job_strategy() -> impl Strategy<Value = Job> {
     (
-        prop::sample::select(vec![Method::Full, Method::Lora, Method::Qlora]),
+        prop::sample::select(vec![
+            Method::Full,
+            Method::Adapters,
+            Method::QuantizedAdapters,
+        ]),
         prop::sample::select(vec![
             Optimizer::AdamwTorch,
             Optimizer::AdamwTorchFused,
@@ -72,8 +76,8 @@ fn job_strategy() -> impl Strategy<Value = Job> {
                     grad_accum: ga,
                     ..Job::default()
                 };
-                j.lora.rank = r;
-                j.quantization = if method == Method::Qlora {
+                j.adapter.rank = r;
+                j.quantization = if method == Method::QuantizedAdapters {
                     Quantization::Nf4Dq
                 } else {
                     Quantization::None
@@ -146,9 +150,9 @@ proptest! {
                 && !j.gradient_checkpointing)
         );
         let mut lora = j.clone();
-        lora.method = Method::Lora;
+        lora.method = Method::Adapters;
         lora.quantization = Quantization::None;
-        lora.lora.dropout = 0.0;
+        lora.adapter.dropout = 0.0;
         let mut full = j.clone();
         full.method = Method::Full;
         full.quantization = Quantization::None;
@@ -185,10 +189,10 @@ fn weight_bytes_shrink_with_bits() {
             };
             est(&m, &j).component(moro_core::estimate::Component::Weights)
         };
-        let w16 = weights(Quantization::None, Method::Lora);
-        let w8 = weights(Quantization::Int8, Method::Qlora);
-        let w4 = weights(Quantization::Nf4, Method::Qlora);
-        let w4dq = weights(Quantization::Nf4Dq, Method::Qlora);
+        let w16 = weights(Quantization::None, Method::Adapters);
+        let w8 = weights(Quantization::Int8, Method::QuantizedAdapters);
+        let w4 = weights(Quantization::Nf4, Method::QuantizedAdapters);
+        let w4dq = weights(Quantization::Nf4Dq, Method::QuantizedAdapters);
         assert!(
             w4dq <= w4 && w4 <= w8 && w8 <= w16,
             "{}: {w4dq} {w4} {w8} {w16}",
@@ -264,7 +268,7 @@ fn llama_layer_activations_by_hand() {
         loss: Some(LossImpl::Fused),
         micro_batch_size: 1,
         seq_len: s,
-        lora: moro_core::job::LoraConfig {
+        adapter: moro_core::job::PeftConfig {
             targets: Targets::AllLinear,
             ..Default::default()
         },

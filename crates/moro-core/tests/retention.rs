@@ -3,7 +3,7 @@
 use moro_core::catalog;
 use moro_core::estimate::{Component, DeviceProfile, Estimate, Phase, estimate};
 use moro_core::job::{
-    Job, LoraConfig, Method, Optimizer, Padding, Precision, Quantization, Stack, Targets, Versions,
+    Job, Method, Optimizer, Padding, PeftConfig, Precision, Quantization, Stack, Targets, Versions,
 };
 use moro_core::model::ModelSpec;
 
@@ -15,14 +15,14 @@ fn mistral() -> ModelSpec {
 /// adapters, micro-batch 2 × 512, bf16-true, bnb 0.42 (litgpt's pin in 2024).
 fn litgpt_qlora(padding: Padding, bnb: (u32, u32, u32)) -> Job {
     Job {
-        method: Method::Qlora,
+        method: Method::QuantizedAdapters,
         quantization: Quantization::Nf4,
-        lora: LoraConfig {
+        adapter: PeftConfig {
             rank: 32,
             alpha: 16.0,
             dropout: 0.05,
             targets: Targets::Names(vec!["query".into(), "value".into()]),
-            ..LoraConfig::default()
+            ..PeftConfig::default()
         },
         micro_batch_size: 2,
         seq_len: 512,
@@ -41,7 +41,7 @@ fn litgpt_qlora(padding: Padding, bnb: (u32, u32, u32)) -> Job {
 
 fn run(m: &ModelSpec, j: &Job) -> Estimate {
     let mut j = j.clone();
-    j.lora.targets = moro_core::targets::resolve(m, &j.lora.targets);
+    j.adapter.targets = moro_core::targets::resolve(m, &j.adapter.targets);
     estimate(m, &j, &DeviceProfile::default()).expect("valid job")
 }
 
@@ -103,17 +103,17 @@ fn litgpt_chunked_head_keeps_one_weight_copy_per_chunk() {
     assert_eq!((m.vocab_size, m.hidden_size), (50_688, 4096));
     let cache = |seq_len: u64| {
         let mut j = Job {
-            method: Method::Lora,
+            method: Method::Adapters,
             precision: Precision::Bf16Mixed,
             stack: Stack::Litgpt,
             seq_len,
-            lora: LoraConfig {
+            adapter: PeftConfig {
                 targets: Targets::Names(vec!["query".into(), "value".into()]),
-                ..LoraConfig::default()
+                ..PeftConfig::default()
             },
             ..Job::default()
         };
-        j.lora.targets = moro_core::targets::resolve(&m, &j.lora.targets);
+        j.adapter.targets = moro_core::targets::resolve(&m, &j.adapter.targets);
         let r = Regime::resolve(&m, &j);
         Activations::new(&m, &j, &r, 1).autocast_weight_cache
     };

@@ -3,7 +3,7 @@
 
 use moro_core::catalog;
 use moro_core::estimate::{Component, DeviceProfile, Estimate, Phase, estimate};
-use moro_core::job::{Attention, Job, LoraConfig, Method, Precision, Stack, Targets};
+use moro_core::job::{Attention, Job, Method, PeftConfig, Precision, Stack, Targets};
 use moro_core::model::ModelSpec;
 use moro_core::validation::{CatalogModels, Status, validate};
 
@@ -15,13 +15,13 @@ fn falcon() -> ModelSpec {
 /// micro-batch 1 × 1079 (the longest Alpaca sample), bf16-true, no checkpointing.
 fn lora(attention: Attention) -> Job {
     Job {
-        method: Method::Lora,
-        lora: LoraConfig {
+        method: Method::Adapters,
+        adapter: PeftConfig {
             rank: 8,
             alpha: 16.0,
             dropout: 0.05,
             targets: Targets::Names(vec!["query".into(), "value".into()]),
-            ..LoraConfig::default()
+            ..PeftConfig::default()
         },
         micro_batch_size: 1,
         seq_len: 1079,
@@ -34,7 +34,7 @@ fn lora(attention: Attention) -> Job {
 
 fn forward_end_activations(m: &ModelSpec, j: &Job) -> u64 {
     let mut j = j.clone();
-    j.lora.targets = moro_core::targets::resolve(m, &j.lora.targets);
+    j.adapter.targets = moro_core::targets::resolve(m, &j.adapter.targets);
     let e: Estimate = estimate(m, &j, &DeviceProfile::default()).expect("valid job");
     e.phase_component(Phase::ForwardEnd, Component::Activations)
 }

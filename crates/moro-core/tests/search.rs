@@ -64,7 +64,7 @@ fn deepspeed(l: &Layout) -> bool {
 fn quality_cmp(a: &Config, b: &Config) -> Ordering {
     let method = |m: Method| match m {
         Method::Full => 3,
-        Method::Lora => 2,
+        Method::Adapters => 2,
         _ => 1,
     };
     let all_linear = |c: &Config| c.method != Method::Full && c.targets == TargetSet::AllLinear;
@@ -96,7 +96,7 @@ fn quality_cmp(a: &Config, b: &Config) -> Ordering {
 /// The documented speed order.
 fn speed_cmp(a: &Config, b: &Config) -> Ordering {
     let method = |m: Method| match m {
-        Method::Lora => 3,
+        Method::Adapters => 3,
         Method::Full => 2,
         _ => 1,
     };
@@ -342,12 +342,12 @@ fn check_brute_force(model_id: &str, hw: &str, request: &Request) {
     };
     let eb = request.effective_batch.unwrap_or(16);
     let methods: Vec<Method> = match request.method {
-        MethodChoice::Auto => vec![Method::Full, Method::Lora, Method::Qlora],
+        MethodChoice::Auto => vec![Method::Full, Method::Adapters, Method::QuantizedAdapters],
         MethodChoice::Only(m) => vec![m],
     }
     .into_iter()
     // 4-bit bases need bitsandbytes, which does not run on Apple GPUs.
-    .filter(|m| dev.vendor != moro_core::hardware::Vendor::Apple || *m != Method::Qlora)
+    .filter(|m| dev.vendor != moro_core::hardware::Vendor::Apple || *m != Method::QuantizedAdapters)
     .collect();
     let layouts = brute_layouts(request.cluster, request.stack);
     let ligers: &[bool] = if liger_by_hand(&spec.model_type, request.stack, &dev) {
@@ -485,7 +485,7 @@ fn other_stacks_batches_and_fixed_methods() {
             "Qwen/Qwen2.5-7B",
             "rtx-4090",
             Stack::Trl,
-            MethodChoice::Only(Method::Lora),
+            MethodChoice::Only(Method::Adapters),
             8,
         ),
         (
@@ -506,7 +506,7 @@ fn other_stacks_batches_and_fixed_methods() {
             "Qwen/Qwen2.5-3B",
             "rtx-3060-12gb",
             Stack::Hf,
-            MethodChoice::Only(Method::Qlora),
+            MethodChoice::Only(Method::QuantizedAdapters),
             1,
         ),
         (
@@ -595,7 +595,7 @@ fn no_fitting_configuration_beats_the_choice_multi_gpu() {
             "Qwen/Qwen2.5-32B",
             "rtx-4090",
             cluster(1, 4),
-            MethodChoice::Only(Method::Qlora),
+            MethodChoice::Only(Method::QuantizedAdapters),
             Stack::Hf,
         ),
         (
@@ -775,7 +775,7 @@ fn seventy_b_full_needs_a_sharded_node() {
     .unwrap();
     assert_eq!(two.job.parallel.gpus(), 16);
     assert_eq!(two.job.parallel.offload, Offload::None);
-    assert!(run(&req(None, Method::Qlora)).best.is_some());
+    assert!(run(&req(None, Method::QuantizedAdapters)).best.is_some());
 }
 
 #[test]
@@ -790,7 +790,7 @@ fn nothing_fits_reports_the_smallest_configuration() {
         &caps,
     );
     let c = out.closest.clone().unwrap();
-    assert_eq!(c.config.method, Method::Qlora);
+    assert_eq!(c.config.method, Method::QuantizedAdapters);
     assert!(
         c.estimate.peak_device_bytes > 30 * GIB,
         "NF4 72B weights alone are ~36 GiB"
@@ -900,7 +900,7 @@ fn margin_is_the_largest_level_bound() {
     };
     let class = JobClass {
         stack: Stack::Hf,
-        method: moro_core::job::Method::Qlora,
+        method: moro_core::job::Method::QuantizedAdapters,
         sharded: false,
     };
     let (a, r, d) = (13_000 * MIB, 14_000 * MIB, 15_000 * MIB);
@@ -932,7 +932,7 @@ fn prequantized_checkpoints_search_qlora_only() {
     .expect("parses");
     let caps = Caps::of_device(&device("rtx-4090"));
     let space = Space::new(&m, &Request::default(), &caps).expect("space");
-    assert_eq!(space.methods, vec![Method::Qlora]);
+    assert_eq!(space.methods, vec![Method::QuantizedAdapters]);
     let best = search(&m, &space, &caps).best.expect("fits a 4090");
     assert_eq!(best.job.quantization, Quantization::Nf4Dq);
     let full = Request {

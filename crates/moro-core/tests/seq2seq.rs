@@ -155,12 +155,15 @@ fn training_steps_match_their_traces() {
 fn unmodelled_settings_are_refused_by_name() {
     let t5 = spec(&config_file("flan-t5-base.json"));
     let field = |j: &Job, m: &ModelSpec| j.validate(m).unwrap_err().field;
-    let base = job(Method::Lora, Precision::Bf16Mixed, 4, 512, 128);
+    let base = job(Method::Adapters, Precision::Bf16Mixed, 4, 512, 128);
     assert!(base.validate(&t5).is_ok());
     assert_eq!(
         field(
             &Job {
-                peft: moro_core::job::PeftKind::PrefixTuning,
+                adapter: moro_core::job::PeftConfig {
+                    method: moro_core::job::PeftKind::PrefixTuning,
+                    ..moro_core::job::PeftConfig::default()
+                },
                 ..base.clone()
             },
             &t5
@@ -180,7 +183,7 @@ fn unmodelled_settings_are_refused_by_name() {
     assert_eq!(
         field(
             &Job {
-                method: Method::Qlora,
+                method: Method::QuantizedAdapters,
                 quantization: moro_core::job::Quantization::Nf4Dq,
                 ..base.clone()
             },
@@ -189,7 +192,7 @@ fn unmodelled_settings_are_refused_by_name() {
         "quantization"
     );
     let mut dora = base.clone();
-    dora.lora.dora = true;
+    dora.adapter.dora = true;
     assert_eq!(field(&dora, &t5), "dora");
     assert_eq!(
         field(
@@ -234,7 +237,7 @@ fn the_target_length_is_the_decoders() {
     let peak = |t: Option<u64>| {
         let j = Job {
             target_len: t,
-            ..job(Method::Lora, Precision::Bf16Mixed, 4, 512, 0)
+            ..job(Method::Adapters, Precision::Bf16Mixed, 4, 512, 0)
         };
         estimate(&t5, &j, &DeviceProfile::default())
             .unwrap()

@@ -85,12 +85,22 @@ fn defaults_come_from_the_profile() {
         .expect("job")
     };
     for (stack, method, ckpt, precision) in [
-        (Stack::Hf, Method::Qlora, true, Precision::Bf16Mixed),
-        (Stack::Hf, Method::Lora, false, Precision::Bf16Mixed),
+        (
+            Stack::Hf,
+            Method::QuantizedAdapters,
+            true,
+            Precision::Bf16Mixed,
+        ),
+        (Stack::Hf, Method::Adapters, false, Precision::Bf16Mixed),
         (Stack::Hf, Method::Full, false, Precision::Bf16),
-        (Stack::Trl, Method::Lora, true, Precision::Bf16Mixed),
-        (Stack::Litgpt, Method::Lora, false, Precision::Bf16),
-        (Stack::Torchtune, Method::Qlora, false, Precision::Bf16),
+        (Stack::Trl, Method::Adapters, true, Precision::Bf16Mixed),
+        (Stack::Litgpt, Method::Adapters, false, Precision::Bf16),
+        (
+            Stack::Torchtune,
+            Method::QuantizedAdapters,
+            false,
+            Precision::Bf16,
+        ),
     ] {
         let j = job(stack, method);
         assert_eq!(j.gradient_checkpointing, ckpt, "{stack:?} {method:?}");

@@ -93,15 +93,15 @@ fn job_of(v: &Value) -> (ModelSpec, Job) {
     let label = v["label"].as_str().unwrap();
     let m = moro_core::arch::parse_config(v["config"].to_string().as_bytes()).expect("parses");
     let method = if label.contains("-qlora-") {
-        Method::Qlora
+        Method::QuantizedAdapters
     } else if label.contains("-lora-") {
-        Method::Lora
+        Method::Adapters
     } else {
         Method::Full
     };
     let settings = JobSettings {
         method: Some(method),
-        quantization: Some(if method == Method::Qlora {
+        quantization: Some(if method == Method::QuantizedAdapters {
             Quantization::Nf4Dq
         } else {
             Quantization::None

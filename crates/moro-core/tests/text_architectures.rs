@@ -42,7 +42,7 @@ fn allocated_peak_matches_the_traces() {
             method: Some(if rest.starts_with("full") {
                 Method::Full
             } else {
-                Method::Lora
+                Method::Adapters
             }),
             precision: Some(Precision::Bf16),
             optimizer: Some(Optimizer::AdamwTorchFused),
@@ -133,7 +133,7 @@ fn llama4_matches_its_traces() {
             "{label}"
         );
         let settings = JobSettings {
-            method: Some(if full { Method::Full } else { Method::Lora }),
+            method: Some(if full { Method::Full } else { Method::Adapters }),
             precision: Some(if full {
                 Precision::Bf16
             } else {

@@ -29,8 +29,8 @@ fn unsloth(method: Method, seq: u64, batch: u64) -> Job {
 /// adapters under bf16 autocast, the fused cross-entropy.
 #[test]
 fn its_defaults_are_unsloths() {
-    let job = unsloth(Method::Qlora, 2048, 2);
-    assert_eq!(job.lora.dropout, 0.0);
+    let job = unsloth(Method::QuantizedAdapters, 2048, 2);
+    assert_eq!(job.adapter.dropout, 0.0);
     assert_eq!(job.optimizer, Optimizer::Adamw8bit);
     assert!(job.gradient_checkpointing && job.activation_offload);
     assert!(job.unsloth_kernels());
@@ -59,7 +59,7 @@ fn a_layer_saves_what_its_kernels_save() {
     ] {
         let job = Job {
             attention,
-            ..unsloth(Method::Qlora, 2048, 1)
+            ..unsloth(Method::QuantizedAdapters, 2048, 1)
         };
         let r = Regime::resolve(&m, &job);
         let a = Activations::new(&m, &job, &r, 1);
@@ -76,7 +76,7 @@ fn the_fused_loss_keeps_the_input_gradient_and_chunks_its_logits() {
     let m = model("meta-llama/Llama-3.1-8B");
     let v = 128_256;
     for (batch, chunks) in [(2, 1), (8, 4)] {
-        let job = unsloth(Method::Qlora, 2048, batch);
+        let job = unsloth(Method::QuantizedAdapters, 2048, batch);
         let r = Regime::resolve(&m, &job);
         let l = Loss::new(&m, &job, &r, 1);
         let t = batch * 2048;
@@ -91,7 +91,7 @@ fn the_fused_loss_keeps_the_input_gradient_and_chunks_its_logits() {
 #[test]
 fn checkpoints_go_to_host_memory() {
     let m = model("meta-llama/Llama-3.1-8B");
-    let job = unsloth(Method::Qlora, 2048, 2);
+    let job = unsloth(Method::QuantizedAdapters, 2048, 2);
     let r = Regime::resolve(&m, &job);
     let t = 4096;
     assert_eq!(offloaded_checkpoints(&m, &job, &r), 29 * t * 4096 * 2);
@@ -101,7 +101,7 @@ fn checkpoints_go_to_host_memory() {
     );
     let e = estimate(&m, &job, &DeviceProfile::default()).unwrap();
     assert_eq!(e.host_bytes, 29 * t * 4096 * 2);
-    let short = unsloth(Method::Qlora, 256, 2);
+    let short = unsloth(Method::QuantizedAdapters, 256, 2);
     let r = Regime::resolve(&m, &short);
     assert_eq!(offloaded_checkpoints(&m, &short, &r), 0);
     assert_eq!(
@@ -118,7 +118,7 @@ fn the_full_logits_path_keeps_the_logits_once() {
     let m = model("meta-llama/Llama-3.1-8B");
     let job = Job {
         loss: Some(moro_core::job::LossImpl::Standard),
-        ..unsloth(Method::Qlora, 2048, 2)
+        ..unsloth(Method::QuantizedAdapters, 2048, 2)
     };
     job.validate(&m).expect("modelled");
     let r = Regime::resolve(&m, &job);

@@ -270,7 +270,7 @@ fn pan_and_scan_crops_follow_the_processor() {
         let (m, job) = job(
             "google/gemma-3-4b-it",
             JobSettings {
-                method: Some(Method::Lora),
+                method: Some(Method::Adapters),
                 images_per_sample: Some(1),
                 image_size: Some((3000, 600)),
                 pan_and_scan: Some(pan),

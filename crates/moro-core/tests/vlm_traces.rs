@@ -42,7 +42,7 @@ fn settings(trace: &Value) -> JobSettings {
     let n = |k: &str| j[k].as_u64().unwrap();
     let method = match j["method"].as_str().unwrap() {
         "full" => Method::Full,
-        _ => Method::Lora,
+        _ => Method::Adapters,
     };
     let precision = match j["precision"].as_str().unwrap() {
         "bf16-mixed" => Precision::Bf16Mixed,

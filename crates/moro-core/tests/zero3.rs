@@ -251,7 +251,7 @@ fn deepspeed_holds_the_adapters_in_16_bits() {
     let m = catalog::load(catalog::find("Qwen/Qwen2.5-7B").expect("catalog")).unwrap();
     let adapters = |sharding: Sharding, n: u64| {
         let mut job = Job {
-            method: Method::Lora,
+            method: Method::Adapters,
             parallel: Parallel {
                 data_parallel: n,
                 sharding,
@@ -259,9 +259,10 @@ fn deepspeed_holds_the_adapters_in_16_bits() {
             },
             ..Job::default()
         };
-        job.lora.rank = 16;
-        job.lora.targets = moro_core::job::Targets::Names(vec!["q_proj".into(), "v_proj".into()]);
-        job.lora.targets = moro_core::targets::resolve(&m, &job.lora.targets);
+        job.adapter.rank = 16;
+        job.adapter.targets =
+            moro_core::job::Targets::Names(vec!["q_proj".into(), "v_proj".into()]);
+        job.adapter.targets = moro_core::targets::resolve(&m, &job.adapter.targets);
         let r = Regime::resolve(&m, &job);
         moro_core::estimate::parallel::Sharded::new(&m, &job, &r).adapters
     };

@@ -1,7 +1,7 @@
 //! [`Plan`]: the recipe with every default applied, read once for all formats, and the
 //! warnings that hold whatever the format (tensor parallelism, an unknown LoRA target, ...).
 
-use moro_core::job::{DEFAULT_TARGETS, Job, Liger, LoraConfig, LossImpl, PeftKind, Targets};
+use moro_core::job::{DEFAULT_TARGETS, Job, Liger, LossImpl, PeftConfig, PeftKind, Targets};
 use moro_core::model::ModelSpec;
 use moro_recipe::Recipe;
 use moro_recipe::TrainingSection;
@@ -74,7 +74,7 @@ pub(crate) struct Plan<'a> {
     pub(crate) base: String,
     pub(crate) method: Method,
     pub(crate) quant: Quantization,
-    pub(crate) lora: LoraConfig,
+    pub(crate) adapter: PeftConfig,
     pub(crate) t: &'a TrainingSection,
     /// `training.precision`, resolved (the stack's and method's default when unsaid).
     pub(crate) precision: Precision,
@@ -131,13 +131,13 @@ impl<'a> Plan<'a> {
                  sizes it, and transformers' seq2seq examples run it",
             ));
         }
-        if job.method.is_peft() && job.peft != PeftKind::Lora {
+        if job.method.is_peft() && job.adapter.method != PeftKind::Lora {
             return Err(ExportError::field(
                 "model.peft",
                 format!(
                     "`{}`: the exports write LoRA adapters; estimate this method with `moro \
                      estimate`, and configure it in the trainer by hand",
-                    job.peft.as_str()
+                    job.adapter.method.as_str()
                 ),
             ));
         }
@@ -246,8 +246,8 @@ impl<'a> Plan<'a> {
             );
         }
 
-        let lora = job.lora.clone();
-        if let (Some(m), Targets::Names(names)) = (model, &lora.targets)
+        let adapter = job.adapter.clone();
+        if let (Some(m), Targets::Names(names)) = (model, &adapter.targets)
             && method != Method::Full
         {
             let known: Vec<&str> = m.linears().map(|(_, l)| l.name.as_str()).collect();
@@ -287,7 +287,7 @@ impl<'a> Plan<'a> {
             base: recipe.model.base.clone(),
             method,
             quant,
-            lora,
+            adapter,
             t,
             precision: job.precision.into(),
             checkpointing: job.gradient_checkpointing,
@@ -409,7 +409,7 @@ impl<'a> Plan<'a> {
 
     /// LoRA target names, `all-linear` spelled out from the model (or the default projections).
     pub(crate) fn target_names(&self) -> (Vec<String>, bool) {
-        match &self.lora.targets {
+        match &self.adapter.targets {
             Targets::Names(v) => (v.clone(), false),
             Targets::AllLinear => match self.model {
                 Some(m) => {
@@ -431,7 +431,7 @@ impl<'a> Plan<'a> {
 
     /// LoRA alpha: an integer when it is one (PEFT, axolotl and LLaMA-Factory type it `int`).
     pub(crate) fn alpha(&self) -> crate::Value {
-        let a = self.lora.alpha;
+        let a = self.adapter.alpha;
         if a.fract() == 0.0 && a.abs() < 1e15 {
             #[allow(clippy::cast_possible_truncation)]
             crate::Value::Int(a as i64)
@@ -441,7 +441,7 @@ impl<'a> Plan<'a> {
     }
 
     pub(crate) fn all_linear(&self) -> bool {
-        self.lora.targets == Targets::AllLinear
+        self.adapter.targets == Targets::AllLinear
     }
 
     /// Warmup as transformers ≥ 5 takes it: `warmup_steps` below 1 is a ratio.

@@ -34,8 +34,8 @@ fn mlx_job(yaml: &str, launch: &str) -> JobSettings {
         stack: Some(Stack::Mlx),
         method: Some(match (full, quantization) {
             (true, _) => Method::Full,
-            (false, Some(_)) => Method::Qlora,
-            (false, None) => Method::Lora,
+            (false, Some(_)) => Method::QuantizedAdapters,
+            (false, None) => Method::Adapters,
         }),
         quantization: Some(quantization.unwrap_or(Quantization::None)),
         lora_rank: rank,
@@ -141,9 +141,9 @@ fn unsloth_job(script: &str) -> JobSettings {
     JobSettings {
         stack: Some(Stack::Unsloth),
         method: Some(if load["load_in_4bit"] == true {
-            Method::Qlora
+            Method::QuantizedAdapters
         } else {
-            Method::Lora
+            Method::Adapters
         }),
         quantization: Some(if load["load_in_4bit"] == true {
             Quantization::Nf4Dq

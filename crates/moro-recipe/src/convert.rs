@@ -53,9 +53,9 @@ impl Recipe {
         job: &Job,
         extras: TrainingExtras,
     ) -> Self {
-        let lora = &job.lora;
+        let lora = &job.adapter;
         let write_lora = job.method.is_peft();
-        let peft = job.method.is_peft() && job.peft != PeftKind::Lora;
+        let peft = job.method.is_peft() && job.adapter.method != PeftKind::Lora;
         let model = ModelSection {
             base: base_model_id.into(),
             method: Some(job.method.into()),
@@ -65,13 +65,13 @@ impl Recipe {
             lora_dropout: write_lora.then_some(lora.dropout),
             target_modules: write_lora.then(|| lora.targets.clone().into()),
             dora: write_lora.then_some(lora.dora),
-            peft: peft.then(|| job.peft.into()),
-            feedforward_modules: (job.peft == PeftKind::Ia3)
+            peft: peft.then(|| job.adapter.method.into()),
+            feedforward_modules: (job.adapter.method == PeftKind::Ia3)
                 .then(|| lora.feedforward.clone().map(Into::into))
                 .flatten(),
-            virtual_tokens: (write_lora && job.peft.uses_virtual_tokens())
+            virtual_tokens: (write_lora && job.adapter.method.uses_virtual_tokens())
                 .then_some(lora.virtual_tokens),
-            decompose_factor: (write_lora && job.peft == PeftKind::LoKr)
+            decompose_factor: (write_lora && job.adapter.method == PeftKind::LoKr)
                 .then_some(lora.decompose_factor)
                 .flatten(),
         };

@@ -16,7 +16,7 @@
 //! ```
 //! let recipe = moro_recipe::parse("model:\n  base: Qwen/Qwen2.5-1.5B\n  quantization: nf4\n")?;
 //! let job = recipe.to_job()?;
-//! assert_eq!(job.method, moro_core::job::Method::Qlora);
+//! assert_eq!(job.method, moro_core::job::Method::QuantizedAdapters);
 //! let text = moro_recipe::to_yaml(&recipe, "made by hand");
 //! assert_eq!(moro_recipe::parse(&text)?, recipe);
 //! # Ok::<(), moro_recipe::RecipeError>(())

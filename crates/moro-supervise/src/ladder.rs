@@ -334,7 +334,7 @@ fn make_heal(
     if before.method == Method::Full && after.method != Method::Full {
         warnings.push(format!(
             "this turns the full fine-tune into QLoRA (LoRA rank {}): only adapters are trained",
-            after.lora.rank
+            after.adapter.rank
         ));
     }
     if let Some(p) = p99
@@ -411,8 +411,8 @@ pub fn diff(a: &Job, b: &Job) -> Vec<Change> {
     if a.method.is_peft() && b.method.is_peft() {
         push(
             Field::LoraRank,
-            a.lora.rank.to_string(),
-            b.lora.rank.to_string(),
+            a.adapter.rank.to_string(),
+            b.adapter.rank.to_string(),
         );
     }
     out
@@ -488,7 +488,7 @@ pub fn single_step(
         || j.quantization.mlx().is_some_and(|a| a.bits <= 4);
     if !four_bit {
         j.quantization = j.stack.profile().default_quantization;
-        j.method = Method::Qlora;
+        j.method = Method::QuantizedAdapters;
         return Some(j);
     }
     // Level 5.
@@ -503,16 +503,16 @@ pub fn single_step(
         _ if j.seq_len / 2 >= MIN_SEQ_LEN => j.seq_len / 2,
         _ => j.seq_len,
     };
-    let rank = if j.method.is_peft() && j.lora.rank > 1 {
-        j.lora.rank / 2
+    let rank = if j.method.is_peft() && j.adapter.rank > 1 {
+        j.adapter.rank / 2
     } else {
-        j.lora.rank
+        j.adapter.rank
     };
-    if seq == j.seq_len && rank == j.lora.rank {
+    if seq == j.seq_len && rank == j.adapter.rank {
         return None;
     }
     j.seq_len = seq;
-    j.lora.rank = rank;
+    j.adapter.rank = rank;
     Some(j)
 }
 
@@ -540,7 +540,7 @@ mod tests {
             seq_len: 2048,
             optimizer: Optimizer::AdamwTorchFused,
             gradient_checkpointing: false,
-            method: Method::Lora,
+            method: Method::Adapters,
             quantization: Quantization::None,
             ..Job::default()
         }
@@ -556,7 +556,7 @@ mod tests {
         };
         let act =
             j.micro_batch_size * j.seq_len / 1024 * if j.gradient_checkpointing { 64 } else { 256 };
-        Some((weights + opt + act + j.lora.rank * 4) * MIB)
+        Some((weights + opt + act + j.adapter.rank * 4) * MIB)
     }
 
     fn ctx<'a>(est: &'a dyn Fn(&Job) -> Option<u64>, budget: Option<u64>) -> LadderContext<'a> {
@@ -597,8 +597,8 @@ mod tests {
         assert_eq!(j.micro_batch_size, 1);
         assert_eq!(j.grad_accum, 16);
         assert_eq!(j.seq_len, MIN_SEQ_LEN);
-        assert_eq!(j.lora.rank, 1);
-        assert_eq!(j.method, Method::Qlora);
+        assert_eq!(j.adapter.rank, 1);
+        assert_eq!(j.method, Method::QuantizedAdapters);
         assert_eq!(j.quantization, Quantization::Nf4Dq);
         assert_eq!(next_heal(&j, &c).err(), Some(NoHeal::Exhausted));
     }
@@ -706,7 +706,7 @@ mod tests {
             j = next;
         }
         assert_eq!(j.quantization, Quantization::Mlx4);
-        assert_eq!(j.method, Method::Qlora);
+        assert_eq!(j.method, Method::QuantizedAdapters);
     }
 
     #[test]
@@ -766,7 +766,7 @@ mod tests {
             micro_batch_size: 1,
             gradient_checkpointing: true,
             optimizer: Optimizer::PagedAdamw8bit,
-            method: Method::Qlora,
+            method: Method::QuantizedAdapters,
             quantization: Quantization::Nf4Dq,
             seq_len: 8192,
             ..job()
@@ -800,7 +800,7 @@ mod tests {
             micro_batch_size: 1,
             gradient_checkpointing: true,
             optimizer: Optimizer::PagedAdamw8bit,
-            method: Method::Qlora,
+            method: Method::QuantizedAdapters,
             quantization: Quantization::Nf4Dq,
             seq_len: 1234,
             ..job()
@@ -838,7 +838,7 @@ mod tests {
         };
         let h = next_heal(&j, &ctx(&unknown, None)).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(h.level, 4);
-        assert_eq!(h.job.method, Method::Qlora);
+        assert_eq!(h.job.method, Method::QuantizedAdapters);
         assert_eq!(h.short(), "full fine-tune → QLoRA (4-bit NF4 base)");
         assert!(
             h.warning

@@ -30,7 +30,11 @@ fn need(j: &Job) -> u64 {
     };
     let act =
         j.micro_batch_size * j.seq_len / 1024 * if j.gradient_checkpointing { 64 } else { 256 };
-    let rank = if j.method.is_peft() { j.lora.rank } else { 0 };
+    let rank = if j.method.is_peft() {
+        j.adapter.rank
+    } else {
+        0
+    };
     (weights + opt + act + 4 * rank) * MIB
 }
 
@@ -48,7 +52,7 @@ fn render_json(j: &Job) -> Result<Vec<u8>, HookError> {
 
 fn job(mb: u64) -> Job {
     Job {
-        method: Method::Lora,
+        method: Method::Adapters,
         quantization: Quantization::None,
         micro_batch_size: mb,
         grad_accum: 1,
@@ -292,7 +296,7 @@ fn recovers_after_five_heals_through_every_level() {
     let levels: Vec<u8> = o.report.heals.iter().map(|h| h.level).collect();
     assert_eq!(levels, vec![1, 1, 2, 3, 4]);
     let healed = c.healed();
-    assert_eq!(healed.method, Method::Qlora);
+    assert_eq!(healed.method, Method::QuantizedAdapters);
     assert_eq!(healed.quantization, Quantization::Nf4Dq);
     assert_eq!(healed.optimizer, Optimizer::PagedAdamw8bit);
     assert!(healed.gradient_checkpointing);
@@ -376,7 +380,7 @@ fn a_run_that_never_fits_stops_when_the_ladder_is_exhausted() {
         o.report.summary
     );
     let last = c.healed();
-    assert_eq!((last.seq_len, last.lora.rank), (128, 1));
+    assert_eq!((last.seq_len, last.adapter.rank), (128, 1));
     assert_eq!(c.starts().len(), 11);
 }
 

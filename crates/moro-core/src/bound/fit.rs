@@ -212,7 +212,7 @@ mod tests {
             source: source.into(),
             class: JobClass {
                 stack: Stack::Hf,
-                method: Method::Lora,
+                method: Method::Adapters,
                 sharded: false,
             },
             level: Metric::Allocated,

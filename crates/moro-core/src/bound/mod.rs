@@ -47,7 +47,7 @@ pub const DEVICE_FLOOR_BYTES: u64 = 512 * crate::units::MIB;
 pub struct JobClass {
     /// Training stack.
     pub stack: Stack,
-    /// Method (the other PEFT methods are [`Method::Lora`] jobs: they group with LoRA).
+    /// Method (the other PEFT methods are [`Method::Adapters`] jobs: they group with LoRA).
     pub method: Method,
     /// A sharding engine (DeepSpeed ZeRO, FSDP; even on one GPU), tensor or pipeline
     /// parallelism.

@@ -36,7 +36,7 @@ fn weight_is_copied(job: &Job, r: &Regime) -> bool {
 /// dropout the recomputed `F.linear` in x's dtype) and `lora_result`.
 #[must_use]
 pub fn saved_per_token(job: &Job, r: &Regime, out_features: u64, base_out_bytes: u64) -> u64 {
-    let base_result = if job.lora.dropout > 0.0 {
+    let base_result = if job.adapter.dropout > 0.0 {
         x_bytes(r)
     } else {
         base_out_bytes
@@ -48,7 +48,7 @@ pub fn saved_per_token(job: &Job, r: &Regime, out_features: u64, base_out_bytes:
 /// `F.linear(dropout(x), weight)` keeps for its backward when it is a copy.
 #[must_use]
 pub fn saved_per_module(job: &Job, r: &Regime, l: &Linear) -> u64 {
-    if job.lora.dropout > 0.0 && weight_is_copied(job, r) {
+    if job.adapter.dropout > 0.0 && weight_is_copied(job, r) {
         l.weight_numel() * x_bytes(r)
     } else {
         0
@@ -61,12 +61,12 @@ pub fn saved_per_module(job: &Job, r: &Regime, l: &Linear) -> u64 {
 /// `.to(x.dtype)` that replaces it).
 #[must_use]
 pub fn forward_transient(model: &ModelSpec, job: &Job, r: &Regime) -> u64 {
-    if !job.method.is_peft() || !job.lora.dora {
+    if !job.method.is_peft() || !job.adapter.dora {
         return 0;
     }
     let xb = x_bytes(r);
     let copied = weight_is_copied(job, r);
-    let copy_transient = u64::from(copied && job.lora.dropout == 0.0);
+    let copy_transient = u64::from(copied && job.adapter.dropout == 0.0);
     model
         .layers
         .iter()
@@ -74,7 +74,7 @@ pub fn forward_transient(model: &ModelSpec, job: &Job, r: &Regime) -> u64 {
         .filter(|l| job.adapts(l))
         .map(|l| {
             let (i, o) = (l.in_features, l.out_features);
-            (i * i + i * job.lora.rank + (3 + copy_transient) * i * o) * xb
+            (i * i + i * job.adapter.rank + (3 + copy_transient) * i * o) * xb
         })
         .max()
         .unwrap_or(0)

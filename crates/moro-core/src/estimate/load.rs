@@ -30,7 +30,7 @@ use super::weights::base_weight_bytes;
 #[must_use]
 pub fn load_reserved_bytes(model: &ModelSpec, job: &Job, r: &Regime, churn: &[u64]) -> u64 {
     if job.stack.profile().nf4 == Nf4Kernel::Torchao
-        && job.method == Method::Qlora
+        && job.method == Method::QuantizedAdapters
         && job.versions.torchao_unchunked_nf4()
     {
         torchtune_nf4_build(model, job).reserved()
@@ -257,7 +257,7 @@ struct TtLinear {
 fn torchtune_nf4_build(model: &ModelSpec, job: &Job) -> CachingAllocator {
     let mut s = Sim(CachingAllocator::new());
     let h = model.hidden_size;
-    let r = job.lora.rank;
+    let r = job.adapter.rank;
     let Some(group) = model.layers.first() else {
         return s.0;
     };

@@ -116,15 +116,15 @@ pub fn layer_kept(model: &ModelSpec, job: &Job, r: &Regime) -> (u64, u64) {
                 _ if l.in_features == h => 2,
                 _ => 3,
             };
-            if job.lora.dropout > 0.0 {
+            if job.adapter.dropout > 0.0 {
                 per_token += 5 * l.in_features;
             } else if !sources.contains(&source) {
                 sources.push(source);
                 per_token += 4 * l.in_features;
             }
         }
-        per_token += 4 * job.lora.rank * modules;
-        if job.lora.dora {
+        per_token += 4 * job.adapter.rank * modules;
+        if job.adapter.dora {
             // DoRA (`tuner/dora.py` `DoRALinear.__call__`): `(m / denom) · out` keeps each
             // adapted module's unscaled output for the magnitude's gradient.
             per_token += p * adapted_shapes(model, job).0;
@@ -154,7 +154,7 @@ fn adapted_shapes(model: &ModelSpec, job: &Job) -> (u64, u64, u64) {
 /// product and the sum of the largest adapted weight are in flight (`4` bytes each).
 #[must_use]
 pub fn dora_bytes(model: &ModelSpec, job: &Job, r: &Regime) -> (u64, u64) {
-    if !job.lora.dora || job.method == Method::Full {
+    if !job.adapter.dora || job.method == Method::Full {
         return (0, 0);
     }
     let (_, numel, largest) = adapted_shapes(model, job);

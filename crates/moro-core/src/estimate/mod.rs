@@ -379,12 +379,12 @@ pub fn estimate_without_replay(
     let with_images = vision::with_image_tokens(model, job);
     let job: &Job = &with_images;
     let prompted;
-    let job = if job.method.is_peft() && job.peft == crate::job::PeftKind::PromptTuning {
+    let job = if job.method.is_peft() && job.adapter.method == crate::job::PeftKind::PromptTuning {
         // Prompt tuning prepends its virtual tokens to every sequence (PEFT
         // `PeftModelForCausalLM.forward`: `torch.cat((prompts, inputs_embeds), dim=1)`, labels
         // prefixed with -100): the frozen model runs, and computes logits, over them too.
         prompted = Job {
-            seq_len: job.seq_len + job.lora.virtual_tokens,
+            seq_len: job.seq_len + job.adapter.virtual_tokens,
             ..job.clone()
         };
         &prompted

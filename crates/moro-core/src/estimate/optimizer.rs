@@ -34,8 +34,8 @@ pub struct Trainable {
 pub fn trainable_tensors(model: &ModelSpec, job: &Job) -> Vec<Trainable> {
     match job.method {
         Method::Inference => vec![],
-        Method::Lora | Method::Qlora if job.peft.is_adapter() => {
-            adapter_grad_tensors(model, job.peft)
+        Method::Adapters | Method::QuantizedAdapters if job.adapter.method.is_adapter() => {
+            adapter_grad_tensors(model, job.adapter.method)
                 .into_iter()
                 .map(|(copies, numel)| Trainable {
                     copies,
@@ -45,7 +45,7 @@ pub fn trainable_tensors(model: &ModelSpec, job: &Job) -> Vec<Trainable> {
                 })
                 .collect()
         }
-        Method::Lora | Method::Qlora => lora_tensors(model, job)
+        Method::Adapters | Method::QuantizedAdapters => lora_tensors(model, job)
             .into_iter()
             .map(|(copies, shape)| Trainable {
                 copies,
@@ -290,7 +290,7 @@ pub fn states(model: &ModelSpec, job: &Job, r: &Regime) -> (u64, u64) {
         let s = state_bytes(t, job.optimizer, pb, r);
         (acc.0 + s.0, acc.1 + s.1)
     });
-    let importance = if job.method.is_peft() && job.peft == PeftKind::AdaLora {
+    let importance = if job.method.is_peft() && job.adapter.method == PeftKind::AdaLora {
         3 * pb * tensors.iter().map(|t| t.copies * t.numel).sum::<u64>()
     } else {
         0

@@ -127,7 +127,7 @@ impl Sharded {
         let base = base_weight_bytes(model, job, r) / split;
         let adapters = if job.method.is_peft() {
             (added_params(model, job) * r.adapter_bytes
-                + adapter_kv_cache_bytes(model, job.peft, r.adapter_bytes)
+                + adapter_kv_cache_bytes(model, job.adapter.method, r.adapter_bytes)
                 + super::weights::vera_buffers(model, job))
                 / split
         } else {
@@ -268,7 +268,8 @@ impl Sharded {
                 } else if job.precision == crate::job::Precision::Fp32 {
                     adapters
                 } else {
-                    (added_params(model, job) * 2 + adapter_kv_cache_bytes(model, job.peft, 2))
+                    (added_params(model, job) * 2
+                        + adapter_kv_cache_bytes(model, job.adapter.method, 2))
                         / split
                 };
                 if sharding == Sharding::Zero3 {
@@ -510,7 +511,7 @@ impl Sharded {
 pub fn fsdp1_holds_recomputed_inputs(job: &Job) -> bool {
     let profile = job.stack.profile();
     job.method.is_peft()
-        && job.peft == crate::job::PeftKind::Lora
+        && job.adapter.method == crate::job::PeftKind::Lora
         && job.gradient_checkpointing
         && profile.transformers_modules
         && profile.fsdp == crate::stack::FsdpWrap::PerUnit

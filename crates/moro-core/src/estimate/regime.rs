@@ -84,12 +84,12 @@ impl Regime {
                 Precision::Bf16 => (2, 2),
                 Precision::Bf16Mixed | Precision::Fp16Mixed | Precision::Fp32 => (4, 4),
             },
-            Method::Lora | Method::Qlora | Method::Inference
+            Method::Adapters | Method::QuantizedAdapters | Method::Inference
                 if profile.autocast_keeps_fp32_module && autocast && !quantized =>
             {
                 (4, 4)
             }
-            Method::Lora | Method::Qlora | Method::Inference => {
+            Method::Adapters | Method::QuantizedAdapters | Method::Inference => {
                 if fp32 {
                     (4, 4)
                 } else {
@@ -132,8 +132,8 @@ impl Regime {
             // tuning's embeddings: the upcast (`_cast_adapter_dtype`) visits tuner layers
             // only (the traced prefix encoder's weight is bfloat16).
             _ if method.is_peft()
-                && (job.peft == crate::job::PeftKind::LnTuning
-                    || job.peft.uses_virtual_tokens()) =>
+                && (job.adapter.method == crate::job::PeftKind::LnTuning
+                    || job.adapter.method.uses_virtual_tokens()) =>
             {
                 unquantized_bytes
             }
@@ -174,10 +174,12 @@ impl Regime {
 
         let trainable_params = match method {
             Method::Full => full_trainable_params(model, job),
-            Method::Lora | Method::Qlora if job.peft.is_adapter() => {
-                crate::estimate::weights::AdapterParams::new(model, job.peft).trainable()
+            Method::Adapters | Method::QuantizedAdapters if job.adapter.method.is_adapter() => {
+                crate::estimate::weights::AdapterParams::new(model, job.adapter.method).trainable()
             }
-            Method::Lora | Method::Qlora => crate::estimate::weights::lora_params(model, job),
+            Method::Adapters | Method::QuantizedAdapters => {
+                crate::estimate::weights::lora_params(model, job)
+            }
             Method::Inference => 0,
         };
 

@@ -135,7 +135,7 @@ mod tests {
     fn same_bytes_change_nothing() {
         let m = model();
         let d = DeviceProfile::default();
-        for method in [Method::Lora, Method::Full, Method::Inference] {
+        for method in [Method::Adapters, Method::Full, Method::Inference] {
             let job = Job {
                 method,
                 ..Job::default()

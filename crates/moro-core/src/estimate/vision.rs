@@ -189,9 +189,9 @@ pub fn step(model: &ModelSpec, job: &Job, r: &Regime) -> VisionStep {
     if !tower_trains(model, job) {
         // Recorded but frozen: no adapter in it, and no weight that needs its input (a full
         // fine-tune of the language model leaves the tower's weights frozen).
-        tower_job.lora.targets = crate::job::Targets::Names(Vec::new());
+        tower_job.adapter.targets = crate::job::Targets::Names(Vec::new());
         if tower_job.method == Method::Full {
-            tower_job.method = Method::Lora;
+            tower_job.method = Method::Adapters;
         }
     }
     if !v.blocks_checkpoint {

@@ -167,12 +167,12 @@ pub fn lora_params(model: &ModelSpec, job: &Job) -> u64 {
 }
 
 /// Whether IA³ scales the input of `l` (a feedforward module) rather than its output: the
-/// job's `lora.feedforward`, else PEFT's default for decoders
+/// job's `adapter.feedforward`, else PEFT's default for decoders
 /// (`TRANSFORMERS_MODELS_TO_IA3_FEEDFORWARD_MODULES_MAPPING`: `down_proj` for Llama-style
 /// models), the Linears reading the MLP's intermediate.
 #[must_use]
 pub fn ia3_feedforward(model: &ModelSpec, job: &Job, l: &Linear) -> bool {
-    match &job.lora.feedforward {
+    match &job.adapter.feedforward {
         Some(t) => t.matches(&l.name),
         None => {
             matches!(
@@ -190,7 +190,7 @@ pub fn ia3_feedforward(model: &ModelSpec, job: &Job, l: &Linear) -> bool {
 /// - LoRA (`LoraLayer.update_layer`): `lora_A = nn.Linear(in, r)`, `lora_B = nn.Linear(r, out)`,
 ///   no biases; DoRA adds a magnitude vector of `out` (`lora/dora.py`).
 /// - AdaLoRA (`AdaLoraLayer.update_layer`): `lora_A` (r × in), `lora_E` (r × 1), `lora_B`
-///   (out × r) at `init_r` (`lora.rank`).
+///   (out × r) at `init_r` (`adapter.rank`).
 /// - IA³ (`IA3Layer.update_layer`): `ia3_l` of `in` (feedforward, [`ia3_feedforward`]) or
 ///   `out` elements.
 /// - LoHa (`LoHaLayer.update_layer`): `hada_w1_a`, `hada_w2_a` (out × r), `hada_w1_b`,
@@ -208,9 +208,9 @@ pub fn ia3_feedforward(model: &ModelSpec, job: &Job, l: &Linear) -> bool {
 ///   `num_virtual_tokens × (layers · 2 · token_dim)`, token_dim the key/value width.
 #[must_use]
 pub fn lora_tensors(model: &ModelSpec, job: &Job) -> Vec<(u64, (u64, u64))> {
-    let r = job.lora.rank;
+    let r = job.adapter.rank;
     let h = model.hidden_size;
-    match job.peft {
+    match job.adapter.method {
         PeftKind::LnTuning => {
             let mut v: Vec<(u64, (u64, u64))> = model
                 .layers
@@ -226,10 +226,10 @@ pub fn lora_tensors(model: &ModelSpec, job: &Job) -> Vec<(u64, (u64, u64))> {
             }
             return v;
         }
-        PeftKind::PromptTuning => return vec![(1, (job.lora.virtual_tokens, h))],
+        PeftKind::PromptTuning => return vec![(1, (job.adapter.virtual_tokens, h))],
         PeftKind::PrefixTuning => {
             let width = model.num_layers * 2 * model.kv_width();
-            return vec![(1, (job.lora.virtual_tokens, width))];
+            return vec![(1, (job.adapter.virtual_tokens, width))];
         }
         _ => {}
     }
@@ -255,7 +255,7 @@ pub fn lora_tensors(model: &ModelSpec, job: &Job) -> Vec<(u64, (u64, u64))> {
             v.push((layers, (b_rows, re)));
             continue;
         }
-        match job.peft {
+        match job.adapter.method {
             PeftKind::Ia3 => v.push((
                 copies,
                 if ia3_feedforward(model, job, l) {
@@ -279,7 +279,7 @@ pub fn lora_tensors(model: &ModelSpec, job: &Job) -> Vec<(u64, (u64, u64))> {
                 v.push((copies, (r, b * b.saturating_sub(1) / 2)));
             }
             PeftKind::LoKr => {
-                let ((a, b), (c, d)) = lokr_factors(l, job.lora.decompose_factor);
+                let ((a, b), (c, d)) = lokr_factors(l, job.adapter.decompose_factor);
                 v.push((copies, (a, c)));
                 // `use_w2 = not (r < max(b, d) / 2)`.
                 if 2 * r < b.max(d) {
@@ -297,7 +297,7 @@ pub fn lora_tensors(model: &ModelSpec, job: &Job) -> Vec<(u64, (u64, u64))> {
             _ => {
                 v.push((copies, (r, l.in_features)));
                 v.push((copies, (l.out_features, r)));
-                if job.lora.dora {
+                if job.adapter.dora {
                     v.push((copies, (l.out_features, 1)));
                 }
             }
@@ -349,13 +349,13 @@ pub fn factorization(dimension: u64, factor: Option<u64>) -> (u64, u64) {
 /// fp32 (`_kaiming_init` on a `torch.Generator`); 0 for other methods.
 #[must_use]
 pub fn vera_buffers(model: &ModelSpec, job: &Job) -> u64 {
-    if job.peft != PeftKind::Vera {
+    if job.adapter.method != PeftKind::Vera {
         return 0;
     }
     let targeted = || model.linears().filter(|(_, l)| job.adapts(l));
     let max_in = targeted().map(|(_, l)| l.in_features).max().unwrap_or(0);
     let max_out = targeted().map(|(_, l)| l.out_features).max().unwrap_or(0);
-    job.lora.rank * (max_in + max_out) * 4
+    job.adapter.rank * (max_in + max_out) * 4
 }
 
 /// lit-gpt `adapter.Config.adapter_prompt_length`: tokens of the learned prefix.
@@ -492,8 +492,8 @@ pub fn adapter_grad_tensors(model: &ModelSpec, kind: PeftKind) -> Vec<(u64, u64)
 /// lit-gpt adapter's tensors ([`AdapterParams::added`]).
 #[must_use]
 pub fn added_params(model: &ModelSpec, job: &Job) -> u64 {
-    if job.peft.is_adapter() {
-        AdapterParams::new(model, job.peft).added()
+    if job.adapter.method.is_adapter() {
+        AdapterParams::new(model, job.adapter.method).added()
     } else {
         lora_params(model, job)
     }
@@ -502,8 +502,8 @@ pub fn added_params(model: &ModelSpec, job: &Job) -> u64 {
 /// Parameters that get gradients (and optimizer states) in a PEFT job.
 #[must_use]
 pub fn grad_params(model: &ModelSpec, job: &Job) -> u64 {
-    if job.peft.is_adapter() {
-        AdapterParams::new(model, job.peft).with_grad()
+    if job.adapter.method.is_adapter() {
+        AdapterParams::new(model, job.adapter.method).with_grad()
     } else {
         lora_params(model, job)
     }

@@ -65,7 +65,7 @@ pub fn check(
             ),
         });
     }
-    if job.method == Method::Qlora && model.linears().any(|(_, l)| !job.is_module(l)) {
+    if job.method == Method::QuantizedAdapters && model.linears().any(|(_, l)| !job.is_module(l)) {
         warnings.push(format!(
             "qlora on {}: bitsandbytes quantizes nn.Linear modules only, and the experts are \
              fused parameters, so they stay unquantized, and PEFT's k-bit preparation casts \

@@ -20,23 +20,32 @@ mod validate;
 pub use liger::Liger;
 pub use settings::JobSettings;
 
-/// Training (or inference) method.
+/// Training (or inference) method: what trains and what the base is stored in. Which
+/// adapters train is the job's [`PeftConfig`] (`adapter.method`); `lora` and `qlora` are the
+/// names people give the two adapter methods whatever the adapters are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Method {
     /// All parameters trainable.
     Full,
-    /// LoRA adapters on a frozen 16/32-bit base.
-    Lora,
-    /// LoRA adapters on a frozen quantized (bitsandbytes 4-bit by default) base.
-    Qlora,
+    /// Adapters on a frozen 16/32-bit base (`lora`).
+    #[serde(rename = "lora")]
+    Adapters,
+    /// Adapters on a frozen quantized (bitsandbytes 4-bit by default) base (`qlora`).
+    #[serde(rename = "qlora")]
+    QuantizedAdapters,
     /// Forward only, with a KV cache.
     Inference,
 }
 
 impl Method {
     /// All values, for listings and search.
-    pub const ALL: [Self; 4] = [Self::Full, Self::Lora, Self::Qlora, Self::Inference];
+    pub const ALL: [Self; 4] = [
+        Self::Full,
+        Self::Adapters,
+        Self::QuantizedAdapters,
+        Self::Inference,
+    ];
 
     /// The name used on the command line and in moro.yaml.
     #[must_use]
@@ -47,16 +56,16 @@ impl Method {
     /// Whether the job trains adapters (LoRA / QLoRA).
     #[must_use]
     pub const fn is_peft(self) -> bool {
-        matches!(self, Self::Lora | Self::Qlora)
+        matches!(self, Self::Adapters | Self::QuantizedAdapters)
     }
 }
 
-/// Which parameter-efficient method a LoRA/QLoRA-shaped job (frozen, possibly quantized base)
-/// trains. Only the litgpt stack models the lit-gpt adapters; every other stack trains LoRA.
+/// Which parameter-efficient method an adapter job (frozen, possibly quantized base) trains
+/// ([`PeftConfig::method`]). Only the litgpt stack models the lit-gpt adapters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum PeftKind {
-    /// LoRA adapters (`lora` settings apply).
+    /// LoRA adapters (`adapter` settings apply).
     #[default]
     Lora,
     /// lit-gpt's LLaMA-Adapter (`lit_gpt/adapter.py`, `finetune/adapter.py`): a learned
@@ -68,43 +77,43 @@ pub enum PeftKind {
     /// and trainable norms.
     AdapterV2,
     /// PEFT's IA³ (`tuners/ia3/layer.py`): one trainable vector per targeted Linear that
-    /// scales its output, or, for the feedforward modules (`lora.feedforward`; PEFT's default
-    /// for decoders: the MLP's down projection), its input. The `lora` targets apply.
+    /// scales its output, or, for the feedforward modules (`adapter.feedforward`; PEFT's default
+    /// for decoders: the MLP's down projection), its input. The `adapter` targets apply.
     Ia3,
     /// PEFT's VeRA (`tuners/vera/layer.py`): frozen random A (r × in) and B (out × r) shared
     /// by every targeted Linear, and trainable vectors `lambda_d` (r) and `lambda_b` (out) per
-    /// module. `lora.rank` is VeRA's r; the `lora` targets apply.
+    /// module. `adapter.rank` is VeRA's r; the `adapter` targets apply.
     Vera,
     /// PEFT's AdaLoRA (`tuners/adalora/layer.py`): LoRA's A and B plus the singular values
-    /// `lora_E` (r), allocated at `init_r` (`lora.rank`) and pruned by masking, never
+    /// `lora_E` (r), allocated at `init_r` (`adapter.rank`) and pruned by masking, never
     /// resized; a `RankAllocator` keeps two fp32 importance scores per adapter element.
     #[serde(rename = "adalora")]
     AdaLora,
     /// PEFT's LoHa (`tuners/loha/layer.py`): per targeted Linear two rank-r factor pairs
     /// whose Hadamard product (`HadaWeight`) is built as a full out × in weight every forward
-    /// and applied with `F.linear`, which saves it. `lora.rank` is LoHa's r.
+    /// and applied with `F.linear`, which saves it. `adapter.rank` is LoHa's r.
     #[serde(rename = "loha")]
     LoHa,
     /// PEFT's LoKr (`tuners/lokr/layer.py`): per targeted Linear a Kronecker product
     /// ΔW = w1 ⊗ w2 · scale, w1 (a × c) and w2 (b × d, or w2_a · w2_b at rank r) with
     /// out = a·b and in = c·d from `factorization(dim, decompose_factor)`, built as a full
     /// out × in weight every forward and applied with `F.linear`, which saves it.
-    /// `lora.rank` is LoKr's r, `lora.decompose_factor` PEFT's `decompose_factor`.
+    /// `adapter.rank` is LoKr's r, `adapter.decompose_factor` PEFT's `decompose_factor`.
     #[serde(rename = "lokr")]
     LoKr,
     /// PEFT's OFT (`tuners/oft/layer.py`, `OFTRotationModule`): per targeted Linear r
     /// orthogonal blocks of (in / r)², each from the b(b − 1)/2 parameters of a skew-symmetric
     /// matrix through the Cayley–Neumann series (5 terms), rotating the input before the
-    /// frozen Linear. `lora.rank` is OFT's r (the number of blocks).
+    /// frozen Linear. `adapter.rank` is OFT's r (the number of blocks).
     Oft,
     /// PEFT's LN tuning (`tuners/ln_tuning/layer.py`): a trainable copy of every norm
     /// (PEFT's default targets for decoders: both norms of each layer and the final norm).
     LnTuning,
-    /// PEFT's prompt tuning (`tuners/prompt_tuning`): `lora.virtual_tokens` trainable
+    /// PEFT's prompt tuning (`tuners/prompt_tuning`): `adapter.virtual_tokens` trainable
     /// embeddings prepended to every sequence, which the frozen model then runs over.
     PromptTuning,
     /// PEFT's prefix tuning (`tuners/prefix_tuning`, `PrefixEncoder` without projection):
-    /// `lora.virtual_tokens` trainable keys and values per layer, passed to the frozen model
+    /// `adapter.virtual_tokens` trainable keys and values per layer, passed to the frozen model
     /// as `past_key_values`: every attention reads them after the sequence's own.
     PrefixTuning,
 }
@@ -164,7 +173,7 @@ impl PeftKind {
         )
     }
 
-    /// Whether the method's tensors sit on the `lora` targets (LoRA, IA³, VeRA, AdaLoRA,
+    /// Whether the method's tensors sit on the `adapter` targets (LoRA, IA³, VeRA, AdaLoRA,
     /// LoHa, LoKr, OFT).
     #[must_use]
     pub const fn uses_targets(self) -> bool {
@@ -187,7 +196,7 @@ impl PeftKind {
         matches!(self, Self::LoHa | Self::LoKr)
     }
 
-    /// Whether the method prepends `lora.virtual_tokens` of its own (prompt and prefix
+    /// Whether the method prepends `adapter.virtual_tokens` of its own (prompt and prefix
     /// tuning).
     #[must_use]
     pub const fn uses_virtual_tokens(self) -> bool {
@@ -369,10 +378,15 @@ pub const DEFAULT_TARGETS: [&str; 7] = [
     "down_proj",
 ];
 
-/// LoRA hyper-parameters.
+/// The parameter-efficient method a LoRA / QLoRA job trains, and its settings (PEFT's
+/// `PeftConfig` of that method: `LoraConfig`, `IA3Config`, `OFTConfig`, ...). Each setting
+/// applies to the methods its doc names; the others ignore it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LoraConfig {
-    /// Rank r.
+pub struct PeftConfig {
+    /// The method: LoRA, one of PEFT's others, or (litgpt only) a lit-gpt LLaMA-Adapter.
+    #[serde(default)]
+    pub method: PeftKind,
+    /// Rank r (LoRA and its kin; OFT's block count; AdaLoRA's `init_r`).
     pub rank: u64,
     /// Alpha (scaling = alpha / r); no effect on memory.
     pub alpha: f64,
@@ -395,9 +409,10 @@ pub struct LoraConfig {
     pub decompose_factor: Option<u64>,
 }
 
-impl Default for LoraConfig {
+impl Default for PeftConfig {
     fn default() -> Self {
         Self {
+            method: PeftKind::Lora,
             rank: 16,
             alpha: 32.0,
             dropout: 0.05,
@@ -960,8 +975,8 @@ pub struct Job {
     pub method: Method,
     /// Base-weight quantization (QLoRA defaults to NF4 with double quant).
     pub quantization: Quantization,
-    /// LoRA settings (LoRA / QLoRA).
-    pub lora: LoraConfig,
+    /// The adapter method and its settings (LoRA / QLoRA jobs).
+    pub adapter: PeftConfig,
     /// Micro-batch per GPU (inference: concurrent sequences).
     pub micro_batch_size: u64,
     /// Tokens per sequence (inference: prompt + generated context).
@@ -995,10 +1010,6 @@ pub struct Job {
     /// at most one parameter's gradient is alive. Needs gradient accumulation 1.
     #[serde(default)]
     pub optimizer_in_backward: bool,
-    /// The parameter-efficient method of a LoRA/QLoRA job: LoRA, or (litgpt only) one of
-    /// lit-gpt's LLaMA-Adapter variants, which ignore `lora`.
-    #[serde(default)]
-    pub peft: PeftKind,
     /// The images of each sample (vision-language models; none for text models).
     #[serde(default)]
     pub images: crate::vision::Images,
@@ -1053,9 +1064,9 @@ pub enum VisionTraining {
 impl Default for Job {
     fn default() -> Self {
         Self {
-            method: Method::Lora,
+            method: Method::Adapters,
             quantization: Quantization::None,
-            lora: LoraConfig::default(),
+            adapter: PeftConfig::default(),
             micro_batch_size: 1,
             seq_len: 2048,
             grad_accum: 1,
@@ -1070,7 +1081,6 @@ impl Default for Job {
             kv_dtype: KvDtype::F16,
             versions: Versions::default(),
             optimizer_in_backward: false,
-            peft: PeftKind::Lora,
             images: crate::vision::Images::default(),
             vision: VisionTraining::Frozen,
             liger: Liger::default(),
@@ -1121,7 +1131,7 @@ impl Job {
     /// stacked from transformers 5 ([`Self::adapts_stacked`]).
     #[must_use]
     pub fn adapts(&self, l: &crate::model::Linear) -> bool {
-        self.lora.targets.matches(&l.name)
+        self.adapter.targets.matches(&l.name)
             && (self.is_module(l) || self.adapts_stacked(l))
             && (l.role != crate::model::LinearRole::Vision
                 || self.vision == VisionTraining::Adapted)
@@ -1157,8 +1167,8 @@ impl Job {
     pub fn adapts_stacked(&self, l: &crate::model::Linear) -> bool {
         l.layout == crate::model::WeightLayout::StackedFrom5
             && !self.is_module(l)
-            && self.peft == PeftKind::Lora
-            && !self.lora.dora
+            && self.adapter.method == PeftKind::Lora
+            && !self.adapter.dora
     }
 
     /// What the precision means for this job's weights, in words: `bf16 weights, no fp32
@@ -1205,9 +1215,9 @@ impl Job {
     pub fn unsloth_kernels(&self) -> bool {
         self.stack.profile().layer_kernels == crate::stack::LayerKernels::UnslothFused
             && self.method.is_peft()
-            && self.peft == PeftKind::Lora
-            && !self.lora.dora
-            && self.lora.dropout == 0.0
+            && self.adapter.method == PeftKind::Lora
+            && !self.adapter.dora
+            && self.adapter.dropout == 0.0
     }
 
     /// The loss the stack uses unless told otherwise.

@@ -8,8 +8,8 @@
 //! trains bf16 weights). So the same intent gives the same [`Job`], whichever way it came.
 
 use super::{
-    Attention, FsdpApi, Job, JobError, KvDtype, Liger, LoraConfig, LossImpl, Method, Offload,
-    Optimizer, Padding, Parallel, PeftKind, Precision, Quantization, Sharding, Stack, Targets,
+    Attention, FsdpApi, Job, JobError, KvDtype, Liger, LossImpl, Method, Offload, Optimizer,
+    Padding, Parallel, PeftConfig, PeftKind, Precision, Quantization, Sharding, Stack, Targets,
     Versions, VisionTraining,
 };
 use crate::stack::{DefaultCheckpointing, DefaultPrecision};
@@ -121,15 +121,15 @@ impl JobSettings {
         JobSettings {
             method: Some(job.method),
             quantization: Some(job.quantization),
-            peft: Some(job.peft),
-            lora_rank: Some(job.lora.rank),
-            lora_alpha: Some(job.lora.alpha),
-            lora_dropout: Some(job.lora.dropout),
-            target_modules: Some(job.lora.targets.clone()),
-            dora: Some(job.lora.dora),
-            feedforward_modules: job.lora.feedforward.clone(),
-            virtual_tokens: Some(job.lora.virtual_tokens),
-            decompose_factor: job.lora.decompose_factor,
+            peft: Some(job.adapter.method),
+            lora_rank: Some(job.adapter.rank),
+            lora_alpha: Some(job.adapter.alpha),
+            lora_dropout: Some(job.adapter.dropout),
+            target_modules: Some(job.adapter.targets.clone()),
+            dora: Some(job.adapter.dora),
+            feedforward_modules: job.adapter.feedforward.clone(),
+            virtual_tokens: Some(job.adapter.virtual_tokens),
+            decompose_factor: job.adapter.decompose_factor,
             micro_batch_size: Some(job.micro_batch_size),
             seq_len: Some(job.seq_len),
             grad_accum: Some(job.grad_accum),
@@ -272,26 +272,29 @@ impl JobSettings {
                 .unwrap_or(Stack::Hf)
         });
         let method = self.method.unwrap_or(match self.quantization {
-            Some(q) if q != Quantization::None => Method::Qlora,
-            _ => Method::Lora,
+            Some(q) if q != Quantization::None => Method::QuantizedAdapters,
+            _ => Method::Adapters,
         });
-        let quantization = self.quantization.unwrap_or(if method == Method::Qlora {
-            stack.profile().default_quantization
-        } else {
-            Quantization::None
-        });
+        let quantization = self
+            .quantization
+            .unwrap_or(if method == Method::QuantizedAdapters {
+                stack.profile().default_quantization
+            } else {
+                Quantization::None
+            });
         let precision = self
             .precision
             .unwrap_or_else(|| default_precision(stack, method));
         let gradient_checkpointing = self
             .gradient_checkpointing
             .unwrap_or_else(|| default_checkpointing(stack, method, quantization));
-        let d = LoraConfig::default();
+        let d = PeftConfig::default();
         let profile = stack.profile();
         let rank = self.lora_rank.unwrap_or(profile.default_lora_rank);
         #[allow(clippy::cast_precision_loss)] // ranks are far below 2^52
         let alpha = self.lora_alpha.unwrap_or(2.0 * rank as f64);
-        let lora = LoraConfig {
+        let lora = PeftConfig {
+            method: peft,
             rank,
             alpha,
             dropout: self
@@ -329,7 +332,7 @@ impl JobSettings {
         Ok(Job {
             method,
             quantization,
-            lora,
+            adapter: lora,
             micro_batch_size: self.micro_batch_size.unwrap_or(base.micro_batch_size),
             seq_len: self.seq_len.unwrap_or(base.seq_len),
             grad_accum: self.grad_accum.unwrap_or(base.grad_accum),
@@ -348,7 +351,6 @@ impl JobSettings {
             }),
             versions,
             optimizer_in_backward: self.optimizer_in_backward.unwrap_or(false),
-            peft,
             images: crate::vision::Images {
                 per_sample: match (self.images_per_sample, self.image_size) {
                     (Some(n), _) => n,
@@ -401,7 +403,7 @@ impl JobSettings {
                         });
                     }
                     // LoRA on quantized weights is QLoRA.
-                    Some(Method::Lora) => Some(Method::Qlora),
+                    Some(Method::Adapters) => Some(Method::QuantizedAdapters),
                     m => m,
                 };
                 stored = Self {
@@ -431,9 +433,9 @@ impl JobSettings {
                 (job.images.width, job.images.height) = (d.width, d.height);
             }
         }
-        job.lora.targets = crate::targets::resolve(
+        job.adapter.targets = crate::targets::resolve(
             &crate::stack::as_built(model, job.stack.profile()),
-            &job.lora.targets,
+            &job.adapter.targets,
         );
         // PEFT wraps stacked experts in a `ParamWrapper`, which refuses dropout: unless told
         // otherwise, LoRA on them trains without it (an explicit dropout is refused by
@@ -443,7 +445,7 @@ impl JobSettings {
                 .linears()
                 .any(|(_, l)| job.adapts(l) && job.adapts_stacked(l))
         {
-            job.lora.dropout = 0.0;
+            job.adapter.dropout = 0.0;
         }
         Ok(job)
     }
@@ -516,7 +518,7 @@ pub fn default_checkpointing(stack: Stack, method: Method, quantization: Quantiz
     match stack.profile().default_checkpointing {
         DefaultCheckpointing::On => true,
         DefaultCheckpointing::WithKbitPrepare => {
-            method == Method::Qlora && quantization != Quantization::Gptq4
+            method == Method::QuantizedAdapters && quantization != Quantization::Gptq4
         }
         DefaultCheckpointing::Off => false,
     }
@@ -529,17 +531,17 @@ mod tests {
     #[test]
     fn nothing_said_is_the_hf_trainer_lora_job() {
         let job = JobSettings::default().resolve().unwrap();
-        assert_eq!(job.method, Method::Lora);
+        assert_eq!(job.method, Method::Adapters);
         assert_eq!(job.precision, Precision::Bf16Mixed);
         assert!(!job.gradient_checkpointing);
-        assert_eq!(job.lora.alpha, 32.0);
+        assert_eq!(job.adapter.alpha, 32.0);
         assert_eq!(job.parallel, Parallel::single());
     }
 
     #[test]
     fn qlora_on_hf_checkpoints_and_quantizes_to_nf4_dq() {
         let s = JobSettings {
-            method: Some(Method::Qlora),
+            method: Some(Method::QuantizedAdapters),
             ..JobSettings::default()
         };
         let job = s.resolve().unwrap();
@@ -550,13 +552,13 @@ mod tests {
             quantization: Some(Quantization::Nf4),
             ..JobSettings::default()
         };
-        assert_eq!(s.resolve().unwrap().method, Method::Qlora);
+        assert_eq!(s.resolve().unwrap().method, Method::QuantizedAdapters);
     }
 
     #[test]
     fn an_explicit_setting_is_never_replaced() {
         let s = JobSettings {
-            method: Some(Method::Qlora),
+            method: Some(Method::QuantizedAdapters),
             quantization: Some(Quantization::None),
             gradient_checkpointing: Some(false),
             ..JobSettings::default()

@@ -46,16 +46,16 @@ impl Job {
                 ),
             );
         }
-        if self.method.is_peft() && self.peft != PeftKind::Lora {
+        if self.method.is_peft() && self.adapter.method != PeftKind::Lora {
             return err(
                 "peft",
                 format!(
                     "moro models LoRA on `{t5}`; {} was not traced there",
-                    self.peft.as_str()
+                    self.adapter.method.as_str()
                 ),
             );
         }
-        if self.method.is_peft() && self.lora.dora {
+        if self.method.is_peft() && self.adapter.dora {
             return err(
                 "dora",
                 format!("DoRA on `{t5}` was not traced; moro models plain LoRA there"),
@@ -224,7 +224,7 @@ impl Job {
                     m.as_str()
                 ),
             ),
-            (VisionTraining::Adapted, _) if self.peft != PeftKind::Lora => err(
+            (VisionTraining::Adapted, _) if self.adapter.method != PeftKind::Lora => err(
                 "training.vision",
                 "`adapted` is modelled for LoRA adapters only".to_owned(),
             ),
@@ -307,39 +307,41 @@ impl Job {
                 ),
             );
         }
-        if (self.peft.is_adapter() || self.peft.is_other_peft()) && !self.method.is_peft() {
+        if (self.adapter.method.is_adapter() || self.adapter.method.is_other_peft())
+            && !self.method.is_peft()
+        {
             return err(
                 "peft",
                 format!(
                     "`{}` trains on a frozen base: use method lora (or qlora with a quantized \
                      base), not {}",
-                    self.peft.as_str(),
+                    self.adapter.method.as_str(),
                     self.method.as_str()
                 ),
             );
         }
-        if self.peft.is_adapter() && !self.stack.profile().trains_llama_adapter {
+        if self.adapter.method.is_adapter() && !self.stack.profile().trains_llama_adapter {
             return err(
                 "peft",
                 format!(
                     "`{}` is lit-gpt's LLaMA-Adapter (lit_gpt/adapter.py); it is modelled for \
                      the litgpt stack only",
-                    self.peft.as_str()
+                    self.adapter.method.as_str()
                 ),
             );
         }
-        if self.peft.is_other_peft() {
+        if self.adapter.method.is_other_peft() {
             if self.parallel.sharding != Sharding::None || self.parallel.tensor_parallel > 1 {
                 return err(
                     "peft",
                     format!(
                         "`{}` is modelled on one GPU or data parallel; use LoRA with sharding or \
                          tensor parallelism",
-                        self.peft.as_str()
+                        self.adapter.method.as_str()
                     ),
                 );
             }
-            if self.peft == PeftKind::LoKr && self.lora.decompose_factor == Some(0) {
+            if self.adapter.method == PeftKind::LoKr && self.adapter.decompose_factor == Some(0) {
                 return err(
                     "decompose_factor",
                     "must be at least 1 (leave it out for PEFT's -1, factors near the square \
@@ -347,28 +349,29 @@ impl Job {
                         .to_owned(),
                 );
             }
-            if self.peft.uses_virtual_tokens() && !(1..=1 << 20).contains(&self.lora.virtual_tokens)
+            if self.adapter.method.uses_virtual_tokens()
+                && !(1..=1 << 20).contains(&self.adapter.virtual_tokens)
             {
                 return err(
                     "virtual_tokens",
                     format!(
                         "must be between 1 and {}, got {}",
                         1 << 20,
-                        self.lora.virtual_tokens
+                        self.adapter.virtual_tokens
                     ),
                 );
             }
         }
-        if self.method.is_peft() && self.peft.uses_targets() {
-            let r = self.lora.rank;
-            if r == 0 && self.peft != PeftKind::Ia3 {
+        if self.method.is_peft() && self.adapter.method.uses_targets() {
+            let r = self.adapter.rank;
+            if r == 0 && self.adapter.method != PeftKind::Ia3 {
                 return err("lora_rank", "must be at least 1".to_owned());
             }
             // VeRA's shared random projections commonly exceed the hidden size (r = 256 to
             // 1,024); IA³ has no rank.
             if r > model.hidden_size
                 && matches!(
-                    self.peft,
+                    self.adapter.method,
                     PeftKind::Lora | PeftKind::AdaLora | PeftKind::LoHa | PeftKind::LoKr
                 )
             {
@@ -381,7 +384,7 @@ impl Job {
                     ),
                 );
             }
-            if self.peft == PeftKind::Oft
+            if self.adapter.method == PeftKind::Oft
                 && let Some((_, l)) = model
                     .linears()
                     .find(|(_, l)| self.adapts(l) && !l.in_features.is_multiple_of(r.max(1)))
@@ -394,7 +397,7 @@ impl Job {
                     ),
                 );
             }
-            if self.lora.dropout > 0.0
+            if self.adapter.dropout > 0.0
                 && let Some((_, l)) = model
                     .linears()
                     .find(|(_, l)| self.adapts(l) && self.adapts_stacked(l))
@@ -406,7 +409,7 @@ impl Job {
                          with a ParamWrapper, which refuses lora_dropout != 0 (PEFT 0.21 \
                          `ParamWrapper.update_layer`); set lora_dropout to 0 or target the \
                          attention only",
-                        self.lora.dropout, l.name, model.model_type
+                        self.adapter.dropout, l.name, model.model_type
                     ),
                 );
             }
@@ -441,23 +444,23 @@ impl Job {
                     ),
                 );
             }
-            if !(0.0..1.0).contains(&self.lora.dropout) {
+            if !(0.0..1.0).contains(&self.adapter.dropout) {
                 return err(
                     "lora_dropout",
-                    format!("must be in [0, 1), got {}", self.lora.dropout),
+                    format!("must be in [0, 1), got {}", self.adapter.dropout),
                 );
             }
-            if !self.lora.alpha.is_finite() || self.lora.alpha <= 0.0 {
+            if !self.adapter.alpha.is_finite() || self.adapter.alpha <= 0.0 {
                 return err(
                     "lora_alpha",
-                    format!("must be positive, got {}", self.lora.alpha),
+                    format!("must be positive, got {}", self.adapter.alpha),
                 );
             }
             // Targets name the modules of the model as this stack builds it (a fused name
             // names its parts there).
             let built = crate::stack::as_built(model, self.stack.profile());
             let model = built.as_ref();
-            let bound = crate::targets::resolve(model, &self.lora.targets);
+            let bound = crate::targets::resolve(model, &self.adapter.targets);
             if let Targets::Names(names) = &bound {
                 let mut known: Vec<&str> = model
                     .linears()
@@ -495,7 +498,7 @@ impl Job {
                 }
             }
         }
-        if self.method == Method::Qlora
+        if self.method == Method::QuantizedAdapters
             && !matches!(self.quantization, q if q.is_bnb4() || q == Quantization::Int8 || q == Quantization::Gptq4 || q.mlx().is_some())
         {
             return err(
@@ -615,8 +618,8 @@ impl Job {
                     .to_owned(),
             );
         }
-        if self.method.is_peft() && (self.peft != PeftKind::Lora || self.lora.dora) {
-            let field = if self.lora.dora { "dora" } else { "peft" };
+        if self.method.is_peft() && (self.adapter.method != PeftKind::Lora || self.adapter.dora) {
+            let field = if self.adapter.dora { "dora" } else { "peft" };
             return refuse(
                 field,
                 "only plain LoRA adapters were traced under compile: drop compile".to_owned(),
@@ -672,8 +675,8 @@ impl Job {
                 &format!("`{}` layers were not traced: drop it", model.model_type),
             );
         }
-        if self.method.is_peft() && (self.peft != PeftKind::Lora || self.lora.dora) {
-            let field = if self.lora.dora { "dora" } else { "peft" };
+        if self.method.is_peft() && (self.adapter.method != PeftKind::Lora || self.adapter.dora) {
+            let field = if self.adapter.dora { "dora" } else { "peft" };
             return refuse(field, "only plain LoRA adapters were traced: drop compile");
         }
         if !matches!(self.loss_impl(), LossImpl::Standard | LossImpl::Chunked) {
@@ -715,7 +718,7 @@ impl Job {
             );
         }
         match self.method {
-            Method::Lora | Method::Qlora => {}
+            Method::Adapters | Method::QuantizedAdapters => {}
             Method::Full => {
                 return refuse(
                     "method",
@@ -727,7 +730,7 @@ impl Job {
                 return refuse("method", "Unsloth's inference path was not read");
             }
         }
-        if self.method.is_peft() && self.peft != PeftKind::Lora {
+        if self.method.is_peft() && self.adapter.method != PeftKind::Lora {
             return refuse("peft", "Unsloth trains LoRA adapters only");
         }
         if !matches!(self.quantization, Quantization::None | Quantization::Nf4Dq) {
@@ -822,7 +825,9 @@ impl Job {
                         .to_owned(),
                 );
             }
-            Method::Lora | Method::Qlora if self.peft != PeftKind::Lora => {
+            Method::Adapters | Method::QuantizedAdapters
+                if self.adapter.method != PeftKind::Lora =>
+            {
                 return refuse(
                     "peft",
                     "mlx_lm.lora trains LoRA (and DoRA: `dora: true`) adapters and full \
@@ -842,7 +847,7 @@ impl Job {
                 ),
             );
         }
-        if self.method == Method::Qlora && !mlx_quant {
+        if self.method == Method::QuantizedAdapters && !mlx_quant {
             return refuse(
                 "quantization",
                 "QLoRA on MLX trains on an MLX-quantized model: use mlx-4bit (or another \

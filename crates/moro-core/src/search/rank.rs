@@ -13,8 +13,8 @@ const MAX_COMM_COST: u64 = 14;
 const fn method_quality(m: Method) -> u64 {
     match m {
         Method::Full => 2,
-        Method::Lora => 1,
-        Method::Qlora | Method::Inference => 0,
+        Method::Adapters => 1,
+        Method::QuantizedAdapters | Method::Inference => 0,
     }
 }
 
@@ -105,9 +105,9 @@ pub fn quality_key(c: &Config) -> [u64; KEY_LEN] {
 pub fn speed_key(c: &Config) -> [u64; KEY_LEN] {
     let peft = c.method.is_peft();
     let method = match c.method {
-        Method::Lora => 2,
+        Method::Adapters => 2,
         Method::Full => 1,
-        Method::Qlora | Method::Inference => 0,
+        Method::QuantizedAdapters | Method::Inference => 0,
     };
     let cost = c.layout.comm_cost();
     [

@@ -233,7 +233,7 @@ impl Space {
             );
         }
         let methods = match request.method {
-            MethodChoice::Auto => vec![Method::Full, Method::Lora, Method::Qlora],
+            MethodChoice::Auto => vec![Method::Full, Method::Adapters, Method::QuantizedAdapters],
             MethodChoice::Only(Method::Inference) => {
                 return invalid(
                     "method",
@@ -292,7 +292,7 @@ impl Space {
                     ),
                 );
             }
-            Some(_) => vec![Method::Qlora],
+            Some(_) => vec![Method::QuantizedAdapters],
             None => methods,
         };
         let profile = request.stack.profile();
@@ -303,7 +303,7 @@ impl Space {
         } else {
             methods
                 .into_iter()
-                .filter(|m| *m != Method::Qlora)
+                .filter(|m| *m != Method::QuantizedAdapters)
                 .collect()
         };
         if methods.is_empty() {
@@ -498,7 +498,7 @@ impl Space {
     pub fn job(&self, c: &Config) -> Job {
         let mut job = Job {
             method: c.method,
-            quantization: if c.method == Method::Qlora {
+            quantization: if c.method == Method::QuantizedAdapters {
                 self.qlora_quantization
             } else {
                 Quantization::None
@@ -547,11 +547,11 @@ impl Space {
             target_len: self.target_len,
             ..Job::default()
         };
-        job.lora.dropout = self.stack.profile().default_lora_dropout;
+        job.adapter.dropout = self.stack.profile().default_lora_dropout;
         if c.method.is_peft() {
-            job.lora.rank = c.rank;
-            job.lora.alpha = alpha_for_rank(c.rank);
-            job.lora.targets = self.targets(c.targets);
+            job.adapter.rank = c.rank;
+            job.adapter.alpha = alpha_for_rank(c.rank);
+            job.adapter.targets = self.targets(c.targets);
         }
         job
     }

@@ -33,14 +33,14 @@ use crate::model::{Linear, LinearRole, ModelSpec};
 #[must_use]
 pub fn with_job<'a>(model: &'a ModelSpec, job: &'a Job) -> (Cow<'a, ModelSpec>, Cow<'a, Job>) {
     let built = as_built(model, job.stack.profile());
-    let job = match (&built, &job.lora.targets) {
+    let job = match (&built, &job.adapter.targets) {
         (Cow::Owned(m), Targets::Names(_)) => {
-            let targets = crate::targets::resolve(m, &job.lora.targets);
-            if targets == job.lora.targets {
+            let targets = crate::targets::resolve(m, &job.adapter.targets);
+            if targets == job.adapter.targets {
                 Cow::Borrowed(job)
             } else {
                 let mut bound = job.clone();
-                bound.lora.targets = targets;
+                bound.adapter.targets = targets;
                 Cow::Owned(bound)
             }
         }

@@ -17,7 +17,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::bound::{Evaluation, JobClass, Point, Table};
-use crate::job::{Attention, Job, LoraConfig, Method, PeftKind, Precision, Quantization, Targets};
+use crate::job::{Attention, Job, Method, PeftConfig, PeftKind, Precision, Quantization, Targets};
 use crate::units::GIB;
 
 /// Status of one validated row.
@@ -62,7 +62,7 @@ pub fn naive_formula(model: &crate::model::ModelSpec, job: &Job) -> u64 {
     } else {
         0
     };
-    let lora = 2 * job.lora.rank * model.hidden_size * targets * 4;
+    let lora = 2 * job.adapter.rank * model.hidden_size * targets * 4;
     let opt = 2 * lora;
     let acts = if job.method == Method::Inference {
         0
@@ -454,9 +454,9 @@ fn estimate_row(
         // SDPA's math kernel: the probabilities are materialized, as in eager attention.
         job.attention = Attention::Eager;
     }
-    job.lora.targets = crate::targets::resolve(
+    job.adapter.targets = crate::targets::resolve(
         &crate::stack::as_built(&model, job.stack.profile()),
-        &job.lora.targets,
+        &job.adapter.targets,
     );
     resolve_peft(&model, &mut job, row.trainable_params)?;
     let estimate =
@@ -483,8 +483,8 @@ fn resolve_peft(
         return Ok(());
     }
     let count = |job: &Job| crate::estimate::weights::lora_params(model, job);
-    match job.peft {
-        PeftKind::Ia3 if job.lora.feedforward.is_none() => {
+    match job.adapter.method {
+        PeftKind::Ia3 if job.adapter.feedforward.is_none() => {
             if let Some(n) = trainable.filter(|&n| n != count(job)) {
                 let mlp: Vec<String> = model
                     .linears()
@@ -494,9 +494,9 @@ fn resolve_peft(
                     .map(|(_, l)| l.name.clone())
                     .collect();
                 let all_mlp = Job {
-                    lora: LoraConfig {
+                    adapter: PeftConfig {
                         feedforward: Some(Targets::Names(mlp)),
-                        ..job.lora.clone()
+                        ..job.adapter.clone()
                     },
                     ..job.clone()
                 };
@@ -509,7 +509,7 @@ fn resolve_peft(
         PeftKind::AdaLora => {
             if let Some(n) = trainable {
                 let mut one = job.clone();
-                one.lora.rank = 1;
+                one.adapter.rank = 1;
                 let per_rank = count(&one);
                 if per_rank == 0 || n % per_rank != 0 {
                     return Err(format!(
@@ -517,19 +517,19 @@ fn resolve_peft(
                          ({per_rank} per rank)"
                     ));
                 }
-                job.lora.rank = n / per_rank;
+                job.adapter.rank = n / per_rank;
             }
         }
         PeftKind::PromptTuning => {
             if let Some(n) = trainable {
                 let mut one = job.clone();
-                one.lora.virtual_tokens = 1;
+                one.adapter.virtual_tokens = 1;
                 let per_token = count(&one).max(1);
                 if n % per_token == 0 {
-                    job.lora.virtual_tokens = n / per_token;
+                    job.adapter.virtual_tokens = n / per_token;
                 }
             }
-            if job.lora.virtual_tokens == 0 {
+            if job.adapter.virtual_tokens == 0 {
                 return Err("prompt tuning: the number of virtual tokens is not given".to_owned());
             }
         }
@@ -565,8 +565,8 @@ fn predict_row(row: &Row, models: &dyn ModelSource) -> RowResult {
         status: Status::Skipped,
         source: row.source.clone(),
         method: Some(
-            if row.job.peft.is_adapter() || row.job.peft.is_other_peft() {
-                row.job.peft.as_str()
+            if row.job.adapter.method.is_adapter() || row.job.adapter.method.is_other_peft() {
+                row.job.adapter.method.as_str()
             } else {
                 row.job.method.as_str()
             },

@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use crate::hardware;
 use crate::job::{
-    Attention, FsdpApi, Job, LoraConfig, LossImpl, Method, Offload, Optimizer, Padding, Parallel,
+    Attention, FsdpApi, Job, LossImpl, Method, Offload, Optimizer, Padding, Parallel, PeftConfig,
     PeftKind, Precision, Quantization, Sharding, Stack, Targets, Versions,
 };
 use crate::units::GIB;
@@ -178,10 +178,10 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
     };
     let method = match method_text.as_str() {
         "full" => Method::Full,
-        "lora" => Method::Lora,
-        "qlora" | "gptq-lora" => Method::Qlora,
+        "lora" => Method::Adapters,
+        "qlora" | "gptq-lora" => Method::QuantizedAdapters,
         m if m.starts_with("inference") => Method::Inference,
-        _ if peft.is_adapter() || peft.is_other_peft() => Method::Lora,
+        _ if peft.is_adapter() || peft.is_other_peft() => Method::Adapters,
         other => {
             return Err(format!(
                 "PEFT method `{other}` is not modelled (LoRA/QLoRA, DoRA, IA³, VeRA, AdaLoRA, LoHa, \
@@ -216,8 +216,8 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
     } else {
         return Err(format!("quantization `{quant_text}` is not modelled"));
     };
-    let method = if method == Method::Lora && quantization != Quantization::None {
-        Method::Qlora
+    let method = if method == Method::Adapters && quantization != Quantization::None {
+        Method::QuantizedAdapters
     } else {
         method
     };
@@ -341,9 +341,9 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
     };
 
     // LoRA.
-    let mut lora = LoraConfig {
+    let mut lora = PeftConfig {
         dropout: 0.0,
-        ..LoraConfig::default()
+        ..PeftConfig::default()
     };
     if let Some(l) = v.get("lora").filter(|l| !l.is_null()) {
         if let Some(r) = num(l, "r") {
@@ -519,7 +519,10 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
     let job = Job {
         method,
         quantization,
-        lora,
+        adapter: PeftConfig {
+            method: peft,
+            ..lora
+        },
         micro_batch_size,
         seq_len,
         grad_accum: num(v, "grad_accum").unwrap_or(1).max(1),
@@ -563,7 +566,6 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
                     .then_some((0, 32, 1))
             }),
         },
-        peft,
         kv_dtype: if precision == Precision::Fp32 || fp32_kv {
             crate::job::KvDtype::F32
         } else {

@@ -60,7 +60,7 @@ pub fn seq2seq_settings(t: &Value) -> JobSettings {
     JobSettings {
         method: Some(match j["method"].as_str().unwrap() {
             "full" => Method::Full,
-            _ => Method::Lora,
+            _ => Method::Adapters,
         }),
         precision: Some(match j["precision"].as_str().unwrap() {
             "bf16-mixed" => Precision::Bf16Mixed,

@@ -22,15 +22,15 @@ pub(crate) fn axolotl(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
         Method::Full | Method::Inference => {}
     }
     if p.is_peft() {
-        m.set("lora_r", p.lora.rank);
+        m.set("lora_r", p.adapter.rank);
         m.set("lora_alpha", p.alpha());
-        m.set("lora_dropout", p.lora.dropout);
+        m.set("lora_dropout", p.adapter.dropout);
         if p.all_linear() {
             m.set("lora_target_linear", true);
         } else {
             m.set("lora_target_modules", Value::from(p.target_names().0));
         }
-        if p.lora.dora {
+        if p.adapter.dora {
             m.set("peft_use_dora", true);
         }
     }

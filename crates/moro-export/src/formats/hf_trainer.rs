@@ -30,11 +30,11 @@ pub(crate) fn hf_trainer(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
         w.push(format!(
             "TrainingArguments has no fields for LoRA: wrap the model with peft LoraConfig(r={}, lora_alpha={}, \
              lora_dropout={}, target_modules={}{})",
-            p.lora.rank,
+            p.adapter.rank,
             literal(&p.alpha()),
-            crate::value::float_text(p.lora.dropout),
+            crate::value::float_text(p.adapter.dropout),
             if p.all_linear() { "\"all-linear\"".to_owned() } else { literal(&Value::from(p.target_names().0)) },
-            if p.lora.dora { ", use_dora=True" } else { "" }
+            if p.adapter.dora { ", use_dora=True" } else { "" }
         ));
     }
     w.push(format!(

@@ -59,9 +59,9 @@ pub(crate) fn llamafactory(p: &Plan<'_>, main: &str) -> Result<Out, ExportError>
     m.set("do_train", true);
     m.set("finetuning_type", if p.is_peft() { "lora" } else { "full" });
     if p.is_peft() {
-        m.set("lora_rank", p.lora.rank);
+        m.set("lora_rank", p.adapter.rank);
         m.set("lora_alpha", p.alpha());
-        m.set("lora_dropout", p.lora.dropout);
+        m.set("lora_dropout", p.adapter.dropout);
         m.set(
             "lora_target",
             if p.all_linear() {
@@ -70,7 +70,7 @@ pub(crate) fn llamafactory(p: &Plan<'_>, main: &str) -> Result<Out, ExportError>
                 p.target_names().0.join(",")
             },
         );
-        if p.lora.dora {
+        if p.adapter.dora {
             m.set("use_dora", true);
         }
     }

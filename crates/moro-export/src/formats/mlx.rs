@@ -84,7 +84,7 @@ pub(crate) fn mlx(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
     m.set("data", mlx_data(&dataset, &mut w));
     m.set(
         "fine_tune_type",
-        match (p.is_peft(), p.lora.dora) {
+        match (p.is_peft(), p.adapter.dora) {
             (false, _) => "full",
             (true, false) => "lora",
             (true, true) => "dora",
@@ -133,11 +133,11 @@ pub(crate) fn mlx(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
     m.set("seed", 0_u64);
     if p.is_peft() {
         let mut lora = Map::new();
-        lora.set("rank", p.lora.rank);
+        lora.set("rank", p.adapter.rank);
         #[allow(clippy::cast_precision_loss)]
-        let scale = p.lora.alpha / p.lora.rank.max(1) as f64;
+        let scale = p.adapter.alpha / p.adapter.rank.max(1) as f64;
         lora.set("scale", scale);
-        lora.set("dropout", p.lora.dropout);
+        lora.set("dropout", p.adapter.dropout);
         // No `keys`: every Linear of each adapted block (`get_keys_for_lora`).
         if !p.all_linear() {
             lora.set("keys", Value::from(mlx_keys(p)));

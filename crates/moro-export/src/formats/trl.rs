@@ -118,16 +118,16 @@ pub(super) fn trl_cli(
     ];
     if p.is_peft() {
         a.push(("use_peft".into(), "true".into()));
-        a.push(("lora_r".into(), p.lora.rank.to_string()));
+        a.push(("lora_r".into(), p.adapter.rank.to_string()));
         a.push((
             "lora_alpha".into(),
-            crate::value::float_text(p.lora.alpha)
+            crate::value::float_text(p.adapter.alpha)
                 .trim_end_matches(".0")
                 .to_owned(),
         ));
         a.push((
             "lora_dropout".into(),
-            crate::value::float_text(p.lora.dropout),
+            crate::value::float_text(p.adapter.dropout),
         ));
         let targets = if p.all_linear() {
             vec!["all-linear".to_owned()]
@@ -135,7 +135,7 @@ pub(super) fn trl_cli(
             p.target_names().0
         };
         a.push(("lora_target_modules".into(), targets.join(" ")));
-        if p.lora.dora {
+        if p.adapter.dora {
             a.push(("use_dora".into(), "true".into()));
         }
     }
@@ -351,14 +351,14 @@ pub(super) fn lora_kwargs(p: &Plan<'_>) -> Vec<(&'static str, Py)> {
         Value::from(p.target_names().0).into()
     };
     let mut v: Vec<(&'static str, Py)> = vec![
-        ("r", p.lora.rank.into()),
+        ("r", p.adapter.rank.into()),
         ("lora_alpha", Py::Lit(p.alpha())),
-        ("lora_dropout", p.lora.dropout.into()),
+        ("lora_dropout", p.adapter.dropout.into()),
         ("target_modules", targets),
         ("bias", "none".into()),
         ("task_type", "CAUSAL_LM".into()),
     ];
-    if p.lora.dora {
+    if p.adapter.dora {
         v.push(("use_dora", true.into()));
     }
     v

@@ -113,16 +113,16 @@ pub(crate) fn unsloth(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
             );
         }
         let mut peft: Vec<(&str, Py)> = vec![
-            ("r", p.lora.rank.into()),
+            ("r", p.adapter.rank.into()),
             ("target_modules", Value::from(targets).into()),
             ("lora_alpha", Py::Lit(p.alpha())),
-            ("lora_dropout", p.lora.dropout.into()),
+            ("lora_dropout", p.adapter.dropout.into()),
             ("bias", "none".into()),
             ("use_gradient_checkpointing", gc),
             ("random_state", 3407_u64.into()),
             ("max_seq_length", p.t.max_seq_length.into()),
         ];
-        if p.lora.dora {
+        if p.adapter.dora {
             peft.push(("use_dora", true.into()));
         }
         s.push_str(&format!(

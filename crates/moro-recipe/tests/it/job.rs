@@ -1,8 +1,8 @@
 //! Recipe ⇄ engine Job.
 
 use moro_core::job::{
-    Attention, Job, JobError, KvDtype, LoraConfig, LossImpl, Method, Offload, Optimizer, Padding,
-    Parallel, PeftKind, Precision, Quantization, Sharding, Stack, Targets, Versions,
+    Attention, Job, JobError, KvDtype, LossImpl, Method, Offload, Optimizer, Padding, Parallel,
+    PeftConfig, PeftKind, Precision, Quantization, Sharding, Stack, Targets, Versions,
 };
 use moro_recipe::choices::LrScheduler;
 use moro_recipe::{Recipe, TrainingExtras, to_yaml};
@@ -12,12 +12,12 @@ use crate::{FULL, PRODUCT, ok};
 #[test]
 fn the_product_example_is_a_qlora_job() {
     let job = ok(PRODUCT).to_job().unwrap();
-    assert_eq!(job.method, Method::Qlora);
+    assert_eq!(job.method, Method::QuantizedAdapters);
     assert_eq!(job.quantization, Quantization::Nf4);
-    assert_eq!(job.lora.rank, 16);
-    assert_eq!(job.lora.alpha, 32.0);
-    assert_eq!(job.lora.dropout, 0.05);
-    assert_eq!(job.lora.targets, LoraConfig::default().targets);
+    assert_eq!(job.adapter.rank, 16);
+    assert_eq!(job.adapter.alpha, 32.0);
+    assert_eq!(job.adapter.dropout, 0.05);
+    assert_eq!(job.adapter.targets, PeftConfig::default().targets);
     assert_eq!(
         (job.micro_batch_size, job.grad_accum, job.seq_len),
         (2, 8, 2048)
@@ -36,11 +36,11 @@ fn omitted_fields_mean_the_engine_defaults() {
 #[test]
 fn every_field_maps() {
     let job = ok(FULL).to_job().unwrap();
-    assert_eq!(job.method, Method::Lora);
-    assert_eq!(job.lora.targets, Targets::AllLinear);
-    assert!(job.lora.dora);
+    assert_eq!(job.method, Method::Adapters);
+    assert_eq!(job.adapter.targets, Targets::AllLinear);
+    assert!(job.adapter.dora);
     assert_eq!(
-        (job.lora.rank, job.lora.alpha, job.lora.dropout),
+        (job.adapter.rank, job.adapter.alpha, job.adapter.dropout),
         (64, 128.0, 0.0)
     );
     assert_eq!(job.precision, Precision::Bf16);
@@ -84,15 +84,15 @@ fn jobs() -> Vec<Job> {
     let d = Job::default();
     let mut v = vec![d.clone()];
     let all = Job {
-        method: Method::Qlora,
+        method: Method::QuantizedAdapters,
         quantization: Quantization::Fp4Dq,
-        lora: LoraConfig {
+        adapter: PeftConfig {
             rank: 128,
             alpha: 16.5,
             dropout: 0.1,
             targets: Targets::Names(vec!["q_proj".into(), "yes".into()]),
             dora: true,
-            ..LoraConfig::default()
+            ..PeftConfig::default()
         },
         micro_batch_size: 7,
         seq_len: 16_384,
@@ -125,7 +125,6 @@ fn jobs() -> Vec<Job> {
             mlx: Some((0, 32, 1)),
         },
         optimizer_in_backward: false,
-        peft: PeftKind::Lora,
         images: moro_core::vision::Images {
             per_sample: 2,
             width: 1280,
@@ -146,7 +145,7 @@ fn jobs() -> Vec<Job> {
     v.push(all);
     // MLX's own settings: its quantized storage and the last layers that train.
     v.push(Job {
-        method: Method::Qlora,
+        method: Method::QuantizedAdapters,
         quantization: Quantization::Mlx4G32,
         stack: Stack::Mlx,
         adapted_layers: Some(8),
@@ -161,7 +160,7 @@ fn jobs() -> Vec<Job> {
         ..d.clone()
     });
     for m in Method::ALL {
-        let quantization = if m == Method::Qlora {
+        let quantization = if m == Method::QuantizedAdapters {
             Quantization::Nf4
         } else {
             Quantization::None
@@ -176,9 +175,9 @@ fn jobs() -> Vec<Job> {
             v.push(Job {
                 method: m,
                 quantization,
-                lora: LoraConfig {
+                adapter: PeftConfig {
                     rank: 8,
-                    ..LoraConfig::default()
+                    ..PeftConfig::default()
                 },
                 ..d.clone()
             });
@@ -270,22 +269,22 @@ fn jobs() -> Vec<Job> {
         ..d.clone()
     });
     v.push(Job {
-        lora: LoraConfig {
+        adapter: PeftConfig {
             targets: Targets::AllLinear,
-            ..LoraConfig::default()
+            ..PeftConfig::default()
         },
         ..d.clone()
     });
     // Every PEFT method with the settings of its own.
     for peft in PeftKind::ALL.into_iter().filter(|p| !p.is_adapter()) {
         v.push(Job {
-            peft,
-            lora: LoraConfig {
+            adapter: PeftConfig {
+                method: peft,
                 rank: 8,
                 dora: peft == PeftKind::Lora,
                 virtual_tokens: if peft.uses_virtual_tokens() { 64 } else { 20 },
                 decompose_factor: (peft == PeftKind::LoKr).then_some(4),
-                ..LoraConfig::default()
+                ..PeftConfig::default()
             },
             ..d.clone()
         });
@@ -313,9 +312,9 @@ fn jobs_without_adapters_write_no_adapter_settings() {
     for method in [Method::Full, Method::Inference] {
         let job = Job {
             method,
-            lora: LoraConfig {
+            adapter: PeftConfig {
                 rank: 8,
-                ..LoraConfig::default()
+                ..PeftConfig::default()
             },
             ..Job::default()
         };

@@ -724,7 +724,7 @@ pub(crate) fn fit(rows_text: &str, machine: Option<&Value>) -> Result<Profile, S
         let Ok(row) = interpret(v) else { continue };
         let Ok(spec) = spec_for_row(v) else { continue };
         let mut job = row.job.clone();
-        job.lora.targets = moro_core::targets::resolve(&spec, &job.lora.targets);
+        job.adapter.targets = moro_core::targets::resolve(&spec, &job.adapter.targets);
         let Ok(est) = estimate(&spec, &job, &base) else {
             continue;
         };

@@ -651,7 +651,7 @@ fn short_recipe(job: &moro_core::job::Job, with_method: bool) -> String {
         words.push(job.method.as_str().to_owned());
     }
     if job.method.is_peft() {
-        words.push(format!("r{}", job.lora.rank));
+        words.push(format!("r{}", job.adapter.rank));
     }
     words.push(format!("{}×{}", job.micro_batch_size, job.grad_accum));
     if job.gradient_checkpointing {

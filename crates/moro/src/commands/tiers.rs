@@ -48,7 +48,7 @@ pub(crate) const TIERS: &[(&str, &[&str], Stack)] = &[
 /// LoRA and full fine-tuning on a Mac.
 fn methods_of(stack: Stack) -> Vec<MethodChoice> {
     if stack == Stack::Mlx {
-        [Method::Qlora, Method::Lora, Method::Full]
+        [Method::QuantizedAdapters, Method::Adapters, Method::Full]
             .into_iter()
             .map(MethodChoice::Only)
             .collect()
@@ -165,8 +165,8 @@ fn cell(
         c.model = Some(id);
         c.parameters = Some(params);
         c.method = Some(b.job.method.as_str());
-        c.lora_rank = peft.then_some(b.job.lora.rank);
-        c.lora_alpha = peft.then_some(b.job.lora.alpha);
+        c.lora_rank = peft.then_some(b.job.adapter.rank);
+        c.lora_alpha = peft.then_some(b.job.adapter.alpha);
         c.seq_len = Some(b.job.seq_len);
         c.micro_batch_size = Some(b.job.micro_batch_size);
         c.gradient_checkpointing = Some(b.job.gradient_checkpointing);

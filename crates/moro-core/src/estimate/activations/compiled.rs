@@ -58,7 +58,7 @@ impl Ctx<'_> {
         };
         // SDPA and FlashAttention save their output; eager attention saves only its inputs.
         let kernel_saves_out = job.attention != Attention::Eager;
-        let dropout = peft && job.lora.dropout > 0.0;
+        let dropout = peft && job.adapter.dropout > 0.0;
         let a = m.num_heads / tp;
         let ad = m.q_width() / tp;
         let kd = m.kv_width() / tp;
@@ -90,7 +90,7 @@ impl Ctx<'_> {
                 let b = if full { o } else { adapter_in };
                 bytes += width * b;
             }
-            bytes += adapted * job.lora.rank * adapter_in;
+            bytes += adapted * job.adapter.rank * adapter_in;
         }
 
         if m.qk_norm {

@@ -79,7 +79,7 @@ impl Ctx<'_> {
                 kv_inputs += self
                     .adapter_cast_bytes(o)
                     .map_or(0, |cb| cb * l.in_features);
-                kv_inputs += job.lora.rank * ab;
+                kv_inputs += job.adapter.rank * ab;
             }
         }
         let k_norm = 4 * kd + 4 * kvh + if full { o * kd } else { 0 };

@@ -208,8 +208,8 @@ impl Ctx<'_> {
 
     /// Prefix tuning's virtual tokens (0 for every other method).
     fn prefix_tokens(&self) -> u64 {
-        if self.job.method.is_peft() && self.job.peft == PeftKind::PrefixTuning {
-            self.job.lora.virtual_tokens
+        if self.job.method.is_peft() && self.job.adapter.method == PeftKind::PrefixTuning {
+            self.job.adapter.virtual_tokens
         } else {
             0
         }
@@ -322,7 +322,7 @@ impl Ctx<'_> {
             Group::AttnOut => attn_b,
             Group::MlpOut => o,
         };
-        let dropout = peft && job.lora.dropout > 0.0;
+        let dropout = peft && job.adapter.dropout > 0.0;
         let ab = if r.autocast { 2 } else { r.adapter_bytes };
         for grp in [Group::AttnIn, Group::AttnOut, Group::MlpIn, Group::MlpOut] {
             let xb = group_input_bytes(grp);
@@ -368,7 +368,11 @@ impl Ctx<'_> {
                         shared = false;
                     }
                 }
-                if peft && job.peft.uses_targets() && job.adapts(l) && job.adapts_stacked(l) {
+                if peft
+                    && job.adapter.method.uses_targets()
+                    && job.adapts(l)
+                    && job.adapts_stacked(l)
+                {
                     // A LoRA-wrapped stack (`ParamWrapper`): the merged weight requires grad,
                     // so `grouped_mm` saves its input, gathered once for gate and up; no
                     // adapter runs on the tokens (the merged weights: `Activations::new`).
@@ -378,9 +382,9 @@ impl Ctx<'_> {
                     stacked_gathered = true;
                     continue;
                 }
-                if peft && job.peft.uses_targets() && job.adapts(l) {
+                if peft && job.adapter.method.uses_targets() && job.adapts(l) {
                     let adapter_out = l.out_features / tp * mult;
-                    match job.peft {
+                    match job.adapter.method {
                         PeftKind::Ia3 if super::weights::ia3_feedforward(m, job, l) => {
                             // `x = x.to(ia3_l.dtype)`; `x * ia3_scaling` saves that copy
                             // (`ia3/layer.py` `Linear.forward`); the frozen base saves none.
@@ -400,7 +404,7 @@ impl Ctx<'_> {
                             // `lambda_d * F.linear(x, A)` and `lambda_b * F.linear(·, B)` save
                             // the r- and out-wide projections (`vera/layer.py`); the frozen
                             // A and B save no input.
-                            bytes += (job.lora.rank * mult + adapter_out) * ab;
+                            bytes += (job.adapter.rank * mult + adapter_out) * ab;
                             continue;
                         }
                         PeftKind::AdaLora => {
@@ -434,10 +438,12 @@ impl Ctx<'_> {
                     // lora_A's output, saved by lora_B (LoHa has none: `F.linear(x, ΔW)`
                     // saves the cast input and its weight, counted per layer; nor OFT: its
                     // `einsum` saves the cast input and the blocks).
-                    if !(job.peft.builds_delta_weight() || job.peft == PeftKind::Oft) {
-                        bytes += job.lora.rank * ab * mult * l.count.min(1);
+                    if !(job.adapter.method.builds_delta_weight()
+                        || job.adapter.method == PeftKind::Oft)
+                    {
+                        bytes += job.adapter.rank * ab * mult * l.count.min(1);
                     }
-                    if job.lora.dora {
+                    if job.adapter.dora {
                         bytes +=
                             super::dora::saved_per_token(job, r, l.out_features / tp, o) * mult;
                     }
@@ -572,7 +578,7 @@ impl Ctx<'_> {
             n_norms * per_norm
         };
         if peft
-            && job.peft == PeftKind::LnTuning
+            && job.adapter.method == PeftKind::LnTuning
             && !(job.liger.rms_norm && m.norm == NormKind::RmsNorm)
         {
             // A trainable norm weight: `self.weight * hidden_states.to(input_dtype)` saves the
@@ -854,7 +860,7 @@ impl Ctx<'_> {
         let c = self.linear_out_bytes(s);
         let ad = m.q_width() / tp;
         let a = m.num_heads / tp;
-        let v2 = self.job.peft == PeftKind::AdapterV2;
+        let v2 = self.job.adapter.method == PeftKind::AdapterV2;
         let start = ADAPTER_START_LAYER;
         let parallel = parallel_residual(m);
         let bnb = r.quantized_saves_input;
@@ -1080,7 +1086,7 @@ fn stacked_lora(model: &ModelSpec, job: &Job, r: &Regime, tp: u64) -> (u64, u64,
             } else {
                 2 * l.out_features
             };
-            let factors = job.lora.rank * l.count * (l.in_features + b_rows);
+            let factors = job.adapter.rank * l.count * (l.in_features + b_rows);
             let casts = if r.adapter_bytes == w { 0 } else { factors * w };
             layer += merged + casts;
             if is_down {
@@ -1154,7 +1160,7 @@ impl Activations {
         let held_by_loop = job.stack.profile().loop_keeps_previous_loss
             && r.quantized_saves_input
             && job.padding != Padding::LongestFirst;
-        let adapter = job.peft.is_adapter() && job.method.is_peft();
+        let adapter = job.adapter.method.is_adapter() && job.method.is_peft();
         let scope = job.stack.profile().compile;
         let mut idx = 0u64;
         for (gi, g) in model.layers.iter().enumerate() {
@@ -1259,7 +1265,7 @@ impl Activations {
                 + model.gemma3n.as_ref().map_or(0, |g| ctx.gemma3n_outside(g))
         };
         let mut head_fixed = 0u64;
-        if adapter && job.peft == PeftKind::AdapterV2 {
+        if adapter && job.adapter.method == PeftKind::AdapterV2 {
             // v2: `ln_f` is trainable (RMSNorm saves the fp32 `x_normed` for its weight), and
             // `lm_head` is an `AdapterV2Linear` whose mul saves the pre-scale logits, each
             // 128-token chunk's until its backward (`lit_gpt/adapter_v2.py`).
@@ -1361,16 +1367,16 @@ impl Activations {
         // r × b × b tensors, b = in / r.
         let ab = r.adapter_bytes;
         let fixed = |l: &Linear| -> u64 {
-            match job.peft {
+            match job.adapter.method {
                 PeftKind::LoHa | PeftKind::LoKr => l.weight_numel() * ab,
-                PeftKind::Oft => 4 * l.in_features * (l.in_features / job.lora.rank.max(1)) * ab,
-                PeftKind::Lora if job.lora.dora => super::dora::saved_per_module(job, r, l),
+                PeftKind::Oft => 4 * l.in_features * (l.in_features / job.adapter.rank.max(1)) * ab,
+                PeftKind::Lora if job.adapter.dora => super::dora::saved_per_module(job, r, l),
                 _ => 0,
             }
         };
-        let per_module_saves = match job.peft {
+        let per_module_saves = match job.adapter.method {
             PeftKind::LoHa | PeftKind::LoKr | PeftKind::Oft => true,
-            PeftKind::Lora => job.lora.dora,
+            PeftKind::Lora => job.adapter.dora,
             _ => false,
         };
         let (delta_all, delta_one, delta_bwd) = if job.method.is_peft() && per_module_saves {
@@ -1396,7 +1402,7 @@ impl Activations {
             } else {
                 model.layers.iter().map(|g| g.count * per_layer(g)).sum()
             };
-            let bwd = match job.peft {
+            let bwd = match job.adapter.method {
                 PeftKind::LoHa => 4 * widest,
                 // `kron`'s backward (`rebuild * scale`, then the two broadcast products
                 // it reduces): the incoming ΔW gradient, its scaled copy and one product.

@@ -102,7 +102,7 @@ impl Ctx<'_> {
         }
         job.method.is_peft()
             && job.adapts(l)
-            && job.lora.dropout == 0.0
+            && job.adapter.dropout == 0.0
             && self.adapter_cast_bytes(xb).is_none()
     }
 

@@ -153,7 +153,7 @@ fn push_linear<'m>(
         });
     }
     if job.method.is_peft() && job.adapts(l) {
-        let rank = job.lora.rank;
+        let rank = job.adapter.rank;
         out.push(of("lora_A", rank * l.in_features, r.adapter_bytes, true));
         out.push(of("lora_B", l.out_features * rank, r.adapter_bytes, true));
     }

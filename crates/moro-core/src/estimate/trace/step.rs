@@ -43,9 +43,9 @@ use super::{Builder, Tensor, Trace};
 pub fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
     let peft_ok = match job.method {
         Method::Full => true,
-        Method::Lora | Method::Qlora => {
-            job.peft == PeftKind::Lora
-                && !job.lora.dora
+        Method::Adapters | Method::QuantizedAdapters => {
+            job.adapter.method == PeftKind::Lora
+                && !job.adapter.dora
                 && model.encoder.is_none()
                 && matches!(
                     job.quantization,

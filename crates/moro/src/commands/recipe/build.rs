@@ -176,7 +176,7 @@ mod tests {
                 "2x8xh100-sxm",
                 Method::Full,
             ),
-            ("Qwen/Qwen2.5-32B", "4xrtx-4090", Method::Lora),
+            ("Qwen/Qwen2.5-32B", "4xrtx-4090", Method::Adapters),
             ("Qwen/Qwen2.5-1.5B", "2xa100-sxm4-80gb", Method::Full),
         ];
         for (id, hw, method) in cases {

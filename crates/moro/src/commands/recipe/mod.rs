@@ -290,7 +290,7 @@ fn nothing_fits(
         || {
             let class = JobClass {
                 stack: request.stack,
-                method: moro_core::job::Method::Lora,
+                method: moro_core::job::Method::Adapters,
                 sharded: false,
             };
             margin_rule(class, moro_core::validation::Metric::Device)

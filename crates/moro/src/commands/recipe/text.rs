@@ -102,13 +102,16 @@ fn layout_lines(request: &Request, cand: &Candidate) -> String {
 pub(crate) fn describe(job: &Job) -> String {
     let mut s = job.method.as_str().to_owned();
     if job.method.is_peft() {
-        let t = match &job.lora.targets {
+        let t = match &job.adapter.targets {
             moro_core::job::Targets::AllLinear => "all-linear".to_owned(),
             moro_core::job::Targets::Names(v) => v.join(","),
         };
-        s.push_str(&format!(" r={} α={} on {t}", job.lora.rank, job.lora.alpha));
+        s.push_str(&format!(
+            " r={} α={} on {t}",
+            job.adapter.rank, job.adapter.alpha
+        ));
     }
-    if job.method == Method::Qlora {
+    if job.method == Method::QuantizedAdapters {
         s.push_str(&format!(" ({})", job.quantization.as_str()));
     }
     let tokens = job.tokens_in_words();
