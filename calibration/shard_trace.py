@@ -1664,7 +1664,7 @@ def build_parser():
     src.add_argument("--builtin", help="built-in tiny config of the oracle (tiny-llama, ...)")
     p.add_argument("--override", action="append", help="config override KEY=JSON (repeatable)")
     p.add_argument("--table", nargs="+", help="print a markdown table of these fixture files")
-    p.add_argument("--matrix", help="run a named fixture matrix (tiny-fsdp1, tiny-fsdp2, tiny-events, llama1b, world8, llama7b, llama70b-qlora, transformers-4.48, all)")
+    p.add_argument("--matrix", help="run a named fixture matrix (tiny-fsdp1, tiny-fsdp2, tiny-events, llama1b, world8, llama7b, llama70b-qlora, llama70b-qlora-offload, transformers-4.48, all)")
     p.add_argument("--fsdp", type=int, choices=[1, 2], default=1)
     p.add_argument("--stack", choices=["hf", "torchtune"], default="hf")
     p.add_argument("--method", choices=["full", "lora", "qlora"], default="full")
@@ -1897,6 +1897,15 @@ MATRIX = {
         (L70B + ["--fsdp", "1", "--override", "num_hidden_layers=8", "--no-orig-params"], [0]),
         (L70B + ["--fsdp", "1", "--override", "num_hidden_layers=8", "--load", "rank0-cpu"], [0]),
         (L70B + ["--fsdp", "2", "--override", "num_hidden_layers=8"], [0]),
+    ]),
+    # PEFT's FSDP-QLoRA recipe with CPU offload of the parameters (accelerate's
+    # fsdp_offload_params with cpu_ram_efficient_loading).
+    "llama70b-qlora-offload": ("fsdp-offload.jsonl", [
+        (L70B + ["--fsdp", "1", "--cpu-offload", "--load", "rank0-cpu", "--override", "num_hidden_layers=4"],
+         [0, 1]),
+        (L70B + ["--fsdp", "1", "--cpu-offload", "--load", "rank0-cpu", "--override", "num_hidden_layers=8",
+                 "--world", "4"], [0]),
+        (L70B + ["--fsdp", "1", "--cpu-offload", "--load", "rank0-cpu"], [0]),
     ]),
     "transformers-4.48": ("fsdp-transformers-4.48.jsonl", [
         (M7B_TF4 + ["--fsdp", "1", "--method", "qlora", "--batch", "4"], [0]),

@@ -6,7 +6,7 @@
 //! (`measured.by_stream_at_peak` in `validation/oracle-traces/fsdp-*.jsonl`).
 //!
 //! moro names the same bytes at its own peak ([`moro_core::estimate::rank::RankParts`]:
-//! `all_gather_stream`, `reduce_scatter_stream`). Where the two peaks fall at slightly
+//! `all_gather_stream`, `reduce_scatter_stream`, `pre_unshard_stream`). Where the two peaks fall at slightly
 //! different moments of backward the difference is the unit FSDP was gathering or the
 //! gradients it had not yet reduced there, so each stream is held to within one gathered
 //! layer unit, and two sharded layer gradients plus 128 MiB, of the trace.
@@ -50,6 +50,7 @@ fn stream(by: &serde_json::Value, names: &[&str]) -> u64 {
 #[test]
 fn side_streams_at_the_peak_follow_the_rank_traces() {
     let mut compared = 0;
+    let mut offloaded = 0;
     for t in traces() {
         // A rank whose peak is the model's load holds nothing on FSDP's streams.
         let traced_phase = t["measured"]["peak_at"]["phase"].as_str().unwrap_or("");
@@ -80,6 +81,7 @@ fn side_streams_at_the_peak_follow_the_rank_traces() {
             ],
         );
         let rs = stream(by, &["post_backward_stream", "reduce_scatter_stream"]);
+        let pre = stream(by, &["pre_unshard_stream"]);
         eprintln!(
             "{:90} {:>15} ag {:>6.3} / {:>6.3} GiB  rs {:>6.3} / {:>6.3} GiB  cached {:.3}",
             &id[7..id.len().min(97)],
@@ -100,7 +102,18 @@ fn side_streams_at_the_peak_follow_the_rank_traces() {
             "{id}: reduce-scatter stream {} vs traced {rs}",
             rank.reduce_scatter_stream
         );
+        // Under CPU offload: the gathered units' shards copied back from the host, to within
+        // one unit's shard (moro counts the prefetched unit's too).
+        assert!(
+            rank.pre_unshard_stream.abs_diff(pre) <= st.unit / st.group.max(1),
+            "{id}: pre-unshard stream {} vs traced {pre}",
+            rank.pre_unshard_stream
+        );
+        if pre > 0 {
+            offloaded += 1;
+        }
         compared += 1;
     }
     assert!(compared >= 50, "{compared} ranks compared");
+    assert!(offloaded >= 4, "{offloaded} offloaded ranks compared");
 }

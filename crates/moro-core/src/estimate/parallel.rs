@@ -93,6 +93,10 @@ pub struct FsdpStreams {
     /// all-gather, on the pre-unshard stream (`FlatParamHandle._use_low_precision_shard`:
     /// `_mp_shard`); `false` when the shard is stored in that dtype.
     pub low_precision_shards: bool,
+    /// FSDP1 under CPU offload copies a unit's shard from the host before its all-gather
+    /// and keeps the copy until the unit reshards (`FlatParamHandle.pre_unshard`:
+    /// `flat_param_to`): the gathered sizes above are without it.
+    pub offloaded_shards: bool,
     /// Ranks a unit is sharded over.
     pub group: u64,
 }
@@ -396,7 +400,9 @@ impl Sharded {
                     // backward.
                     s.weights +=
                         base.saturating_sub(model.layer_params() * pb / tp) * (group - 1) / group;
-                } else if sharding != Sharding::FsdpShardGradOp && !offload {
+                } else if sharding != Sharding::FsdpShardGradOp
+                    && (!offload || p.fsdp == crate::job::FsdpApi::Fsdp1)
+                {
                     // The root unit (embeddings, final norm, lm_head) is never resharded after
                     // forward (torch 2.4 `_runtime_utils.py` `_post_forward_reshard`:
                     // `free_unsharded_flat_param = not state._is_root and …`); its backward
@@ -420,11 +426,30 @@ impl Sharded {
                     s.gathered_root = non_layer * bytes / tp;
                     s.gathered_params += s.gathered_root;
                 }
+                let root_gathered = s.gathered_root;
+                // FSDP1 under CPU offload moves a unit's shard to the GPU before its
+                // all-gather (torch 2.15 `_flat_param.py` `pre_unshard`:
+                // `flat_param_to(self.device)`, on the pre-unshard stream), and the copy stays
+                // the flat parameter's data until the unit reshards (`_use_sharded_flat_param`
+                // points it back at the host shard): each gathered unit, the root too, holds
+                // its shard beside it (`validation/oracle-traces/fsdp-offload.jsonl`). With a
+                // mixed-precision cast the shard is cast instead, and that copy is freed after
+                // the all-gather (`_free_low_precision_sharded_param`).
+                let cast = tb > gather_bytes && !(lightning && job.grad_accum > 1);
+                let shard_copies =
+                    offload && p.fsdp == crate::job::FsdpApi::Fsdp1 && !(full && cast);
+                let unit_held = if shard_copies {
+                    s.gathered_root += s.gathered_root / group;
+                    s.gathered_params = 2 * (unit_bytes + unit_bytes / group) + s.gathered_root;
+                    unit_bytes + unit_bytes / group
+                } else {
+                    unit_bytes
+                };
                 // At the loss one layer unit is gathered beside the root: the last layer's,
                 // prefetched for its backward (FSDP1 `BACKWARD_PRE`, torchtune's FSDP2; the
                 // rank traces of `validation/oracle-traces/fsdp-world-8.jsonl` list it on the
                 // unshard stream at the loss's peak, accelerate's FSDP2 none).
-                s.gathered_at_loss = s.gathered_params.saturating_sub(unit_bytes);
+                s.gathered_at_loss = s.gathered_params.saturating_sub(unit_held);
                 s.states_on_gpu = if offload { 0 } else { states / group };
                 // A unit's gradient as autograd assembles it, in backward only: its modules
                 // run on views of the flat parameter (`_use_unsharded_views`: `torch.split`,
@@ -468,17 +493,17 @@ impl Sharded {
                 } else {
                     unit_trainable / group
                 };
-                let cast = tb > gather_bytes && !(lightning && job.grad_accum > 1);
                 s.fsdp_streams = Some(FsdpStreams {
                     api: p.fsdp,
                     unit: unit_bytes,
-                    root: s.gathered_root,
+                    root: root_gathered,
                     units: layers / pp,
                     unit_grad,
                     root_grad: s.root_grads,
                     cast_from: cast.then_some((tb, gather_bytes)),
                     grads_to_host: offload,
                     low_precision_shards: full && cast && p.fsdp == crate::job::FsdpApi::Fsdp1,
+                    offloaded_shards: shard_copies,
                     group,
                 });
                 if offload {

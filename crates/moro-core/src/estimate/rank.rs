@@ -44,6 +44,10 @@ pub struct RankParts {
     /// reduce-scatters made (FSDP1's post-backward stream). Part of the parts above.
     #[serde(default)]
     pub reduce_scatter_stream: u64,
+    /// On FSDP1's pre-unshard stream at the peak: under CPU offload, the gathered units'
+    /// shards copied back from the host for their all-gathers. Part of the parts above.
+    #[serde(default)]
+    pub pre_unshard_stream: u64,
     /// Reserved by those two streams' pools and not in use at the peak: blocks freed there
     /// (last step's gradients, gathered units) that the compute stream cannot take. Part of
     /// the reserved level, not of the allocated parts above.
@@ -105,6 +109,7 @@ pub fn parts(
         held_recomputed_inputs,
         all_gather_stream: side.map_or(0, |s| s.all_gather.live),
         reduce_scatter_stream: side.map_or(0, |s| s.reduce_scatter.live),
+        pre_unshard_stream: side.map_or(0, |s| s.pre_unshard.live),
         stream_cached: side.map_or(0, |s| s.cached()),
         whole_model_load: whole,
     })

@@ -46,7 +46,8 @@ pub struct SideStreams {
     /// FSDP1's unshard stream, FSDP2's all-gather copy-in stream.
     pub all_gather: Pool,
     /// FSDP1's pre-unshard stream, where its mixed precision casts each shard to the
-    /// gather dtype (nothing lives there between gathers).
+    /// gather dtype (nothing lives there between gathers) or, under CPU offload, copies it
+    /// from the host (kept while its unit is gathered).
     pub pre_unshard: Pool,
     /// FSDP1's post-backward stream, FSDP2's reduce-scatter stream.
     pub reduce_scatter: Pool,
@@ -66,13 +67,20 @@ impl SideStreams {
 pub fn at(par: &Sharded, job: &Job, phase: Phase, at_root: bool) -> Option<SideStreams> {
     let st = par.fsdp_streams?;
     let (gathered, grads) = live(par, &st, job, phase, at_root);
+    // Under CPU offload each gathered unit holds its shard's copy beside it, made on the
+    // pre-unshard stream: a `1 / (group + 1)` share of what is gathered.
+    let copies = if st.offloaded_shards {
+        gathered / (st.group.max(1) + 1)
+    } else {
+        0
+    };
     Some(SideStreams {
         all_gather: Pool {
-            live: gathered,
+            live: gathered - copies,
             reserved: all_gather_reserved(&st),
         },
         pre_unshard: Pool {
-            live: 0,
+            live: copies,
             reserved: pre_unshard_reserved(&st),
         },
         reduce_scatter: Pool {
@@ -129,9 +137,10 @@ fn all_gather_reserved(st: &FsdpStreams) -> u64 {
 
 /// FSDP1's pre-unshard stream's pool: the root's low-precision shard and those of the two
 /// units whose all-gathers may be in flight (each is freed once its all-gather has read
-/// it: `_free_low_precision_sharded_param` after a `record_stream` on the unshard stream).
+/// it: `_free_low_precision_sharded_param` after a `record_stream` on the unshard stream),
+/// or under CPU offload the shards copied from the host, two units' at a time.
 fn pre_unshard_reserved(st: &FsdpStreams) -> u64 {
-    if !st.low_precision_shards {
+    if !st.low_precision_shards && !st.offloaded_shards {
         return 0;
     }
     let mut a = CachingAllocator::new();

@@ -630,6 +630,12 @@ fn render_rank(rank: &moro_core::estimate::rank::RankParts, est: &Estimate) -> S
         "of the above, in blocks FSDP's all-gather stream made at the peak".to_owned(),
     );
     row(
+        "  on pre-unshard stream",
+        rank.pre_unshard_stream,
+        "of the above, the gathered units' shards copied back from the host (CPU offload)"
+            .to_owned(),
+    );
+    row(
         "  on reduce-scatter stream",
         rank.reduce_scatter_stream,
         "of the above, the sharded gradients FSDP's reduce-scatter stream made".to_owned(),
