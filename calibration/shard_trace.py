@@ -1849,6 +1849,7 @@ MATRIX = {
     ]),
     "tiny-events": ("fsdp-tiny-events.jsonl", [
         (TINY + ["--fsdp", "1", "--method", "full", "--grad-ckpt", "--world", "2", "--events", "--top", "0"], [0]),
+        (TINY + ["--fsdp", "1", "--method", "qlora", "--grad-ckpt", "--world", "2", "--events", "--top", "0"], [0]),
     ]),
     "llama1b": ("fsdp-llama-3.2-1b.jsonl", _both_worlds(L1B, [
         ["--fsdp", "1", "--method", "full", "--grad-ckpt"],

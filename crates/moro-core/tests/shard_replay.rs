@@ -166,3 +166,64 @@ fn moro_side_stream_pools_match_the_replay() {
     assert!(side.pre_unshard.reserved > 0);
     assert!(side.pre_unshard.reserved <= replayed.pre_unshard);
 }
+
+/// PEFT under FSDP1, adapters in units of their own: the next layer unit is gathered only
+/// after the running layer's MLP backward, so at the rank's peak one layer unit is gathered,
+/// and two only briefly at each layer's end (`estimate::parallel`: one layer unit at a
+/// layer's widest moment; the all-gather pool still holds two).
+#[test]
+fn peft_fsdp1_gathers_one_layer_unit_at_the_peak() {
+    let row: serde_json::Value = serde_json::from_str(FIXTURE.lines().nth(1).unwrap()).unwrap();
+    assert!(row["label"].as_str().unwrap().contains("qlora"));
+    let ev = &row["events"];
+    let cats: Vec<&str> = ev["categories"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    let phases: Vec<&str> = ev["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    let unsharded = cats.iter().position(|c| *c == "unsharded_params").unwrap() as u64;
+    let rows = ev["rows"].as_array().unwrap();
+    let regrown = |e: &serde_json::Value| {
+        e[1].as_str() == Some("r") && e[4].as_u64() == Some(unsharded) && e[2].as_i64() > Some(0)
+    };
+    // The layer unit: the size FSDP regrows most often among the large buffers (the root
+    // is regrown once a step, the adapters' units are a few KiB).
+    let largest = rows
+        .iter()
+        .filter(|e| regrown(e))
+        .map(|e| e[2].as_i64().unwrap())
+        .max();
+    let unit = rows
+        .iter()
+        .filter(|e| regrown(e))
+        .map(|e| e[2].as_i64().unwrap())
+        .filter(|&d| Some(d) != largest && d * 4 > largest.unwrap())
+        .max()
+        .expect("a layer unit");
+    let peak = row["measured"]["peak_at"]["op_index"].as_u64().unwrap();
+    let (mut live, mut at_peak, mut most_in_backward) = (0i64, None, 0);
+    for e in rows {
+        let delta = e[2].as_i64().unwrap();
+        if e[1].as_str() == Some("r") && e[4].as_u64() == Some(unsharded) && delta.abs() == unit {
+            live += delta.signum();
+            if phases[e[5].as_u64().unwrap() as usize].ends_with(".backward") {
+                most_in_backward = most_in_backward.max(live);
+            }
+        }
+        if e[0].as_u64().unwrap() <= peak {
+            at_peak = Some(live);
+        }
+    }
+    assert_eq!(at_peak, Some(1), "layer units gathered at the peak");
+    assert_eq!(
+        most_in_backward, 2,
+        "layer units gathered at once in backward"
+    );
+}

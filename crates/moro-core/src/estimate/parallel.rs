@@ -360,10 +360,9 @@ impl Sharded {
                     2
                 };
                 // Flat parameters in their load dtype, sharded; FSDP's MixedPrecision
-                // all-gathers a unit in bf16 (current + prefetched unit).
-                // The all-gathered unit holds the layer as stored: bf16 under FSDP's
-                // MixedPrecision, or the packed 4-bit storage for QLoRA (quant storage dtype).
-                s.gathered_params = 2 * unit_bytes;
+                // all-gathers a unit in bf16. The all-gathered unit holds the layer as stored:
+                // bf16 under FSDP's MixedPrecision, or the packed 4-bit storage for QLoRA
+                // (quant storage dtype).
                 match sharding {
                     Sharding::FsdpShardGradOp => {
                         s.weights = base + adapters;
@@ -424,7 +423,6 @@ impl Sharded {
                         r.unquantized_bytes
                     };
                     s.gathered_root = non_layer * bytes / tp;
-                    s.gathered_params += s.gathered_root;
                 }
                 let root_gathered = s.gathered_root;
                 // FSDP1 under CPU offload moves a unit's shard to the GPU before its
@@ -440,16 +438,27 @@ impl Sharded {
                     offload && p.fsdp == crate::job::FsdpApi::Fsdp1 && !(full && cast);
                 let unit_held = if shard_copies {
                     s.gathered_root += s.gathered_root / group;
-                    s.gathered_params = 2 * (unit_bytes + unit_bytes / group) + s.gathered_root;
                     unit_bytes + unit_bytes / group
                 } else {
                     unit_bytes
                 };
+                // Layer units gathered while a layer's backward is at its widest (the MLP's):
+                // the running one and the one prefetched for the next layer
+                // (`BackwardPrefetch.BACKWARD_PRE`), except where PEFT's adapters are units of
+                // their own under FSDP1. There the handle before a layer's in the execution
+                // order is an adapter unit, so BACKWARD_PRE prefetches that, and the next layer
+                // is gathered only when its own pre-backward hook fires, after the MLP's
+                // backward (torch 2.15 `_runtime_utils.py` `_prefetch_handle`,
+                // `_get_handle_to_prefetch`; the tiny QLoRA rank's events in
+                // `validation/oracle-traces/fsdp-tiny-events.jsonl` order them so).
+                let peft_units_apart = !full && !lightning && p.fsdp == crate::job::FsdpApi::Fsdp1;
+                let layer_units = if peft_units_apart { 1 } else { 2 };
+                s.gathered_params = layer_units * unit_held + s.gathered_root;
                 // At the loss one layer unit is gathered beside the root: the last layer's,
                 // prefetched for its backward (FSDP1 `BACKWARD_PRE`, torchtune's FSDP2; the
                 // rank traces of `validation/oracle-traces/fsdp-world-8.jsonl` list it on the
                 // unshard stream at the loss's peak, accelerate's FSDP2 none).
-                s.gathered_at_loss = s.gathered_params.saturating_sub(unit_held);
+                s.gathered_at_loss = s.gathered_root + unit_held;
                 s.states_on_gpu = if offload { 0 } else { states / group };
                 // A unit's gradient as autograd assembles it, in backward only: its modules
                 // run on views of the flat parameter (`_use_unsharded_views`: `torch.split`,

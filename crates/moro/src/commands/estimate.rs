@@ -605,7 +605,7 @@ fn render_rank(rank: &moro_core::estimate::rank::RankParts, est: &Estimate) -> S
     row(
         "gathered layers",
         rank.gathered_layers,
-        "the running and the prefetched unit".to_owned(),
+        "the running unit, and the next where FSDP has prefetched it by the peak".to_owned(),
     );
     row(
         "gathered root",
