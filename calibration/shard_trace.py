@@ -1664,7 +1664,7 @@ def build_parser():
     src.add_argument("--builtin", help="built-in tiny config of the oracle (tiny-llama, ...)")
     p.add_argument("--override", action="append", help="config override KEY=JSON (repeatable)")
     p.add_argument("--table", nargs="+", help="print a markdown table of these fixture files")
-    p.add_argument("--matrix", help="run a named fixture matrix (tiny-fsdp1, tiny-fsdp2, tiny-events, llama1b, world8, llama7b, llama70b-qlora, llama70b-qlora-offload, transformers-4.48, all)")
+    p.add_argument("--matrix", help="run a named fixture matrix (tiny-fsdp1, tiny-fsdp2, tiny-events, llama1b, world8, llama7b, llama70b-qlora, offload, transformers-4.48, all)")
     p.add_argument("--fsdp", type=int, choices=[1, 2], default=1)
     p.add_argument("--stack", choices=["hf", "torchtune"], default="hf")
     p.add_argument("--method", choices=["full", "lora", "qlora"], default="full")
@@ -1849,7 +1849,8 @@ MATRIX = {
     ]),
     "tiny-events": ("fsdp-tiny-events.jsonl", [
         (TINY + ["--fsdp", "1", "--method", "full", "--grad-ckpt", "--world", "2", "--events", "--top", "0"], [0]),
-        (TINY + ["--fsdp", "1", "--method", "qlora", "--grad-ckpt", "--world", "2", "--events", "--top", "0"], [0]),
+        (TINY + ["--fsdp", "1", "--method", "qlora", "--grad-ckpt", "--world", "2", "--events", "--top", "0",
+                 "--steps", "1"], [0]),
     ]),
     "llama1b": ("fsdp-llama-3.2-1b.jsonl", _both_worlds(L1B, [
         ["--fsdp", "1", "--method", "full", "--grad-ckpt"],
@@ -1899,14 +1900,18 @@ MATRIX = {
         (L70B + ["--fsdp", "1", "--override", "num_hidden_layers=8", "--load", "rank0-cpu"], [0]),
         (L70B + ["--fsdp", "2", "--override", "num_hidden_layers=8"], [0]),
     ]),
-    # PEFT's FSDP-QLoRA recipe with CPU offload of the parameters (accelerate's
-    # fsdp_offload_params with cpu_ram_efficient_loading).
-    "llama70b-qlora-offload": ("fsdp-offload.jsonl", [
+    # CPU offload of the parameters: PEFT's FSDP-QLoRA recipe (accelerate's
+    # fsdp_offload_params with cpu_ram_efficient_loading), and Llama-3.2-1B LoRA and full
+    # under FSDP1 and accelerate's FSDP2.
+    "offload": ("fsdp-offload.jsonl", [
         (L70B + ["--fsdp", "1", "--cpu-offload", "--load", "rank0-cpu", "--override", "num_hidden_layers=4"],
          [0, 1]),
         (L70B + ["--fsdp", "1", "--cpu-offload", "--load", "rank0-cpu", "--override", "num_hidden_layers=8",
                  "--world", "4"], [0]),
         (L70B + ["--fsdp", "1", "--cpu-offload", "--load", "rank0-cpu"], [0]),
+    ] + [
+        (L1B + ["--fsdp", str(v), "--stack", "hf", "--method", m, "--grad-ckpt", "--world", "2", "--cpu-offload"], [0])
+        for v in (2, 1) for m in ("lora", "full")
     ]),
     "transformers-4.48": ("fsdp-transformers-4.48.jsonl", [
         (M7B_TF4 + ["--fsdp", "1", "--method", "qlora", "--batch", "4"], [0]),

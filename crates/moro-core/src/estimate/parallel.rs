@@ -399,9 +399,7 @@ impl Sharded {
                     // backward.
                     s.weights +=
                         base.saturating_sub(model.layer_params() * pb / tp) * (group - 1) / group;
-                } else if sharding != Sharding::FsdpShardGradOp
-                    && (!offload || p.fsdp == crate::job::FsdpApi::Fsdp1)
-                {
+                } else if sharding != Sharding::FsdpShardGradOp {
                     // The root unit (embeddings, final norm, lm_head) is never resharded after
                     // forward (torch 2.4 `_runtime_utils.py` `_post_forward_reshard`:
                     // `free_unsharded_flat_param = not state._is_root and …`); its backward
@@ -412,7 +410,8 @@ impl Sharded {
                     // ids): only `_catch_all_reshard` in `_post_backward_final_callback` frees
                     // it. So it is gathered from forward to backward's end (the rank traces
                     // of `validation/oracle-traces/fsdp-*` list it unsharded at the peak,
-                    // full and PEFT). Gathered in the
+                    // full and PEFT, with CPU offload too: FSDP1 and FSDP2's in
+                    // `fsdp-offload.jsonl`, `fsdp-llama-3.2-1b.jsonl`). Gathered in the
                     // MixedPrecision dtype (16-bit) for full fine-tuning; as loaded under
                     // PEFT: the root is never quantized. The all-gather fills a new buffer of
                     // the whole unit (`_alloc_storage(unsharded_flat_param)`; FSDP2's
