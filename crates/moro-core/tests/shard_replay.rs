@@ -176,18 +176,15 @@ fn peft_fsdp1_gathers_one_layer_unit_at_the_peak() {
     let row: serde_json::Value = serde_json::from_str(FIXTURE.lines().nth(1).unwrap()).unwrap();
     assert!(row["label"].as_str().unwrap().contains("qlora"));
     let ev = &row["events"];
-    let cats: Vec<&str> = ev["categories"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c.as_str().unwrap())
-        .collect();
-    let phases: Vec<&str> = ev["phases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c.as_str().unwrap())
-        .collect();
+    let names = |key: &str| -> Vec<&str> {
+        ev[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c.as_str().unwrap())
+            .collect()
+    };
+    let (cats, phases) = (names("categories"), names("phases"));
     let unsharded = cats.iter().position(|c| *c == "unsharded_params").unwrap() as u64;
     let rows = ev["rows"].as_array().unwrap();
     let regrown = |e: &serde_json::Value| {
