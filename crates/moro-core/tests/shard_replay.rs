@@ -147,7 +147,9 @@ fn moro_side_stream_pools_match_the_replay() {
     .resolve_for(&model)
     .unwrap();
     let par = Sharded::new(&model, &job, &Regime::resolve(&model, &job));
-    let side = streams::at(&par, &job, Phase::OptimizerStep, false).unwrap();
+    let side = streams::Streams::of(&par)
+        .unwrap()
+        .at(&par, &job, Phase::OptimizerStep, false);
     eprintln!(
         "unshard: moro {} replay {}; pre-unshard: moro {} replay {}; post-backward: moro {} \
          replay {}",

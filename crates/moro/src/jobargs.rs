@@ -63,13 +63,16 @@ fn parse_count(s: &str) -> Result<u64, String> {
 }
 
 fn parse_fsdp_version(s: &str) -> Result<FsdpApi, String> {
-    match s.trim() {
-        "1" => Ok(FsdpApi::Fsdp1),
-        "2" => Ok(FsdpApi::Fsdp2),
-        other => Err(format!(
-            "unknown FSDP version `{other}`; use 1 (FullyShardedDataParallel) or 2 (fully_shard)"
-        )),
-    }
+    s.trim()
+        .parse()
+        .ok()
+        .and_then(FsdpApi::from_version)
+        .ok_or_else(|| {
+            format!(
+                "unknown FSDP version `{}`; use 1 (FullyShardedDataParallel) or 2 (fully_shard)",
+                s.trim()
+            )
+        })
 }
 
 fn parse_fraction(s: &str) -> Result<f64, String> {

@@ -534,7 +534,7 @@ struct StepPhases {
     /// [`step_segments`].
     step_segments: u64,
     /// The end of backward is FSDP's root unit's backward (its layers resharded), not the
-    /// first layer's ([`streams::at`]).
+    /// first layer's ([`streams::Streams::at`]).
     backward_end_at_root: bool,
 }
 
@@ -974,14 +974,16 @@ fn finish(
         backward_end_at_root,
     } = step;
     // What FSDP's own streams keep cached at each phase ([`streams`]).
+    let fsdp_streams = streams::Streams::of(par);
+    let side_at = |phase| fsdp_streams.map(|s| s.at(par, job, phase, backward_end_at_root));
     let stream_cached = phases
         .iter()
         .filter_map(|p| {
-            let side = streams::at(par, job, p.phase, backward_end_at_root)?;
-            (side.cached() > 0).then_some((p.phase, side.cached()))
+            let cached = side_at(p.phase)?.cached();
+            (cached > 0).then_some((p.phase, cached))
         })
         .collect();
-    let side_at_peak = streams::at(par, job, largest_phase(&phases).phase, backward_end_at_root);
+    let side_at_peak = side_at(largest_phase(&phases).phase);
     let churn = if load::replays_steps(job) {
         let hidden_state = job.micro_batch_size * job.seq_len * model.hidden_size * 2
             / job.parallel.tensor_parallel.max(1);
@@ -1076,13 +1078,16 @@ fn finish_mlx(model: &ModelSpec, regime: &Regime, phases: Vec<PhaseBytes>) -> Es
 /// ([`stored::with_stored_weights`]) share.
 pub(crate) fn set_levels(est: &mut Estimate, device: &DeviceProfile, outside: u64, context: u64) {
     let peak = largest_phase(&est.phases);
-    let (allocated, reserve) = allocated_and_reserve(
-        &peak,
-        device,
-        est.largest_freed_block,
-        est.load_reserved_bytes,
-        est.replayed_fragmentation_bytes,
-    );
+    let levels = |p: &PhaseBytes| {
+        allocated_and_reserve(
+            p,
+            device,
+            est.largest_freed_block,
+            est.load_reserved_bytes,
+            est.replayed_fragmentation_bytes,
+        )
+    };
+    let (allocated, reserve) = levels(&peak);
     let mut reserved = allocated + reserve;
     if est.step_segments_bytes > 0 {
         // The step's temporaries that found no cached block sit in new segments on top of
@@ -1093,13 +1098,7 @@ pub(crate) fn set_levels(est: &mut Estimate, device: &DeviceProfile, outside: u6
             .filter(|p| p.phase != Phase::OptimizerStep)
             .max_by_key(|p| p.total())
         {
-            let (a, r) = allocated_and_reserve(
-                fwd_bwd,
-                device,
-                est.largest_freed_block,
-                est.load_reserved_bytes,
-                est.replayed_fragmentation_bytes,
-            );
+            let (a, r) = levels(fwd_bwd);
             reserved = reserved.max(a + r + est.step_segments_bytes);
         }
     }
@@ -1109,13 +1108,7 @@ pub(crate) fn set_levels(est: &mut Estimate, device: &DeviceProfile, outside: u6
         let Some(&(_, cached)) = est.stream_cached.iter().find(|c| c.0 == p.phase) else {
             continue;
         };
-        let (a, r) = allocated_and_reserve(
-            p,
-            device,
-            est.largest_freed_block,
-            est.load_reserved_bytes,
-            est.replayed_fragmentation_bytes,
-        );
+        let (a, r) = levels(p);
         reserved = reserved.max(a + r + cached);
     }
     let reserve = reserved - allocated;

@@ -433,8 +433,8 @@ impl Sharded {
                 // mixed-precision cast the shard is cast instead, and that copy is freed after
                 // the all-gather (`_free_low_precision_sharded_param`).
                 let cast = tb > gather_bytes && !(lightning && job.grad_accum > 1);
-                let shard_copies =
-                    offload && p.fsdp == crate::job::FsdpApi::Fsdp1 && !(full && cast);
+                let fsdp1 = p.fsdp == crate::job::FsdpApi::Fsdp1;
+                let shard_copies = offload && fsdp1 && !(full && cast);
                 let unit_held = if shard_copies {
                     s.gathered_root += s.gathered_root / group;
                     unit_bytes + unit_bytes / group
@@ -450,7 +450,7 @@ impl Sharded {
                 // backward (torch 2.15 `_runtime_utils.py` `_prefetch_handle`,
                 // `_get_handle_to_prefetch`; the tiny QLoRA rank's events in
                 // `validation/oracle-traces/fsdp-tiny-events.jsonl` order them so).
-                let peft_units_apart = !full && !lightning && p.fsdp == crate::job::FsdpApi::Fsdp1;
+                let peft_units_apart = !full && !lightning && fsdp1;
                 let layer_units = if peft_units_apart { 1 } else { 2 };
                 s.gathered_params = layer_units * unit_held + s.gathered_root;
                 // At the loss one layer unit is gathered beside the root: the last layer's,
@@ -510,7 +510,7 @@ impl Sharded {
                     root_grad: s.root_grads,
                     cast_from: cast.then_some((tb, gather_bytes)),
                     grads_to_host: offload,
-                    low_precision_shards: full && cast && p.fsdp == crate::job::FsdpApi::Fsdp1,
+                    low_precision_shards: full && cast && fsdp1,
                     offloaded_shards: shard_copies,
                     group,
                 });

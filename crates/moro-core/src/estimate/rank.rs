@@ -48,7 +48,7 @@ pub struct RankParts {
     /// shards copied back from the host for their all-gathers. Part of the parts above.
     #[serde(default)]
     pub pre_unshard_stream: u64,
-    /// Reserved by those two streams' pools and not in use at the peak: blocks freed there
+    /// Reserved by those streams' pools and not in use at the peak: blocks freed there
     /// (last step's gradients, gathered units) that the compute stream cannot take. Part of
     /// the reserved level, not of the allocated parts above.
     #[serde(default)]

@@ -61,33 +61,57 @@ impl SideStreams {
     }
 }
 
-/// FSDP's side streams at `phase`; `at_root` says the end of backward is the root unit's
-/// backward (the layers resharded), not the first layer's.
-#[must_use]
-pub fn at(par: &Sharded, job: &Job, phase: Phase, at_root: bool) -> Option<SideStreams> {
-    let st = par.fsdp_streams?;
-    let (gathered, grads) = live(par, &st, job, phase, at_root);
-    // Under CPU offload each gathered unit holds its shard's copy beside it, made on the
-    // pre-unshard stream: a `1 / (group + 1)` share of what is gathered.
-    let copies = if st.offloaded_shards {
-        gathered / (st.group.max(1) + 1)
-    } else {
-        0
-    };
-    Some(SideStreams {
-        all_gather: Pool {
-            live: gathered - copies,
-            reserved: all_gather_reserved(&st),
-        },
-        pre_unshard: Pool {
-            live: copies,
-            reserved: pre_unshard_reserved(&st),
-        },
-        reduce_scatter: Pool {
-            live: grads,
-            reserved: reduce_scatter_reserved(&st),
-        },
-    })
+/// FSDP's streams over a step of one rank: what each pool reserves, replayed once, from
+/// which each moment's [`SideStreams`] is read ([`Self::at`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Streams {
+    st: FsdpStreams,
+    all_gather: u64,
+    pre_unshard: u64,
+    reduce_scatter: u64,
+}
+
+impl Streams {
+    /// The pools of `par`'s FSDP streams; `None` for a job FSDP does not shard.
+    #[must_use]
+    pub fn of(par: &Sharded) -> Option<Self> {
+        let st = par.fsdp_streams?;
+        Some(Self {
+            st,
+            all_gather: all_gather_reserved(&st),
+            pre_unshard: pre_unshard_reserved(&st),
+            reduce_scatter: reduce_scatter_reserved(&st),
+        })
+    }
+
+    /// The streams at `phase`; `at_root` says the end of backward is the root unit's
+    /// backward (the layers resharded), not the first layer's.
+    #[must_use]
+    pub fn at(&self, par: &Sharded, job: &Job, phase: Phase, at_root: bool) -> SideStreams {
+        let st = &self.st;
+        let (gathered, grads) = live(par, st, job, phase, at_root);
+        // Under CPU offload each gathered unit holds its shard's copy beside it, made on the
+        // pre-unshard stream: a `1 / (group + 1)` share of what is gathered.
+        let copies = if st.offloaded_shards {
+            gathered / (st.group.max(1) + 1)
+        } else {
+            0
+        };
+        SideStreams {
+            all_gather: Pool {
+                live: gathered - copies,
+                reserved: self.all_gather,
+            },
+            pre_unshard: Pool {
+                live: copies,
+                reserved: self.pre_unshard,
+            },
+            reduce_scatter: Pool {
+                live: grads,
+                reserved: self.reduce_scatter,
+            },
+        }
+    }
 }
 
 /// Bytes live on the all-gather and the reduce-scatter stream at `phase`.
@@ -166,6 +190,7 @@ fn two_at_a_time(a: &mut CachingAllocator, size: u64, count: u64) {
         held.push(a.malloc_on(SIDE, size));
     }
 }
+
 /// The reduce-scatter stream's pool over a step: each unit's sharded gradient, made in
 /// backward and kept to the optimizer step (copied to the host and freed under CPU offload),
 /// each after a reduce-scatter output in the reduce dtype when it is cast from one.

@@ -293,7 +293,7 @@ impl JobSettings {
         let rank = self.lora_rank.unwrap_or(profile.default_lora_rank);
         #[allow(clippy::cast_precision_loss)] // ranks are far below 2^52
         let alpha = self.lora_alpha.unwrap_or(2.0 * rank as f64);
-        let lora = PeftConfig {
+        let adapter = PeftConfig {
             method: peft,
             rank,
             alpha,
@@ -332,7 +332,7 @@ impl JobSettings {
         Ok(Job {
             method,
             quantization,
-            adapter: lora,
+            adapter,
             micro_batch_size: self.micro_batch_size.unwrap_or(base.micro_batch_size),
             seq_len: self.seq_len.unwrap_or(base.seq_len),
             grad_accum: self.grad_accum.unwrap_or(base.grad_accum),

@@ -180,17 +180,15 @@ pub(crate) fn axolotl(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
                 f.set("sync_module_states", true);
                 f.set("use_orig_params", true);
             }
-            if strategy != Strategy::FsdpFullShard {
-                let kept = if fsdp2 && strategy == Strategy::FsdpShardGradOp {
-                    None
-                } else {
-                    Some(format!(
-                        "parallel.strategy = {strategy}: axolotl's FSDP{} config has no such \
-                         sharding; exported as full sharding",
-                        version.version()
-                    ))
-                };
-                w.extend(kept);
+            // FSDP2 says SHARD_GRAD_OP with reshard_after_forward; the rest become full.
+            let kept = strategy == Strategy::FsdpFullShard
+                || (fsdp2 && strategy == Strategy::FsdpShardGradOp);
+            if !kept {
+                w.push(format!(
+                    "parallel.strategy = {strategy}: axolotl's FSDP{} config has no such \
+                     sharding; exported as full sharding",
+                    version.version()
+                ));
             }
             m.set("fsdp_version", version.version());
             m.set("fsdp_config", f);

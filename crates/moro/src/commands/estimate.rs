@@ -326,35 +326,31 @@ fn describe(job: &Job) -> String {
     if job.quantization != moro_core::job::Quantization::None {
         s.push_str(&format!(" ({})", job.quantization.as_str()));
     }
-    if job.method.is_peft() && job.adapter.method.is_adapter() {
-        s.push_str(&format!(", lit-gpt {}", job.adapter.method.as_str()));
+    let peft = &job.adapter;
+    if job.method.is_peft() && peft.method.is_adapter() {
+        s.push_str(&format!(", lit-gpt {}", peft.method.as_str()));
     } else if job.method.is_peft() {
         use moro_core::job::PeftKind;
-        match job.adapter.method {
+        match peft.method {
             PeftKind::Ia3 | PeftKind::LnTuning => {
-                s.push_str(&format!(", PEFT {}", job.adapter.method.as_str()));
+                s.push_str(&format!(", PEFT {}", peft.method.as_str()));
             }
             PeftKind::PromptTuning | PeftKind::PrefixTuning => s.push_str(&format!(
                 ", PEFT {}, {} virtual tokens",
-                job.adapter.method.as_str(),
-                job.adapter.virtual_tokens
+                peft.method.as_str(),
+                peft.virtual_tokens
             )),
             PeftKind::LoKr => s.push_str(&format!(
                 ", PEFT lokr r={}, decompose_factor {}",
-                job.adapter.rank,
-                job.adapter
-                    .decompose_factor
+                peft.rank,
+                peft.decompose_factor
                     .map_or_else(|| "-1".to_owned(), |f| f.to_string())
             )),
             PeftKind::Vera | PeftKind::AdaLora | PeftKind::LoHa | PeftKind::Oft => {
-                s.push_str(&format!(
-                    ", PEFT {} r={}",
-                    job.adapter.method.as_str(),
-                    job.adapter.rank
-                ));
+                s.push_str(&format!(", PEFT {} r={}", peft.method.as_str(), peft.rank));
             }
-            _ if job.adapter.dora => s.push_str(&format!(", DoRA r={}", job.adapter.rank)),
-            _ => s.push_str(&format!(", r={}", job.adapter.rank)),
+            _ if peft.dora => s.push_str(&format!(", DoRA r={}", peft.rank)),
+            _ => s.push_str(&format!(", r={}", peft.rank)),
         }
     }
     if job.method == Method::Inference {
