@@ -97,13 +97,8 @@ fn side_streams_at_the_peak_follow_the_rank_traces() {
             "{id}: all-gather stream {} vs traced {ag}",
             rank.all_gather_stream
         );
-        // Under CPU offload moro copies each sharded gradient to the host as it is reduced;
-        // the fake-tensor trace of an offloaded full fine-tune keeps them on the GPU to the
-        // end of backward (its non-blocking copies to a fake host tensor), so the split is
-        // not checked there: the rank's total is (`accuracy.rs`).
         assert!(
-            st.grads_to_host
-                || rank.reduce_scatter_stream.abs_diff(rs) <= 2 * st.unit_grad + (128 << 20),
+            rank.reduce_scatter_stream.abs_diff(rs) <= 2 * st.unit_grad + (128 << 20),
             "{id}: reduce-scatter stream {} vs traced {rs}",
             rank.reduce_scatter_stream
         );

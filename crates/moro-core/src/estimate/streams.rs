@@ -126,21 +126,21 @@ fn live(par: &Sharded, st: &FsdpStreams, job: &Job, phase: Phase, at_root: bool)
         (FsdpApi::Fsdp2, Phase::LayerBackward) => st.unit,
         _ => 0,
     };
-    // The sharded gradients the reduce-scatters made and `.grad` keeps.
+    // The sharded gradients the reduce-scatters made and `.grad` keeps. Under CPU offload
+    // FSDP1 still keeps each on the GPU (`_saved_grad_shard`, `_accumulate_sharded_grad`)
+    // until the final callback hands `.grad` the host copy (`prepare_gradient_for_optim`);
+    // FSDP2 frees it once copied.
     let kept_between_steps = job.grad_accum > 1 || job.versions.zero_grad_keeps_grads();
-    let grads = if st.grads_to_host {
-        0
-    } else {
-        match phase {
-            Phase::BackwardEnd => par.grads.saturating_sub(st.root_grad),
-            Phase::OptimizerStep => par.grads,
-            Phase::ForwardEnd | Phase::LossBackward | Phase::LayerBackward
-                if kept_between_steps =>
-            {
-                par.grads
-            }
-            _ => 0,
+    let grads = match phase {
+        Phase::BackwardEnd if !st.grads_to_host || st.api == FsdpApi::Fsdp1 => {
+            par.grads.saturating_sub(st.root_grad)
         }
+        _ if st.grads_to_host => 0,
+        Phase::OptimizerStep => par.grads,
+        Phase::ForwardEnd | Phase::LossBackward | Phase::LayerBackward if kept_between_steps => {
+            par.grads
+        }
+        _ => 0,
     };
     (gathered, grads)
 }
@@ -192,7 +192,8 @@ fn two_at_a_time(a: &mut CachingAllocator, size: u64, count: u64) {
 }
 
 /// The reduce-scatter stream's pool over a step: each unit's sharded gradient, made in
-/// backward and kept to the optimizer step (copied to the host and freed under CPU offload),
+/// backward and kept to the optimizer step (under CPU offload: to the end of backward, or
+/// FSDP2 until its copy to the host),
 /// each after a reduce-scatter output in the reduce dtype when it is cast from one.
 fn reduce_scatter_reserved(st: &FsdpStreams) -> u64 {
     let mut a = CachingAllocator::new();
@@ -206,7 +207,9 @@ fn reduce_scatter_reserved(st: &FsdpStreams) -> u64 {
         if let Some(o) = output {
             a.free(o);
         }
-        if st.grads_to_host {
+        // FSDP2 frees a gradient once it is copied to the host; FSDP1 at the end of
+        // backward.
+        if st.grads_to_host && st.api == FsdpApi::Fsdp2 {
             a.free(kept);
         }
     }
