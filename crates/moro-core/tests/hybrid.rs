@@ -153,7 +153,10 @@ fn settings(t: &Value) -> JobSettings {
 
 /// Every traced step (LoRA, QLoRA and full; bf16 and bf16-mixed; with and without
 /// checkpointing; a padded last chunk; routed experts or none; a small vocabulary, where a
-/// layer's recomputation or backward is the peak): moro's allocated peak within 3 %.
+/// layer's recomputation or backward is the peak): moro's allocated peak within 2 %. The
+/// small-vocabulary LoRA steps peak in the recomputed layer's routed experts, at
+/// `weighted_out[inv_perm]`; counting the loop-era one expert at a time there left Granite
+/// 2.5 % under.
 #[test]
 fn training_steps_match_their_traces() {
     let mut peaks = Peaks::default();
@@ -175,7 +178,7 @@ fn training_steps_match_their_traces() {
         let m = if next { next4(&over) } else { cut4(&over) };
         let job = settings(&t).resolve_for(&m).expect("resolves");
         let e = estimate(&m, &job, &oracle_device()).expect("valid job");
-        peaks.check(label, &e, &t, -0.03..=0.03);
+        peaks.check(label, &e, &t, -0.02..=0.02);
     }
     peaks.finish(18);
 }

@@ -985,6 +985,14 @@ impl Ctx<'_> {
         bytes
     }
 
+    /// Whether the layer's routed experts are transformers 5's stacked weights, run by
+    /// `grouped_mm` ([`Job::is_module`]).
+    fn stacked_experts(&self, g: &LayerGroup) -> bool {
+        g.linears
+            .iter()
+            .any(|l| l.role == LinearRole::Expert && !self.job.is_module(l))
+    }
+
     /// The attention module copies k and v to every head before the kernel
     /// ([`AttentionModule::TorchtuneExpandedKv`]).
     pub(super) fn expands_kv(&self) -> bool {
@@ -1019,6 +1027,17 @@ impl Ctx<'_> {
             // `validation/oracle-traces/llama4.jsonl`).
             (Some(moe), true) if m.experts_see_every_token => {
                 (3 * o * moe.num_experts * moe.expert_intermediate_size)
+                    .max(3 * o * moe.shared_intermediate_size)
+            }
+            // transformers 5.25's `grouped_mm_experts_forward` (`integrations/moe.py`) runs
+            // every routed copy at once. Its widest moment, in the recompute of a
+            // checkpointed layer and again in its backward, holds three k·h tensors beyond
+            // what the layer saves: the gathered inputs, the weighted outputs and their
+            // re-ordered copy; in backward, the re-order's gradient and the two products of
+            // the weighting's (traced, `validation/oracle-traces/hybrid.jsonl`). The shared
+            // expert runs apart from them.
+            (Some(moe), true) if self.stacked_experts(g) => {
+                (3 * o * moe.experts_per_token * m.hidden_size)
                     .max(3 * o * moe.shared_intermediate_size)
             }
             (Some(moe), true) => {
