@@ -16,6 +16,15 @@ and reserved peaks; `--matrix` regenerates its fixture,
   $PY calibration/step_events.py --config ../shared/models/meta-llama--Llama-3.1-8B.json \\
       --override num_hidden_layers=2 --method lora --precision bf16-mixed --seq 512 --grad-ckpt
   $PY calibration/step_events.py --matrix
+  $PY calibration/step_events.py --matrix-h200
+
+`--matrix-h200` runs whole models, as the H200 harness ran them (`validation/h200/`), and
+writes `validation/oracle-traces/step-events-h200.jsonl` in a compact form: `sizes` lists
+the distinct request sizes, and `events` is one string of space-separated tokens, `r` where
+the harness emptied the cache and reset the peaks after building the model, `<i>` for an
+allocation of `sizes[i]` bytes, `-<k>` for the free of the allocation made `k` allocations
+earlier. `crates/moro-core/tests/real_step_replay.rs` replays them through moro's allocator
+model and compares the peaks with the H200's measurements.
 """
 
 from __future__ import annotations
@@ -124,6 +133,49 @@ def job_args(model, method, ckpt):
     return a + ["--label", label]
 
 
+def compact(row, h200_row):
+    """The row in the compact form `--matrix-h200` writes (module doc)."""
+    sizes = sorted({e[0] for e in row["events"] if len(e) == 3})
+    index = {size: i for i, size in enumerate(sizes)}
+    setup = row["phases"].index("setup")
+    tokens, made, position, reset = [], 0, {}, False
+    for i, e in enumerate(row["events"]):
+        if len(e) == 3:
+            if not reset and e[2] != setup:
+                tokens.append("r")
+                reset = True
+            position[i] = made
+            made += 1
+            tokens.append(str(index[e[0]]))
+        else:
+            tokens.append("-%d" % (made - position[-1 - e[0]]))
+    out = {k: v for k, v in row.items() if k not in ("categories", "phases", "events")}
+    out["h200_row"] = h200_row
+    out["sizes"] = sizes
+    out["events"] = " ".join(tokens)
+    return out
+
+
+# Whole models as the H200 harness ran them (harness v1: bf16-mixed, 1 x 2048, fused AdamW,
+# r 16 / alpha 32 / no dropout on the seven projections, non-reentrant checkpointing), each
+# with the `validation/h200/measured.jsonl` row it reproduces.
+H200_MATRIX = [
+    ("moro-cal-7cbf4904a2", "meta-llama--Llama-3.1-8B", "lora"),
+    ("moro-cal-04f2bd94cc", "mistralai--Mistral-7B-v0.3", "qlora"),
+]
+H200_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-h200.jsonl")
+
+
+def h200_args(model, method):
+    cfg = os.path.join(MODELS_DIR, model + ".json")
+    if not os.path.exists(cfg):
+        cfg = os.path.join(ROOT, "data", "models", model + ".json")
+    return ["--config", cfg, "--method", method, "--precision", "bf16-mixed", "--seq", "2048",
+            "--batch", "1", "--steps", "2", "--grad-ckpt", "--adamw-impl", "fused",
+            "--lora-r", "16", "--lora-alpha", "32", "--lora-dropout", "0",
+            "--label", "%s-%s-b1s2048-ckpt" % (model, method)]
+
+
 MATRIX = [
     job_args(m, method, ckpt)
     for m in ("meta-llama--Llama-3.1-8B", "Qwen--Qwen2.5-1.5B")
@@ -134,6 +186,21 @@ MATRIX = [
 
 def main():
     argv = sys.argv[1:]
+    if argv == ["--matrix-h200"]:
+        tmp = H200_FIXTURE + ".tmp"
+        with open(tmp, "w") as out:
+            for h200_row, model, method in H200_MATRIX:
+                a = h200_args(model, method)
+                proc = subprocess.run([sys.executable, os.path.abspath(__file__)] + a,
+                                      capture_output=True, text=True)
+                if proc.returncode != 0:
+                    sys.stderr.write(proc.stderr[-4000:])
+                    sys.exit(1)
+                row = compact(json.loads(proc.stdout), h200_row)
+                out.write(json.dumps(row, separators=(",", ":")) + "\n")
+                sys.stderr.write("%s\n" % a[-1])
+        os.replace(tmp, H200_FIXTURE)
+        return
     if argv == ["--matrix"]:
         tmp = FIXTURE + ".tmp"
         with open(tmp, "w") as out:
