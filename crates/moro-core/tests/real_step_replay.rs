@@ -72,9 +72,18 @@ fn the_real_sequence_reaches_the_measured_reserved_level() {
             (allocated / want_allocated - 1.0) * 100.0,
             (reserved / want_reserved - 1.0) * 100.0
         );
-        assert!((allocated / traced - 1.0).abs() < 0.005, "{h200}: {allocated} vs {traced}");
-        assert!((allocated / want_allocated - 1.0).abs() <= 0.02, "{h200}: allocated");
-        assert!((reserved / want_reserved - 1.0).abs() <= 0.02, "{h200}: reserved");
+        assert!(
+            (allocated / traced - 1.0).abs() < 0.005,
+            "{h200}: {allocated} vs {traced}"
+        );
+        assert!(
+            (allocated / want_allocated - 1.0).abs() <= 0.02,
+            "{h200}: allocated"
+        );
+        assert!(
+            (reserved / want_reserved - 1.0).abs() <= 0.02,
+            "{h200}: reserved"
+        );
         checked += 1;
     }
     assert_eq!(checked, 2);

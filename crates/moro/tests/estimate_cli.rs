@@ -674,6 +674,46 @@ fn output_speaks_words() {
     assert!(!o.stdout.contains("paged"), "{}", o.stdout);
 }
 
+/// The job line says in what dtype the adapters train: PEFT upcasts them to fp32 on a bf16
+/// model (`get_peft_model(..., autocast_adapter_dtype=True)`, its default), and the estimate
+/// counts them so; torchtune builds them in the model's dtype.
+#[test]
+fn the_job_line_names_the_adapters_dtype() {
+    let base = [
+        "estimate",
+        "--model",
+        "meta-llama/Llama-3.2-3B",
+        "--method",
+        "lora",
+        "--precision",
+        "bf16",
+    ];
+    let hf = json(&[&base[..], &["--json"]].concat());
+    let trainable = hf["trainable_params"].as_u64().unwrap();
+    let adapters = hf["components"]["adapters"].as_u64().unwrap();
+    assert_eq!(adapters, 4 * trainable, "{hf}");
+    let o = run(&base);
+    assert!(
+        o.stdout
+            .contains("bf16 (fp32 adapters on a bf16 model, no autocast)"),
+        "{}",
+        o.stdout
+    );
+    let tt = json(&[&base[..], &["--stack", "torchtune", "--json"]].concat());
+    let trainable = tt["trainable_params"].as_u64().unwrap();
+    assert_eq!(
+        tt["components"]["adapters"].as_u64().unwrap(),
+        2 * trainable,
+        "{tt}"
+    );
+    let o = run(&[&base[..], &["--stack", "torchtune"]].concat());
+    assert!(
+        o.stdout.contains("bf16 (bf16 adapters, no autocast)"),
+        "{}",
+        o.stdout
+    );
+}
+
 /// "Does not fit" is not a dead end: the Llama-2-7B full fine-tune on one H100 lists
 /// configurations of the same method, context and effective batch whose bound fits, and when
 /// nothing like the job fits (a 70B full fine-tune on a 24 GB card) what would.

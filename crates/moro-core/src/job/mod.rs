@@ -1172,9 +1172,12 @@ impl Job {
     }
 
     /// What the precision means for this job's weights, in words: `bf16 weights, no fp32
-    /// master copy`, `fp32 adapters under bf16 autocast`.
+    /// master copy`, `fp32 adapters under bf16 autocast`. `adapter_bytes` is the adapters'
+    /// element size as the estimate resolved it ([`crate::estimate::Regime`]): PEFT keeps
+    /// them in fp32 on a bf16 model (`autocast_adapter_dtype=True`), litgpt and torchtune in
+    /// the model's dtype.
     #[must_use]
-    pub const fn precision_in_words(&self) -> &'static str {
+    pub const fn precision_in_words(&self, adapter_bytes: u64) -> &'static str {
         match (self.method, self.precision) {
             (Method::Inference, Precision::Fp32) => "fp32 weights",
             (Method::Inference, Precision::Fp16Mixed) => "fp16 compute",
@@ -1182,12 +1185,7 @@ impl Job {
             (Method::Full, Precision::Bf16) => "bf16 weights, no fp32 master copy",
             (Method::Full, Precision::Bf16Mixed) => "fp32 weights under bf16 autocast",
             (Method::Full, Precision::Fp16Mixed) => "fp32 weights under fp16 autocast",
-            (_, Precision::Bf16)
-                if matches!(
-                    self.stack.profile().adapter_dtype,
-                    crate::stack::AdapterDtype::Fp32
-                ) =>
-            {
+            (_, Precision::Bf16) if adapter_bytes == 4 => {
                 "fp32 adapters on a bf16 model, no autocast"
             }
             (_, Precision::Bf16) => "bf16 adapters, no autocast",

@@ -321,7 +321,7 @@ pub(crate) fn describe_images(model: &moro_core::model::ModelSpec, job: &Job) ->
     ))
 }
 
-fn describe(job: &Job) -> String {
+fn describe(job: &Job, adapter_bytes: u64) -> String {
     let mut s = job.method.as_str().to_owned();
     if job.quantization != moro_core::job::Quantization::None {
         s.push_str(&format!(" ({})", job.quantization.as_str()));
@@ -372,7 +372,7 @@ fn describe(job: &Job) -> String {
             job.grad_accum,
             job.optimizer.as_str(),
             job.precision.as_str(),
-            job.precision_in_words(),
+            job.precision_in_words(adapter_bytes),
             job.checkpointing_in_words(),
         ));
     }
@@ -413,7 +413,10 @@ pub(crate) fn render(
     if let Some(w) = &model.stored {
         out.push_str(&format!("stored  {}\n", resolve::describe_stored(w)));
     }
-    out.push_str(&format!("job     {}\n", describe(job)));
+    out.push_str(&format!(
+        "job     {}\n",
+        describe(job, est.regime.adapter_bytes)
+    ));
     if let Some(images) = describe_images(&model.spec, job) {
         out.push_str(&format!("images  {images}\n"));
     }
