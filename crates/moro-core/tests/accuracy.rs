@@ -155,6 +155,30 @@ fn sharded_rank_traces_are_reproduced() {
     assert!(median <= 0.03, "median {median}");
 }
 
+/// A rank whose script put the whole model on its GPU before wrapping it ("gpu loading" in
+/// the row's sharding) holds at least that load: Llama-2-70B QLoRA on two ranks peaks there
+/// in its trace (34.71 GiB), above its training step. The row is read against the larger of
+/// moro's step and its whole-model load (33.99 GiB, −2.1 %), which the CLI prints apart.
+#[test]
+fn gpu_loading_rows_are_read_against_the_whole_model_load() {
+    let (text, _) = rows_by_id("oracle-sharded.jsonl");
+    let id = "oracle-meta-llama--Llama-2-70b-hf-fsdp1-hf-qlora-w2-r0-b2s4096-ckpt-load-gpu-w2-r0";
+    let est = moro_core::validation::explain(&text, &CatalogModels, id)
+        .expect("explained")
+        .estimate;
+    let load = est.rank.as_ref().expect("a rank").whole_model_load;
+    assert!(
+        load > est.peak_allocated_bytes,
+        "{load} {}",
+        est.peak_allocated_bytes
+    );
+    let r = validate(&text, &CatalogModels, false);
+    let row = r.rows.iter().find(|x| x.id == id).expect("row");
+    assert_eq!(row.predicted_bytes, Some(load));
+    let e = row.error.expect("compared");
+    assert!((-0.03..=0.0).contains(&e), "{e:+.3}");
+}
+
 /// The published fms-acceleration FSDP rows ran transformers 4.48, where a reentrant
 /// checkpoint wraps each FSDP unit and FSDP1's reshard-only hooks keep every finished
 /// layer's checkpoint and input gradient to the end of backward

@@ -608,15 +608,25 @@ fn predict_row(row: &Row, models: &dyn ModelSource) -> RowResult {
         };
         return out;
     }
-    let predicted = row.metric.of(&est);
+    // A run that put the whole model on each GPU before wrapping it holds at least that
+    // load, which moro prints apart from the step.
+    let floor = match &est.rank {
+        Some(rank) if row.loads_whole_model => rank.whole_model_load,
+        _ => 0,
+    };
+    let levels = [
+        est.peak_allocated_bytes.max(floor),
+        est.peak_reserved_bytes.max(floor),
+        est.peak_device_bytes.max(floor),
+    ];
+    let predicted = match row.metric {
+        Metric::Allocated => levels[0],
+        Metric::Reserved => levels[1],
+        Metric::Device => levels[2],
+    };
     #[allow(clippy::cast_precision_loss)]
     let err = |p: u64| (p as f64 - row.measured_bytes as f64) / row.measured_bytes.max(1) as f64;
     out.predicted_bytes = Some(predicted);
-    let levels = [
-        est.peak_allocated_bytes,
-        est.peak_reserved_bytes,
-        est.peak_device_bytes,
-    ];
     out.predicted_levels = Some(levels);
     out.predicted_upper_bytes = Some(Table::builtin().upper_at(row.metric, class, levels));
     out.error = Some(err(predicted));

@@ -91,6 +91,10 @@ pub struct Row {
     /// the settings of PEFT methods a row leaves out (IA³'s feedforward modules, AdaLoRA's
     /// `init_r`, prompt tuning's virtual tokens; [`resolve_peft`]).
     pub trainable_params: Option<u64>,
+    /// The run loaded the whole model onto each GPU before wrapping it (`sharding` says
+    /// "gpu loading"): that load is a floor under every level
+    /// ([`crate::estimate::rank::RankParts::whole_model_load`]).
+    pub loads_whole_model: bool,
 }
 
 pub(super) fn text(v: &Value, key: &str) -> String {
@@ -667,6 +671,9 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         cuda_context_bytes: measured_context(v),
         litgpt_unexpanded_mqa,
         trainable_params: num(v, "trainable_params"),
+        loads_whole_model: text(v, "sharding")
+            .to_ascii_lowercase()
+            .contains("gpu loading"),
     })
 }
 
