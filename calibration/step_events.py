@@ -18,13 +18,16 @@ and reserved peaks; `--matrix` regenerates its fixture,
   $PY calibration/step_events.py --matrix
   $PY calibration/step_events.py --matrix-h200
 
-`--matrix-h200` runs whole models, as the H200 harness ran them (`validation/h200/`), and
-writes `validation/oracle-traces/step-events-h200.jsonl` in a compact form: `sizes` lists
+`--matrix-h200` runs whole models, as the H200 harness ran them (`validation/h200/`; DoRA
+through `peft_trace.py`'s `--peft`, which a single run here also takes), and writes
+`validation/oracle-traces/step-events-h200*.jsonl` in a compact form: `sizes` lists
 the distinct request sizes, and `events` is one string of space-separated tokens, `r` where
 the harness emptied the cache and reset the peaks after building the model, `<i>` for an
 allocation of `sizes[i]` bytes, `-<k>` for the free of the allocation made `k` allocations
 earlier. `crates/moro-core/tests/real_step_replay.rs` replays them through moro's allocator
-model and compares the peaks with the H200's measurements.
+model and compares the peaks with the H200's measurements. The order of the frees one op
+makes can differ from run to run (the tracker sees them through weak references); the
+replayed peaks do not.
 """
 
 from __future__ import annotations
@@ -158,22 +161,30 @@ def compact(row, h200_row):
 
 # Whole models as the H200 harness ran them (harness v1: bf16-mixed, 1 x 2048, fused AdamW,
 # r 16 / alpha 32 / no dropout on the seven projections, non-reentrant checkpointing), each
-# with the `validation/h200/measured.jsonl` row it reproduces.
+# with the `validation/h200/` row it reproduces, whether it is DoRA, and the fixture it goes
+# to (one file stays under 320 KiB).
 H200_MATRIX = [
-    ("moro-cal-7cbf4904a2", "meta-llama--Llama-3.1-8B", "lora"),
-    ("moro-cal-04f2bd94cc", "mistralai--Mistral-7B-v0.3", "qlora"),
+    ("moro-cal-7cbf4904a2", "meta-llama--Llama-3.1-8B", "lora", False, "step-events-h200.jsonl"),
+    ("moro-cal-04f2bd94cc", "mistralai--Mistral-7B-v0.3", "qlora", False, "step-events-h200.jsonl"),
+    ("moro-cal-566e30cdce", "meta-llama--Llama-3.1-8B", "lora", True,
+     "step-events-h200-dora.jsonl"),
 ]
-H200_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-h200.jsonl")
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def h200_args(model, method):
+def h200_args(model, method, dora):
     cfg = os.path.join(MODELS_DIR, model + ".json")
     if not os.path.exists(cfg):
         cfg = os.path.join(ROOT, "data", "models", model + ".json")
-    return ["--config", cfg, "--method", method, "--precision", "bf16-mixed", "--seq", "2048",
-            "--batch", "1", "--steps", "2", "--grad-ckpt", "--adamw-impl", "fused",
-            "--lora-r", "16", "--lora-alpha", "32", "--lora-dropout", "0",
-            "--label", "%s-%s-b1s2048-ckpt" % (model, method)]
+    a = ["--config", cfg, "--method", method, "--precision", "bf16-mixed", "--seq", "2048",
+         "--batch", "1", "--steps", "2", "--grad-ckpt", "--adamw-impl", "fused",
+         "--lora-r", "16", "--lora-alpha", "32", "--lora-dropout", "0",
+         "--label", "%s-%s%s-b1s2048-ckpt" % (model, method, "-dora" if dora else "")]
+    if dora:
+        a += ["--peft", json.dumps({"peft_type": "LORA", "r": 16, "lora_alpha": 32,
+                                    "lora_dropout": 0.0, "use_dora": True,
+                                    "target_modules": TARGETS})]
+    return a
 
 
 MATRIX = [
@@ -187,20 +198,30 @@ MATRIX = [
 def main():
     argv = sys.argv[1:]
     if argv == ["--matrix-h200"]:
-        tmp = H200_FIXTURE + ".tmp"
-        with open(tmp, "w") as out:
-            for h200_row, model, method in H200_MATRIX:
-                a = h200_args(model, method)
-                proc = subprocess.run([sys.executable, os.path.abspath(__file__)] + a,
-                                      capture_output=True, text=True)
-                if proc.returncode != 0:
-                    sys.stderr.write(proc.stderr[-4000:])
-                    sys.exit(1)
-                row = compact(json.loads(proc.stdout), h200_row)
-                out.write(json.dumps(row, separators=(",", ":")) + "\n")
-                sys.stderr.write("%s\n" % a[-1])
-        os.replace(tmp, H200_FIXTURE)
+        rows = {}
+        for h200_row, model, method, dora, fixture in H200_MATRIX:
+            a = h200_args(model, method, dora)
+            proc = subprocess.run([sys.executable, os.path.abspath(__file__)] + a,
+                                  capture_output=True, text=True)
+            if proc.returncode != 0:
+                sys.stderr.write(proc.stderr[-4000:])
+                sys.exit(1)
+            row = compact(json.loads(proc.stdout), h200_row)
+            rows.setdefault(fixture, []).append(json.dumps(row, separators=(",", ":")))
+            sys.stderr.write("%s\n" % a[a.index("--label") + 1])
+        for fixture, lines in rows.items():
+            path = os.path.join(ROOT, "validation", "oracle-traces", fixture)
+            with open(path + ".tmp", "w") as out:
+                out.write("\n".join(lines) + "\n")
+            os.replace(path + ".tmp", path)
         return
+    spec = None
+    if any(a == "--peft" or a.startswith("--peft=") for a in argv):
+        # A PEFT method other than plain LoRA, as `peft_trace.py` builds it.
+        import peft_trace
+
+        spec, argv = peft_trace.take_peft_argument(argv)
+        peft_trace.install_config(dict(spec))
     if argv == ["--matrix"]:
         tmp = FIXTURE + ".tmp"
         with open(tmp, "w") as out:
@@ -215,6 +236,8 @@ def main():
         os.replace(tmp, FIXTURE)
         return
     row = run(argv)
+    if spec is not None:
+        row["job"]["peft"] = spec
     print(json.dumps(row, separators=(",", ":")))
 
 

@@ -8,7 +8,9 @@ HERE = os.path.dirname(__file__)
 sys.path.insert(0, os.path.join(HERE, ".."))
 import step_events  # noqa: E402
 
-FIXTURE = os.path.join(HERE, "..", "..", "validation", "oracle-traces", "step-events-h200.jsonl")
+TRACES = os.path.join(HERE, "..", "..", "validation", "oracle-traces")
+FIXTURES = [os.path.join(TRACES, f) for f in ("step-events-h200.jsonl",
+                                                "step-events-h200-dora.jsonl")]
 
 
 class CompactTest(unittest.TestCase):
@@ -24,11 +26,14 @@ class CompactTest(unittest.TestCase):
         self.assertEqual(out["h200_row"], "moro-cal-x")
         self.assertNotIn("phases", out)
 
-    def test_the_fixture_decodes(self):
-        with open(FIXTURE) as f:
-            rows = [json.loads(line) for line in f]
-        self.assertEqual(len(rows), 2)
-        self.assertLess(os.path.getsize(FIXTURE), 320 * 1024)
+    def test_the_fixtures_decode(self):
+        rows = []
+        for path in FIXTURES:
+            self.assertLess(os.path.getsize(path), 320 * 1024, path)
+            with open(path) as f:
+                rows += [json.loads(line) for line in f]
+        self.assertEqual(len(rows), 3)
+        self.assertEqual(sum(1 for r in rows if r["job"].get("peft", {}).get("use_dora")), 1)
         for row in rows:
             made, live = 0, set()
             tokens = row["events"].split(" ")
