@@ -619,11 +619,7 @@ fn predict_row(row: &Row, models: &dyn ModelSource) -> RowResult {
         est.peak_reserved_bytes.max(floor),
         est.peak_device_bytes.max(floor),
     ];
-    let predicted = match row.metric {
-        Metric::Allocated => levels[0],
-        Metric::Reserved => levels[1],
-        Metric::Device => levels[2],
-    };
+    let predicted = row.metric.pick(levels);
     #[allow(clippy::cast_precision_loss)]
     let err = |p: u64| (p as f64 - row.measured_bytes as f64) / row.measured_bytes.max(1) as f64;
     out.predicted_bytes = Some(predicted);

@@ -42,10 +42,20 @@ impl Metric {
     /// The estimate's figure at this level.
     #[must_use]
     pub const fn of(self, est: &crate::estimate::Estimate) -> u64 {
+        self.pick([
+            est.peak_allocated_bytes,
+            est.peak_reserved_bytes,
+            est.peak_device_bytes,
+        ])
+    }
+
+    /// This level's figure of `levels`, in [`Self::ALL`]'s order.
+    #[must_use]
+    pub const fn pick(self, levels: [u64; 3]) -> u64 {
         match self {
-            Self::Allocated => est.peak_allocated_bytes,
-            Self::Reserved => est.peak_reserved_bytes,
-            Self::Device => est.peak_device_bytes,
+            Self::Allocated => levels[0],
+            Self::Reserved => levels[1],
+            Self::Device => levels[2],
         }
     }
 }
