@@ -193,6 +193,12 @@ fn library_error(text: &str, err: &serde_saphyr::Error) -> RecipeError {
             }
         }
     }
+    // DoRA is a LoRA setting in PEFT (`use_dora`), not a method of its own.
+    if field.as_deref() == Some("model.peft") && message.contains("variant `dora`") {
+        message = Cow::Owned(format!(
+            "{message} (DoRA is LoRA with magnitude vectors: `peft: lora` with `dora: true`)"
+        ));
+    }
     let mut e = match field {
         Some(f) if !f.is_empty() => RecipeError::field(f, kind, message),
         _ => RecipeError::general(kind, message),

@@ -28,7 +28,19 @@ macro_rules! choice_parser {
     };
 }
 
-choice_parser!(fn parse_peft("PEFT method") -> Peft => PeftKind);
+choice_parser!(fn parse_peft_name("PEFT method") -> Peft => PeftKind);
+
+/// `--peft`, with a pointer to `--dora` for DoRA (LoRA with magnitude vectors, PEFT's
+/// `use_dora`, not a method of its own).
+fn parse_peft(s: &str) -> Result<PeftKind, String> {
+    parse_peft_name(s).map_err(|e| {
+        if s.trim().eq_ignore_ascii_case("dora") {
+            format!("{e} (DoRA is LoRA with magnitude vectors: `--peft lora --dora`)")
+        } else {
+            e
+        }
+    })
+}
 choice_parser!(fn parse_method("method") -> Method => Method);
 choice_parser!(pub(crate) fn parse_quantization("quantization") -> Quantization => Quantization);
 choice_parser!(pub(crate) fn parse_optimizer("optimizer") -> Optimizer => Optimizer);

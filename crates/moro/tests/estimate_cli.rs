@@ -553,6 +553,16 @@ fn other_peft_methods_from_flags() {
         ],
         "unknown PEFT method",
     );
+    bad(
+        &[
+            "estimate",
+            "--model",
+            "meta-llama/Llama-3.2-3B",
+            "--peft",
+            "dora",
+        ],
+        "`--peft lora --dora`",
+    );
 }
 
 /// The bound comes with every estimate, and "fits" is judged on it: with memory between the

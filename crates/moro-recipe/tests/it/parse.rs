@@ -131,6 +131,16 @@ fn unknown_key_names_field_line_and_column() {
     );
 }
 
+/// DoRA is PEFT's `use_dora` on LoRA, not a method: `peft: dora` points to `dora: true`.
+#[test]
+fn peft_dora_points_to_the_dora_setting() {
+    let e = err("model:\n  base: a\n  peft: dora\n");
+    assert_eq!(e.field.as_deref(), Some("model.peft"));
+    assert!(e.to_string().contains("`dora: true`"), "{e}");
+    let e = err("model:\n  base: a\n  peft: bitfit\n");
+    assert!(!e.to_string().contains("dora: true"), "{e}");
+}
+
 #[test]
 fn zero_negative_and_fractional_batches_are_rejected_with_the_field() {
     let e = err("model:\n  base: a\ntraining:\n  micro_batch_size: 0\n");
