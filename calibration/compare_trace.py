@@ -60,6 +60,20 @@ def read_step_events(path: str, label: Optional[str]) -> Tuple[List[List[Any]], 
         raise SystemExit("no row labelled %r in %s" % (label, path))
     events: List[List[Any]] = []
     sizes: List[int] = []
+    if "sizes" in row:
+        # The compact form of `--matrix-h200` (step_events.py's module doc).
+        made = 0
+        for token in row["events"].split():
+            if token == "r":
+                events.append(["reset"])
+            elif token.startswith("-"):
+                events.append(["f", made - int(token[1:])])
+            else:
+                size = row["sizes"][int(token)]
+                events.append(["a", made, size])
+                sizes.append(size)
+                made += 1
+        return events, sizes
     for i, e in enumerate(row["events"]):
         if len(e) == 3:
             events.append(["a", i, e[0]])

@@ -50,6 +50,17 @@ class CompareTraceTest(unittest.TestCase):
         self.assertIn("large allocation 2: recorded %d B, moro %d B (logits" % (24 * MIB, 20 * MIB),
                       out["first_divergence"])
 
+    def test_the_compact_form_reads_as_the_long_one(self):
+        compact = os.path.join(self.dir.name, "compact.jsonl")
+        with open(compact, "w") as f:
+            # sizes[2] loaded, reset, sizes[1] made and freed (one allocation back), sizes[0].
+            f.write(json.dumps({"label": "x", "sizes": [24 * MIB, 30 * MIB, 40 * MIB],
+                                "events": "2 r 1 -1 0"}) + "\n")
+        rec, sizes = c.read_step_events(compact, "x")
+        self.assertEqual(rec, [["a", 0, 40 * MIB], ["reset"], ["a", 1, 30 * MIB], ["f", 1],
+                               ["a", 2, 24 * MIB]])
+        self.assertEqual(sizes, [40 * MIB, 30 * MIB, 24 * MIB])
+
     def test_a_snapshot_leaves_moros_loading_out(self):
         ours, allocs = c.read_moro(self.moro, skip_load=True)
         self.assertEqual([e[0] for e in ours], ["a", "f", "a"])

@@ -62,10 +62,10 @@ fn measured(row: &str, level: &str) -> f64 {
 
 /// Allocated and reserved peaks within 2 % of the H200's, and the allocated peak the
 /// oracle's own tracker counted. Reserved − allocated is 1.24, 2.22 and 0.95 GiB on the GPU
-/// (LoRA, DoRA, QLoRA); the replay gives 1.16, 2.25 and 1.08. moro's ratio reserve is 5.5 %
-/// under the DoRA run's reserved level: its merged weights (`W + s·B·A`, per module, in
-/// forward, recompute and backward) churn weight-sized blocks as QLoRA's dequantized ones
-/// do, which the real sequence carries and no ratio does.
+/// (LoRA, DoRA, QLoRA); the replay gives 1.16, 2.25 and 1.08. A ratio reserve was 5.5 %
+/// under the DoRA run's reserved level: DoRA's weight-sized temporaries (`W + s·B·A` and the
+/// identity, per module, in every forward and recompute) churn blocks as QLoRA's
+/// dequantized weights do; moro's trace now carries them (`tests/replay.rs`).
 #[test]
 fn the_real_sequence_reaches_the_measured_reserved_level() {
     let mut checked = 0;

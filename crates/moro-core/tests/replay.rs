@@ -65,8 +65,42 @@ fn replayed_fragmentation_is_the_h200s() {
     assert!(within >= 8, "{within} of 9");
 }
 
-/// Only full fine-tunes on one GPU are replayed: a LoRA job's states are too small to
-/// fragment the cache this way, and its reserve stays the ratio model's.
+/// Llama-3.1-8B with DoRA (`moro-cal-566e30cdce`, `validation/h200/settings.jsonl`): DoRA's
+/// weight-sized temporaries (the identity, `lora_B(lora_A(eye))`, the fp32 weight copies,
+/// 0.06 to 1.1 GiB a module) are `cudaMalloc`ed in the first layer's forward and split by
+/// smaller tensors after. The GPU measured 2.22 GiB of reserved − allocated; the ratio
+/// model gave 0.98 (the logits block), 5.5 % under the reserved level, and the real step's
+/// allocation sequence, replayed, 2.25 (`real_step_replay.rs`). moro's trace, replayed, is
+/// held to the measured fragmentation within 0.25 GiB and the reserved level within 2 %.
+#[test]
+fn dora_is_replayed_to_the_h200s_reserve() {
+    let path = format!(
+        "{}/../../validation/h200/settings.jsonl",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let id = "moro-cal-566e30cdce";
+    let e = explain(&text, &CatalogModels, &format!("{id}-reserved"))
+        .unwrap()
+        .estimate;
+    let gib = |b: u64| {
+        #[allow(clippy::cast_precision_loss)]
+        let g = b as f64 / f64::from(1u32 << 30);
+        g
+    };
+    let reserved = measured_gib(&text, &format!("{id}-reserved"));
+    let measured = reserved - measured_gib(&text, &format!("{id}-allocated"));
+    let frag = gib(e.replayed_fragmentation_bytes);
+    assert!(
+        (frag - measured).abs() <= 0.25,
+        "{frag:.2} against {measured:.2} GiB"
+    );
+    let err = gib(e.peak_reserved_bytes) / reserved - 1.0;
+    assert!(err.abs() <= 0.02, "reserved {err:+.3}");
+}
+
+/// Only full fine-tunes and DoRA on one GPU are replayed: a LoRA job's states are too small
+/// to fragment the cache this way, and its reserve stays the ratio model's.
 #[test]
 fn lora_and_sharded_jobs_are_not_replayed() {
     let text = h200();

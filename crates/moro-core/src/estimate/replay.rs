@@ -11,6 +11,10 @@
 //! minus the trace's allocated peak: the fragmentation, added on top of moro's per-op
 //! allocated peak. `crates/moro-core/tests/replay.rs` holds it to the H200's full
 //! fine-tunes.
+//!
+//! DoRA jobs are replayed too: every forward and recompute makes weight-sized temporaries
+//! per adapted module (the identity, `lora_B(lora_A(eye))`, fp32 copies of both weights:
+//! [`super::trace`]'s `dora`), whose segments, made early, smaller tensors split later.
 
 use crate::job::{Job, Method};
 use crate::model::ModelSpec;
@@ -18,10 +22,12 @@ use crate::model::ModelSpec;
 use super::trace::step;
 use super::{DeviceProfile, Regime};
 
-/// Whether [`step_fragmentation`] models `job`: a full fine-tune the step trace models.
+/// Whether [`step_fragmentation`] models `job`: a full fine-tune or a DoRA job the step
+/// trace models.
 #[must_use]
 pub fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
-    job.method == Method::Full && step::models(model, job, r)
+    (job.method == Method::Full || job.method.is_peft() && job.adapter.dora)
+        && step::models(model, job, r)
 }
 
 /// The replayed fragmentation (reserved peak − allocated peak) of two training steps of

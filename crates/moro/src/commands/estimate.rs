@@ -520,10 +520,15 @@ pub(crate) fn render(
         }
     }
     if est.replayed_fragmentation_bytes > 0 {
+        let why = if job.method == Method::Full {
+            "the optimizer's states take the blocks the first backward freed"
+        } else {
+            "DoRA's weight-sized temporaries, made in every forward, are split by smaller \
+             tensors"
+        };
         out.push_str(&format!(
             "\nnote: the reserve is at least {}, the fragmentation of two training steps \
-             replayed through PyTorch's caching allocator (the optimizer's states take the \
-             blocks the first backward freed)\n",
+             replayed through PyTorch's caching allocator ({why})\n",
             size(est.replayed_fragmentation_bytes)
         ));
     } else if job.method == Method::Full && job.parallel.sharding == Sharding::None {

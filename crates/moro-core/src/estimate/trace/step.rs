@@ -16,14 +16,16 @@
 //! - **LoRA and QLoRA**: the saved bytes of [`Activations`] cut into the shapes a decoder
 //!   layer saves ([`saved_tensors`]), RMSNorm's fp32 temporaries, the backward's
 //!   temporaries before the layer's gradients, which come in the reverse of the forward's
-//!   module order; bitsandbytes' dequantized weight in every quantized matmul.
+//!   module order; bitsandbytes' dequantized weight in every quantized matmul; with DoRA,
+//!   each adapted module's forward (`trace/dora.rs`) in the forward and the recompute.
 //!
 //! `crates/moro-core/tests/step_trace.rs` holds both to allocation sequences of the real
 //! step recorded on fake CUDA tensors (`calibration/step_events.py`).
 //!
 //! Modelled: one GPU without sharding or tensor parallelism, a dense text decoder or a
 //! BERT-style encoder, on a stack whose profile replays steps (`hf`, `trl`); full
-//! fine-tuning, LoRA and QLoRA (bitsandbytes 4-bit) with PEFT's plain LoRA; AdamW (torch
+//! fine-tuning, LoRA and QLoRA (bitsandbytes 4-bit) with PEFT's plain LoRA or DoRA without
+//! dropout; AdamW (torch
 //! foreach or fused, bitsandbytes 8-bit); the standard loss; eager layers. [`models`] says
 //! which jobs.
 
@@ -34,6 +36,7 @@ use super::super::activations::Activations;
 use super::super::optimizer::{self, Trainable};
 use super::super::regime::grad_bytes;
 use super::super::{Component, DeviceProfile, Phase, Regime, weights};
+use super::dora::{self, DoraModule};
 use super::params::{Param, params};
 use super::shapes::{encoder_tensors, layer_tensors, saved_tensors};
 use super::{Builder, Tensor, Trace};
@@ -45,7 +48,7 @@ pub fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
         Method::Full => true,
         Method::Adapters | Method::QuantizedAdapters => {
             job.adapter.method == PeftKind::Lora
-                && !job.adapter.dora
+                && (!job.adapter.dora || job.adapter.dropout == 0.0)
                 && model.encoder.is_none()
                 && matches!(
                     job.quantization,
@@ -168,6 +171,9 @@ struct Step<'m, 'j> {
     rms: bool,
     /// A 4-bit matmul's dequantized weight.
     dequant: u64,
+    /// Each layer's DoRA modules in forward order ([`dora::module_forward`]); empty
+    /// without DoRA.
+    dora_by_layer: Vec<Vec<DoraModule>>,
     /// A frozen fp32 lm_head's 16-bit copy under autocast.
     head_copy: u64,
     /// The parameters whose gradients the loss's backward makes (lm_head's, or the tied
@@ -215,6 +221,20 @@ impl<'m, 'j> Step<'m, 'j> {
             .flat_map(|g| std::iter::repeat_n(g, usize::try_from(g.count).unwrap_or(0)))
             .collect();
         let n_layers = layers.len().max(1) as u64;
+        let dora_by_layer = layers
+            .iter()
+            .map(|g| {
+                if job.method.is_peft() && job.adapter.dora {
+                    g.linears
+                        .iter()
+                        .filter(|l| job.adapts(l))
+                        .map(|l| DoraModule::of(l, job, r, t))
+                        .collect()
+                } else {
+                    Vec::new()
+                }
+            })
+            .collect();
         let per_layer = acts.all_layers() / n_layers;
         let saved_by_layer: Vec<Vec<u64>> = layers
             .iter()
@@ -269,6 +289,7 @@ impl<'m, 'j> Step<'m, 'j> {
             encoder,
             rms: model.norm == crate::model::NormKind::RmsNorm && !full,
             dequant: weights::dequant_transient(model, job, r),
+            dora_by_layer,
             head_copy: if r.frozen_fp32_head && r.autocast {
                 2 * model.vocab_size * model.hidden_size
             } else {
@@ -297,16 +318,28 @@ impl<'m, 'j> Step<'m, 'j> {
     /// A layer's forward: what it saves, each RMSNorm's fp32 upcast preceded by the two fp32
     /// temporaries of its statistics (`hidden_states.pow(2)`, then the normalized fp32
     /// product its 16-bit cast reads; transformers `LlamaRMSNorm.forward`).
+    /// A DoRA layer's modules run between its saved tensors, spread over them in forward
+    /// order.
     fn layer_forward(&self, b: &mut Builder<'m>, k: usize, name: &'static str) -> Vec<Tensor<'m>> {
         let layer = Some(k as u64);
         let upcast = self.t * self.model.hidden_size * 4;
         let mut out = Vec::new();
-        for &bytes in &self.saved_by_layer[k] {
+        let saved = &self.saved_by_layer[k];
+        let dora = &self.dora_by_layer[k];
+        let mut next_dora = 0;
+        for (i, &bytes) in saved.iter().enumerate() {
+            while next_dora < dora.len() && next_dora * saved.len() / dora.len() <= i {
+                dora::module_forward(b, &dora[next_dora], k as u64, true);
+                next_dora += 1;
+            }
             if self.rms && bytes == upcast {
                 b.transient("RMSNorm pow", layer, bytes);
                 b.transient("RMSNorm product", layer, bytes);
             }
             out.push(b.alloc_in(name, None, layer, Component::Activations, bytes, 1));
+        }
+        for m in &dora[next_dora..] {
+            dora::module_forward(b, m, k as u64, true);
         }
         out
     }
@@ -377,6 +410,9 @@ impl<'m, 'j> Step<'m, 'j> {
                 b.transient("dequantized weight", Some(k as u64), self.dequant);
             }
             if job.gradient_checkpointing {
+                for m in &self.dora_by_layer[k] {
+                    dora::module_forward(b, m, k as u64, false);
+                }
                 s.push(b.alloc_in(
                     "checkpoint",
                     None,
