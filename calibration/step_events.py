@@ -16,7 +16,12 @@ and reserved peaks; `--matrix` regenerates its fixture,
   $PY calibration/step_events.py --config ../shared/models/meta-llama--Llama-3.1-8B.json \\
       --override num_hidden_layers=2 --method lora --precision bf16-mixed --seq 512 --grad-ckpt
   $PY calibration/step_events.py --matrix
+  $PY calibration/step_events.py --matrix-dora
   $PY calibration/step_events.py --matrix-h200
+
+`--matrix-dora` writes `validation/oracle-traces/step-events-dora.jsonl`: the 2-layer
+Llama-3.1-8B with PEFT's DoRA (no dropout with checkpointing; dropout 0.05 with and
+without), which `step_trace.rs` holds moro's DoRA trace to.
 
 `--matrix-h200` runs whole models, as the H200 harness ran them (`validation/h200/`; DoRA
 through `peft_trace.py`'s `--peft`, which a single run here also takes), and writes
@@ -195,6 +200,38 @@ MATRIX = [
 ]
 
 
+def dora_args(dropout, ckpt):
+    """Llama-3.1-8B cut to 2 layers with PEFT's DoRA on the seven projections, as
+    `peft_trace.py`'s `--peft` builds it (`--matrix-dora`)."""
+    a = job_args("meta-llama--Llama-3.1-8B", "lora", ckpt)[:-2]
+    label = "meta-llama--Llama-3.1-8B-L2-lora-dora-d%g-b1s512%s" % (dropout, "-ckpt" if ckpt else "")
+    return a + ["--adamw-impl", "fused", "--lora-r", "16", "--lora-alpha", "32",
+                "--lora-dropout", str(dropout),
+                "--peft", json.dumps({"peft_type": "LORA", "r": 16, "lora_alpha": 32,
+                                      "lora_dropout": dropout, "use_dora": True,
+                                      "target_modules": TARGETS}),
+                "--label", label]
+
+
+DORA_MATRIX = [dora_args(0.0, True), dora_args(0.05, True), dora_args(0.05, False)]
+DORA_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-dora.jsonl")
+
+
+def write_matrix(matrix, fixture):
+    """Runs each job of `matrix` in its own process and writes the rows to `fixture`."""
+    tmp = fixture + ".tmp"
+    with open(tmp, "w") as out:
+        for a in matrix:
+            proc = subprocess.run([sys.executable, os.path.abspath(__file__)] + a,
+                                  capture_output=True, text=True)
+            if proc.returncode != 0:
+                sys.stderr.write(proc.stderr[-4000:])
+                sys.exit(1)
+            out.write(proc.stdout.strip() + "\n")
+            sys.stderr.write("%s\n" % a[-1])
+    os.replace(tmp, fixture)
+
+
 def main():
     argv = sys.argv[1:]
     if argv == ["--matrix-h200"]:
@@ -223,17 +260,10 @@ def main():
         spec, argv = peft_trace.take_peft_argument(argv)
         peft_trace.install_config(dict(spec))
     if argv == ["--matrix"]:
-        tmp = FIXTURE + ".tmp"
-        with open(tmp, "w") as out:
-            for a in MATRIX:
-                proc = subprocess.run([sys.executable, os.path.abspath(__file__)] + a,
-                                      capture_output=True, text=True)
-                if proc.returncode != 0:
-                    sys.stderr.write(proc.stderr[-4000:])
-                    sys.exit(1)
-                out.write(proc.stdout.strip() + "\n")
-                sys.stderr.write("%s\n" % a[-1])
-        os.replace(tmp, FIXTURE)
+        write_matrix(MATRIX, FIXTURE)
+        return
+    if argv == ["--matrix-dora"]:
+        write_matrix(DORA_MATRIX, DORA_FIXTURE)
         return
     row = run(argv)
     if spec is not None:

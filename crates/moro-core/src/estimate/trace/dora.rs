@@ -16,7 +16,10 @@
 //!    already in x's dtype (a 4-bit weight is dequantized to 16 bits first);
 //! 4. `get_weight_norm`: `scaling * lora_weight`, then `weight + …`, both weight-sized and
 //!    freed once the norm is taken;
-//! 5. the result `(m − 1) · base_result + m · lora_result · scaling` in the adapter dtype
+//! 5. with `lora_dropout > 0`, `base_result = F.linear(dropout(x), weight)` (under autocast
+//!    on a 16-bit copy of the weight copy), where without dropout the base layer's output
+//!    serves;
+//! 6. the result `(m − 1) · base_result + m · lora_result · scaling` in the adapter dtype
 //!    (three token-sized products, their sum), added to the base output out of place;
 //!    `lora_weight`, the weight copy and the graph of `lora_weight` die when the function
 //!    returns.
@@ -52,6 +55,13 @@ pub(crate) struct DoraModule {
     x_cast: u64,
     /// One token-sized tensor of the result, in the adapter dtype.
     result: u64,
+    /// With dropout: `dropout(x)` in the adapter dtype (0 without dropout).
+    dropped: u64,
+    /// With dropout: autocast's 16-bit copy of the weight `F.linear(dropout(x), weight)`
+    /// reads (0 without dropout or autocast).
+    weight_cast: u64,
+    /// With dropout: `base_result`, recomputed by that `F.linear` (0 without dropout).
+    base_result: u64,
 }
 
 impl DoraModule {
@@ -64,6 +74,7 @@ impl DoraModule {
         let matmul = if r.autocast { 2 } else { xa };
         let quantized = job.quantization != Quantization::None;
         let base_bytes = if quantized { 2 } else { r.frozen_bytes };
+        let dropout = job.adapter.dropout > 0.0;
         Self {
             eye: i * i * xa,
             eye_cast: if r.autocast && xa != 2 { i * i * 2 } else { 0 },
@@ -82,6 +93,13 @@ impl DoraModule {
                 tokens * i * xa
             },
             result: tokens * o * xa,
+            dropped: if dropout { tokens * i * xa } else { 0 },
+            weight_cast: if dropout && r.autocast && xa != 2 {
+                i * o * 2
+            } else {
+                0
+            },
+            base_result: if dropout { tokens * o * matmul } else { 0 },
         }
     }
 }
@@ -101,6 +119,7 @@ pub(crate) fn module_forward<'m>(
         (bytes > 0).then(|| b.alloc_in(name, None, layer, Component::Transients, bytes, 1))
     };
     let x_cast = alloc(b, "DoRA x cast", m.x_cast);
+    let dropped = alloc(b, "DoRA dropout(x)", m.dropped);
     let eye = alloc(b, "DoRA identity", m.eye);
     let eye_cast = alloc(b, "DoRA identity (autocast)", m.eye_cast);
     if let Some(t) = eye_cast {
@@ -133,6 +152,13 @@ pub(crate) fn module_forward<'m>(
     for t in [scaled, sum].into_iter().flatten() {
         b.free(t);
     }
+    // With dropout, `base_result = F.linear(dropout(x), weight)`; what it saves for its
+    // backward is counted with the layer's saved tensors.
+    let weight_cast = alloc(b, "DoRA weight (autocast)", m.weight_cast);
+    let base_result = alloc(b, "DoRA base_result", m.base_result);
+    if let Some(t) = weight_cast {
+        b.free(t);
+    }
     // `(m − 1) · base_result`, `m · lora_result`, `· scaling`, then their sum.
     let first = alloc(b, "DoRA result", m.result);
     let second = alloc(b, "DoRA result", m.result);
@@ -147,7 +173,10 @@ pub(crate) fn module_forward<'m>(
     b.free_all(held);
     // `result + result_dora`, out of place, then the cast back to the base output's dtype.
     let out = alloc(b, "DoRA output", m.result);
-    for t in [dora, out, x_cast].into_iter().flatten() {
+    for t in [dora, out, base_result, dropped, x_cast]
+        .into_iter()
+        .flatten()
+    {
         b.free(t);
     }
 }

@@ -24,8 +24,8 @@
 //!
 //! Modelled: one GPU without sharding or tensor parallelism, a dense text decoder or a
 //! BERT-style encoder, on a stack whose profile replays steps (`hf`, `trl`); full
-//! fine-tuning, LoRA and QLoRA (bitsandbytes 4-bit) with PEFT's plain LoRA or DoRA without
-//! dropout; AdamW (torch
+//! fine-tuning, LoRA and QLoRA (bitsandbytes 4-bit) with PEFT's plain LoRA, DoRA on an
+//! unquantized base; AdamW (torch
 //! foreach or fused, bitsandbytes 8-bit); the standard loss; eager layers. [`models`] says
 //! which jobs.
 
@@ -48,7 +48,7 @@ pub fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
         Method::Full => true,
         Method::Adapters | Method::QuantizedAdapters => {
             job.adapter.method == PeftKind::Lora
-                && (!job.adapter.dora || job.adapter.dropout == 0.0)
+                && (!job.adapter.dora || job.quantization == Quantization::None)
                 && model.encoder.is_none()
                 && matches!(
                     job.quantization,
