@@ -112,6 +112,15 @@ impl CachingAllocator {
         Self::default()
     }
 
+    /// An empty cache with room for `blocks` blocks before its bookkeeping grows.
+    #[must_use]
+    pub fn with_capacity(blocks: usize) -> Self {
+        Self {
+            blocks: Vec::with_capacity(blocks),
+            ..Self::default()
+        }
+    }
+
     /// Bytes in allocated blocks now.
     #[must_use]
     pub const fn allocated(&self) -> u64 {

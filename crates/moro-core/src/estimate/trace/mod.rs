@@ -132,8 +132,8 @@ impl Trace<'_> {
     /// Replays the trace through [`CachingAllocator`].
     #[must_use]
     pub fn replay(&self) -> Replayed {
-        let mut a = CachingAllocator::new();
-        let mut handles: Vec<Option<Handle>> = Vec::new();
+        let mut a = CachingAllocator::with_capacity(self.events.len() / 2);
+        let mut handles: Vec<Option<Handle>> = Vec::with_capacity(self.events.len() / 2 + 1);
         for e in &self.events {
             let i = e.tensor as usize;
             match e.op {
@@ -179,8 +179,12 @@ pub(crate) struct Builder<'m> {
 }
 
 impl<'m> Builder<'m> {
-    pub(crate) fn new() -> Self {
-        Self::default()
+    /// A builder with room for `events` events.
+    pub(crate) fn with_capacity(events: usize) -> Self {
+        Self {
+            events: Vec::with_capacity(events),
+            ..Self::default()
+        }
     }
 
     /// Later events happen at `phase` of training step `step`.

@@ -126,7 +126,10 @@ pub fn trace<'m>(
         return None;
     }
     let s = Step::new(model, job, r, device);
-    let mut b = Builder::new();
+    // About 50 events per layer and micro-batch, and the parameters' and states' own.
+    let layers = usize::try_from(model.num_layers).unwrap_or(0);
+    let micro_batches = usize::try_from(job.grad_accum.max(1)).unwrap_or(1);
+    let mut b = Builder::with_capacity(s.ps.len() * 8 + layers * micro_batches * 2 * 64);
     s.load(&mut b);
     let mut held = Held {
         grads: vec![None; s.ps.len()],
