@@ -345,14 +345,32 @@ pub fn add_replayed_steps(
     job: &Job,
     device: &DeviceProfile,
 ) {
+    let replayed = replayed_fragmentation(est, model, job, device);
+    add_replayed_fragmentation(est, device, replayed);
+}
+
+/// The fragmentation of `job`'s replayed training steps ([`replay`]; 0 where the replay
+/// does not model the job), for an [`estimate_without_replay`] `est` of it. It depends on
+/// the device only through its cuBLAS workspace ([`DeviceProfile::cublas_workspace_bytes`]).
+#[must_use]
+pub fn replayed_fragmentation(
+    est: &Estimate,
+    model: &ModelSpec,
+    job: &Job,
+    device: &DeviceProfile,
+) -> u64 {
     if job.stack.profile().runtime == crate::stack::Runtime::Mlx {
-        return;
+        return 0;
     }
     let (built, job) = crate::stack::with_job(model, job);
     let (model, job) = (built.as_ref(), job.as_ref());
     let with_images = vision::with_image_tokens(model, job);
-    let job: &Job = &with_images;
-    let replayed = replay::step_fragmentation(model, job, &est.regime, device);
+    replay::step_fragmentation(model, &with_images, &est.regime, device)
+}
+
+/// Re-levels `est` with `replayed` bytes of fragmentation ([`replayed_fragmentation`]); no
+/// change for 0.
+pub fn add_replayed_fragmentation(est: &mut Estimate, device: &DeviceProfile, replayed: u64) {
     if replayed > 0 {
         est.replayed_fragmentation_bytes = replayed;
         let outside = est.component(Component::OutsideAllocator);

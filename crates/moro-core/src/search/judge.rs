@@ -1,7 +1,10 @@
 //! Judging configurations against a device: [`evaluate`] in full, probes that keep only what
 //! judging needs, and the [`EstimateCache`] searches of one model share.
 
-use crate::estimate::{DeviceProfile, Estimate, add_replayed_steps, estimate_without_replay};
+use crate::estimate::{
+    DeviceProfile, Estimate, add_replayed_fragmentation, estimate_without_replay,
+    replayed_fragmentation,
+};
 use crate::job::{Job, JobError};
 use crate::model::ModelSpec;
 
@@ -17,9 +20,21 @@ pub fn evaluate(
     caps: &Caps,
     config: Config,
 ) -> Result<Candidate, JobError> {
+    evaluate_cached(model, space, caps, config, None)
+}
+
+/// [`evaluate`], the replayed fragmentation shared through `cache`.
+pub(super) fn evaluate_cached(
+    model: &ModelSpec,
+    space: &Space,
+    caps: &Caps,
+    config: Config,
+    cache: Option<&EstimateCache>,
+) -> Result<Candidate, JobError> {
     let job = space.job(&config);
     let mut estimate = estimate_without_replay(model, &job, &caps.profile)?;
-    add_replayed_steps(&mut estimate, model, &job, &caps.profile);
+    let frag = replayed(&estimate, model, &job, caps, config, cache);
+    add_replayed_fragmentation(&mut estimate, &caps.profile, frag);
     let room = Room::of(&Judged::of(&estimate, &job), caps);
     Ok(Candidate {
         config,
@@ -29,6 +44,23 @@ pub fn evaluate(
         headroom_bytes: room.headroom,
         host_fits: room.host_fits,
     })
+}
+
+/// The replayed fragmentation of `config` ([`replayed_fragmentation`]), from `cache` when
+/// a device with the same cuBLAS workspace replayed it before.
+fn replayed(
+    est: &Estimate,
+    model: &ModelSpec,
+    job: &Job,
+    caps: &Caps,
+    config: Config,
+    cache: Option<&EstimateCache>,
+) -> u64 {
+    let replay = || replayed_fragmentation(est, model, job, &caps.profile);
+    match cache {
+        Some(c) => c.fragmentation(config, caps.profile.cublas_workspace_bytes, replay),
+        None => replay(),
+    }
 }
 
 /// What judging an estimate against a device needs of it.
@@ -67,6 +99,9 @@ struct CacheInner {
     /// The distinct device profiles seen, indexed by the keys.
     profiles: Vec<DeviceProfile>,
     entries: std::collections::HashMap<(Config, usize), Cached>,
+    /// The replayed fragmentation of a configuration, by its cuBLAS workspace (the only
+    /// part of the device the replay reads): shared by the devices of one architecture.
+    fragmentation: std::collections::HashMap<(Config, u64), u64>,
 }
 
 /// One configuration judged before the replayed steps (`None`: not a valid job), and with
@@ -97,6 +132,23 @@ impl EstimateCache {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let key = Self::key(&mut inner, config, profile);
         inner.entries.get(&key).copied()
+    }
+
+    /// The replayed fragmentation of `config` with `cublas` bytes of workspace, computed
+    /// by `replay` the first time.
+    fn fragmentation(&self, config: Config, cublas: u64, replay: impl FnOnce() -> u64) -> u64 {
+        let key = (config, cublas);
+        let lock = || {
+            self.inner
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        if let Some(&f) = lock().fragmentation.get(&key) {
+            return f;
+        }
+        let f = replay();
+        lock().fragmentation.insert(key, f);
+        f
     }
 
     fn put(&self, config: Config, profile: &DeviceProfile, cached: Cached) {
@@ -157,7 +209,8 @@ pub(super) fn probe(
                     Some(e) => e,
                     None => estimate_without_replay(model, &j, &caps.profile).ok()?,
                 };
-                add_replayed_steps(&mut est, model, &j, &caps.profile);
+                let frag = replayed(&est, model, &j, caps, config, cache);
+                add_replayed_fragmentation(&mut est, &caps.profile, frag);
                 let r = Judged::of(&est, &j);
                 entry.replayed = Some(r);
                 r

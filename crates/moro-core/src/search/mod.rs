@@ -272,10 +272,10 @@ pub fn search_cached(
     }
     let mut it = top
         .into_iter()
-        .filter_map(|(_, c)| evaluate(model, space, caps, c).ok());
+        .filter_map(|(_, c)| evaluate_cached(model, space, caps, c, cache).ok());
     let best = it.next();
     let closest = match (&best, closest) {
-        (None, Some(p)) => evaluate(model, space, caps, p.config).ok(),
+        (None, Some(p)) => evaluate_cached(model, space, caps, p.config, cache).ok(),
         _ => None,
     };
     Outcome {
