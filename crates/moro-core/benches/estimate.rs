@@ -30,7 +30,8 @@ fn qlora(seq_len: u64) -> Job {
     job
 }
 
-/// One QLoRA estimate of a dense 7B model, and of a 128-expert MoE (the largest layer lists).
+/// One QLoRA estimate of a dense 7B model (its two training steps replayed through the
+/// allocator model: about a millisecond), and of a 128-expert MoE (the largest layer lists).
 #[divan::bench(args = ["Qwen/Qwen2.5-7B", "Qwen/Qwen3-235B-A22B", "deepseek-ai/DeepSeek-V3"])]
 fn one(bencher: divan::Bencher, id: &str) {
     let m = model(id);

@@ -243,6 +243,12 @@ impl Loss {
                     ..Self::default()
                 }
             }
+            // transformers `ForCausalLMLoss`: the logits, their fp32 upcast and the saved
+            // log-probabilities at the end of the forward; the nll and log_softmax
+            // gradients at its backward. Nothing is held once lm_head's backward has run:
+            // the Trainer's `compute_loss` returns the loss alone, so the output (and its
+            // logits) is dropped before `backward()` (every trace frees the logits'
+            // gradient after lm_head's backward, `step-events*.jsonl`).
             LossImpl::Standard | LossImpl::StandardLegacy | LossImpl::StandardNoUpcast => {
                 let mut fwd = if r.compute_bytes == 4 && !r.autocast {
                     8
@@ -258,7 +264,7 @@ impl Loss {
                     forward_transient: 0,
                     backward_peak: 12 * tv + softcap,
                     backward_transient: 0,
-                    after_backward: 2 * tv,
+                    after_backward: 0,
                     largest_block: 4 * tv,
                     ..Self::default()
                 }

@@ -22,21 +22,43 @@ use crate::model::ModelSpec;
 use super::trace::step;
 use super::{DeviceProfile, Regime};
 
-/// Whether [`step_fragmentation`] models `job`: a full fine-tune or a DoRA job the step
+/// The micro-batches of a step [`step_fragmentation`] replays at most: PEFT, full
+/// fine-tuning.
+pub const REPLAYED_MICRO_BATCHES: [u64; 2] = [2, 4];
+
+/// Whether [`step_fragmentation`] models `job`: a full fine-tune, QLoRA or DoRA job the step
 /// trace models.
 #[must_use]
 pub fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
-    (job.method == Method::Full || job.method.is_peft() && job.adapter.dora)
+    (job.method == Method::Full
+        || job.method == Method::QuantizedAdapters
+        || job.method.is_peft() && job.adapter.dora)
         && step::models(model, job, r)
 }
 
 /// The replayed fragmentation (reserved peak − allocated peak) of two training steps of
 /// `job` on one GPU, in bytes; 0 where [`models`] is false.
+///
+/// Each step replays at most [`REPLAYED_MICRO_BATCHES`] of its micro-batches: from the
+/// second (PEFT) or the fourth (full fine-tuning) on, a micro-batch finds the cache as the
+/// one before left it and makes the same requests, so later ones add nothing
+/// (`tests/replay.rs`: 8 and 16 micro-batches replay to the same bytes as the cap).
 #[must_use]
 pub fn step_fragmentation(model: &ModelSpec, job: &Job, r: &Regime, device: &DeviceProfile) -> u64 {
     if !models(model, job, r) {
         return 0;
     }
+    let cap = REPLAYED_MICRO_BATCHES[usize::from(job.method == Method::Full)];
+    let capped;
+    let job = if job.grad_accum > cap {
+        capped = Job {
+            grad_accum: cap,
+            ..job.clone()
+        };
+        &capped
+    } else {
+        job
+    };
     step::trace(model, job, r, device).map_or(0, |t| {
         let (allocated, _) = t.peak();
         t.replay().reserved.saturating_sub(allocated)

@@ -519,19 +519,28 @@ pub(crate) fn render(
             ));
         }
     }
-    if est.replayed_fragmentation_bytes > 0 {
+    // The replay is named where it sets the reserve (it is a floor under the others).
+    let replay_sets_reserve = est.replayed_fragmentation_bytes > 0
+        && est.replayed_fragmentation_bytes + (2 << 20)
+            >= est.component(Component::AllocatorReserve);
+    if replay_sets_reserve {
         let why = if job.method == Method::Full {
             "the optimizer's states take the blocks the first backward freed"
-        } else {
+        } else if job.adapter.dora {
             "DoRA's weight-sized temporaries, made in every forward, are split by smaller \
              tensors"
+        } else {
+            "each 4-bit Linear's dequantized weight is freed and split by smaller tensors"
         };
         out.push_str(&format!(
             "\nnote: the reserve is at least {}, the fragmentation of two training steps \
              replayed through PyTorch's caching allocator ({why})\n",
             size(est.replayed_fragmentation_bytes)
         ));
-    } else if job.method == Method::Full && job.parallel.sharding == Sharding::None {
+    } else if job.method == Method::Full
+        && job.parallel.sharding == Sharding::None
+        && est.replayed_fragmentation_bytes == 0
+    {
         // validation/h200: before the replay, the reserved peak of full fine-tunes came in
         // 4–15 % above the ratio model's (the allocated peak did not).
         out.push_str(
