@@ -177,6 +177,24 @@ H200_MATRIX = [
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
+def dora_peft(dropout):
+    """`--peft`'s spec for PEFT's DoRA, r 16 / alpha 32 on the seven projections."""
+    return ["--peft", json.dumps({"peft_type": "LORA", "r": 16, "lora_alpha": 32,
+                                  "lora_dropout": dropout, "use_dora": True,
+                                  "target_modules": TARGETS})]
+
+
+def run_child(a):
+    """This script on `a` in its own process: its row, parsed; exits on failure."""
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__)] + a,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-4000:])
+        sys.exit(1)
+    sys.stderr.write("%s\n" % a[a.index("--label") + 1])
+    return json.loads(proc.stdout)
+
+
 def h200_args(model, method, dora):
     cfg = os.path.join(MODELS_DIR, model + ".json")
     if not os.path.exists(cfg):
@@ -185,11 +203,7 @@ def h200_args(model, method, dora):
          "--batch", "1", "--steps", "2", "--grad-ckpt", "--adamw-impl", "fused",
          "--lora-r", "16", "--lora-alpha", "32", "--lora-dropout", "0",
          "--label", "%s-%s%s-b1s2048-ckpt" % (model, method, "-dora" if dora else "")]
-    if dora:
-        a += ["--peft", json.dumps({"peft_type": "LORA", "r": 16, "lora_alpha": 32,
-                                    "lora_dropout": 0.0, "use_dora": True,
-                                    "target_modules": TARGETS})]
-    return a
+    return a + (dora_peft(0.0) if dora else [])
 
 
 MATRIX = [
@@ -206,11 +220,7 @@ def dora_args(dropout, ckpt):
     a = job_args("meta-llama--Llama-3.1-8B", "lora", ckpt)[:-2]
     label = "meta-llama--Llama-3.1-8B-L2-lora-dora-d%g-b1s512%s" % (dropout, "-ckpt" if ckpt else "")
     return a + ["--adamw-impl", "fused", "--lora-r", "16", "--lora-alpha", "32",
-                "--lora-dropout", str(dropout),
-                "--peft", json.dumps({"peft_type": "LORA", "r": 16, "lora_alpha": 32,
-                                      "lora_dropout": dropout, "use_dora": True,
-                                      "target_modules": TARGETS}),
-                "--label", label]
+                "--lora-dropout", str(dropout), "--label", label] + dora_peft(dropout)
 
 
 DORA_MATRIX = [dora_args(0.0, True), dora_args(0.05, True), dora_args(0.05, False)]
@@ -222,13 +232,7 @@ def write_matrix(matrix, fixture):
     tmp = fixture + ".tmp"
     with open(tmp, "w") as out:
         for a in matrix:
-            proc = subprocess.run([sys.executable, os.path.abspath(__file__)] + a,
-                                  capture_output=True, text=True)
-            if proc.returncode != 0:
-                sys.stderr.write(proc.stderr[-4000:])
-                sys.exit(1)
-            out.write(proc.stdout.strip() + "\n")
-            sys.stderr.write("%s\n" % a[-1])
+            out.write(json.dumps(run_child(a), separators=(",", ":")) + "\n")
     os.replace(tmp, fixture)
 
 
@@ -237,15 +241,8 @@ def main():
     if argv == ["--matrix-h200"]:
         rows = {}
         for h200_row, model, method, dora, fixture in H200_MATRIX:
-            a = h200_args(model, method, dora)
-            proc = subprocess.run([sys.executable, os.path.abspath(__file__)] + a,
-                                  capture_output=True, text=True)
-            if proc.returncode != 0:
-                sys.stderr.write(proc.stderr[-4000:])
-                sys.exit(1)
-            row = compact(json.loads(proc.stdout), h200_row)
+            row = compact(run_child(h200_args(model, method, dora)), h200_row)
             rows.setdefault(fixture, []).append(json.dumps(row, separators=(",", ":")))
-            sys.stderr.write("%s\n" % a[a.index("--label") + 1])
         for fixture, lines in rows.items():
             path = os.path.join(ROOT, "validation", "oracle-traces", fixture)
             with open(path + ".tmp", "w") as out:

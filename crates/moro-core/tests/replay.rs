@@ -18,12 +18,19 @@ const JOBS: [(&str, f64); 9] = [
     ("8f7aee3b3a", 20.986_328 - 16.626_953),
 ];
 
-fn h200() -> String {
-    let path = format!(
-        "{}/../../validation/h200/measured.jsonl",
-        env!("CARGO_MANIFEST_DIR")
-    );
+/// A file of `validation/`.
+fn validation(file: &str) -> String {
+    let path = format!("{}/../../validation/{file}", env!("CARGO_MANIFEST_DIR"));
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn h200() -> String {
+    validation("h200/measured.jsonl")
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn gib(bytes: u64) -> f64 {
+    bytes as f64 / f64::from(1u32 << 30)
 }
 
 fn measured_gib(text: &str, id: &str) -> f64 {
@@ -47,9 +54,7 @@ fn replayed_fragmentation_is_the_h200s() {
             let e = explain(&text, &CatalogModels, &format!("moro-cal-{job}-reserved"))
                 .unwrap_or_else(|e| panic!("{job}: {e}"))
                 .estimate;
-            #[allow(clippy::cast_precision_loss)]
-            let gib = e.replayed_fragmentation_bytes as f64 / f64::from(1u32 << 30);
-            gib
+            gib(e.replayed_fragmentation_bytes)
         };
         let measured = measured_gib(&text, &format!("moro-cal-{job}-reserved"))
             - measured_gib(&text, &format!("moro-cal-{job}-allocated"));
@@ -74,20 +79,11 @@ fn replayed_fragmentation_is_the_h200s() {
 /// held to the measured fragmentation within 0.25 GiB and the reserved level within 2 %.
 #[test]
 fn dora_is_replayed_to_the_h200s_reserve() {
-    let path = format!(
-        "{}/../../validation/h200/settings.jsonl",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let text = validation("h200/settings.jsonl");
     let id = "moro-cal-566e30cdce";
     let e = explain(&text, &CatalogModels, &format!("{id}-reserved"))
         .unwrap()
         .estimate;
-    let gib = |b: u64| {
-        #[allow(clippy::cast_precision_loss)]
-        let g = b as f64 / f64::from(1u32 << 30);
-        g
-    };
     let reserved = measured_gib(&text, &format!("{id}-reserved"));
     let measured = reserved - measured_gib(&text, &format!("{id}-allocated"));
     let frag = gib(e.replayed_fragmentation_bytes);
@@ -112,8 +108,6 @@ fn qlora_is_replayed() {
         .unwrap()
         .estimate;
     assert!(e.replayed_fragmentation_bytes > 0);
-    #[allow(clippy::cast_precision_loss)]
-    let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
     let reserved = gib(e.peak_reserved_bytes) / measured_gib(&text, &format!("{id}-reserved"));
     let allocated = gib(e.peak_allocated_bytes) / measured_gib(&text, &format!("{id}-allocated"));
     assert!((reserved - 1.0).abs() <= 0.05, "reserved {reserved:.3}");
@@ -122,8 +116,8 @@ fn qlora_is_replayed() {
 
 /// Later micro-batches of a step replay as the capped ones do
 /// ([`moro_core::estimate::replay::REPLAYED_MICRO_BATCHES`]): 16 micro-batches traced in full
-/// give the same fragmentation as the cap, for QLoRA and LoRA with and without
-/// checkpointing and a full fine-tune, on an untied and a tied model.
+/// give the same fragmentation as the cap, for QLoRA with and without checkpointing and a
+/// full fine-tune, on an untied and a tied model.
 #[test]
 fn capped_micro_batches_replay_as_all_of_them() {
     use moro_core::estimate::trace::step;
@@ -186,11 +180,7 @@ fn lora_and_sharded_jobs_are_not_replayed() {
 /// replayed (it came out 10–16 % over).
 #[test]
 fn bert_large_without_checkpointing_is_replayed() {
-    let path = format!(
-        "{}/../../validation/measured.jsonl",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let text = validation("measured.jsonl");
     for (id, mib) in [
         ("hf-docs-perf-train-gpu-one-001", 14_949.0),
         ("hf-docs-perf-train-gpu-one-002", 8_681.0),

@@ -25,9 +25,8 @@
 //! Modelled: one GPU without sharding or tensor parallelism, a dense text decoder or a
 //! BERT-style encoder, on a stack whose profile replays steps (`hf`, `trl`); full
 //! fine-tuning, LoRA and QLoRA (bitsandbytes 4-bit) with PEFT's plain LoRA, DoRA on an
-//! unquantized base; AdamW (torch
-//! foreach or fused, bitsandbytes 8-bit); the standard loss; eager layers. [`models`] says
-//! which jobs.
+//! unquantized base; AdamW (torch foreach or fused, bitsandbytes 8-bit); the standard loss;
+//! eager layers. [`models`] says which jobs.
 
 use crate::job::{Job, LossImpl, Method, Optimizer, PeftKind, Quantization, Sharding};
 use crate::model::{LayerGroup, ModelSpec};
@@ -126,7 +125,8 @@ pub fn trace<'m>(
         return None;
     }
     let s = Step::new(model, job, r, device);
-    // About 50 events per layer and micro-batch, and the parameters' and states' own.
+    // Room for two steps of up to 64 events per layer and micro-batch, and a few per
+    // parameter (loading, gradients, states): the vector then rarely grows.
     let layers = usize::try_from(model.num_layers).unwrap_or(0);
     let micro_batches = usize::try_from(job.grad_accum.max(1)).unwrap_or(1);
     let mut b = Builder::with_capacity(s.ps.len() * 8 + layers * micro_batches * 2 * 64);
@@ -321,6 +321,7 @@ impl<'m, 'j> Step<'m, 'j> {
     /// A layer's forward: what it saves, each RMSNorm's fp32 upcast preceded by the two fp32
     /// temporaries of its statistics (`hidden_states.pow(2)`, then the normalized fp32
     /// product its 16-bit cast reads; transformers `LlamaRMSNorm.forward`).
+    ///
     /// A DoRA layer's modules run between its saved tensors, spread over them in forward
     /// order.
     fn layer_forward(&self, b: &mut Builder<'m>, k: usize, name: &'static str) -> Vec<Tensor<'m>> {
