@@ -1,5 +1,7 @@
-//! The fragmentation of a full fine-tune's training steps: its step trace
-//! ([`super::trace::step`]) replayed through [`crate::caching_allocator::CachingAllocator`].
+//! A one-GPU training step as the estimate reads it off its step trace
+//! ([`super::trace::step`]): the phases and their components (the allocated level and the
+//! breakdown) for every job the trace models, and, for full fine-tunes, QLoRA and DoRA, the
+//! trace replayed through [`crate::caching_allocator::CachingAllocator`] for the reserve.
 //!
 //! A full fine-tune's optimizer creates its states lazily, in the first `step()`, after the
 //! backward freed the activations and the loss's buffers: the states take those blocks and
@@ -7,27 +9,26 @@
 //! of their size, so the allocator `cudaMalloc`s new segments. No ratio of the churn
 //! captures that (`calibration/README.md`: replaying the real step's allocation sequence,
 //! traced on fake tensors, reproduced the H200's reserved peaks; moro's ratio was 1.7 to
-//! 5.7 GiB under for the full fine-tunes). The result used is the replay's reserved peak
-//! minus the trace's allocated peak: the fragmentation, added on top of moro's per-op
-//! allocated peak. `crates/moro-core/tests/replay.rs` holds it to the H200's full
-//! fine-tunes.
+//! 5.7 GiB under for the full fine-tunes). The fragmentation used is the replay's reserved
+//! peak minus the trace's allocated peak. `crates/moro-core/tests/replay.rs` holds it to
+//! the H200's full fine-tunes.
 //!
 //! DoRA jobs are replayed too: every forward and recompute makes weight-sized temporaries
 //! per adapted module (the identity, `lora_B(lora_A(eye))`, fp32 copies of both weights:
 //! [`super::trace`]'s `dora`), whose segments, made early, smaller tensors split later.
+//! Plain LoRA's reserve stays the ratio's: its replay is 2.4 % over the H200's LoRA run.
 
 use crate::job::{Job, Method};
 use crate::model::ModelSpec;
 
 use super::trace::step;
-use super::{DeviceProfile, Regime};
+use super::{DeviceProfile, PhaseBytes, Regime};
 
-/// The micro-batches of a step [`step_fragmentation`] replays at most: PEFT, full
-/// fine-tuning.
+/// The micro-batches of a step [`step`] traces at most: PEFT, full fine-tuning.
 pub const REPLAYED_MICRO_BATCHES: [u64; 2] = [2, 4];
 
-/// Whether [`step_fragmentation`] models `job`: a full fine-tune, QLoRA or DoRA job the step
-/// trace models.
+/// Whether [`step`] replays `job` for its reserve: a full fine-tune, QLoRA or DoRA job the
+/// step trace models.
 #[must_use]
 pub fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
     (job.method == Method::Full
@@ -36,18 +37,32 @@ pub fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
         && step::models(model, job, r)
 }
 
-/// The replayed fragmentation (reserved peak − allocated peak) of two training steps of
-/// `job` on one GPU, in bytes; 0 where [`models`] is false.
+/// A training step as its trace gives it ([`step`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplayedStep {
+    /// Each phase's largest live total and its components ([`super::trace::Trace::phases`]):
+    /// the estimate's allocated level and breakdown.
+    pub phases: Vec<PhaseBytes>,
+    /// The replayed fragmentation, reserved peak − allocated peak, where [`models`] is
+    /// true; else 0 (the reserve stays the ratio's).
+    pub fragmentation: u64,
+}
+
+/// The trace of two training steps of `job` on one GPU ([`step::trace`]): its phases, and
+/// the fragmentation of its replay where [`models`] is true; `None` where the trace does not
+/// model the job.
 ///
-/// Each step replays at most [`REPLAYED_MICRO_BATCHES`] of its micro-batches: from the
+/// Each step traces at most [`REPLAYED_MICRO_BATCHES`] of its micro-batches: from the
 /// second (PEFT) or the fourth (full fine-tuning) on, a micro-batch finds the cache as the
 /// one before left it and makes the same requests, so later ones add nothing
 /// (`tests/replay.rs`: 8 and 16 micro-batches replay to the same bytes as the cap).
 #[must_use]
-pub fn step_fragmentation(model: &ModelSpec, job: &Job, r: &Regime, device: &DeviceProfile) -> u64 {
-    if !models(model, job, r) {
-        return 0;
-    }
+pub fn step(
+    model: &ModelSpec,
+    job: &Job,
+    r: &Regime,
+    device: &DeviceProfile,
+) -> Option<ReplayedStep> {
     let cap = REPLAYED_MICRO_BATCHES[usize::from(job.method == Method::Full)];
     let capped;
     let job = if job.grad_accum > cap {
@@ -59,8 +74,24 @@ pub fn step_fragmentation(model: &ModelSpec, job: &Job, r: &Regime, device: &Dev
     } else {
         job
     };
-    step::trace(model, job, r, device).map_or(0, |t| {
+    let t = step::trace(model, job, r, device)?;
+    let fragmentation = if models(model, job, r) {
         let (allocated, _) = t.peak();
         t.replay().reserved.saturating_sub(allocated)
+    } else {
+        0
+    };
+    Some(ReplayedStep {
+        phases: t.phases(),
+        fragmentation,
     })
+}
+
+/// The replayed fragmentation of `job` ([`step`]), 0 where [`models`] is false.
+#[must_use]
+pub fn step_fragmentation(model: &ModelSpec, job: &Job, r: &Regime, device: &DeviceProfile) -> u64 {
+    if !models(model, job, r) {
+        return 0;
+    }
+    step(model, job, r, device).map_or(0, |s| s.fragmentation)
 }

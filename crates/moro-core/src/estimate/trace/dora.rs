@@ -7,9 +7,10 @@
 //! `tuners/lora/dora.py` `DoraLinearLayer.forward`, in this order:
 //!
 //! 1. `get_lora_weight`: `torch.eye(in)` in the adapter dtype; under autocast `lora_A`
-//!    casts it to 16 bits (kept by the graph in a recompute, dropped at once by a
-//!    checkpointed forward's saved-tensor hooks); `lora_B(lora_A(eye))` is an in × out
-//!    matrix in the matmuls' dtype; the identity is freed when the function returns;
+//!    casts it to 16 bits; what `lora_A` reads (that copy, or the identity itself) is kept
+//!    by the graph in a recompute or without checkpointing, and dropped at once by a
+//!    checkpointed forward's saved-tensor hooks; `lora_B(lora_A(eye))` is an in × out
+//!    matrix in the matmuls' dtype;
 //! 2. `lora_weight.to(x.dtype)`: a copy in the adapter dtype where the matmuls ran in 16
 //!    bits (the 16-bit product is then freed);
 //! 3. `dequantize_module_weight(base).to(x.dtype)`: a copy of the base weight unless it is
@@ -105,8 +106,9 @@ impl DoraModule {
 }
 
 /// Emits one DoRA module's forward into `b` for decoder layer `layer`. `keeps_graph`: the
-/// forward records what autograd saves (a recompute, or no checkpointing), so autocast's
-/// copy of the identity lives until the module returns.
+/// forward records what autograd saves (a recompute, or no checkpointing), so what
+/// `lora_A` reads of the identity (autocast's copy, or the identity itself) lives until the
+/// module returns.
 pub(crate) fn module_forward<'m>(
     b: &mut Builder<'m>,
     m: &DoraModule,
@@ -131,7 +133,12 @@ pub(crate) fn module_forward<'m>(
     }
     let product = alloc(b, "DoRA lora_weight", m.product);
     if let Some(t) = eye {
-        b.free(t);
+        // Without a 16-bit copy, `lora_A`'s matmul saves the identity itself.
+        if keeps_graph && eye_cast.is_none() {
+            held.push(t);
+        } else {
+            b.free(t);
+        }
     }
     match alloc(b, "DoRA lora_weight cast", m.product_cast) {
         Some(cast) => {

@@ -18,7 +18,7 @@ use crate::caching_allocator::{CachingAllocator, Handle, Stream, round_size};
 use crate::job::{Job, JobError};
 use crate::model::ModelSpec;
 
-use super::{Component, DeviceProfile, Phase, Regime};
+use super::{Component, DeviceProfile, Phase, PhaseBytes, Regime};
 
 /// The step trace of `job` on `model` ([`step::trace`]): `None` where the trace does not
 /// model the job yet ([`step::models`]).
@@ -127,6 +127,57 @@ impl Trace<'_> {
         }
         by.retain(|x| x.1 > 0);
         by
+    }
+
+    /// Each phase's largest live total with the components live then, in the order the
+    /// phases first appear: the estimate's phases read off the trace. An allocation is made
+    /// in the phase it names; a peak is always reached at an allocation.
+    #[must_use]
+    pub fn phases(&self) -> Vec<PhaseBytes> {
+        let mut live: Vec<(Component, u64)> = Vec::new();
+        let mut total = 0u64;
+        let mut out: Vec<PhaseBytes> = Vec::new();
+        let mut best: Vec<u64> = Vec::new();
+        for e in &self.events {
+            let b = round_size(e.bytes);
+            let slot = match live.iter_mut().find(|x| x.0 == e.component) {
+                Some(x) => x,
+                None => {
+                    live.push((e.component, 0));
+                    live.last_mut().expect("just pushed")
+                }
+            };
+            match e.op {
+                Op::Alloc => {
+                    slot.1 += b;
+                    total += b;
+                }
+                Op::Free => {
+                    slot.1 -= b;
+                    total -= b;
+                    continue;
+                }
+            }
+            let i = match out.iter().position(|p| p.phase == e.phase) {
+                Some(i) => i,
+                None => {
+                    out.push(PhaseBytes {
+                        phase: e.phase,
+                        components: Vec::new(),
+                    });
+                    best.push(0);
+                    out.len() - 1
+                }
+            };
+            if total > best[i] {
+                best[i] = total;
+                out[i].components.clear();
+                out[i]
+                    .components
+                    .extend(live.iter().filter(|c| c.1 > 0).copied());
+            }
+        }
+        out
     }
 
     /// Replays the trace through [`CachingAllocator`].

@@ -2,7 +2,7 @@
 //! ([`super::step`]).
 
 use crate::job::Job;
-use crate::model::{LayerGroup, ModelSpec};
+use crate::model::ModelSpec;
 
 use super::super::Regime;
 
@@ -85,30 +85,5 @@ pub(super) fn encoder_tensors(model: &ModelSpec, job: &Job, r: &Regime) -> Vec<u
         v.push(2 * h);
     }
     v.extend([o * i, o * i]);
-    v
-}
-
-/// The tensors a decoder layer saves for backward, per token (HF Llama-style layer, SDPA or
-/// flash attention): each RMSNorm's fp32 upcast of its input and its 16-bit normalized output
-/// and weighted output; q, k, v and the rotary q and k; the attention output; the MLP's gate
-/// and up outputs, the activation and the product. `e` is the activations' bytes.
-pub(super) fn layer_tensors(model: &ModelSpec, g: &LayerGroup, e: u64) -> Vec<u64> {
-    let h = model.hidden_size;
-    let q = model.num_heads * model.head_dim;
-    let kv = model.num_kv_heads * model.head_dim;
-    let i = g
-        .linears
-        .iter()
-        .filter(|l| l.in_features == h && l.out_features != h)
-        .map(|l| l.out_features)
-        .filter(|&w| w != q + 2 * kv && w != q && w != kv)
-        .max()
-        .unwrap_or(model.intermediate_size);
-    let norm = [4 * h, e * h, e * h];
-    let mut v = Vec::new();
-    v.extend(norm);
-    v.extend([e * q, e * kv, e * kv, e * q, e * kv, e * q]);
-    v.extend(norm);
-    v.extend([e * i; 4]);
     v
 }

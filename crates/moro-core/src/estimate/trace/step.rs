@@ -6,27 +6,30 @@
 //! and drops them (10 B per logit at the end of the forward, 12 at its backward, as
 //! [`super::super::loss::Loss`] counts them). A layer's saved tensors:
 //!
-//! - **full fine-tuning**: listed by shape ([`layer_tensors`], [`encoder_tensors`]), each
-//!   Linear one tensor of weight and bias, the layer's gradients made before its two
-//!   backward temporaries. This is the sequence whose replay was checked against the H200's
-//!   full fine-tunes (`crates/moro-core/tests/replay.rs`). PyTorch keeps a bias apart, and
-//!   listing it apart moves BERT-large's replayed fragmentation from 1.2 to 0.2 GiB (the
-//!   V100 rows of the HF docs measure about 1.2): which cached block a request just over a
-//!   power of two finds decides it, and that is not yet modelled.
-//! - **LoRA and QLoRA**: the saved bytes of [`Activations`] cut into the shapes a decoder
-//!   layer saves ([`saved_tensors`]), RMSNorm's fp32 temporaries, the backward's
-//!   temporaries before the layer's gradients, which come in the reverse of the forward's
-//!   module order; bitsandbytes' dequantized weight in every quantized matmul; with DoRA,
+//! - **a decoder layer**: the saved bytes of [`Activations`] cut into the shapes it saves
+//!   ([`saved_tensors`]); for LoRA and QLoRA, RMSNorm's fp32 temporaries too. A full
+//!   fine-tune's layer gradients come before its two backward temporaries. Cut this way,
+//!   the replays of the H200's full fine-tunes are where a hand-listed Llama layer put them
+//!   (`crates/moro-core/tests/replay.rs`), and the allocated peak follows every
+//!   architecture [`Activations`] models (Qwen3's `q_norm`/`k_norm`, a bf16-mixed residual
+//!   stream), within 0.7 % of the fake-tensor oracle's full fine-tunes.
+//! - **a BERT-style encoder's full fine-tune**: listed by shape ([`encoder_tensors`]), each
+//!   Linear one tensor of weight and bias. PyTorch keeps a bias apart, and listing it apart
+//!   moves BERT-large's replayed fragmentation from 1.2 to 0.2 GiB (the V100 rows of the HF
+//!   docs measure about 1.2): which cached block a request just over a power of two finds
+//!   decides it, and that is not yet modelled.
+//! - **LoRA and QLoRA**: the backward's temporaries before the layer's gradients, which
+//!   come in the reverse of the forward's module order; bitsandbytes' dequantized weight in every quantized matmul; with DoRA,
 //!   each adapted module's forward (`trace/dora.rs`) in the forward and the recompute.
 //!
 //! `crates/moro-core/tests/step_trace.rs` holds both to allocation sequences of the real
 //! step recorded on fake CUDA tensors (`calibration/step_events.py`).
 //!
 //! Modelled: one GPU without sharding or tensor parallelism, a dense text decoder or a
-//! BERT-style encoder, on a stack whose profile replays steps (`hf`, `trl`); full
-//! fine-tuning, LoRA and QLoRA (bitsandbytes 4-bit) with PEFT's plain LoRA, DoRA on an
-//! unquantized base; AdamW (torch foreach or fused, bitsandbytes 8-bit); the standard loss;
-//! eager layers. [`models`] says which jobs.
+//! BERT-style encoder (not an encoder-decoder), on a stack whose profile replays steps
+//! (`hf`, `trl`); full fine-tuning, LoRA and QLoRA (bitsandbytes 4-bit) with PEFT's plain
+//! LoRA, DoRA on an unquantized base; AdamW (torch foreach or fused, bitsandbytes 8-bit);
+//! the standard loss; eager layers. [`models`] says which jobs.
 
 use crate::job::{Job, LossImpl, Method, Optimizer, PeftKind, Quantization, Sharding};
 use crate::model::{LayerGroup, ModelSpec};
@@ -37,7 +40,7 @@ use super::super::regime::grad_bytes;
 use super::super::{Component, DeviceProfile, Phase, Regime, weights};
 use super::dora::{self, DoraModule};
 use super::params::{Param, params};
-use super::shapes::{encoder_tensors, layer_tensors, saved_tensors};
+use super::shapes::{encoder_tensors, saved_tensors};
 use super::{Builder, Tensor, Trace};
 
 /// Whether [`trace`] models `job` on `model`.
@@ -68,6 +71,7 @@ pub fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
         && job.parallel.gpus() == 1
         && job.parallel.sharding == Sharding::None
         && model.moe.is_none()
+        && model.seq2seq.is_none()
         && model.vision.is_none()
         && !model.has_recurrent_mixer()
         && model.gemma3n.is_none()
@@ -157,8 +161,8 @@ struct Step<'m, 'j> {
     ps: Vec<Param<'m>>,
     /// Each decoder layer's parameters, a range of `ps`.
     ranges: Vec<std::ops::Range<usize>>,
-    /// Each layer's saved tensors: a full fine-tune's listed by shape ([`layer_tensors`],
-    /// [`encoder_tensors`]); a PEFT job's saved bytes ([`Activations`]) cut into shapes.
+    /// Each layer's saved tensors: the saved bytes ([`Activations`]) cut into shapes; an
+    /// encoder full fine-tune's listed by shape ([`encoder_tensors`]).
     saved_by_layer: Vec<Vec<u64>>,
     acts: Activations,
     /// Tokens of a micro-batch.
@@ -177,7 +181,7 @@ struct Step<'m, 'j> {
     /// Each layer's DoRA modules in forward order ([`dora::module_forward`]); empty
     /// without DoRA.
     dora_by_layer: Vec<Vec<DoraModule>>,
-    /// A frozen fp32 lm_head's 16-bit copy under autocast.
+    /// An fp32 lm_head's 16-bit copy under autocast (frozen, or a full fine-tune's).
     head_copy: u64,
     /// The parameters whose gradients the loss's backward makes (lm_head's, or the tied
     /// embedding's; an encoder's pooler and classifier).
@@ -241,15 +245,18 @@ impl<'m, 'j> Step<'m, 'j> {
         let per_layer = acts.all_layers() / n_layers;
         let saved_by_layer: Vec<Vec<u64>> = layers
             .iter()
-            .map(|g| {
-                if full {
-                    match &model.encoder {
-                        Some(_) => encoder_tensors(model, job, r),
-                        None => layer_tensors(model, g, e),
+            .map(|_| {
+                if full && encoder {
+                    // What the listed shapes leave of [`Activations`]' count, as one more.
+                    let mut v: Vec<u64> = encoder_tensors(model, job, r)
+                        .into_iter()
+                        .map(|bytes| bytes * t)
+                        .collect();
+                    let rest = per_layer.saturating_sub(v.iter().sum());
+                    if rest > 0 {
+                        v.push(rest);
                     }
-                    .into_iter()
-                    .map(|bytes| bytes * t)
-                    .collect()
+                    v
                 } else if job.gradient_checkpointing {
                     saved_tensors(acts.one_layer, t, model, e)
                 } else {
@@ -293,7 +300,10 @@ impl<'m, 'j> Step<'m, 'j> {
             rms: model.norm == crate::model::NormKind::RmsNorm && !full,
             dequant: weights::dequant_transient(model, job, r),
             dora_by_layer,
-            head_copy: if r.frozen_fp32_head && r.autocast {
+            head_copy: if r.autocast
+                && (r.frozen_fp32_head
+                    || full && !encoder && r.autocast_weight_copies && r.param_bytes == 4)
+            {
                 2 * model.vocab_size * model.hidden_size
             } else {
                 0
@@ -430,8 +440,7 @@ impl<'m, 'j> Step<'m, 'j> {
             }
             saved.push(s);
         }
-        b.free_all(cached);
-        // The final norm and lm_head's inputs (a frozen fp32 head's 16-bit weight copy).
+        // The final norm and lm_head's inputs (an fp32 head's 16-bit weight copy).
         let mut head_saved = Vec::new();
         if self.head_copy > 0 {
             head_saved.push(b.alloc_in(
@@ -477,6 +486,9 @@ impl<'m, 'j> Step<'m, 'j> {
             }
             b.free(logits);
         }
+        // Autocast's cache is cleared when the forward leaves autocast, after the loss
+        // (transformers `Trainer.compute_loss` runs inside `autocast_smart_context_manager`).
+        b.free_all(cached);
         Forward {
             input_ids,
             labels,
