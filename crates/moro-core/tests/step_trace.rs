@@ -412,3 +412,61 @@ fn traces_reach_the_h200s_allocated_peaks() {
     assert!(checked >= 30, "{checked}");
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// The estimate reads a traced job off its trace: on every row of the fake-CUDA oracle
+/// (`validation/oracle.jsonl`, the real HF step on fake tensors) whose job the trace
+/// models, the estimate's allocated level is the trace's largest live total, its
+/// components there add up to it, and it is within 1 % of the oracle's peak for a full
+/// fine-tune (Qwen3's `q_norm`/`k_norm` and a bf16-mixed fp32 stream included: the
+/// formulas' per-layer bytes cut into tensors) and 2 % for LoRA and QLoRA.
+#[test]
+fn oracle_rows_are_read_off_their_traces() {
+    use moro_core::estimate::estimate;
+    use moro_core::validation::{CatalogModels, explain};
+    let text = include_str!("../../../validation/oracle.jsonl");
+    let device = DeviceProfile::for_compute_capability(Some((9, 0)));
+    let (mut checked, mut full) = (0, 0);
+    let mut failures = Vec::new();
+    for line in text.lines() {
+        let v: Value = serde_json::from_str(line).unwrap();
+        let id = v["id"].as_str().unwrap();
+        let Ok(x) = explain(text, &CatalogModels, id) else {
+            continue;
+        };
+        let regime = Regime::resolve(&x.model, &x.job);
+        let Some(trace) = step::trace(&x.model, &x.job, &regime, &device) else {
+            continue;
+        };
+        let est = estimate(&x.model, &x.job, &device).unwrap();
+        assert_eq!(est.peak_allocated_bytes, trace.peak().0, "{id}");
+        let allocated: u64 = est
+            .components
+            .iter()
+            .filter(|c| {
+                !matches!(
+                    c.0,
+                    Component::AllocatorReserve
+                        | Component::OutsideAllocator
+                        | Component::CudaContext
+                )
+            })
+            .map(|c| c.1)
+            .sum();
+        assert_eq!(allocated, est.peak_allocated_bytes, "{id}");
+        let measured = v["measured_value"].as_f64().unwrap();
+        #[allow(clippy::cast_precision_loss)]
+        let err = est.peak_allocated_bytes as f64 / measured - 1.0;
+        let bar = if x.job.method == Method::Full {
+            full += 1;
+            0.01
+        } else {
+            0.02
+        };
+        if err.abs() > bar {
+            failures.push(format!("{id}: {:+.2} %", err * 100.0));
+        }
+        checked += 1;
+    }
+    assert!(checked >= 150 && full >= 25, "{checked} rows, {full} full");
+    assert!(failures.is_empty(), "{failures:#?}");
+}
