@@ -311,7 +311,12 @@ fn llama_layer_activations_by_hand() {
         )
     };
     let delta = acts(2048) - acts(1024);
-    // the head (final norm: 4h + 2h + 2h per token) grows too
+    // the head (final norm: 4h + 2h + 2h per token) grows too, and so do the batch's
+    // int64 input_ids and labels
     let head = 8 * h;
-    assert_eq!(delta, 1024 * (m.num_layers * per_token_layer + head));
+    let batch = 2 * 8;
+    assert_eq!(
+        delta,
+        1024 * (m.num_layers * per_token_layer + head + batch)
+    );
 }

@@ -364,11 +364,19 @@ fn check_brute_force(model_id: &str, hw: &str, request: &Request) {
     let mut best: Option<Config> = None;
     let mut min_peak = u64::MAX;
     for c in &all {
-        // Exact minimum: a configuration whose bound is not below it cannot be below it.
+        // Exact minimum: the full estimate's device level is never more than 3 % under the
+        // bound's (the step trace can lower the allocated level a little), so a
+        // configuration whose bound is not within that of the minimum cannot be below it.
         if let Ok(bound) = estimate_without_replay(&spec, &space.job(c), &caps.profile)
-            && bound.peak_device_bytes < min_peak
+            && bound.peak_device_bytes / 100 * 97 < min_peak
             && let Ok(est) = estimate(&spec, &space.job(c), &caps.profile)
         {
+            assert!(
+                est.peak_device_bytes >= bound.peak_device_bytes / 100 * 97,
+                "{model_id} on {hw}: {c:?} estimated {} under its bound {}",
+                est.peak_device_bytes,
+                bound.peak_device_bytes
+            );
             min_peak = min_peak.min(est.peak_device_bytes);
         }
         if fits(&spec, &space, &caps, c).is_some()
@@ -410,9 +418,12 @@ fn check_brute_force(model_id: &str, hw: &str, request: &Request) {
                 .as_ref()
                 .expect("closest configuration when nothing fits");
             assert!(!c.fits());
-            assert_eq!(
-                c.estimate.peak_device_bytes, min_peak,
-                "{model_id} on {hw}: closest"
+            // The search ranks what does not fit without the step trace, which moves a
+            // device level by at most 3 %: the closest is the smallest in full within that.
+            let got = c.estimate.peak_device_bytes;
+            assert!(
+                got >= min_peak && got - min_peak <= min_peak / 100 * 3,
+                "{model_id} on {hw}: closest {got}, smallest {min_peak}"
             );
             assert!(out.short_by_bytes() > 0);
         }

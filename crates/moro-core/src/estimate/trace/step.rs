@@ -29,7 +29,8 @@
 //! BERT-style encoder (not an encoder-decoder), on a stack whose profile replays steps
 //! (`hf`, `trl`); full fine-tuning, LoRA and QLoRA (bitsandbytes 4-bit) with PEFT's plain
 //! LoRA, DoRA on an unquantized base; AdamW (torch foreach or fused, bitsandbytes 8-bit);
-//! the standard loss; eager layers. [`models`] says which jobs.
+//! the standard loss or Liger's fused linear cross-entropy (its other kernels through the
+//! saved bytes); eager layers. [`models`] says which jobs.
 
 use crate::job::{Job, LossImpl, Method, Optimizer, PeftKind, Quantization, Sharding};
 use crate::model::{LayerGroup, ModelSpec};
@@ -80,10 +81,9 @@ pub fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
         && !job.activation_offload
         && !job.unsloth_kernels()
         && job.adapted_layers.is_none()
-        && job.liger == crate::job::Liger::default()
         && match &model.encoder {
-            Some(_) => !job.gradient_checkpointing,
-            None => matches!(r.loss, LossImpl::Standard),
+            Some(_) => !job.gradient_checkpointing && job.liger == crate::job::Liger::default(),
+            None => matches!(r.loss, LossImpl::Standard | LossImpl::Fused),
         }
         && matches!(
             job.optimizer,
@@ -174,8 +174,11 @@ struct Step<'m, 'j> {
     /// Bytes per element of gradients.
     gb: u64,
     encoder: bool,
-    /// RMSNorm's fp32 temporaries are traced (PEFT jobs).
+    /// RMSNorm's fp32 temporaries are traced (PEFT jobs, transformers' RMSNorm).
     rms: bool,
+    /// Liger's fused linear cross-entropy ([`LossImpl::Fused`]): its chunk buffers, made
+    /// and dropped in the forward; no logits.
+    fused_chunk: Option<u64>,
     /// A 4-bit matmul's dequantized weight.
     dequant: u64,
     /// Each layer's DoRA modules in forward order ([`dora::module_forward`]); empty
@@ -208,6 +211,8 @@ struct Forward<'m> {
     head_saved: Vec<Tensor<'m>>,
     logprobs: Option<Tensor<'m>>,
     softcap: Option<Tensor<'m>>,
+    /// Liger's fused loss: the input's gradient, made in the forward.
+    flce: Option<Tensor<'m>>,
 }
 
 impl<'m, 'j> Step<'m, 'j> {
@@ -297,7 +302,9 @@ impl<'m, 'j> Step<'m, 'j> {
             full,
             gb: grad_bytes(job, r),
             encoder,
-            rms: model.norm == crate::model::NormKind::RmsNorm && !full,
+            rms: model.norm == crate::model::NormKind::RmsNorm && !full && !job.liger.rms_norm,
+            fused_chunk: (r.loss == LossImpl::Fused)
+                .then(|| super::super::loss::Loss::new(model, job, r, 1).forward_transient),
             dequant: weights::dequant_transient(model, job, r),
             dora_by_layer,
             head_copy: if r.autocast
@@ -483,16 +490,12 @@ impl<'m, 'j> Step<'m, 'j> {
                 1,
             ));
         }
-        let head_bytes = if self.full {
-            vec![self.e * model.hidden_size * t]
-        } else {
-            saved_tensors(
-                self.acts.head.saturating_sub(self.head_copy),
-                t,
-                model,
-                self.e,
-            )
-        };
+        let head_bytes = saved_tensors(
+            self.acts.head.saturating_sub(self.head_copy),
+            t,
+            model,
+            self.e,
+        );
         for bytes in head_bytes {
             head_saved.push(b.alloc("saved (head)", Component::Activations, bytes, 1));
         }
@@ -503,7 +506,30 @@ impl<'m, 'j> Step<'m, 'j> {
         let lb = self.logit_bytes();
         let mut logprobs = None;
         let mut softcap = None;
-        if !self.encoder {
+        let mut flce = None;
+        if let Some(chunk) = self.fused_chunk {
+            // Liger 0.8.5 `ops/fused_linear_cross_entropy.py`: the input's gradient
+            // (T·h, the input's dtype) is filled chunk by chunk in the forward, each chunk's
+            // logits and their gradient in fp32 made and dropped; a trainable lm_head's
+            // weight gradient is accumulated there too and becomes its `.grad`.
+            flce = Some(b.alloc(
+                "FLCE grad_input",
+                Component::LogitsLoss,
+                self.t * model.hidden_size,
+                2,
+            ));
+            if self.full {
+                let fresh = make_grads(
+                    b,
+                    &self.ps,
+                    self.heads.iter().copied(),
+                    &mut held.grads,
+                    self.gb,
+                );
+                b.free_all(fresh);
+            }
+            b.transient("FLCE chunk logits", None, chunk);
+        } else if !self.encoder {
             let logits = b.alloc("logits", Component::LogitsLoss, tv, lb);
             // Gemma 2's final softcap: `torch.tanh` saves its output until the loss's
             // backward ([`super::super::loss::Loss`]).
@@ -527,6 +553,7 @@ impl<'m, 'j> Step<'m, 'j> {
             head_saved,
             logprobs,
             softcap,
+            flce,
         }
     }
 
@@ -562,20 +589,26 @@ impl<'m, 'j> Step<'m, 'j> {
                 1,
             ));
         }
-        let fresh = make_grads(
-            b,
-            &self.ps,
-            self.heads.iter().copied(),
-            &mut held.grads,
-            self.gb,
-        );
-        b.free_all(fresh);
-        let dhidden = b.alloc(
-            "hidden grad",
-            Component::Transients,
-            self.t * self.model.hidden_size,
-            self.r.stream_bytes,
-        );
+        if fwd.flce.is_none() {
+            let fresh = make_grads(
+                b,
+                &self.ps,
+                self.heads.iter().copied(),
+                &mut held.grads,
+                self.gb,
+            );
+            b.free_all(fresh);
+        }
+        // Liger's backward returns the gradient its forward made (the loss's own gradient
+        // is 1, so it is not rescaled into a new tensor).
+        let dhidden = fwd.flce.unwrap_or_else(|| {
+            b.alloc(
+                "hidden grad",
+                Component::Transients,
+                self.t * self.model.hidden_size,
+                self.r.stream_bytes,
+            )
+        });
         if let Some(d) = dlogits {
             b.free(d);
         }
@@ -684,10 +717,19 @@ impl<'m, 'j> Step<'m, 'j> {
                 numel,
                 self.gb,
             );
-            let sum = b.alloc("embedding grad (sum)", Component::Gradients, numel, self.gb);
-            b.free(incoming);
-            if let Some(old) = held.grads[0].replace(sum) {
-                b.free(old);
+            // The autograd engine adds a tied weight's two gradients in its input buffer,
+            // in place when it holds the only reference to a contiguous one
+            // (`input_buffer.cpp` `accumulate`): Liger's `grad_weight`, made contiguous by
+            // its forward, is (the H200's Liger full fine-tune holds no second copy);
+            // lm_head's own gradient is not (the oracle's tied full fine-tunes make a sum).
+            if self.fused_chunk.is_some() {
+                b.free(incoming);
+            } else {
+                let sum = b.alloc("embedding grad (sum)", Component::Gradients, numel, self.gb);
+                b.free(incoming);
+                if let Some(old) = held.grads[0].replace(sum) {
+                    b.free(old);
+                }
             }
         }
         for x in rest {
