@@ -393,6 +393,18 @@ impl<'m, 'j> Step<'m, 'j> {
         }
     }
 
+    /// The gradients of the parameters the loss's backward reaches first ([`Step::heads`]).
+    fn head_grads(&self, b: &mut Builder<'m>, held: &mut Held<'m>) {
+        let fresh = make_grads(
+            b,
+            &self.ps,
+            self.heads.iter().copied(),
+            &mut held.grads,
+            self.gb,
+        );
+        b.free_all(fresh);
+    }
+
     /// Autocast's 16-bit copies of a layer's trainable fp32 matmul weights.
     fn copies_of(&self, b: &mut Builder<'m>, k: usize) -> Vec<Tensor<'m>> {
         let r = self.r;
@@ -519,14 +531,7 @@ impl<'m, 'j> Step<'m, 'j> {
                 2,
             ));
             if self.full {
-                let fresh = make_grads(
-                    b,
-                    &self.ps,
-                    self.heads.iter().copied(),
-                    &mut held.grads,
-                    self.gb,
-                );
-                b.free_all(fresh);
+                self.head_grads(b, held);
             }
             b.transient("FLCE chunk logits", None, chunk);
         } else if !self.encoder {
@@ -590,14 +595,7 @@ impl<'m, 'j> Step<'m, 'j> {
             ));
         }
         if fwd.flce.is_none() {
-            let fresh = make_grads(
-                b,
-                &self.ps,
-                self.heads.iter().copied(),
-                &mut held.grads,
-                self.gb,
-            );
-            b.free_all(fresh);
+            self.head_grads(b, held);
         }
         // Liger's backward returns the gradient its forward made (the loss's own gradient
         // is 1, so it is not rescaled into a new tensor).
