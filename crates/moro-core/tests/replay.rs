@@ -165,7 +165,7 @@ fn capped_micro_batches_replay_as_all_of_them() {
             let r = Regime::resolve(&m, &job);
             let t = step::trace(&m, &job, &r, &device).unwrap();
             let all = t.replay().reserved - t.peak().0;
-            let capped = replay::step_fragmentation(&m, &job, &r, &device);
+            let capped = replay::step(&m, &job, &r, &device).map_or(0, |s| s.fragmentation);
             assert_eq!(capped, all, "{id} {method:?} checkpointing {ckpt}");
         }
     }
@@ -185,12 +185,13 @@ fn lora_and_sharded_jobs_are_not_replayed() {
     job.parallel.sharding = moro_core::job::Sharding::FsdpFullShard;
     let r = moro_core::estimate::Regime::resolve(&full.model, &job);
     assert_eq!(
-        moro_core::estimate::replay::step_fragmentation(
+        moro_core::estimate::replay::step(
             &full.model,
             &job,
             &r,
             &moro_core::estimate::DeviceProfile::default()
-        ),
+        )
+        .map_or(0, |s| s.fragmentation),
         0
     );
 }

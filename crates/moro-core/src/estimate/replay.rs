@@ -86,12 +86,3 @@ pub fn step(
         fragmentation,
     })
 }
-
-/// The replayed fragmentation of `job` ([`step`]), 0 where [`models`] is false.
-#[must_use]
-pub fn step_fragmentation(model: &ModelSpec, job: &Job, r: &Regime, device: &DeviceProfile) -> u64 {
-    if !models(model, job, r) {
-        return 0;
-    }
-    step(model, job, r, device).map_or(0, |s| s.fragmentation)
-}

@@ -111,22 +111,15 @@ impl Trace<'_> {
         peak
     }
 
-    /// Bytes of each component live at the allocated peak ([`Self::peak`]).
+    /// Bytes of each component live at the allocated peak ([`Self::peak`]): the largest
+    /// of [`Self::phases`].
     #[must_use]
     pub fn components_at_peak(&self) -> Vec<(Component, u64)> {
-        let (_, at) = self.peak();
-        let mut by: Vec<(Component, u64)> = Vec::new();
-        for e in self.events.iter().take(at + 1) {
-            let b = round_size(e.bytes);
-            match (by.iter_mut().find(|x| x.0 == e.component), e.op) {
-                (Some(x), Op::Alloc) => x.1 += b,
-                // A free follows its allocation: its component is listed.
-                (Some(x), Op::Free) => x.1 -= b,
-                (None, _) => by.push((e.component, b)),
-            }
-        }
-        by.retain(|x| x.1 > 0);
-        by
+        self.phases()
+            .into_iter()
+            .max_by_key(PhaseBytes::total)
+            .map(|p| p.components)
+            .unwrap_or_default()
     }
 
     /// Each phase's largest live total with the components live then, in the order the

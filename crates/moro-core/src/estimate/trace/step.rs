@@ -19,8 +19,9 @@
 //!   docs measure about 1.2): which cached block a request just over a power of two finds
 //!   decides it, and that is not yet modelled.
 //! - **LoRA and QLoRA**: the backward's temporaries before the layer's gradients, which
-//!   come in the reverse of the forward's module order; bitsandbytes' dequantized weight in every quantized matmul; with DoRA,
-//!   each adapted module's forward (`trace/dora.rs`) in the forward and the recompute.
+//!   come in the reverse of the forward's module order; bitsandbytes' dequantized weight in
+//!   every quantized matmul; with DoRA, each adapted module's forward (`trace/dora.rs`) in
+//!   the forward and the recompute.
 //!
 //! `crates/moro-core/tests/step_trace.rs` holds both to allocation sequences of the real
 //! step recorded on fake CUDA tensors (`calibration/step_events.py`).
@@ -393,15 +394,10 @@ impl<'m, 'j> Step<'m, 'j> {
         }
     }
 
-    /// The gradients of the parameters the loss's backward reaches first ([`Step::heads`]).
-    fn head_grads(&self, b: &mut Builder<'m>, held: &mut Held<'m>) {
-        let fresh = make_grads(
-            b,
-            &self.ps,
-            self.heads.iter().copied(),
-            &mut held.grads,
-            self.gb,
-        );
+    /// The gradients of the parameters `which` (the loss's [`Step::heads`], the backward's
+    /// last [`Step::firsts`]), a later micro-batch's added in place and dropped.
+    fn grads_of(&self, b: &mut Builder<'m>, held: &mut Held<'m>, which: &[usize]) {
+        let fresh = make_grads(b, &self.ps, which.iter().copied(), &mut held.grads, self.gb);
         b.free_all(fresh);
     }
 
@@ -531,7 +527,7 @@ impl<'m, 'j> Step<'m, 'j> {
                 2,
             ));
             if self.full {
-                self.head_grads(b, held);
+                self.grads_of(b, held, &self.heads);
             }
             b.transient("FLCE chunk logits", None, chunk);
         } else if !self.encoder {
@@ -595,7 +591,7 @@ impl<'m, 'j> Step<'m, 'j> {
             ));
         }
         if fwd.flce.is_none() {
-            self.head_grads(b, held);
+            self.grads_of(b, held, &self.heads);
         }
         // Liger's backward returns the gradient its forward made (the loss's own gradient
         // is 1, so it is not rescaled into a new tensor).
@@ -699,14 +695,7 @@ impl<'m, 'j> Step<'m, 'j> {
         rest: [Tensor<'m>; 3],
     ) {
         b.at(Phase::BackwardEnd, step);
-        let fresh = make_grads(
-            b,
-            &self.ps,
-            self.firsts.iter().copied(),
-            &mut held.grads,
-            self.gb,
-        );
-        b.free_all(fresh);
+        self.grads_of(b, held, &self.firsts);
         if self.tied && self.full {
             let numel = self.ps[0].numel;
             let incoming = b.alloc(
