@@ -15,7 +15,7 @@ use moro_core::job::{Attention, Method, Offload, Optimizer, Precision, Sharding,
 use moro_core::model::ModelSpec;
 use moro_core::search::{
     Caps, Cluster, Config, Layout, MethodChoice, Objective, Request, Space, TargetSet,
-    margin_bytes, search,
+    margin_bytes, search, search_best,
 };
 use moro_core::units::{GIB, MIB};
 use moro_core::validation::Metric;
@@ -411,8 +411,13 @@ fn check_brute_force(model_id: &str, hw: &str, request: &Request) {
                 prev = r.config;
             }
             assert!(out.closest.is_none());
+            // The search for the best alone (`moro fit`, `moro tiers`) stops sooner and
+            // finds the same.
+            let best = search_best(&spec, &space, &caps, None).expect("the best fits");
+            assert_eq!(best.config, got.config, "{model_id} on {hw}");
         }
         (None, None) => {
+            assert!(search_best(&spec, &space, &caps, None).is_none());
             let c = out
                 .closest
                 .as_ref()

@@ -39,6 +39,14 @@ pub fn run_search(spec: &ModelSpec, request: &Request, caps: &Caps) -> Option<Ou
     Some(super::search(spec, &space, caps))
 }
 
+/// The best configuration of `request` on `caps` ([`super::search_best`]: no runners-up);
+/// `None` when nothing fits or the request is invalid for this model.
+#[must_use]
+pub fn best_of(spec: &ModelSpec, request: &Request, caps: &Caps) -> Option<Candidate> {
+    let space = Space::new(spec, request, caps).ok()?;
+    super::search_best(spec, &space, caps, None)
+}
+
 /// The best configuration of `request` on `caps`, or `None` at once when nothing can fit
 /// (no closest configuration is looked for: `moro fit` only needs the ones that fit).
 #[must_use]
@@ -52,7 +60,7 @@ pub fn best_fitting(
     if !super::can_fit_cached(spec, &space, caps, Some(cache)) {
         return None;
     }
-    super::search_cached(spec, &space, caps, Some(cache)).best
+    super::search_best(spec, &space, caps, Some(cache))
 }
 
 /// Catalog models of the same family as `model_id`/`spec` with fewer parameters, largest

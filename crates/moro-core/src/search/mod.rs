@@ -224,6 +224,30 @@ pub fn search_cached(
     caps: &Caps,
     cache: Option<&EstimateCache>,
 ) -> Outcome {
+    search_recipes(model, space, caps, cache, RUNNERS_UP + 1)
+}
+
+/// [`search_cached`] for the best configuration alone (no runners-up): the visit stops once
+/// no rest left can outrank it, and only it is estimated in full. The same best as
+/// [`search`]'s.
+#[must_use]
+pub fn search_best(
+    model: &ModelSpec,
+    space: &Space,
+    caps: &Caps,
+    cache: Option<&EstimateCache>,
+) -> Option<Candidate> {
+    search_recipes(model, space, caps, cache, 1).best
+}
+
+/// The search, holding at most `recipes` distinct recipes (the best and its runners-up).
+fn search_recipes(
+    model: &ModelSpec,
+    space: &Space,
+    caps: &Caps,
+    cache: Option<&EstimateCache>,
+    recipes: usize,
+) -> Outcome {
     let mut evaluated = 0usize;
     let mut closest: Option<Probe> = None;
     let mut eval = |c: Config| -> Option<Probe> {
@@ -238,7 +262,7 @@ pub fn search_cached(
         Some(p)
     };
     let objective = space.objective;
-    // The best configuration of each distinct recipe, best first, at most RUNNERS_UP + 1:
+    // The best configuration of each distinct recipe, best first, at most `recipes`:
     // the same selection as sorting every fitting configuration and keeping the first of
     // each shape.
     let mut top: Vec<([u64; KEY_LEN], Config)> = Vec::new();
@@ -260,11 +284,11 @@ pub fn search_cached(
             .collect();
         rests.sort_by_key(|r| std::cmp::Reverse(r.0));
         for (upper, rest) in rests {
-            if top.len() > RUNNERS_UP && top.last().is_some_and(|(k, _)| upper < *k) {
+            if top.len() >= recipes && top.last().is_some_and(|(k, _)| upper < *k) {
                 break;
             }
             if let Some(c) = largest_fitting_batch(space, rest, &mut eval) {
-                keep_top(&mut top, key(objective, &c), c);
+                keep_top(&mut top, key(objective, &c), c, recipes);
             }
         }
         // The sequence length is the first key of every objective.
@@ -329,8 +353,8 @@ pub fn can_fit_cached(
 }
 
 /// Adds a fitting candidate to the best-per-shape list (sorted, best first, at most
-/// [`RUNNERS_UP`] + 1 shapes).
-fn keep_top(top: &mut Vec<([u64; KEY_LEN], Config)>, k: [u64; KEY_LEN], c: Config) {
+/// `recipes` shapes).
+fn keep_top(top: &mut Vec<([u64; KEY_LEN], Config)>, k: [u64; KEY_LEN], c: Config, recipes: usize) {
     let shape = Shape::of(&c);
     if let Some(i) = top.iter().position(|(_, x)| Shape::of(x) == shape) {
         if top[i].0 >= k {
@@ -340,7 +364,7 @@ fn keep_top(top: &mut Vec<([u64; KEY_LEN], Config)>, k: [u64; KEY_LEN], c: Confi
     }
     let at = top.partition_point(|(x, _)| *x > k);
     top.insert(at, (k, c));
-    top.truncate(RUNNERS_UP + 1);
+    top.truncate(recipes);
 }
 
 /// The configuration with the largest micro batch that fits, for one rest-of-configuration.

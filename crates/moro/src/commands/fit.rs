@@ -663,7 +663,7 @@ fn short_recipe(job: &moro_core::job::Job, with_method: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::commands::recipe::run_search;
+    use crate::commands::recipe::best_of;
 
     #[test]
     fn sizes() {
@@ -719,9 +719,7 @@ mod tests {
                 ..req.clone()
             };
             assert!(
-                run_search(&spec, &fewer, &caps)
-                    .and_then(|o| o.best)
-                    .is_none(),
+                best_of(&spec, &fewer, &caps).is_none(),
                 "{} fits on {} GPUs",
                 r.preset,
                 r.gpus / 2

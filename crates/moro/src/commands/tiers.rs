@@ -19,7 +19,7 @@ use moro_core::search::MethodChoice;
 use moro_core::search::{Candidate, Request};
 use serde::Serialize;
 
-use crate::commands::recipe::{caps_of, run_search};
+use crate::commands::recipe::{best_of, caps_of};
 use crate::hw::Target;
 use crate::output::{Table, gib, json, stdout};
 
@@ -136,9 +136,7 @@ fn cell(
         ..Request::default()
     };
     let found: Option<(&'static str, u64, Candidate)> = models.iter().find_map(|(id, spec)| {
-        run_search(spec, &request, &caps)
-            .and_then(|o| o.best)
-            .map(|b| (*id, spec.total_params(), b))
+        best_of(spec, &request, &caps).map(|b| (*id, spec.total_params(), b))
     });
     let mut c = TierCell {
         tier,

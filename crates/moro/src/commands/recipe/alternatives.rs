@@ -2,7 +2,9 @@
 
 use moro_core::model::ModelSpec;
 use moro_core::search::alternatives::alternatives as core_alternatives;
-pub(crate) use moro_core::search::alternatives::{FIT_GPU_COUNTS, best_fitting, run_search};
+pub(crate) use moro_core::search::alternatives::{
+    FIT_GPU_COUNTS, best_fitting, best_of, run_search,
+};
 use moro_core::search::{Caps, Request};
 use serde::Serialize;
 

@@ -190,8 +190,7 @@ mod tests {
                 cluster,
                 ..Request::default()
             };
-            let best = run_search(&spec, &request, &caps)
-                .and_then(|o| o.best)
+            let best = super::super::alternatives::best_of(&spec, &request, &caps)
                 .unwrap_or_else(|| panic!("{id} on {hw}: nothing fits"));
             let recipe = build_recipe(id, &target, &best, caps.usable_bytes);
             let text = moro_recipe::to_yaml(&recipe, "test");

@@ -26,7 +26,8 @@ use moro_core::search::{
 };
 
 pub(crate) use alternatives::{
-    Alternatives, FIT_GPU_COUNTS, alternatives, alternatives_text, best_fitting, run_search,
+    Alternatives, FIT_GPU_COUNTS, alternatives, alternatives_text, best_fitting, best_of,
+    run_search,
 };
 pub(crate) use build::build_recipe;
 pub(crate) use loaded::{LoadedRecipe, load};
