@@ -21,6 +21,7 @@ import sys
 
 MODELS = {
     "meta-llama--Llama-3.2-1B-Instruct.json": "meta-llama/Llama-3.2-1B-Instruct",
+    "Qwen--Qwen2.5-0.5B.json": "Qwen/Qwen2.5-0.5B",
     "Qwen--Qwen2.5-1.5B.json": "Qwen/Qwen2.5-1.5B",
     "Qwen--Qwen2.5-7B.json": "Qwen/Qwen2.5-7B",
     "meta-llama--Llama-3.1-8B.json": "meta-llama/Llama-3.1-8B",
@@ -37,6 +38,7 @@ MODELS = {
     "mistralai--Mixtral-8x7B-v0.1-L4.json": "mistralai/Mixtral-8x7B-v0.1",
     "Qwen--Qwen3-30B-A3B-L4.json": "Qwen/Qwen3-30B-A3B",
     "mistralai--Mistral-7B-v0.1.json": "mistralai/Mistral-7B-v0.1",
+    "mistralai--Mistral-7B-v0.3.json": "mistralai/Mistral-7B-v0.3",
 }
 
 
@@ -46,6 +48,8 @@ MODEL_LAYERS = {
     "meta-llama/Llama-2-7b-hf": 32,
     "meta-llama/Llama-2-70b-hf": 80,
     "mistralai/Mistral-7B-v0.1": 32,
+    "mistralai/Mistral-7B-v0.3": 32,
+    "meta-llama/Llama-3.1-8B": 32,
 }
 
 
@@ -83,6 +87,11 @@ def convert(r):
     model = MODELS.get(r["config_name"])
     if model is None or (not r.get("dist") and any("override" in a for a in r.get("argv", []))):
         return None
+    # calibration/trl_trace.py cuts some models to fewer layers (`--override
+    # num_hidden_layers=N`): a row with `model_overrides`.
+    layers = r["config"].get("num_hidden_layers")
+    if not job.get("loss") or layers == MODEL_LAYERS.get(model, layers):
+        layers = None
     if job["method"] == "qlora" and (job.get("qlora") or {}).get("kbit_prepare") is False:
         return None
     if "no-kbit-prep" in r.get("label", ""):
@@ -115,6 +124,8 @@ def convert(r):
     overrides = None
     if r["config_name"].endswith("-L4.json"):
         overrides = {"num_hidden_layers": r["config"]["num_hidden_layers"]}
+    if layers is not None:
+        overrides = {"num_hidden_layers": layers}
     shard = sharding_fields(r)
     if r.get("dist") and shard is None:
         return None
@@ -162,6 +173,11 @@ def convert(r):
         row["trainable_params"] = r["params"]["trainable"]
         row["notes"] = ("simulated by calibration/peft_trace.py (the oracle with PEFT's own "
                         "config for the method), not a GPU measurement")
+    if job.get("loss"):
+        row["id"] = "oracle-trl-" + r["label"].replace("/", "-").replace(" ", "-")
+        row["loss_impl"] = job["loss"]
+        row["notes"] = ("simulated by calibration/trl_trace.py (the oracle with TRL's chunked "
+                        "loss patched in as SFTTrainer patches it), not a GPU measurement")
     if overrides:
         row["model_overrides"] = overrides
     if shard is not None:

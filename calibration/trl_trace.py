@@ -1,0 +1,214 @@
+#!/usr/bin/env python
+"""Fake-tensor trace of a training step with TRL's `chunked_nll` loss (SFTTrainer's default).
+
+Runs the fake-CUDA oracle (../shared/oracle/oracle.py: the real transformers model, PEFT and
+optimizer on FakeTensors, every device storage counted) with the model's forward patched as
+`SFTTrainer` patches it when `loss_type` is `chunked_nll` (TRL >= 1.7): the decoder runs up to
+its last hidden state, and `_chunked_cross_entropy_loss` computes the loss over 256-token
+chunks, each under non-reentrant checkpointing. TRL's own functions are read from its
+`trl/trainer/sft_trainer.py` (`--trl-source`, or the installed `trl`'s) and run as they ship,
+with one substitution: the count of valid labels (`valid.sum()`, which the loop's bounds
+read as a Python number) is the real count on the CPU, since a fake tensor has no value.
+Every label of the oracle's batch is valid (`labels = input_ids.clone()`), so the count is
+the number of shifted tokens; the memory traced is unchanged.
+
+  $PY calibration/trl_trace.py --trl-source /path/to/trl/trainer/sft_trainer.py \\
+      --config ../shared/models/meta-llama--Llama-3.2-1B-Instruct.json --method lora \\
+      --precision bf16-mixed --batch 2 --seq 1024 --grad-ckpt
+
+`--events FILE` also writes the step's allocation sequence (`step_events.py`'s format);
+`--matrix FILE` regenerates the cases `crates/moro-core/tests/step_trace.rs` reads into
+`validation/oracle-traces/trl-chunked-nll.jsonl`. Every other option is the oracle's.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, ".."))
+ORACLE_DIR = os.environ.get("MORO_ORACLE_DIR") or os.path.normpath(
+    os.path.join(ROOT, "..", "shared", "oracle")
+)
+MODELS_DIR = os.path.normpath(os.path.join(ROOT, "..", "shared", "models"))
+
+# What SFTTrainer's chunked loss needs from sft_trainer.py.
+NAMES = (
+    "_CHUNKED_LM_HEAD_CHUNK_SIZE",
+    "_ChunkedCELMHeadOutput",
+    "_chunk",
+    "_chunked_cross_entropy_loss",
+    "_patch_chunked_ce_lm_head",
+)
+
+
+def take(argv: list[str], flag: str) -> tuple[str | None, list[str]]:
+    """Split `flag VALUE` off the oracle's own arguments."""
+    rest, value = [], None
+    it = iter(argv)
+    for a in it:
+        if a == flag:
+            value = next(it, None)
+        elif a.startswith(flag + "="):
+            value = a.split("=", 1)[1]
+        else:
+            rest.append(a)
+    return value, rest
+
+
+def trl_source(path: str | None) -> str:
+    if path is None:
+        spec = importlib.util.find_spec("trl")
+        if spec is None or not spec.submodule_search_locations:
+            sys.exit("trl_trace: trl is not installed; pass --trl-source .../trl/trainer/sft_trainer.py")
+        path = os.path.join(spec.submodule_search_locations[0], "trainer", "sft_trainer.py")
+    with open(path) as f:
+        return f.read()
+
+
+def load_chunked_loss(source: str) -> dict:
+    """TRL's chunked-loss definitions, executed in a namespace with what they import."""
+    import dataclasses
+    import inspect
+    import types
+
+    import torch
+    import torch.nn.functional as F
+    import transformers
+    from packaging.version import Version
+    from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+
+    tree = ast.parse(source)
+    parts, found = [], set()
+    for node in tree.body:
+        name = getattr(node, "name", None)
+        if isinstance(node, ast.Assign):
+            name = getattr(node.targets[0], "id", None)
+        if name in NAMES:
+            found.add(name)
+            # a class's decorators (`@dataclass`) are outside its segment
+            start = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
+            parts.append("\n".join(source.splitlines()[start - 1 : node.end_lineno]))
+    missing = [n for n in NAMES if n not in found]
+    if missing:
+        sys.exit("trl_trace: %s not found in the TRL source" % ", ".join(missing))
+    code = "\n\n".join(parts)
+    if code.count("n_valid_tensor = valid.sum()") != 1:
+        sys.exit("trl_trace: the TRL source no longer counts valid labels as `valid.sum()`")
+    code = code.replace("n_valid_tensor = valid.sum()", "n_valid_tensor = _valid_count(valid)")
+
+    def valid_count(valid):
+        # every label is valid in the oracle's batch
+        return torch.tensor(valid.numel(), dtype=torch.int64)
+
+    ns = {
+        "torch": torch,
+        "F": F,
+        "transformers": transformers,
+        "Version": Version,
+        "dataclass": dataclasses.dataclass,
+        "inspect": inspect,
+        "types": types,
+        "CausalLMOutputWithPast": CausalLMOutputWithPast,
+        "BaseModelOutputWithPast": BaseModelOutputWithPast,
+        "maybe_gather_lm_head_ctx": lambda *a: contextlib.nullcontext(),
+        "_valid_count": valid_count,
+    }
+    exec(compile(code, "trl/trainer/sft_trainer.py (extract)", "exec"), ns)
+    return ns
+
+
+def install_patch(ns: dict) -> None:
+    """Patch every causal LM the oracle builds as SFTTrainer patches it."""
+    import transformers
+
+    auto = transformers.AutoModelForCausalLM
+    original = auto.from_config.__func__
+
+    def from_config(cls, *a, **k):
+        model = original(cls, *a, **k)
+        ns["_patch_chunked_ce_lm_head"](model, chunk_size=ns["_CHUNKED_LM_HEAD_CHUNK_SIZE"])
+        return model
+
+    auto.from_config = classmethod(from_config)
+
+
+# (model config, method, precision, batch, seq, checkpointing, extra oracle arguments)
+TWO_LAYERS = ["--override", "num_hidden_layers=2"]
+MATRIX = [
+    ("meta-llama--Llama-3.2-1B-Instruct", "lora", "bf16-mixed", 2, 1024, True, []),
+    ("meta-llama--Llama-3.2-1B-Instruct", "lora", "bf16-mixed", 2, 1024, False, []),
+    ("meta-llama--Llama-3.2-1B-Instruct", "full", "bf16", 2, 1024, True, []),
+    ("meta-llama--Llama-3.2-1B-Instruct", "qlora", "bf16-mixed", 2, 1024, True, []),
+    ("Qwen--Qwen2.5-0.5B", "lora", "bf16-mixed", 4, 512, True, []),
+    ("Qwen--Qwen2.5-0.5B", "full", "bf16-mixed", 2, 512, False, []),
+    ("Qwen--Qwen3-0.6B", "lora", "bf16", 2, 1024, True, []),
+    ("google--gemma-2-2b", "lora", "bf16-mixed", 1, 512, True, ["--attn", "eager"]),
+    ("meta-llama--Llama-3.1-8B", "lora", "bf16-mixed", 1, 2048, True, TWO_LAYERS),
+    ("meta-llama--Llama-3.1-8B", "full", "bf16-mixed", 1, 1024, True, TWO_LAYERS),
+    ("mistralai--Mistral-7B-v0.3", "lora", "bf16", 2, 1024, False, TWO_LAYERS),
+]
+
+
+def run_matrix(out: str, source: str | None) -> None:
+    done = set()
+    if os.path.exists(out):
+        with open(out) as f:
+            done = {json.loads(line).get("label") for line in f}
+    for model, method, precision, batch, seq, ckpt, extra in MATRIX:
+        label = "%s %s %s %dx%d%s%s" % (
+            model, method, precision, batch, seq, " ckpt" if ckpt else "", " 2-layer" if extra == TWO_LAYERS else "")
+        if label in done:
+            continue
+        cmd = [
+            sys.executable, os.path.abspath(__file__),
+            "--config", os.path.join(MODELS_DIR, model + ".json"),
+            "--method", method, "--precision", precision, "--adamw-impl", "fused",
+            "--batch", str(batch), "--seq", str(seq), "--label", label, "--out", out,
+        ] + (["--grad-ckpt"] if ckpt else []) + (["--trl-source", source] if source else []) + extra
+        print(label, flush=True)
+        subprocess.run(cmd, check=True)
+
+
+def main() -> None:
+    source, rest = take(sys.argv[1:], "--trl-source")
+    matrix, rest = take(rest, "--matrix")
+    if matrix is not None:
+        run_matrix(matrix, source)
+        return
+    events, rest = take(rest, "--events")
+    ns = load_chunked_loss(trl_source(source))
+    sys.path.insert(0, ORACLE_DIR)
+    sys.path.insert(0, HERE)
+    install_patch(ns)
+    if events is not None:
+        import step_events
+
+        rec = step_events.run(rest)
+        rec["loss"] = "trl chunked_nll"
+        with open(events, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        print("peak_allocated %d bytes" % rec["peak_allocated_bytes"])
+        return
+    import oracle
+
+    args = oracle.build_parser().parse_args(rest)
+    res = oracle.run(args)
+    res["job"]["loss"] = "trl chunked_nll (chunk %d)" % ns["_CHUNKED_LM_HEAD_CHUNK_SIZE"]
+    res["label"] = args.label or ""
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(json.dumps(res) + "\n")
+    m = res["measured"]
+    print("peak_allocated %d bytes (%.4f GiB) at %s" % (m["peak_allocated_bytes"], m["peak_allocated_gib"], m["peak_at"]))
+    print(json.dumps(m["breakdown_at_peak_gib"]))
+
+
+if __name__ == "__main__":
+    main()
