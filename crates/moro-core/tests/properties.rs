@@ -159,7 +159,11 @@ proptest! {
         prop_assert!(est(&m, &lora).peak_device_bytes <= est(&m, &full).peak_device_bytes);
     }
 
-    /// Checkpointing never raises the peak.
+    /// Checkpointing never raises the peak by more than one checkpoint. A full fine-tune
+    /// whose peak is the first layer's backward (every gradient made) holds the same saved
+    /// tensors either way, there recomputed, plus that layer's checkpoint, the embedding's
+    /// output, which no op of an unchecked layer keeps (its norm saves the fp32 upcast):
+    /// Mistral-7B, bf16, 2 × 512 tokens, 8 MiB more with checkpointing.
     #[test]
     fn checkpointing_never_raises_the_peak(i in 0usize..6, j in job_strategy()) {
         let m = model(i);
@@ -167,7 +171,11 @@ proptest! {
         on.gradient_checkpointing = true;
         let mut off = j.clone();
         off.gradient_checkpointing = false;
-        prop_assert!(est(&m, &on).peak_allocated_bytes <= est(&m, &off).peak_allocated_bytes);
+        let checkpoint = j.micro_batch_size * j.seq_len * m.hidden_size * 4;
+        prop_assert!(
+            est(&m, &on).peak_allocated_bytes
+                <= est(&m, &off).peak_allocated_bytes + checkpoint
+        );
     }
 }
 
