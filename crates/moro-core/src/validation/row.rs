@@ -444,6 +444,9 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         None
     } else if loss_text.contains("liger") || loss_text.contains("fused") {
         Some(LossImpl::Fused)
+    } else if loss_text.contains("chunked_nll") {
+        // TRL's `loss_type="chunked_nll"`.
+        Some(LossImpl::ChunkedNll)
     } else if loss_text.contains("chunk") {
         Some(LossImpl::Chunked)
     } else if loss_text.contains("crossentropy") || loss_text.contains("cross_entropy") {

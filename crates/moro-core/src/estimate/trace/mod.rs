@@ -7,6 +7,7 @@
 //! allocation sequences of the real step recorded on fake CUDA tensors
 //! (`calibration/step_events.py`).
 
+mod chunked_nll;
 mod dora;
 mod params;
 mod shapes;

@@ -30,8 +30,9 @@
 //! BERT-style encoder (not an encoder-decoder), on a stack whose profile replays steps
 //! (`hf`, `trl`); full fine-tuning, LoRA and QLoRA (bitsandbytes 4-bit) with PEFT's plain
 //! LoRA, DoRA on an unquantized base; AdamW (torch foreach or fused, bitsandbytes 8-bit);
-//! the standard loss or Liger's fused linear cross-entropy (its other kernels through the
-//! saved bytes); eager layers. [`models`] says which jobs.
+//! the standard loss, TRL's chunked loss (`trace/chunked_nll.rs`) or Liger's fused linear
+//! cross-entropy (its other kernels through the saved bytes); eager layers. [`models`] says
+//! which jobs.
 
 use crate::job::{Job, LossImpl, Method, Optimizer, PeftKind, Quantization, Sharding};
 use crate::model::{LayerGroup, ModelSpec};
@@ -40,6 +41,7 @@ use super::super::activations::Activations;
 use super::super::optimizer::{self, Trainable};
 use super::super::regime::grad_bytes;
 use super::super::{Component, DeviceProfile, Phase, Regime, weights};
+use super::chunked_nll::ChunkedNll;
 use super::dora::{self, DoraModule};
 use super::params::{Param, params};
 use super::shapes::{encoder_tensors, saved_tensors};
@@ -84,7 +86,10 @@ pub fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
         && job.adapted_layers.is_none()
         && match &model.encoder {
             Some(_) => !job.gradient_checkpointing && job.liger == crate::job::Liger::default(),
-            None => matches!(r.loss, LossImpl::Standard | LossImpl::Fused),
+            None => matches!(
+                r.loss,
+                LossImpl::Standard | LossImpl::Fused | LossImpl::ChunkedNll
+            ),
         }
         && matches!(
             job.optimizer,
@@ -180,6 +185,8 @@ struct Step<'m, 'j> {
     /// Liger's fused linear cross-entropy ([`LossImpl::Fused`]): its chunk buffers, made
     /// and dropped in the forward; no logits.
     fused_chunk: Option<u64>,
+    /// TRL's `chunked_nll` ([`LossImpl::ChunkedNll`]): no logits, 256-token chunks.
+    chunked: Option<ChunkedNll>,
     /// A 4-bit matmul's dequantized weight.
     dequant: u64,
     /// Each layer's DoRA modules in forward order ([`dora::module_forward`]); empty
@@ -214,6 +221,8 @@ struct Forward<'m> {
     softcap: Option<Tensor<'m>>,
     /// Liger's fused loss: the input's gradient, made in the forward.
     flce: Option<Tensor<'m>>,
+    /// TRL's chunked loss: the gathered hidden states its chunks keep.
+    gathered: Option<Tensor<'m>>,
 }
 
 impl<'m, 'j> Step<'m, 'j> {
@@ -290,6 +299,26 @@ impl<'m, 'j> Step<'m, 'j> {
         } else {
             (vec![n - 1], vec![n - 2, 0])
         };
+        let head_copy = if r.autocast
+            && (r.frozen_fp32_head
+                || full && !encoder && r.autocast_weight_copies && r.param_bytes == 4)
+        {
+            2 * model.vocab_size * model.hidden_size
+        } else {
+            0
+        };
+        let chunked = (r.loss == LossImpl::ChunkedNll && !encoder).then(|| ChunkedNll {
+            batch: job.micro_batch_size,
+            tokens: t,
+            hidden: model.hidden_size,
+            vocab: model.vocab_size,
+            stream_bytes: r.stream_bytes,
+            weight_bytes: ps[heads[0]].dtype_bytes,
+            autocast: r.autocast,
+            softcap: model.logit_softcapping,
+            head_trains: full,
+            weight_copy_cached: full && head_copy > 0,
+        });
         Self {
             model,
             job,
@@ -304,18 +333,12 @@ impl<'m, 'j> Step<'m, 'j> {
             gb: grad_bytes(job, r),
             encoder,
             rms: model.norm == crate::model::NormKind::RmsNorm && !full && !job.liger.rms_norm,
+            chunked,
             fused_chunk: (r.loss == LossImpl::Fused)
                 .then(|| super::super::loss::Loss::new(model, job, r, 1).forward_transient),
             dequant: weights::dequant_transient(model, job, r),
             dora_by_layer,
-            head_copy: if r.autocast
-                && (r.frozen_fp32_head
-                    || full && !encoder && r.autocast_weight_copies && r.param_bytes == 4)
-            {
-                2 * model.vocab_size * model.hidden_size
-            } else {
-                0
-            },
+            head_copy,
             heads,
             firsts,
             tied,
@@ -488,18 +511,38 @@ impl<'m, 'j> Step<'m, 'j> {
         }
         // The final norm and lm_head's inputs (an fp32 head's 16-bit weight copy).
         let mut head_saved = Vec::new();
-        if self.head_copy > 0 {
-            head_saved.push(b.alloc_in(
+        // TRL's chunked loss casts lm_head per chunk, except a trainable fp32 one, whose
+        // copy autocast caches until the forward leaves it; the head saves no input.
+        let chunked = self.chunked.as_ref();
+        let head_copy = match chunked {
+            Some(c) if !c.weight_copy_cached => 0,
+            _ => self.head_copy,
+        };
+        if head_copy > 0 {
+            let copy = b.alloc_in(
                 "autocast copy",
                 Some("lm_head"),
                 None,
                 Component::Activations,
-                self.head_copy,
+                head_copy,
                 1,
-            ));
+            );
+            if chunked.is_some() {
+                cached.push(copy);
+            } else {
+                head_saved.push(copy);
+            }
         }
+        let head_input = if chunked.is_some() && self.full {
+            2 * model.hidden_size * t
+        } else {
+            0
+        };
         let head_bytes = saved_tensors(
-            self.acts.head.saturating_sub(self.head_copy),
+            self.acts
+                .head
+                .saturating_sub(self.head_copy)
+                .saturating_sub(head_input),
             t,
             model,
             self.e,
@@ -515,7 +558,10 @@ impl<'m, 'j> Step<'m, 'j> {
         let mut logprobs = None;
         let mut softcap = None;
         let mut flce = None;
-        if let Some(chunk) = self.fused_chunk {
+        let mut gathered = None;
+        if let Some(c) = chunked {
+            gathered = Some(c.forward(b));
+        } else if let Some(chunk) = self.fused_chunk {
             // Liger 0.8.5 `ops/fused_linear_cross_entropy.py`: the input's gradient
             // (T·h, the input's dtype) is filled chunk by chunk in the forward, each chunk's
             // logits and their gradient in fp32 made and dropped; a trainable lm_head's
@@ -555,6 +601,7 @@ impl<'m, 'j> Step<'m, 'j> {
             logprobs,
             softcap,
             flce,
+            gathered,
         }
     }
 
@@ -590,12 +637,19 @@ impl<'m, 'j> Step<'m, 'j> {
                 1,
             ));
         }
-        if fwd.flce.is_none() {
+        let chunked = match (self.chunked.as_ref(), fwd.gathered) {
+            (Some(c), Some(g)) => {
+                let slot = &mut held.grads[self.heads[0]];
+                Some(c.backward(b, g, slot, self.gb))
+            }
+            _ => None,
+        };
+        if fwd.flce.is_none() && chunked.is_none() {
             self.grads_of(b, held, &self.heads);
         }
         // Liger's backward returns the gradient its forward made (the loss's own gradient
         // is 1, so it is not rescaled into a new tensor).
-        let dhidden = fwd.flce.unwrap_or_else(|| {
+        let dhidden = fwd.flce.or(chunked).unwrap_or_else(|| {
             b.alloc(
                 "hidden grad",
                 Component::Transients,
