@@ -150,8 +150,9 @@ fn write_trace(path: &std::path::Path, setup: &crate::setup::JobSetup) -> Result
         .ok_or_else(|| {
             crate::error::user(
                 "--trace: moro traces one-GPU full fine-tuning, LoRA and QLoRA of dense \
-                     models on the hf and trl stacks (PEFT's plain LoRA, AdamW, the standard \
-                     loss, no torch.compile or Liger); this job is not one: leave out --trace",
+                     models on the hf and trl stacks (PEFT's LoRA or DoRA, AdamW or 8-bit \
+                     AdamW, the standard loss, TRL's chunked loss or Liger's; no \
+                     torch.compile); this job is not one: leave out --trace",
             )
         })?;
     let mut out = String::new();
