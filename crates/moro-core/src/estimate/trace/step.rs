@@ -693,17 +693,27 @@ impl<'m, 'j> Step<'m, 'j> {
                 Vec::new()
             };
             // The backward's activation gradients, in the shapes of the layer's tensors.
-            let temps: Vec<Tensor<'m>> = if self.full {
-                // Two MLP-wide temporaries (decoders; an encoder's widest tensor).
-                let w = self.saved_by_layer[k].iter().copied().max().unwrap_or(0);
-                vec![w; 2]
-            } else {
+            let activation_grads = || {
                 saved_tensors(
                     self.acts.layer_backward_transient,
                     self.t,
                     self.model,
                     self.e,
                 )
+            };
+            let temps: Vec<Tensor<'m>> = if self.full {
+                // Two MLP-wide temporaries (decoders; an encoder's widest tensor), or the
+                // activations' gradients where they are more: eager attention's score and
+                // probability gradients do not depend on which weights train.
+                let w = self.saved_by_layer[k].iter().copied().max().unwrap_or(0);
+                let grads = activation_grads();
+                if grads.iter().sum::<u64>() > 2 * w {
+                    grads
+                } else {
+                    vec![w; 2]
+                }
+            } else {
+                activation_grads()
             }
             .into_iter()
             .map(|bytes| {
