@@ -549,12 +549,16 @@ fn cap_to_learned_positions(job: &mut Job, model: &crate::model::ModelSpec) {
 }
 
 /// The device profile a row is predicted with: the defaults of its GPU's compute
-/// capability, with the CUDA context the row measured itself, when it did.
+/// capability, with the CUDA context the row measured itself, when it did, and no cuBLAS
+/// workspace for a trace on fake tensors (which runs no GEMM).
 fn row_profile(row: &Row) -> crate::estimate::DeviceProfile {
     let mut profile =
         crate::estimate::DeviceProfile::for_compute_capability(row.compute_capability);
     if let Some(c) = row.cuda_context_bytes {
         profile.cuda_context_bytes = c;
+    }
+    if row.simulated {
+        profile.cublas_workspace_bytes = 0;
     }
     profile
 }

@@ -86,6 +86,9 @@ pub struct Row {
     /// Config fields the run changed (`model_overrides`: the calibration harness cuts models
     /// to fewer layers to fit the card).
     pub model_overrides: Option<serde_json::Map<String, Value>>,
+    /// The row is a one-GPU trace on fake CUDA tensors (`source_key` `oracle-…`), not a GPU
+    /// run: no GEMM runs, so no cuBLAS workspace is allocated (`validation/README.md`).
+    pub simulated: bool,
     /// The CUDA context the same machine measured on its own
     /// (`secondary_measurements.cuda_context_only_MiB`), replacing the device default the way
     /// `moro calibrate` does.
@@ -669,6 +672,7 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
     if oom && gpu_memory_bytes.is_none() {
         return Err(format!("OOM row on an unknown GPU `{gpu}`"));
     }
+    let simulated = text(v, "source_key").starts_with("oracle-") && job.parallel.gpus() == 1;
     Ok(Row {
         id,
         source: text(v, "source_key"),
@@ -681,6 +685,7 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         compute_capability,
         confidence: text(v, "confidence"),
         model_overrides: v.get("model_overrides").and_then(Value::as_object).cloned(),
+        simulated,
         cuda_context_bytes: measured_context(v),
         litgpt_unexpanded_mqa,
         trainable_params: num(v, "trainable_params"),
