@@ -122,10 +122,10 @@ impl ChunkedNll {
         } else {
             (h32, w32)
         };
-        let mut drop = Vec::new();
+        let mut unsaved = Vec::new();
         for (x, kept) in [(w_mm, keep), (h_mm, keep && self.head_trains)] {
             if let Some(x) = x {
-                if kept { saved.push(x) } else { drop.push(x) }
+                if kept { saved.push(x) } else { unsaved.push(x) }
             }
         }
         for x in [w32, h32, w16, h16].into_iter().flatten() {
@@ -134,7 +134,7 @@ impl ChunkedNll {
                 b.free(x);
             }
         }
-        b.free_all(drop);
+        b.free_all(unsaved);
         if self.softcap {
             // `tanh` saves its output; the division and the scaling save nothing.
             let scaled = b.alloc("softcap input", Component::LogitsLoss, c * v, lb);
