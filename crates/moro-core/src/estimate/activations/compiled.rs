@@ -142,20 +142,21 @@ impl Ctx<'_> {
 }
 
 impl Ctx<'_> {
-    /// A fused q/k/v projection (Phi-3's `qkv_proj`, GPT-NeoX's `query_key_value`): v is a
-    /// view of the projection's output, so the attention kernel, saving v, keeps all of it
-    /// alive: o·(q + k) more than separate projections (traced, Phi-3-mini, eager and
-    /// compiled). An adapted projection's output (the sum with the adapter's) is kept the
-    /// same way without autocast (traced, Phi-3-mini and pythia-410m LoRA in bf16: 18 and
-    /// 6 MiB a layer at 1,024 tokens); under autocast, and compiled, the traces save the v
-    /// slice alone, as they do for Qwen3-Next's `q_proj` (q and its gate, no k or v). Prefix tuning's cache concatenates the prefix to k and v, new tensors
-    /// that hold nothing of the projection.
+    /// A fused q/k/v projection (Phi-3's `qkv_proj`, GPT-NeoX's `query_key_value`: exactly
+    /// q, k and v wide; Qwen3-Next's `q_proj`, q and its gate, is none): v is a view of the
+    /// projection's output, so the attention kernel, saving v, keeps all of it alive:
+    /// o·(q + k) more than separate projections (traced, Phi-3-mini, eager and compiled). An
+    /// adapted projection's output (the sum with the adapter's) is kept the same way without
+    /// autocast (traced, Phi-3-mini and pythia-410m LoRA in bf16: 18 and 6 MiB a layer at
+    /// 1,024 tokens); under autocast, and compiled, the traces save the v slice alone.
+    /// Prefix tuning's cache concatenates the prefix to k and v, new tensors that hold
+    /// nothing of the projection.
     pub(super) fn fused_qkv_view(&self, g: &LayerGroup) -> u64 {
         let m = self.m;
         let h = m.hidden_size;
         let tp = self.tp.max(1);
         let fused = g.linears.iter().find(|l| {
-            group_of(l, h) == Group::AttnIn && l.out_features >= m.q_width() + 2 * m.kv_width()
+            group_of(l, h) == Group::AttnIn && l.out_features == m.q_width() + 2 * m.kv_width()
         });
         match fused {
             Some(l)
@@ -163,9 +164,7 @@ impl Ctx<'_> {
                     && self.job.adapter.method != PeftKind::PrefixTuning
                     && !(self.job.method.is_peft()
                         && self.job.adapts(l)
-                        && (self.job.compile
-                            || self.r.autocast
-                            || l.out_features != m.q_width() + 2 * m.kv_width())) =>
+                        && (self.job.compile || self.r.autocast)) =>
             {
                 self.linear_out_bytes(self.r.stream_bytes) * (m.q_width() + m.kv_width()) / tp
             }
