@@ -65,12 +65,7 @@ fn oracle_traces_are_reproduced() {
 #[test]
 fn qwen3_without_checkpointing_matches_its_traces() {
     let r = report("oracle.jsonl");
-    // TRL's chunked-loss traces have their own test (`step_trace.rs`).
-    let qwen3: Vec<_> = r
-        .rows
-        .iter()
-        .filter(|x| x.id.contains("Qwen3") && !x.id.starts_with("oracle-trl-"))
-        .collect();
+    let qwen3: Vec<_> = r.rows.iter().filter(|x| x.id.contains("Qwen3")).collect();
     assert!(qwen3.len() >= 12, "{} Qwen3 rows", qwen3.len());
     for row in qwen3 {
         let e = row

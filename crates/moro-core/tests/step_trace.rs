@@ -415,10 +415,11 @@ fn traces_reach_the_h200s_allocated_peaks() {
 
 /// The estimate reads a traced job off its trace: on every row of the fake-CUDA oracle
 /// (`validation/oracle.jsonl`, the real HF step on fake tensors, which runs no GEMM and so
-/// makes no cuBLAS workspace) whose job the trace models, the estimate's allocated level is the trace's largest live total, its
-/// components there add up to it, and it is within 1 % of the oracle's peak for a full
-/// fine-tune (Qwen3's `q_norm`/`k_norm` and a bf16-mixed fp32 stream included: the
-/// formulas' per-layer bytes cut into tensors) and 2 % for LoRA and QLoRA.
+/// makes no cuBLAS workspace) whose job the trace models, the estimate's allocated level is
+/// the trace's largest live total, its components there add up to it, and it is within 1 %
+/// of the oracle's peak for a full fine-tune (Qwen3's `q_norm`/`k_norm` and a bf16-mixed
+/// fp32 stream included: the formulas' per-layer bytes cut into tensors) and 2 % for LoRA
+/// and QLoRA, TRL's chunked loss included.
 #[test]
 fn oracle_rows_are_read_off_their_traces() {
     use moro_core::estimate::estimate;
@@ -430,10 +431,6 @@ fn oracle_rows_are_read_off_their_traces() {
     for line in text.lines() {
         let v: Value = serde_json::from_str(line).unwrap();
         let id = v["id"].as_str().unwrap();
-        // TRL's chunked loss: `trl_chunked_losses_are_read_off_their_traces`.
-        if id.starts_with("oracle-trl-") {
-            continue;
-        }
         let Ok(x) = explain(text, &CatalogModels, id) else {
             continue;
         };

@@ -114,27 +114,22 @@ impl ChunkedNll {
             (None, None)
         };
         let mut logits = b.alloc("chunk logits", Component::LogitsLoss, c * v, lb);
-        // `mm` saves the weight operand (the input needs its gradient) and, when the head
-        // trains, the input operand.
-        let mut saved = Vec::new();
-        let (h_mm, w_mm) = if self.autocast {
-            (h16, w16)
+        // Under autocast `mm` takes the 16-bit casts and the fp32 copies go; it saves the
+        // weight operand (the input needs its gradient) and, when the head trains, the input.
+        let (mm, upcasts) = if self.autocast {
+            ([w16, h16], [w32, h32])
         } else {
-            (h32, w32)
+            ([w32, h32], [None, None])
         };
-        let mut unsaved = Vec::new();
-        for (x, kept) in [(w_mm, keep), (h_mm, keep && self.head_trains)] {
-            if let Some(x) = x {
-                if kept { saved.push(x) } else { unsaved.push(x) }
+        b.free_all(upcasts.into_iter().flatten().collect());
+        let mut saved = Vec::new();
+        for (x, kept) in mm.into_iter().zip([keep, keep && self.head_trains]) {
+            match x {
+                Some(x) if kept => saved.push(x),
+                Some(x) => b.free(x),
+                None => {}
             }
         }
-        for x in [w32, h32, w16, h16].into_iter().flatten() {
-            let in_mm = [w_mm, h_mm].into_iter().flatten().any(|m| m.id == x.id);
-            if !in_mm {
-                b.free(x);
-            }
-        }
-        b.free_all(unsaved);
         if self.softcap {
             // `tanh` saves its output; the division and the scaling save nothing.
             let scaled = b.alloc("softcap input", Component::LogitsLoss, c * v, lb);
