@@ -87,11 +87,6 @@ def convert(r):
     model = MODELS.get(r["config_name"])
     if model is None or (not r.get("dist") and any("override" in a for a in r.get("argv", []))):
         return None
-    # calibration/trl_trace.py cuts some models to fewer layers (`--override
-    # num_hidden_layers=N`): a row with `model_overrides`.
-    layers = r["config"].get("num_hidden_layers")
-    if not job.get("loss") or layers == MODEL_LAYERS.get(model, layers):
-        layers = None
     if job["method"] == "qlora" and (job.get("qlora") or {}).get("kbit_prepare") is False:
         return None
     if "no-kbit-prep" in r.get("label", ""):
@@ -124,7 +119,10 @@ def convert(r):
     overrides = None
     if r["config_name"].endswith("-L4.json"):
         overrides = {"num_hidden_layers": r["config"]["num_hidden_layers"]}
-    if layers is not None:
+    # Rank traces and calibration/trl_trace.py cut some models to fewer layers (`--override
+    # num_hidden_layers=N`): a row with `model_overrides`.
+    layers = r["config"].get("num_hidden_layers")
+    if (r.get("dist") or job.get("loss")) and layers != MODEL_LAYERS.get(model, layers):
         overrides = {"num_hidden_layers": layers}
     shard = sharding_fields(r)
     if r.get("dist") and shard is None:
@@ -134,10 +132,6 @@ def convert(r):
     if shard is not None and "wrap-transformer" in r["label"]:
         return None
     if shard is not None:
-        base = r["config"].get("num_hidden_layers")
-        full = (MODEL_LAYERS.get(model) or base)
-        if base != full:
-            overrides = {"num_hidden_layers": base}
         if r["dist"].get("stack") == "torchtune":
             precision = "bf16 (pure)"
     row = {
