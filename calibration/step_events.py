@@ -19,6 +19,10 @@ and reserved peaks; `--matrix` regenerates its fixture,
   $PY calibration/step_events.py --matrix-dora
   $PY calibration/step_events.py --matrix-h200
 
+`--desc` adds `descs`: each allocation's op, dtype and shape as the tracker names them
+(`mm bfloat16 (2048, 4096)`; parameters and gradients have none), in allocation order, for
+reading a sequence op by op.
+
 `--matrix-dora` writes `validation/oracle-traces/step-events-dora.jsonl`: the 2-layer
 Llama-3.1-8B with PEFT's DoRA (no dropout with checkpointing; dropout 0.05 with and
 without), which `step_trace.rs` holds moro's DoRA trace to.
@@ -62,6 +66,7 @@ def install_recorder(tracker_module):
         def __init__(self, *a, **k):
             super().__init__(*a, **k)
             self.events = []  # [size, category, phase] for a malloc; [-1 - index] for a free
+            self.descs = []  # each malloc's op, dtype and shape (`--desc`)
             self._index = {}
 
         def _on_free(self, key, _ref):
@@ -86,6 +91,7 @@ def install_recorder(tracker_module):
             if new and rec is not None and st.nbytes() > 0:
                 self._index[key] = len(self.events)
                 self.events.append([st.nbytes(), rec.cat, self.phase])
+                self.descs.append(desc)
             elif not new and rec is not None and key in self._index:
                 # a retag (grads, optimizer states): the category becomes known later
                 self.events[self._index[key]][1] = rec.cat
@@ -94,7 +100,7 @@ def install_recorder(tracker_module):
     return Recording
 
 
-def run(argv):
+def run(argv, descs=False):
     sys.path.insert(0, ORACLE_DIR)
     import tracker as tracker_module
 
@@ -127,6 +133,7 @@ def run(argv):
         "categories": cats,
         "phases": phases,
         "events": rows,
+        **({"descs": t.descs} if descs else {}),
     }
 
 
@@ -262,7 +269,8 @@ def main():
     if argv == ["--matrix-dora"]:
         write_matrix(DORA_MATRIX, DORA_FIXTURE)
         return
-    row = run(argv)
+    descs = "--desc" in argv
+    row = run([a for a in argv if a != "--desc"], descs)
     if spec is not None:
         row["job"]["peft"] = spec
     print(json.dumps(row, separators=(",", ":")))
