@@ -37,35 +37,23 @@ fn run(m: &ModelSpec, j: &Job) -> Estimate {
     estimate(m, j, &DeviceProfile::for_compute_capability(Some((9, 0)))).expect("valid job")
 }
 
-/// The largest buffer of a LoRA step is the loss's fp32 logits, T · V · 4 bytes; the
-/// reserve never falls below it. H200 (`moro-cal-7cbf4904a2`): reserved − allocated was
-/// 1.24 GiB for this job, the block is 0.98 GiB, and `reserve_ratio` alone gave 0.29 GiB.
+/// The largest buffer of a LoRA step is the loss's fp32 logits, T · V · 4 bytes
+/// (`largest_freed_block`, the floor of the reserve where the step is not replayed). The
+/// H200's LoRA step is traced op by op and its replay is the reserve: for 512 / 2,048 /
+/// 4,096 tokens the H200 measured reserved − allocated 0.64 / 1.24 / 2.25 GiB, the replay
+/// gives 0.61 / 1.13 / 1.92 (the fake-CUDA oracle's own sequence replays, without cuBLAS's
+/// workspaces, to 0.40 / 1.16 / 1.95), and the old block floor 0.25 / 0.98 / 1.96.
 #[test]
-fn reserve_keeps_the_largest_freed_block() {
+fn lora_reserve_is_the_replay_of_its_step() {
     let m = model("meta-llama/Llama-3.1-8B");
-    for seq in [512, 2048, 4096] {
-        let e = run(&m, &lora_job(&m, seq));
-        let block = seq * 128_256 * 4;
-        assert_eq!(e.largest_freed_block, block, "seq {seq}");
-        let reserve = e.peak_reserved_bytes - e.peak_allocated_bytes;
-        assert!(
-            reserve >= block,
-            "seq {seq}: reserve {reserve} < block {block}"
-        );
-        // Rounded up to the allocator's 2 MiB segments, never a whole block more.
-        assert!(
-            reserve < block + 2 * 1024 * 1024 + GIB / 8,
-            "seq {seq}: {reserve}"
-        );
-    }
-    // Measured reserved − allocated on the H200 for 512 / 2048 / 4096 tokens: 0.64, 1.24,
-    // 2.25 GiB. The block model stays under each and above a quarter of the gap it missed.
     let measured = [(512, 0.64), (2048, 1.24), (4096, 2.25)];
     for (seq, gap) in measured {
         let e = run(&m, &lora_job(&m, seq));
+        assert_eq!(e.largest_freed_block, seq * 128_256 * 4, "seq {seq}");
+        assert!(e.reserve_from_replay, "seq {seq}");
         let reserve = (e.peak_reserved_bytes - e.peak_allocated_bytes) as f64 / GIB as f64;
         assert!(
-            reserve <= gap && reserve >= gap * 0.38,
+            reserve <= gap + 0.05 && reserve >= gap - 0.35,
             "seq {seq}: {reserve} vs {gap}"
         );
     }

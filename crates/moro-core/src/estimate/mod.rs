@@ -278,6 +278,10 @@ pub struct Estimate {
     /// ([`replay::step`]; 0 where the sequence is not replayed).
     #[serde(default)]
     pub replayed_fragmentation_bytes: u64,
+    /// The replay follows the layers op by op ([`trace::Trace::op_by_op`]): its
+    /// fragmentation alone is the reserve, with no ratio or largest-freed-block floor.
+    #[serde(default)]
+    pub reserve_from_replay: bool,
     /// Bytes of new segments the optimizer step's temporaries need because no block the
     /// forward and backward left in the cache holds them ([`step_segments`]): added to the
     /// forward and backward's reserved level, a floor under the reserved level.
@@ -381,6 +385,7 @@ pub fn add_replayed_step(
     };
     est.phases.clone_from(&step.phases);
     est.replayed_fragmentation_bytes = step.fragmentation;
+    est.reserve_from_replay = step.op_by_op;
     let outside = est.component(Component::OutsideAllocator);
     let context = est.component(Component::CudaContext);
     set_levels(est, device, outside, context);
@@ -907,14 +912,16 @@ fn training_phases(
 /// sequence through a model of the allocator (`calibration/allocsim.py`) reproduces them.
 /// The reserved level is never under `load_reserved`, what the model's load left in the
 /// cache, and the reserve never under `replayed`, the fragmentation of the step's
-/// allocation sequence where [`replay`] generates it.
+/// allocation sequence where [`replay`] generates it; where that sequence follows the
+/// layers op by op (`op_by_op`), it alone is the reserve: replayed through the allocator
+/// model it is the fake-CUDA oracle's within 0.1 % (`tests/step_trace.rs`).
 #[must_use]
 pub fn allocated_and_reserve(
     peak: &PhaseBytes,
     device: &DeviceProfile,
     largest_freed_block: u64,
     load_reserved: u64,
-    replayed: u64,
+    (replayed, op_by_op): (u64, bool),
 ) -> (u64, u64) {
     let offset = device.offset_bytes;
     let raw = peak.total();
@@ -935,9 +942,13 @@ pub fn allocated_and_reserve(
         clippy::cast_sign_loss,
         clippy::cast_precision_loss
     )]
-    let frag = ((churn as f64 * device.reserve_ratio.max(0.0)) as u64)
-        .max(largest_freed_block)
-        .max(replayed);
+    let frag = if op_by_op {
+        replayed
+    } else {
+        ((churn as f64 * device.reserve_ratio.max(0.0)) as u64)
+            .max(largest_freed_block)
+            .max(replayed)
+    };
     // The cache never shrinks below what the load left in it ([`load`]).
     let reserve = round_up(allocated.saturating_add(frag), 2 * MIB).max(load_reserved) - allocated;
     (allocated, reserve)
@@ -1042,6 +1053,7 @@ fn finish(
         largest_freed_block,
         load_reserved_bytes: load::load_reserved_bytes(model, job, regime, &churn),
         replayed_fragmentation_bytes: 0,
+        reserve_from_replay: false,
         step_segments_bytes: step_segments,
         stream_cached,
         rank: rank::parts(
@@ -1092,6 +1104,7 @@ fn finish_mlx(model: &ModelSpec, regime: &Regime, phases: Vec<PhaseBytes>) -> Es
         largest_freed_block: 0,
         load_reserved_bytes: 0,
         replayed_fragmentation_bytes: 0,
+        reserve_from_replay: false,
         step_segments_bytes: 0,
         stream_cached: Vec::new(),
         rank: None,
@@ -1110,7 +1123,7 @@ pub(crate) fn set_levels(est: &mut Estimate, device: &DeviceProfile, outside: u6
             device,
             est.largest_freed_block,
             est.load_reserved_bytes,
-            est.replayed_fragmentation_bytes,
+            (est.replayed_fragmentation_bytes, est.reserve_from_replay),
         )
     };
     let (allocated, reserve) = levels(&peak);
@@ -1179,6 +1192,7 @@ fn step_segments(
         || par.tp > 1
         || job.optimizer_in_backward
         || replay::models(model, job, regime)
+        || trace::step::op_by_op(model, job, regime)
     {
         return 0;
     }

@@ -46,6 +46,9 @@ pub struct ReplayedStep {
     /// The replayed fragmentation, reserved peak − allocated peak, where [`models`] is
     /// true; else 0 (the reserve stays the ratio's).
     pub fragmentation: u64,
+    /// The trace follows the decoder layers op by op ([`super::trace::Trace::op_by_op`]):
+    /// the replay alone sets the reserve.
+    pub op_by_op: bool,
 }
 
 /// The trace of two training steps of `job` on one GPU ([`step::trace`]): its phases, and
@@ -75,7 +78,7 @@ pub fn step(
         job
     };
     let t = step::trace(model, job, r, device)?;
-    let fragmentation = if models(model, job, r) {
+    let fragmentation = if t.op_by_op || models(model, job, r) {
         let (allocated, _) = t.peak();
         t.replay().reserved.saturating_sub(allocated)
     } else {
@@ -84,5 +87,6 @@ pub fn step(
     Some(ReplayedStep {
         phases: t.phases(),
         fragmentation,
+        op_by_op: t.op_by_op,
     })
 }

@@ -525,7 +525,9 @@ pub(crate) fn render(
         && est.replayed_fragmentation_bytes + (2 << 20)
             >= est.component(Component::AllocatorReserve);
     if replay_sets_reserve {
-        let why = if job.method == Method::Full {
+        let why = if est.reserve_from_replay {
+            "the layers, traced op by op, free temporaries whose blocks later tensors split"
+        } else if job.method == Method::Full {
             "the optimizer's states take the blocks the first backward freed"
         } else if job.adapter.dora {
             "DoRA's weight-sized temporaries, made in every forward, are split by smaller \
@@ -533,9 +535,14 @@ pub(crate) fn render(
         } else {
             "each 4-bit Linear's dequantized weight is freed and split by smaller tensors"
         };
+        let is = if est.reserve_from_replay {
+            "is"
+        } else {
+            "is at least"
+        };
         out.push_str(&format!(
-            "\nnote: the reserve is at least {}, the fragmentation of two training steps \
-             replayed through PyTorch's caching allocator ({why})\n",
+            "\nnote: the reserve {is} {}, the fragmentation of two training steps replayed \
+             through PyTorch's caching allocator ({why})\n",
             size(est.replayed_fragmentation_bytes)
         ));
     } else if job.method == Method::Full

@@ -9,6 +9,7 @@
 
 mod chunked_nll;
 mod dora;
+mod lora_layer;
 mod params;
 mod shapes;
 pub mod step;
@@ -80,6 +81,10 @@ pub struct TraceEvent<'m> {
 pub struct Trace<'m> {
     /// Allocations and frees.
     pub events: Vec<TraceEvent<'m>>,
+    /// The decoder layers are traced op by op (LoRA on a Llama-style layer under bf16
+    /// autocast, `step`'s `lora_layer`), not as their saved bytes cut into shapes.
+    #[serde(skip)]
+    pub op_by_op: bool,
 }
 
 /// The peaks of a trace replayed through the allocator model.
@@ -311,6 +316,7 @@ impl<'m> Builder<'m> {
     pub(crate) fn finish(self) -> Trace<'m> {
         Trace {
             events: self.events,
+            op_by_op: false,
         }
     }
 }

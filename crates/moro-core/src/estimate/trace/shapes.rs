@@ -11,9 +11,27 @@ use super::super::Regime;
 /// tensors (normalized input, q, k, v, the rotary copies, the attention output, LoRA's
 /// input casts), the MLP block's norm its upcast, the MLP's four intermediate-wide tensors
 /// (gate and up outputs, the activation, the product), and the rest, the last one smaller.
-/// `e`: bytes per element of the layer's matmul outputs.
-pub(super) fn saved_tensors(bytes: u64, t: u64, model: &ModelSpec, e: u64) -> Vec<u64> {
+/// `e`: bytes per element of the layer's matmul outputs. `maps`: eager attention's
+/// score-sized tensors ([`attention_maps`]), saved after q, k and v.
+pub(super) fn saved_tensors(
+    bytes: u64,
+    t: u64,
+    model: &ModelSpec,
+    e: u64,
+    maps: &[u64],
+) -> Vec<u64> {
     let mut rest = bytes;
+    let maps: Vec<u64> = maps
+        .iter()
+        .filter(|&&m| {
+            let fits = m <= rest;
+            if fits {
+                rest -= m;
+            }
+            fits
+        })
+        .copied()
+        .collect();
     let mut take = |size: u64, count: usize| -> Vec<u64> {
         let mut out = Vec::new();
         for _ in 0..count {
@@ -33,6 +51,7 @@ pub(super) fn saved_tensors(bytes: u64, t: u64, model: &ModelSpec, e: u64) -> Ve
     let mut out = Vec::new();
     out.extend(norms.first());
     out.extend(attention);
+    out.extend(maps);
     out.extend(norms.get(1));
     out.extend(mlp);
     out.extend(after);
@@ -40,6 +59,22 @@ pub(super) fn saved_tensors(bytes: u64, t: u64, model: &ModelSpec, e: u64) -> Ve
         out.push(tail);
     }
     out
+}
+
+/// The score-sized tensors eager attention saves per decoder layer (transformers 5.25
+/// `eager_attention_forward`): `softmax(.., dtype=float32)`'s output, kept by its
+/// backward, and its cast to the query's dtype, kept by the product with `v`; Gemma 2's
+/// soft cap adds `tanh`'s output. The same bytes `Activations` counts for them.
+pub(super) fn attention_maps(model: &ModelSpec, job: &Job, attn_b: u64) -> Vec<u64> {
+    if job.attention != crate::job::Attention::Eager || model.attention_sinks {
+        return Vec::new();
+    }
+    let scores = job.micro_batch_size * model.num_heads * job.seq_len * job.seq_len;
+    let mut v = vec![4 * scores, attn_b * scores];
+    if model.attn_softcapping {
+        v.insert(0, attn_b * scores);
+    }
+    v
 }
 
 /// The tensors a post-LN encoder layer (transformers `BertLayer`) saves, per token, in the

@@ -43,8 +43,9 @@ use super::super::regime::grad_bytes;
 use super::super::{Component, DeviceProfile, Phase, Regime, weights};
 use super::chunked_nll::ChunkedNll;
 use super::dora::{self, DoraModule};
+use super::lora_layer::{self, Grads, Kept, LoraLayer, Mode};
 use super::params::{Param, params};
-use super::shapes::{encoder_tensors, saved_tensors};
+use super::shapes::{attention_maps, encoder_tensors, saved_tensors};
 use super::{Builder, Tensor, Trace};
 
 /// Whether [`trace`] models `job` on `model`.
@@ -97,9 +98,16 @@ pub fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
         )
 }
 
+/// Whether [`trace`] follows `job`'s decoder layers op by op ([`lora_layer`]): its replay
+/// is then the reserve.
+#[must_use]
+pub fn op_by_op(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
+    models(model, job, r) && lora_layer::models(model, job, r)
+}
+
 /// Gradients made during backward: the first micro-batch's become `.grad`; a later one's
 /// is a fresh tensor `AccumulateGrad` adds in place and drops.
-fn make_grads<'m>(
+pub(super) fn make_grads<'m>(
     b: &mut Builder<'m>,
     ps: &[Param<'m>],
     which: impl Iterator<Item = usize>,
@@ -149,13 +157,17 @@ pub fn trace<'m>(
     for step in 1..=2u8 {
         for _ in 0..job.grad_accum.max(1) {
             let fwd = s.forward(&mut b, &mut held, step);
-            let (dhidden, saved) = s.loss_backward(&mut b, &mut held, step, fwd);
-            s.layers_backward(&mut b, &mut held, step, saved);
-            s.backward_end(&mut b, &mut held, step, dhidden);
+            let ([dhidden, labels, input_ids], saved, kept) =
+                s.loss_backward(&mut b, &mut held, step, fwd);
+            let dinput = s.layers_backward(&mut b, &mut held, step, saved, kept, dhidden);
+            let rest = dinput.into_iter().chain([labels, input_ids]);
+            s.backward_end(&mut b, &mut held, step, rest);
         }
         s.optimizer_step(&mut b, &mut held, step);
     }
-    Some(b.finish())
+    let mut t = b.finish();
+    t.op_by_op = s.lora.is_some();
+    Some(t)
 }
 
 /// What every moment of the step reads: the job's shapes, the parameters and what each
@@ -170,6 +182,8 @@ struct Step<'m, 'j> {
     /// Each layer's saved tensors: the saved bytes ([`Activations`]) cut into shapes; an
     /// encoder full fine-tune's listed by shape ([`encoder_tensors`]).
     saved_by_layer: Vec<Vec<u64>>,
+    /// Eager attention's score-sized tensors of a decoder layer ([`attention_maps`]).
+    maps: Vec<u64>,
     acts: Activations,
     /// Tokens of a micro-batch.
     t: u64,
@@ -194,6 +208,12 @@ struct Step<'m, 'j> {
     dora_by_layer: Vec<Vec<DoraModule>>,
     /// An fp32 lm_head's 16-bit copy under autocast (frozen, or a full fine-tune's).
     head_copy: u64,
+    /// The decoder layers op by op ([`lora_layer`]), where it models them.
+    lora: Option<LoraLayer>,
+    /// The seven projections' names, as the model calls them.
+    modules: [&'m str; 7],
+    /// Each layer's `lora_A` and `lora_B` per projection, indices into `ps`.
+    adapter_params: Vec<[Option<(usize, usize)>; 7]>,
     /// The parameters whose gradients the loss's backward makes (lm_head's, or the tied
     /// embedding's; an encoder's pooler and classifier).
     heads: Vec<usize>,
@@ -216,6 +236,8 @@ struct Forward<'m> {
     input_ids: Tensor<'m>,
     labels: Tensor<'m>,
     saved: Vec<Vec<Tensor<'m>>>,
+    /// What each layer's op-level forward keeps ([`lora_layer`]); empty otherwise.
+    kept: Vec<Kept<'m>>,
     head_saved: Vec<Tensor<'m>>,
     logprobs: Option<Tensor<'m>>,
     softcap: Option<Tensor<'m>>,
@@ -258,6 +280,11 @@ impl<'m, 'j> Step<'m, 'j> {
             })
             .collect();
         let per_layer = acts.all_layers() / n_layers;
+        let maps = if encoder {
+            Vec::new()
+        } else {
+            attention_maps(model, job, e)
+        };
         let saved_by_layer: Vec<Vec<u64>> = layers
             .iter()
             .map(|_| {
@@ -273,9 +300,9 @@ impl<'m, 'j> Step<'m, 'j> {
                     }
                     v
                 } else if job.gradient_checkpointing {
-                    saved_tensors(acts.one_layer, t, model, e)
+                    saved_tensors(acts.one_layer, t, model, e, &maps)
                 } else {
-                    saved_tensors(per_layer, t, model, e)
+                    saved_tensors(per_layer, t, model, e, &maps)
                 }
             })
             .collect();
@@ -307,6 +334,28 @@ impl<'m, 'j> Step<'m, 'j> {
         } else {
             0
         };
+        // The op-level layer's projections and their adapters.
+        let modules: [&'m str; 7] = std::array::from_fn(|m| {
+            model
+                .layers
+                .first()
+                .and_then(|g| g.linears.get(m))
+                .map_or("", |l| l.name.as_str())
+        });
+        let adapter_params: Vec<[Option<(usize, usize)>; 7]> = ranges
+            .iter()
+            .map(|range| {
+                std::array::from_fn(|m| {
+                    let find = |name: &str| {
+                        range
+                            .clone()
+                            .find(|&j| ps[j].module == Some(modules[m]) && ps[j].name == name)
+                    };
+                    find("lora_A").zip(find("lora_B"))
+                })
+            })
+            .collect();
+        let lora = lora_layer::models(model, job, r).then(|| LoraLayer::new(model, job));
         let chunked = (r.loss == LossImpl::ChunkedNll && !encoder).then(|| ChunkedNll {
             batch: job.micro_batch_size,
             tokens: t,
@@ -326,6 +375,7 @@ impl<'m, 'j> Step<'m, 'j> {
             ps,
             ranges,
             saved_by_layer,
+            maps,
             acts,
             t,
             e,
@@ -339,6 +389,9 @@ impl<'m, 'j> Step<'m, 'j> {
             dequant: weights::dequant_transient(model, job, r),
             dora_by_layer,
             head_copy,
+            lora,
+            modules,
+            adapter_params,
             heads,
             firsts,
             tied,
@@ -478,7 +531,46 @@ impl<'m, 'j> Step<'m, 'j> {
         // Under checkpointing nothing saves autocast's copies: the cache drops them when the
         // forward leaves autocast, and the recompute makes its layer's again.
         let mut cached = Vec::new();
+        let mut kept = Vec::new();
+        // The op-level layers pass the hidden state from one to the next: the embedding's
+        // output, then each layer's, freed once the next layer returns (the first, by the
+        // model's forward, after the final norm); under checkpointing each is the next
+        // layer's checkpoint.
+        let mut hidden = None;
+        let mut embedding = None;
+        if self.lora.is_some() {
+            let e = b.alloc(
+                "embedding output",
+                Component::Activations,
+                t * model.hidden_size,
+                self.r.stream_bytes,
+            );
+            hidden = Some(e);
+            if !job.gradient_checkpointing {
+                embedding = Some(e);
+            }
+        }
         for k in 0..self.saved_by_layer.len() {
+            if let (Some(lora), Some(input)) = (&self.lora, hidden.take()) {
+                let mode = if job.gradient_checkpointing {
+                    Mode::NoGrad
+                } else {
+                    Mode::Grad
+                };
+                let (layer, copies, output) = lora.forward(b, k, &self.modules, mode);
+                cached.extend(copies);
+                if job.gradient_checkpointing {
+                    saved.push(vec![input]);
+                } else {
+                    if k > 0 {
+                        b.free(input);
+                    }
+                    saved.push(Vec::new());
+                }
+                kept.push(layer);
+                hidden = output;
+                continue;
+            }
             let copies = self.copies_of(b, k);
             let mut s = Vec::new();
             if job.gradient_checkpointing {
@@ -546,9 +638,14 @@ impl<'m, 'j> Step<'m, 'j> {
             t,
             model,
             self.e,
+            &[],
         );
         for bytes in head_bytes {
             head_saved.push(b.alloc("saved (head)", Component::Activations, bytes, 1));
+        }
+        // The last layer's output and the embedding's, once the final norm has read them.
+        for x in hidden.into_iter().chain(embedding) {
+            b.free(x);
         }
         // transformers `ForCausalLMLoss`: the logits, `logits.float()`, `log_softmax`'s output
         // (saved); the upcast and then the logits are dropped. An encoder's classification
@@ -597,6 +694,7 @@ impl<'m, 'j> Step<'m, 'j> {
             input_ids,
             labels,
             saved,
+            kept,
             head_saved,
             logprobs,
             softcap,
@@ -614,7 +712,7 @@ impl<'m, 'j> Step<'m, 'j> {
         held: &mut Held<'m>,
         step: u8,
         fwd: Forward<'m>,
-    ) -> ([Tensor<'m>; 3], Vec<Vec<Tensor<'m>>>) {
+    ) -> ([Tensor<'m>; 3], Vec<Vec<Tensor<'m>>>, Vec<Kept<'m>>) {
         let tv = self.t * self.model.vocab_size;
         b.at(Phase::LossBackward, step);
         let dlogits = fwd.logprobs.map(|lp| {
@@ -661,7 +759,7 @@ impl<'m, 'j> Step<'m, 'j> {
             b.free(d);
         }
         b.free_all(fwd.head_saved);
-        ([dhidden, fwd.labels, fwd.input_ids], fwd.saved)
+        ([dhidden, fwd.labels, fwd.input_ids], fwd.saved, fwd.kept)
     }
 
     /// Layers in reverse: the recompute (checkpointing), the layer's gradients and its
@@ -672,8 +770,42 @@ impl<'m, 'j> Step<'m, 'j> {
         held: &mut Held<'m>,
         step: u8,
         mut saved: Vec<Vec<Tensor<'m>>>,
-    ) {
+        mut kept: Vec<Kept<'m>>,
+        dhidden: Tensor<'m>,
+    ) -> Option<Tensor<'m>> {
         b.at(Phase::LayerBackward, step);
+        if let Some(lora) = &self.lora {
+            let mut dh = Some(dhidden);
+            for k in (0..self.saved_by_layer.len()).rev() {
+                let mut layer = kept.pop().unwrap_or_default();
+                // Under checkpointing, down_proj's scaled gradient comes first: lora_B's
+                // backward then asks for its saved input, which starts the recompute.
+                let scaled = (self.job.gradient_checkpointing && lora.down_adapted()).then(|| {
+                    b.alloc_in(
+                        "backward temporary",
+                        None,
+                        Some(k as u64),
+                        Component::Transients,
+                        self.t * self.model.hidden_size,
+                        2,
+                    )
+                });
+                if self.job.gradient_checkpointing {
+                    layer = lora.forward(b, k, &self.modules, Mode::Recompute).0;
+                }
+                let mut grads = Grads {
+                    ps: &self.ps,
+                    adapters: self.adapter_params[k],
+                    slots: &mut held.grads,
+                    bytes: self.gb,
+                };
+                let Some(dy) = dh.take() else { break };
+                dh = lora.backward(b, k, &mut layer, &mut grads, dy, scaled);
+                b.free_all(layer.into_rest());
+                b.free_all(saved.pop().unwrap_or_default());
+            }
+            return dh;
+        }
         for k in (0..self.saved_by_layer.len()).rev() {
             let mut rec = Vec::new();
             if self.job.gradient_checkpointing {
@@ -699,6 +831,7 @@ impl<'m, 'j> Step<'m, 'j> {
                     self.t,
                     self.model,
                     self.e,
+                    &self.maps,
                 )
             };
             let temps: Vec<Tensor<'m>> = if self.full {
@@ -746,6 +879,7 @@ impl<'m, 'j> Step<'m, 'j> {
             b.free_all(rec);
             b.free_all(saved.pop().unwrap_or_default());
         }
+        Some(dhidden)
     }
 
     /// The final norm's and the embedding's gradients (an encoder's tables); a tied
@@ -756,7 +890,7 @@ impl<'m, 'j> Step<'m, 'j> {
         b: &mut Builder<'m>,
         held: &mut Held<'m>,
         step: u8,
-        rest: [Tensor<'m>; 3],
+        rest: impl Iterator<Item = Tensor<'m>>,
     ) {
         b.at(Phase::BackwardEnd, step);
         self.grads_of(b, held, &self.firsts);

@@ -1,0 +1,765 @@
+//! A Llama-style decoder layer with LoRA adapters, op by op, as the step trace allocates it
+//! ([`super::step`]): transformers 5.25 `LlamaDecoderLayer.forward` (`LlamaRMSNorm`,
+//! `apply_rotary_pos_emb`, SDPA's flash kernel, `LlamaMLP`) with PEFT 0.21
+//! `lora.Linear.forward` under bf16 autocast (fp32 adapters, no dropout), and the backward
+//! autograd runs for it, in the order the fake-CUDA oracle records
+//! (`calibration/step_events.py --desc`).
+//!
+//! Each adapted projection makes its frozen matmul's output, PEFT's fp32 cast of the input
+//! (`_cast_input_dtype`), autocast's 16-bit copies of `lora_A` and `lora_B` and its 16-bit
+//! cast of that input, the two adapter matmuls, the scaling and the sum. Its backward
+//! computes the adapter branch first (the scaled gradient, `lora_B`'s and `lora_A`'s weight
+//! gradients and their fp32 casts, the input gradient through both casts), then the frozen
+//! matmul's input gradient; gradients reaching one tensor from several modules are summed
+//! out of place as they arrive (autograd's input buffer). The same forward runs three ways:
+//! with autograd (its saved tensors kept), under `no_grad` (checkpointing's first forward:
+//! each tensor freed at its last use) and as non-reentrant checkpointing's recompute,
+//! which stops once the last saved tensor exists (`torch.utils.checkpoint`, early stop).
+//!
+//! Cut this way, the replayed reserve of the H200's LoRA runs follows the oracle's
+//! (`crates/moro-core/tests/step_trace.rs`), which the coarser cut of the layer's saved
+//! bytes did not: its temporaries (a 16-bit projection input's fp32 copy is twice the
+//! input) are what later tensors split.
+
+use crate::job::{Attention, Job, Method, Padding, PeftKind, Quantization};
+use crate::model::{AttentionKind, ModelSpec, NormKind};
+
+use super::super::{Component, Regime};
+use super::params::Param;
+use super::{Builder, Tensor};
+
+/// The seven projections in forward order.
+const NAMES: [&str; 7] = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+];
+const Q: usize = 0;
+const K: usize = 1;
+const V: usize = 2;
+const O: usize = 3;
+const GATE: usize = 4;
+const UP: usize = 5;
+const DOWN: usize = 6;
+
+/// Whether the op-level layer models `job`'s decoder layers: LoRA without DoRA or dropout
+/// on unquantized 16-bit weights, fp32 adapters under bf16 autocast, SDPA, and a Llama-style
+/// layer (RMSNorm, the seven projections one Linear each, no q/k norms, no soft cap).
+#[must_use]
+pub(super) fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
+    job.method == Method::Adapters
+        && job.quantization == Quantization::None
+        && job.adapter.method == PeftKind::Lora
+        && !job.adapter.dora
+        && job.adapter.dropout == 0.0
+        && job.attention == Attention::Sdpa
+        && job.padding == Padding::Packed
+        && !job.liger.rms_norm
+        && !job.liger.glu
+        && !job.liger.rope
+        && r.autocast
+        && r.adapter_bytes == 4
+        && r.stream_bytes == 2
+        && r.frozen_bytes == 2
+        && model.norm == NormKind::RmsNorm
+        && model.gated_mlp
+        && !model.qk_norm
+        && !model.rope_by_concat
+        && !model.fp32_norms
+        && !model.attention_output_gate
+        && !model.attn_softcapping
+        && !model.attention_sinks
+        && model.mla.is_none()
+        && model.num_heads.is_multiple_of(model.num_kv_heads.max(1))
+        && !model.layers.is_empty()
+        && model.layers.iter().all(|g| {
+            !g.moe
+                && matches!(
+                    g.attention,
+                    AttentionKind::Full | AttentionKind::Sliding { .. }
+                )
+                && g.linears.len() == NAMES.len()
+                && g.linears
+                    .iter()
+                    .zip(NAMES)
+                    .all(|(l, n)| l.name == n && l.count == 1)
+        })
+}
+
+/// What a tensor of the forward is to the backward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Freed in the forward.
+    Temp,
+    /// Kept for the backward when autograd records; else freed at its last use.
+    Saved,
+    /// Autocast's copy of an fp32 weight: cached until the forward leaves autocast, and
+    /// kept for the backward when autograd records.
+    Cached,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Ev {
+    Alloc {
+        bytes: u64,
+        name: &'static str,
+        module: Option<usize>,
+        kind: Kind,
+    },
+    Free(usize),
+    /// The last use of a saved tensor in the forward.
+    Release(usize),
+}
+
+/// One layer's forward as events over numbered tensors.
+#[derive(Debug, Default)]
+struct Tape {
+    evs: Vec<Ev>,
+    kinds: Vec<Kind>,
+}
+
+impl Tape {
+    fn alloc(
+        &mut self,
+        bytes: u64,
+        name: &'static str,
+        module: Option<usize>,
+        kind: Kind,
+    ) -> usize {
+        self.evs.push(Ev::Alloc {
+            bytes,
+            name,
+            module,
+            kind,
+        });
+        self.kinds.push(kind);
+        self.kinds.len() - 1
+    }
+    fn temp(&mut self, bytes: u64, name: &'static str) -> usize {
+        self.alloc(bytes, name, None, Kind::Temp)
+    }
+    fn saved(&mut self, bytes: u64, name: &'static str, module: Option<usize>) -> usize {
+        self.alloc(bytes, name, module, Kind::Saved)
+    }
+    fn free(&mut self, i: usize) {
+        self.evs.push(Ev::Free(i));
+    }
+    fn release(&mut self, i: usize) {
+        self.evs.push(Ev::Release(i));
+    }
+}
+
+/// How a layer's forward runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    /// Autograd records: saved tensors and autocast's copies are kept.
+    Grad,
+    /// `no_grad` (checkpointing's first forward): every tensor freed at its last use,
+    /// autocast's copies cached.
+    NoGrad,
+    /// Non-reentrant checkpointing's recompute: as [`Mode::Grad`] until the last saved
+    /// tensor exists; the temporaries still live then are freed.
+    Recompute,
+}
+
+/// The saved tensors of one adapted projection.
+#[derive(Debug, Clone, Copy)]
+struct Adapter {
+    /// Autocast's 16-bit copy of `lora_A`.
+    a_copy: usize,
+    /// The input's 16-bit cast `lora_A` reads.
+    x: usize,
+    /// `lora_A`'s output.
+    a_out: usize,
+    /// Autocast's 16-bit copy of `lora_B`.
+    b_copy: usize,
+}
+
+/// Where the backward finds what the forward saved.
+#[derive(Debug, Clone, Copy)]
+struct Roles {
+    /// The input norm's fp32 input and `rsqrt` (none in the first layer, whose input needs
+    /// no gradient).
+    norm1: Option<(usize, usize)>,
+    norm2: (usize, usize),
+    adapters: [Option<Adapter>; 7],
+    v: usize,
+    q_rot: usize,
+    k_rot: usize,
+    attn_out: usize,
+    lse: usize,
+    gate: usize,
+    act: usize,
+    up: usize,
+    output: usize,
+}
+
+/// A layer's shapes.
+#[derive(Debug, Clone, Copy)]
+struct Dims {
+    /// Tokens of a micro-batch.
+    t: u64,
+    b: u64,
+    s: u64,
+    h: u64,
+    q: u64,
+    kv: u64,
+    i: u64,
+    heads: u64,
+    head_dim: u64,
+    rank: u64,
+    adapted: [bool; 7],
+}
+
+impl Dims {
+    const fn width_in(&self, m: usize) -> u64 {
+        match m {
+            O => self.q,
+            DOWN => self.i,
+            _ => self.h,
+        }
+    }
+    const fn width_out(&self, m: usize) -> u64 {
+        match m {
+            Q => self.q,
+            K | V => self.kv,
+            GATE | UP => self.i,
+            _ => self.h,
+        }
+    }
+}
+
+/// The layer's forward program, once for the first layer and once for the rest.
+#[derive(Debug)]
+pub(super) struct LoraLayer {
+    d: Dims,
+    first: (Tape, Roles),
+    rest: (Tape, Roles),
+}
+
+fn rms_forward(tp: &mut Tape, d: &Dims, keep: bool) -> (Option<(usize, usize)>, usize) {
+    let (th, t) = (d.t * d.h, d.t);
+    let kind = if keep { Kind::Saved } else { Kind::Temp };
+    let x32 = tp.alloc(4 * th, "RMSNorm input fp32", None, kind);
+    let pow = tp.temp(4 * th, "RMSNorm pow");
+    let mean = tp.temp(4 * t, "RMSNorm mean");
+    tp.free(pow);
+    let rsqrt = tp.alloc(4 * t, "RMSNorm rsqrt", None, kind);
+    let normed = tp.temp(4 * th, "RMSNorm product");
+    for x in [rsqrt, x32] {
+        if keep {
+            tp.release(x);
+        } else {
+            tp.free(x);
+        }
+    }
+    let cast = tp.temp(2 * th, "RMSNorm cast");
+    let out = tp.temp(2 * th, "RMSNorm output");
+    tp.free(cast);
+    tp.free(normed);
+    tp.free(mean);
+    (keep.then_some((x32, rsqrt)), out)
+}
+
+/// One projection on `x`: its output (of `kind`) and, adapted, the adapter's saved tensors.
+fn linear_forward(tp: &mut Tape, d: &Dims, m: usize, kind: Kind) -> (usize, Option<Adapter>) {
+    let (i, o, r, t) = (d.width_in(m), d.width_out(m), d.rank, d.t);
+    if !d.adapted[m] {
+        return (
+            tp.alloc(2 * t * o, "projection output", Some(m), kind),
+            None,
+        );
+    }
+    let base = tp.alloc(2 * t * o, "frozen matmul output", Some(m), Kind::Temp);
+    let x32 = tp.alloc(4 * t * i, "LoRA input fp32", Some(m), Kind::Temp);
+    let a_copy = tp.alloc(2 * r * i, "autocast copy", Some(m), Kind::Cached);
+    let x = tp.saved(2 * t * i, "LoRA input", Some(m));
+    let a_out = tp.saved(2 * t * r, "lora_A output", Some(m));
+    tp.release(x);
+    let b_copy = tp.alloc(2 * o * r, "autocast copy", Some(m), Kind::Cached);
+    let b_out = tp.alloc(2 * t * o, "lora_B output", Some(m), Kind::Temp);
+    tp.release(a_out);
+    let scaled = tp.alloc(2 * t * o, "LoRA scaled", Some(m), Kind::Temp);
+    tp.free(b_out);
+    let y = tp.alloc(2 * t * o, "LoRA sum", Some(m), kind);
+    tp.free(scaled);
+    tp.free(base);
+    tp.free(x32);
+    (
+        y,
+        Some(Adapter {
+            a_copy,
+            x,
+            a_out,
+            b_copy,
+        }),
+    )
+}
+
+/// `apply_rotary_pos_emb` on one of q and k: `x * cos + rotate_half(x) * sin`.
+fn rope_forward(tp: &mut Tape, w: u64) -> usize {
+    let by_cos = tp.temp(w, "RoPE x·cos");
+    let neg = tp.temp(w / 2, "RoPE neg");
+    let cat = tp.temp(w, "RoPE rotate_half");
+    tp.free(neg);
+    let by_sin = tp.temp(w, "RoPE ·sin");
+    tp.free(cat);
+    let out = tp.saved(w, "RoPE output", None);
+    tp.free(by_cos);
+    tp.free(by_sin);
+    out
+}
+
+fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
+    let mut tp = Tape::default();
+    let tp = &mut tp;
+    let t = d.t;
+    let (norm1, x1) = rms_forward(tp, d, !first);
+    let mut adapters = [None; 7];
+    let (q, a) = linear_forward(tp, d, Q, Kind::Temp);
+    adapters[Q] = a;
+    let (k, a) = linear_forward(tp, d, K, Kind::Temp);
+    adapters[K] = a;
+    let (v, a) = linear_forward(tp, d, V, Kind::Saved);
+    adapters[V] = a;
+    let q_rot = rope_forward(tp, 2 * t * d.q);
+    let k_rot = rope_forward(tp, 2 * t * d.kv);
+    tp.free(q);
+    tp.free(k);
+    // `_scaled_dot_product_flash_attention`: the output and the log-sum-exp.
+    let attn_out = tp.saved(2 * t * d.q, "SDPA output", None);
+    let lse = tp.saved(4 * d.b * d.heads * d.s, "SDPA logsumexp", None);
+    tp.release(lse);
+    let (o, a) = linear_forward(tp, d, O, Kind::Temp);
+    adapters[O] = a;
+    for x in [attn_out, q_rot, k_rot, v] {
+        tp.release(x);
+    }
+    tp.free(x1);
+    let r1 = tp.temp(2 * t * d.h, "residual");
+    tp.free(o);
+    let (norm2, x2) = rms_forward(tp, d, true);
+    let norm2 = norm2.unwrap_or((0, 0));
+    let (gate, a) = linear_forward(tp, d, GATE, Kind::Saved);
+    adapters[GATE] = a;
+    let act = tp.saved(2 * t * d.i, "activation", None);
+    tp.release(gate);
+    let (up, a) = linear_forward(tp, d, UP, Kind::Saved);
+    adapters[UP] = a;
+    let product = tp.temp(2 * t * d.i, "gate·up");
+    tp.release(act);
+    tp.release(up);
+    let (down, a) = linear_forward(tp, d, DOWN, Kind::Temp);
+    adapters[DOWN] = a;
+    tp.free(product);
+    tp.free(x2);
+    let output = tp.temp(2 * t * d.h, "layer output");
+    tp.free(down);
+    tp.free(r1);
+    let roles = Roles {
+        norm1,
+        norm2,
+        adapters,
+        v,
+        q_rot,
+        k_rot,
+        attn_out,
+        lse,
+        gate,
+        act,
+        up,
+        output,
+    };
+    (std::mem::take(tp), roles)
+}
+
+/// What one layer's forward left: the tensors the backward reads, by tape number.
+#[derive(Debug, Default)]
+pub(super) struct Kept<'m> {
+    live: Vec<Option<Tensor<'m>>>,
+}
+
+impl<'m> Kept<'m> {
+    fn take(&mut self, i: usize) -> Option<Tensor<'m>> {
+        self.live.get_mut(i).and_then(Option::take)
+    }
+    /// Every tensor still held, in tape order.
+    pub(super) fn into_rest(self) -> Vec<Tensor<'m>> {
+        self.live.into_iter().flatten().collect()
+    }
+}
+
+/// What a layer's backward needs of the step: its parameters, where their gradients go.
+pub(super) struct Grads<'a, 'm> {
+    pub(super) ps: &'a [Param<'m>],
+    /// `lora_A` and `lora_B` of each projection of this layer, indices into `ps`.
+    pub(super) adapters: [Option<(usize, usize)>; 7],
+    pub(super) slots: &'a mut [Option<Tensor<'m>>],
+    pub(super) bytes: u64,
+}
+
+impl LoraLayer {
+    /// The layer program of `job` on `model` (see [`models`]).
+    pub(super) fn new(model: &ModelSpec, job: &Job) -> Self {
+        let adapted = NAMES.map(|n| {
+            model
+                .layers
+                .first()
+                .and_then(|g| g.linears.iter().find(|l| l.name == n))
+                .is_some_and(|l| job.adapts(l))
+        });
+        let d = Dims {
+            t: job.micro_batch_size * job.seq_len,
+            b: job.micro_batch_size,
+            s: job.seq_len,
+            h: model.hidden_size,
+            q: model.q_width(),
+            kv: model.num_kv_heads * model.head_dim,
+            i: model.intermediate_size,
+            heads: model.num_heads,
+            head_dim: model.head_dim,
+            rank: job.adapter.rank,
+            adapted,
+        };
+        Self {
+            d,
+            first: layer_forward(&d, true),
+            rest: layer_forward(&d, false),
+        }
+    }
+
+    /// Whether `down_proj` is adapted: its backward starts with the scaled gradient,
+    /// before checkpointing's recompute.
+    pub(super) const fn down_adapted(&self) -> bool {
+        self.d.adapted[DOWN]
+    }
+
+    /// Runs layer `k`'s forward in `mode`, its tensors named after `modules` (the model's
+    /// own names). Returns what it keeps for the backward, autocast's copies cached by a
+    /// `no_grad` forward, and the layer's output (none from a recompute).
+    pub(super) fn forward<'m>(
+        &self,
+        b: &mut Builder<'m>,
+        k: usize,
+        modules: &[&'m str; 7],
+        mode: Mode,
+    ) -> (Kept<'m>, Vec<Tensor<'m>>, Option<Tensor<'m>>) {
+        let (tape, roles) = if k == 0 { &self.first } else { &self.rest };
+        let layer = Some(k as u64);
+        let mut live: Vec<Option<Tensor<'m>>> = vec![None; tape.kinds.len()];
+        let mut cached = Vec::new();
+        let stop = match mode {
+            Mode::Recompute => tape
+                .evs
+                .iter()
+                .rposition(|e| matches!(e, Ev::Alloc { kind, .. } if *kind != Kind::Temp))
+                .map_or(tape.evs.len(), |p| p + 1),
+            _ => tape.evs.len(),
+        };
+        let mut n = 0;
+        for e in &tape.evs[..stop] {
+            match *e {
+                Ev::Alloc {
+                    bytes,
+                    name,
+                    module,
+                    kind,
+                } => {
+                    let component = if kind == Kind::Temp {
+                        Component::Transients
+                    } else {
+                        Component::Activations
+                    };
+                    let t =
+                        b.alloc_in(name, module.map(|m| modules[m]), layer, component, bytes, 1);
+                    if kind == Kind::Cached && mode == Mode::NoGrad {
+                        cached.push(t);
+                    } else {
+                        live[n] = Some(t);
+                    }
+                    n += 1;
+                }
+                Ev::Free(i) => {
+                    if let Some(t) = live[i].take() {
+                        b.free(t);
+                    }
+                }
+                Ev::Release(i) => {
+                    if mode == Mode::NoGrad
+                        && let Some(t) = live[i].take()
+                    {
+                        b.free(t);
+                    }
+                }
+            }
+        }
+        let output = if mode == Mode::Recompute {
+            // The temporaries the recompute made and nothing keeps, newest first.
+            for i in (0..n).rev() {
+                if tape.kinds[i] == Kind::Temp
+                    && let Some(t) = live[i].take()
+                {
+                    b.free(t);
+                }
+            }
+            None
+        } else {
+            live[roles.output].take()
+        };
+        (Kept { live }, cached, output)
+    }
+
+    /// Layer `k`'s backward from the gradient `dy` of its output; returns the gradient of
+    /// its input (none for the first layer, whose input needs none). `scaled`: `down_proj`'s
+    /// scaled gradient where it was made before the recompute.
+    pub(super) fn backward<'m>(
+        &self,
+        b: &mut Builder<'m>,
+        k: usize,
+        kept: &mut Kept<'m>,
+        grads: &mut Grads<'_, 'm>,
+        dy: Tensor<'m>,
+        scaled: Option<Tensor<'m>>,
+    ) -> Option<Tensor<'m>> {
+        let roles = if k == 0 { &self.first.1 } else { &self.rest.1 };
+        let mut bw = Backward {
+            b,
+            d: &self.d,
+            layer: Some(k as u64),
+            kept,
+            grads,
+        };
+        let d = self.d;
+        let t = d.t;
+        // The MLP: down_proj, the product, up_proj, the activation, gate_proj.
+        let dp = bw
+            .linear(DOWN, roles, dy, false, None, true, scaled)
+            .expect("down_proj's input needs a gradient");
+        let d_up = bw.temp(2 * t * d.i);
+        let d_act = bw.temp(2 * t * d.i);
+        bw.free(dp);
+        bw.release(roles.up);
+        bw.release(roles.act);
+        let sum = bw.linear(UP, roles, d_up, true, None, true, None);
+        let d_gate = bw.temp(2 * t * d.i);
+        bw.free(d_act);
+        bw.release(roles.gate);
+        let sum = bw.linear(GATE, roles, d_gate, true, sum, true, None);
+        let j = bw.rms(sum.expect("the MLP input's gradient"), roles.norm2);
+        let dr = bw.temp(2 * t * d.h);
+        bw.free(dy);
+        bw.free(j);
+        // Attention: o_proj, SDPA, RoPE, then v, k and q.
+        let d_attn = bw
+            .linear(O, roles, dr, false, None, true, None)
+            .expect("o_proj's input needs a gradient");
+        let (dq, dk, dv) = bw.sdpa(roles, d_attn);
+        let dk = bw.rope(dk, 2 * t * d.kv);
+        let dq = bw.rope(dq, 2 * t * d.q);
+        let needs = roles.norm1.is_some();
+        let mut sum = bw.linear(V, roles, dv, true, None, needs, None);
+        sum = bw.linear(K, roles, dk, true, sum, needs, None);
+        sum = bw.linear(Q, roles, dq, true, sum, needs, None);
+        match (roles.norm1, sum) {
+            (Some(norm1), Some(sum)) => {
+                let j = bw.rms(sum, norm1);
+                let dx = bw.temp(2 * t * d.h);
+                bw.free(dr);
+                bw.free(j);
+                Some(dx)
+            }
+            _ => {
+                bw.free(dr);
+                None
+            }
+        }
+    }
+}
+
+struct Backward<'a, 'b, 'm> {
+    b: &'a mut Builder<'m>,
+    d: &'a Dims,
+    layer: Option<u64>,
+    kept: &'a mut Kept<'m>,
+    grads: &'a mut Grads<'b, 'm>,
+}
+
+impl<'m> Backward<'_, '_, 'm> {
+    fn temp(&mut self, bytes: u64) -> Tensor<'m> {
+        self.b.alloc_in(
+            "backward temporary",
+            None,
+            self.layer,
+            Component::Transients,
+            bytes,
+            1,
+        )
+    }
+    fn free(&mut self, t: Tensor<'m>) {
+        self.b.free(t);
+    }
+    /// Frees a saved tensor at its last use.
+    fn release(&mut self, i: usize) {
+        if let Some(t) = self.kept.take(i) {
+            self.b.free(t);
+        }
+    }
+    /// A parameter's gradient: the first micro-batch's becomes `.grad`; a later one's is
+    /// added in place and dropped.
+    fn grad(&mut self, p: usize) {
+        let g = &mut *self.grads;
+        let fresh = super::step::make_grads(self.b, g.ps, std::iter::once(p), g.slots, g.bytes);
+        self.b.free_all(fresh);
+    }
+    /// Adds `x` to the gradient summed so far for one tensor (autograd's input buffer:
+    /// the first arrival is kept, each later one summed out of place).
+    fn accumulate(&mut self, sum: Option<Tensor<'m>>, x: Tensor<'m>, bytes: u64) -> Tensor<'m> {
+        match sum {
+            None => x,
+            Some(s) => {
+                let n = self.temp(bytes);
+                self.free(s);
+                self.free(x);
+                n
+            }
+        }
+    }
+
+    /// Projection `m`'s backward from `g`, freed after the frozen matmul when `free_g`;
+    /// its input's gradient summed into `sum` where `needs_input` (else `sum` unchanged).
+    #[allow(clippy::too_many_arguments)]
+    fn linear(
+        &mut self,
+        m: usize,
+        roles: &Roles,
+        g: Tensor<'m>,
+        free_g: bool,
+        mut sum: Option<Tensor<'m>>,
+        needs_input: bool,
+        scaled: Option<Tensor<'m>>,
+    ) -> Option<Tensor<'m>> {
+        let d = *self.d;
+        let (i, o, r, t) = (d.width_in(m), d.width_out(m), d.rank, d.t);
+        if let Some(a) = roles.adapters[m] {
+            let scaled = scaled.unwrap_or_else(|| self.temp(2 * t * o));
+            let g_b = self.temp(2 * o * r);
+            let g_a_out = self.temp(2 * t * r);
+            self.free(scaled);
+            self.release(a.b_copy);
+            self.release(a.a_out);
+            let params = self.grads.adapters[m];
+            if let Some((_, pb)) = params {
+                self.grad(pb);
+            }
+            self.free(g_b);
+            let g_a = self.temp(2 * r * i);
+            let g_x = needs_input.then(|| self.temp(2 * t * i));
+            self.free(g_a_out);
+            self.release(a.a_copy);
+            self.release(a.x);
+            let g_x32 = g_x.map(|g_x| {
+                let up = self.temp(4 * t * i);
+                self.free(g_x);
+                up
+            });
+            if let Some((pa, _)) = params {
+                self.grad(pa);
+            }
+            self.free(g_a);
+            if let Some(g_x32) = g_x32 {
+                let down = self.temp(2 * t * i);
+                self.free(g_x32);
+                sum = Some(self.accumulate(sum, down, 2 * t * i));
+            }
+        }
+        if needs_input {
+            let g_in = self.temp(2 * t * i);
+            if free_g {
+                self.free(g);
+            }
+            sum = Some(self.accumulate(sum, g_in, 2 * t * i));
+        } else if free_g {
+            self.free(g);
+        }
+        sum
+    }
+
+    /// `LlamaRMSNorm`'s backward from `g` (freed): the gradient of its input, 16-bit.
+    fn rms(&mut self, g: Tensor<'m>, (x32, rsqrt): (usize, usize)) -> Tensor<'m> {
+        let th = self.d.t * self.d.h;
+        let by_weight = self.temp(2 * th);
+        self.free(g);
+        let up = self.temp(4 * th);
+        self.free(by_weight);
+        let by_x = self.temp(4 * th);
+        let by_rsqrt = self.temp(4 * th);
+        self.free(by_x);
+        self.free(up);
+        self.release(rsqrt);
+        let div = self.temp(4 * th);
+        let pow = self.temp(4 * th);
+        let scalar = self.temp(4 * th);
+        let through_mean = self.temp(4 * th);
+        self.free(scalar);
+        self.free(pow);
+        self.free(div);
+        self.release(x32);
+        let sum = self.temp(4 * th);
+        self.free(by_rsqrt);
+        self.free(through_mean);
+        let out = self.temp(2 * th);
+        self.free(sum);
+        out
+    }
+
+    /// The flash kernel's backward (PyTorch `_flash_attention_backward`): `softmax_d` and
+    /// the fp32 `dq_accum` (sequence rounded to 128, head dimension to 32), with grouped
+    /// KV heads k and v's gradients at the query heads' count, then dq, dk and dv.
+    fn sdpa(&mut self, roles: &Roles, d_attn: Tensor<'m>) -> (Tensor<'m>, Tensor<'m>, Tensor<'m>) {
+        let d = *self.d;
+        let s128 = d.s.div_ceil(128) * 128;
+        let hd32 = d.head_dim.div_ceil(32) * 32;
+        let mut ws = vec![
+            self.temp(4 * d.b * d.heads * s128),
+            self.temp(4 * d.b * s128 * d.heads * hd32),
+        ];
+        if d.kv < d.q {
+            ws.push(self.temp(2 * d.t * d.q));
+            ws.push(self.temp(2 * d.t * d.q));
+        }
+        let dq = self.temp(2 * d.t * d.q);
+        let dk = self.temp(2 * d.t * d.kv);
+        let dv = self.temp(2 * d.t * d.kv);
+        for w in ws.into_iter().rev() {
+            self.free(w);
+        }
+        self.free(d_attn);
+        for x in [roles.q_rot, roles.k_rot, roles.v, roles.attn_out, roles.lse] {
+            self.release(x);
+        }
+        (dq, dk, dv)
+    }
+
+    /// `apply_rotary_pos_emb`'s backward for one of q and k (`g` freed).
+    fn rope(&mut self, g: Tensor<'m>, w: u64) -> Tensor<'m> {
+        let by_sin = self.temp(w);
+        let neg = self.temp(w / 2);
+        let s1 = self.temp(w);
+        self.free(neg);
+        let s2 = self.temp(w);
+        self.free(by_sin);
+        let rotated = self.temp(w);
+        self.free(s1);
+        self.free(s2);
+        let by_cos = self.temp(w);
+        self.free(g);
+        let out = self.temp(w);
+        self.free(rotated);
+        self.free(by_cos);
+        out
+    }
+}
