@@ -17,11 +17,17 @@ and reserved peaks; `--matrix` regenerates its fixture,
       --override num_hidden_layers=2 --method lora --precision bf16-mixed --seq 512 --grad-ckpt
   $PY calibration/step_events.py --matrix
   $PY calibration/step_events.py --matrix-dora
+  $PY calibration/step_events.py --matrix-lora
   $PY calibration/step_events.py --matrix-h200
 
 `--desc` adds `descs`: each allocation's op, dtype and shape as the tracker names them
 (`mm bfloat16 (2048, 4096)`; parameters and gradients have none), in allocation order, for
 reading a sequence op by op.
+
+`--matrix-lora` writes `validation/oracle-traces/step-events-lora.jsonl` (compact, as
+below): the 2-layer Llama-3.1-8B with LoRA as `trace/lora_layer.rs` follows it op by op
+beyond the main fixture's jobs: fp32 adapters on the bf16 model without autocast, dropout
+0.05 under autocast, with and without checkpointing, and q and v alone.
 
 `--matrix-dora` writes `validation/oracle-traces/step-events-dora.jsonl`: the 2-layer
 Llama-3.1-8B with PEFT's DoRA (no dropout with checkpointing; dropout 0.05 with and
@@ -231,15 +237,37 @@ def dora_args(dropout, ckpt):
 
 
 DORA_MATRIX = [dora_args(0.0, True), dora_args(0.05, True), dora_args(0.05, False)]
+
+
+def lora_args(precision, dropout, ckpt, targets=None):
+    """Llama-3.1-8B cut to 2 layers with LoRA r 16 (`--matrix-lora`): fp32 adapters on the
+    bf16 model without autocast, or under autocast with dropout, or on q and v only."""
+    targets = targets or TARGETS
+    a = job_args("meta-llama--Llama-3.1-8B", "lora", ckpt)[:-2]
+    label = "meta-llama--Llama-3.1-8B-L2-lora-%s-d%g-%s-b1s512%s" % (
+        precision, dropout, "qv" if len(targets) == 2 else "all7", "-ckpt" if ckpt else "")
+    return a + ["--precision", precision, "--adamw-impl", "fused", "--lora-r", "16",
+                "--lora-alpha", "32", "--lora-dropout", str(dropout),
+                "--lora-targets", ",".join(targets), "--label", label]
+
+
+LORA_MATRIX = [lora_args("bf16", 0.0, False), lora_args("bf16", 0.0, True),
+               lora_args("bf16-mixed", 0.05, False), lora_args("bf16-mixed", 0.05, True),
+               lora_args("bf16-mixed", 0.0, True, ["q_proj", "v_proj"])]
+LORA_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-lora.jsonl")
 DORA_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-dora.jsonl")
 
 
-def write_matrix(matrix, fixture):
-    """Runs each job of `matrix` in its own process and writes the rows to `fixture`."""
+def write_matrix(matrix, fixture, compact_rows=False):
+    """Runs each job of `matrix` in its own process and writes the rows to `fixture`, in
+    the compact form where `compact_rows`."""
     tmp = fixture + ".tmp"
     with open(tmp, "w") as out:
         for a in matrix:
-            out.write(json.dumps(run_child(a), separators=(",", ":")) + "\n")
+            row = run_child(a)
+            if compact_rows:
+                row = compact(row, None)
+            out.write(json.dumps(row, separators=(",", ":")) + "\n")
     os.replace(tmp, fixture)
 
 
@@ -268,6 +296,9 @@ def main():
         return
     if argv == ["--matrix-dora"]:
         write_matrix(DORA_MATRIX, DORA_FIXTURE)
+        return
+    if argv == ["--matrix-lora"]:
+        write_matrix(LORA_MATRIX, LORA_FIXTURE, compact_rows=True)
         return
     descs = "--desc" in argv
     row = run([a for a in argv if a != "--desc"], descs)

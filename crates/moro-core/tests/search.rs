@@ -288,14 +288,26 @@ fn brute_configs(
     out
 }
 
+/// Whether the job's layers are traced op by op (its replay alone sets the reserve).
+fn op_by_op(
+    spec: &ModelSpec,
+    job: &moro_core::job::Job,
+    est: &moro_core::estimate::Estimate,
+) -> bool {
+    moro_core::estimate::trace::step::op_by_op(spec, job, &est.regime)
+}
+
 /// Fit by the documented rule, computed from the raw estimate: the device peak plus the
 /// bound's rise over it (`data/error_model.json`), at least 512 MiB.
 fn fits(spec: &ModelSpec, space: &Space, caps: &Caps, c: &Config) -> Option<u64> {
     let job = space.job(c);
-    // The estimate without the replayed steps is a lower bound (the replay only raises the
-    // reserve): what it rules out, the full estimate rules out too.
+    // The estimate without the replayed steps is a lower bound where the replay only raises
+    // the reserve: what it rules out, the full estimate rules out too. Where the layers are
+    // traced op by op the replay is the whole reserve, and nothing is ruled out early.
     let bound = estimate_without_replay(spec, &job, &caps.profile).ok()?;
-    if bound.peak_device_bytes + margin_bytes(&bound, &job) > caps.usable_bytes {
+    if !op_by_op(spec, &job, &bound)
+        && bound.peak_device_bytes + margin_bytes(&bound, &job) > caps.usable_bytes
+    {
         return None;
     }
     let est = estimate(spec, &job, &caps.profile).ok()?;
@@ -366,13 +378,15 @@ fn check_brute_force(model_id: &str, hw: &str, request: &Request) {
     for c in &all {
         // Exact minimum: the full estimate's device level is never more than 3 % under the
         // bound's (the step trace can lower the allocated level a little), so a
-        // configuration whose bound is not within that of the minimum cannot be below it.
+        // configuration whose bound is not within that of the minimum cannot be below it;
+        // a job traced op by op is estimated in full (its replay is its whole reserve).
         if let Ok(bound) = estimate_without_replay(&spec, &space.job(c), &caps.profile)
-            && bound.peak_device_bytes / 100 * 97 < min_peak
+            && let exact = op_by_op(&spec, &space.job(c), &bound)
+            && (exact || bound.peak_device_bytes / 100 * 97 < min_peak)
             && let Ok(est) = estimate(&spec, &space.job(c), &caps.profile)
         {
             assert!(
-                est.peak_device_bytes >= bound.peak_device_bytes / 100 * 97,
+                exact || est.peak_device_bytes >= bound.peak_device_bytes / 100 * 97,
                 "{model_id} on {hw}: {c:?} estimated {} under its bound {}",
                 est.peak_device_bytes,
                 bound.peak_device_bytes

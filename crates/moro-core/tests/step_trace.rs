@@ -667,3 +667,64 @@ fn lora_layers_are_traced_op_by_op() {
     assert!(err(alloc, want_alloc).abs() <= 0.005);
     assert!(err(reserved, want_reserved).abs() <= 0.005);
 }
+
+/// The op-level LoRA layer beyond the main fixture's jobs (`step-events-lora.jsonl`,
+/// `step_events.py --matrix-lora`: the 2-layer Llama-3.1-8B, 1 × 512): fp32 adapters on the
+/// bf16 model without autocast (every adapter tensor fp32, the sum cast back), dropout 0.05
+/// under autocast (its fp32 output and saved mask), with and without checkpointing, and
+/// q and v alone. Replayed from the reset after loading, both peaks within 0.1 %.
+#[test]
+fn lora_layer_variants_are_traced_op_by_op() {
+    let rows = include_str!("../../../validation/oracle-traces/step-events-lora.jsonl");
+    let mut checked = 0;
+    for line in rows.lines() {
+        let v: Value = serde_json::from_str(line).unwrap();
+        let label = v["label"].as_str().unwrap();
+        let j = &v["job"];
+        let m = moro_core::arch::parse_config(v["config"].to_string().as_bytes()).unwrap();
+        let targets: Vec<String> = j["lora"]["targets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap().to_owned())
+            .collect();
+        let settings = JobSettings {
+            method: Some(Method::Adapters),
+            precision: Some(match j["precision"].as_str().unwrap() {
+                "bf16" => Precision::Bf16,
+                _ => Precision::Bf16Mixed,
+            }),
+            stack: Some(Stack::Hf),
+            optimizer: Some(Optimizer::AdamwTorchFused),
+            attention: Some(Attention::Sdpa),
+            gradient_checkpointing: j["grad_ckpt"].as_bool(),
+            micro_batch_size: j["micro_batch"].as_u64(),
+            seq_len: j["seq_len"].as_u64(),
+            lora_rank: j["lora"]["r"].as_u64(),
+            lora_alpha: j["lora"]["alpha"].as_f64(),
+            lora_dropout: j["lora"]["dropout"].as_f64(),
+            target_modules: Some(Targets::Names(targets)),
+            ..JobSettings::default()
+        };
+        let job = settings.resolve_for(&m).unwrap();
+        let regime = Regime::resolve(&m, &job);
+        let trace = step::trace(&m, &job, &regime, &no_cublas()).unwrap();
+        assert!(trace.op_by_op, "{label}");
+        let (want_alloc, want_reserved) = replay_compact(&v);
+        let (alloc, reserved) = replay_after_load(&trace);
+        #[allow(clippy::cast_precision_loss)]
+        let err = |a: u64, b: u64| a as f64 / b as f64 - 1.0;
+        let (ea, er) = (err(alloc, want_alloc), err(reserved, want_reserved));
+        eprintln!(
+            "{label}: allocated {:+.3} %, reserved {:+.3} %",
+            ea * 100.0,
+            er * 100.0
+        );
+        assert!(
+            ea.abs() <= 0.001 && er.abs() <= 0.001,
+            "{label}: {ea:+.4} / {er:+.4}"
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 5);
+}

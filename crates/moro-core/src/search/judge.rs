@@ -72,6 +72,26 @@ struct Judged {
 }
 
 impl Judged {
+    /// [`Self::of`] an estimate before its step is replayed. Where the layers are traced op
+    /// by op the replay alone sets the reserve, which can be far under the formulas' ratio
+    /// and floor: judged without a reserve, that estimate is never over the replayed one, so
+    /// a configuration that does not fit then cannot fit at all.
+    fn before_replay(est: &Estimate, model: &ModelSpec, job: &Job) -> Self {
+        if !crate::estimate::trace::step::op_by_op(model, job, &est.regime) {
+            return Self::of(est, job);
+        }
+        let reserve = est.component(crate::estimate::Component::AllocatorReserve);
+        let mut low = est.clone();
+        low.peak_reserved_bytes = low.peak_reserved_bytes.saturating_sub(reserve);
+        low.peak_device_bytes = low.peak_device_bytes.saturating_sub(reserve);
+        for c in &mut low.components {
+            if c.0 == crate::estimate::Component::AllocatorReserve {
+                c.1 = 0;
+            }
+        }
+        Self::of(&low, job)
+    }
+
     fn of(est: &Estimate, job: &Job) -> Self {
         Self {
             peak_device_bytes: est.peak_device_bytes,
@@ -198,7 +218,7 @@ pub(super) fn probe(
     let mut entry = cached.unwrap_or_else(|| {
         let j = space.job(&config);
         let est = estimate_without_replay(model, &j, &caps.profile).ok();
-        let base = est.as_ref().map(|e| Judged::of(e, &j));
+        let base = est.as_ref().map(|e| Judged::before_replay(e, model, &j));
         job = Some(j);
         base_estimate = est;
         Cached {

@@ -55,13 +55,12 @@ pub(super) fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
         && job.quantization == Quantization::None
         && job.adapter.method == PeftKind::Lora
         && !job.adapter.dora
-        && job.adapter.dropout == 0.0
         && job.attention == Attention::Sdpa
         && job.padding == Padding::Packed
         && !job.liger.rms_norm
         && !job.liger.glu
         && !job.liger.rope
-        && r.autocast
+        && (r.autocast || job.adapter.dropout == 0.0)
         && r.adapter_bytes == 4
         && r.stream_bytes == 2
         && r.frozen_bytes == 2
@@ -75,7 +74,10 @@ pub(super) fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
         && !model.attention_sinks
         && model.mla.is_none()
         && model.num_heads.is_multiple_of(model.num_kv_heads.max(1))
-        && !model.layers.is_empty()
+        && model
+            .layers
+            .first()
+            .is_some_and(|g| g.linears.iter().take(3).any(|l| job.adapts(l)))
         && model.layers.iter().all(|g| {
             !g.moe
                 && matches!(
@@ -169,14 +171,16 @@ pub(super) enum Mode {
 /// The saved tensors of one adapted projection.
 #[derive(Debug, Clone, Copy)]
 struct Adapter {
-    /// Autocast's 16-bit copy of `lora_A`.
-    a_copy: usize,
-    /// The input's 16-bit cast `lora_A` reads.
+    /// Autocast's 16-bit copy of `lora_A` (none without autocast).
+    a_copy: Option<usize>,
+    /// The input's cast `lora_A` reads (16-bit under autocast, else fp32).
     x: usize,
     /// `lora_A`'s output.
     a_out: usize,
-    /// Autocast's 16-bit copy of `lora_B`.
-    b_copy: usize,
+    /// Autocast's 16-bit copy of `lora_B` (none without autocast).
+    b_copy: Option<usize>,
+    /// Dropout's mask, where the input needs a gradient.
+    mask: Option<usize>,
 }
 
 /// Where the backward finds what the forward saved.
@@ -213,6 +217,10 @@ struct Dims {
     head_dim: u64,
     rank: u64,
     adapted: [bool; 7],
+    /// LoRA's dropout is on (`lora_dropout > 0`).
+    dropout: bool,
+    /// bf16 autocast (else fp32 adapters on a 16-bit model).
+    autocast: bool,
 }
 
 impl Dims {
@@ -266,7 +274,14 @@ fn rms_forward(tp: &mut Tape, d: &Dims, keep: bool) -> (Option<(usize, usize)>, 
 }
 
 /// One projection on `x`: its output (of `kind`) and, adapted, the adapter's saved tensors.
-fn linear_forward(tp: &mut Tape, d: &Dims, m: usize, kind: Kind) -> (usize, Option<Adapter>) {
+/// `needs_input`: its input needs a gradient (dropout's mask is then saved).
+fn linear_forward(
+    tp: &mut Tape,
+    d: &Dims,
+    m: usize,
+    kind: Kind,
+    needs_input: bool,
+) -> (usize, Option<Adapter>) {
     let (i, o, r, t) = (d.width_in(m), d.width_out(m), d.rank, d.t);
     if !d.adapted[m] {
         return (
@@ -275,11 +290,52 @@ fn linear_forward(tp: &mut Tape, d: &Dims, m: usize, kind: Kind) -> (usize, Opti
         );
     }
     let base = tp.alloc(2 * t * o, "frozen matmul output", Some(m), Kind::Temp);
+    if !d.autocast {
+        // fp32 adapters on a 16-bit model, no autocast: `lora_A` reads the fp32 cast
+        // itself, every adapter tensor is fp32, and the sum (16-bit + fp32 promotes to
+        // fp32) is cast back to the model's dtype (`result.to(torch_result_dtype)`).
+        let x = tp.saved(4 * t * i, "LoRA input fp32", Some(m));
+        let a_out = tp.saved(4 * t * r, "lora_A output", Some(m));
+        let b_out = tp.temp(4 * t * o, "lora_B output");
+        tp.release(a_out);
+        let scaled = tp.temp(4 * t * o, "LoRA scaled");
+        tp.free(b_out);
+        let sum = tp.temp(4 * t * o, "LoRA sum");
+        tp.free(scaled);
+        tp.free(base);
+        tp.release(x);
+        let y = tp.alloc(2 * t * o, "LoRA sum cast", Some(m), kind);
+        tp.free(sum);
+        let saved = Adapter {
+            a_copy: None,
+            x,
+            a_out,
+            b_copy: None,
+            mask: None,
+        };
+        return (y, Some(saved));
+    }
     let x32 = tp.alloc(4 * t * i, "LoRA input fp32", Some(m), Kind::Temp);
+    // `native_dropout` on the fp32 input: its output, and its mask, kept for the backward
+    // when the input needs a gradient.
+    let dropped = d.dropout.then(|| {
+        let out = tp.temp(4 * t * i, "LoRA dropout");
+        let mask_kind = if needs_input { Kind::Saved } else { Kind::Temp };
+        let mask = tp.alloc(t * i, "LoRA dropout mask", Some(m), mask_kind);
+        if needs_input {
+            tp.release(mask);
+        } else {
+            tp.free(mask);
+        }
+        (out, needs_input.then_some(mask))
+    });
     let a_copy = tp.alloc(2 * r * i, "autocast copy", Some(m), Kind::Cached);
     let x = tp.saved(2 * t * i, "LoRA input", Some(m));
     let a_out = tp.saved(2 * t * r, "lora_A output", Some(m));
     tp.release(x);
+    if let Some((out, _)) = dropped {
+        tp.free(out);
+    }
     let b_copy = tp.alloc(2 * o * r, "autocast copy", Some(m), Kind::Cached);
     let b_out = tp.alloc(2 * t * o, "lora_B output", Some(m), Kind::Temp);
     tp.release(a_out);
@@ -289,15 +345,14 @@ fn linear_forward(tp: &mut Tape, d: &Dims, m: usize, kind: Kind) -> (usize, Opti
     tp.free(scaled);
     tp.free(base);
     tp.free(x32);
-    (
-        y,
-        Some(Adapter {
-            a_copy,
-            x,
-            a_out,
-            b_copy,
-        }),
-    )
+    let saved = Adapter {
+        a_copy: Some(a_copy),
+        x,
+        a_out,
+        b_copy: Some(b_copy),
+        mask: dropped.and_then(|(_, mask)| mask),
+    };
+    (y, Some(saved))
 }
 
 /// `apply_rotary_pos_emb` on one of q and k: `x * cos + rotate_half(x) * sin`.
@@ -320,11 +375,11 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
     let t = d.t;
     let (norm1, x1) = rms_forward(tp, d, !first);
     let mut adapters = [None; 7];
-    let (q, a) = linear_forward(tp, d, Q, Kind::Temp);
+    let (q, a) = linear_forward(tp, d, Q, Kind::Temp, !first);
     adapters[Q] = a;
-    let (k, a) = linear_forward(tp, d, K, Kind::Temp);
+    let (k, a) = linear_forward(tp, d, K, Kind::Temp, !first);
     adapters[K] = a;
-    let (v, a) = linear_forward(tp, d, V, Kind::Saved);
+    let (v, a) = linear_forward(tp, d, V, Kind::Saved, !first);
     adapters[V] = a;
     let q_rot = rope_forward(tp, 2 * t * d.q);
     let k_rot = rope_forward(tp, 2 * t * d.kv);
@@ -334,7 +389,7 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
     let attn_out = tp.saved(2 * t * d.q, "SDPA output", None);
     let lse = tp.saved(4 * d.b * d.heads * d.s, "SDPA logsumexp", None);
     tp.release(lse);
-    let (o, a) = linear_forward(tp, d, O, Kind::Temp);
+    let (o, a) = linear_forward(tp, d, O, Kind::Temp, true);
     adapters[O] = a;
     for x in [attn_out, q_rot, k_rot, v] {
         tp.release(x);
@@ -344,16 +399,16 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
     tp.free(o);
     let (norm2, x2) = rms_forward(tp, d, true);
     let norm2 = norm2.unwrap_or((0, 0));
-    let (gate, a) = linear_forward(tp, d, GATE, Kind::Saved);
+    let (gate, a) = linear_forward(tp, d, GATE, Kind::Saved, true);
     adapters[GATE] = a;
     let act = tp.saved(2 * t * d.i, "activation", None);
     tp.release(gate);
-    let (up, a) = linear_forward(tp, d, UP, Kind::Saved);
+    let (up, a) = linear_forward(tp, d, UP, Kind::Saved, true);
     adapters[UP] = a;
     let product = tp.temp(2 * t * d.i, "gate·up");
     tp.release(act);
     tp.release(up);
-    let (down, a) = linear_forward(tp, d, DOWN, Kind::Temp);
+    let (down, a) = linear_forward(tp, d, DOWN, Kind::Temp, true);
     adapters[DOWN] = a;
     tp.free(product);
     tp.free(x2);
@@ -404,7 +459,7 @@ pub(super) struct Grads<'a, 'm> {
 
 impl LoraLayer {
     /// The layer program of `job` on `model` (see [`models`]).
-    pub(super) fn new(model: &ModelSpec, job: &Job) -> Self {
+    pub(super) fn new(model: &ModelSpec, job: &Job, r: &Regime) -> Self {
         let adapted = NAMES.map(|n| {
             model
                 .layers
@@ -424,6 +479,8 @@ impl LoraLayer {
             head_dim: model.head_dim,
             rank: job.adapter.rank,
             adapted,
+            dropout: job.adapter.dropout > 0.0,
+            autocast: r.autocast,
         };
         Self {
             d,
@@ -432,10 +489,28 @@ impl LoraLayer {
         }
     }
 
-    /// Whether `down_proj` is adapted: its backward starts with the scaled gradient,
-    /// before checkpointing's recompute.
-    pub(super) const fn down_adapted(&self) -> bool {
-        self.d.adapted[DOWN]
+    /// Under checkpointing, layer `k`'s backward up to the first op that reads a saved
+    /// tensor, which starts the recompute: an adapted `down_proj`'s scaled gradient from
+    /// `dy` ([`Backward::start`]).
+    pub(super) fn start<'m>(
+        &self,
+        b: &mut Builder<'m>,
+        k: usize,
+        grads: &mut Grads<'_, 'm>,
+        dy: Tensor<'m>,
+    ) -> Option<Start<'m>> {
+        if !self.d.adapted[DOWN] {
+            return None;
+        }
+        let mut kept = Kept::default();
+        let mut bw = Backward {
+            b,
+            d: &self.d,
+            layer: Some(k as u64),
+            kept: &mut kept,
+            grads,
+        };
+        Some(bw.start(DOWN, dy, false))
     }
 
     /// Runs layer `k`'s forward in `mode`, its tensors named after `modules` (the model's
@@ -514,8 +589,8 @@ impl LoraLayer {
     }
 
     /// Layer `k`'s backward from the gradient `dy` of its output; returns the gradient of
-    /// its input (none for the first layer, whose input needs none). `scaled`: `down_proj`'s
-    /// scaled gradient where it was made before the recompute.
+    /// its input (none for the first layer, whose input needs none). `started`: what
+    /// [`Self::start`] made before the recompute.
     pub(super) fn backward<'m>(
         &self,
         b: &mut Builder<'m>,
@@ -523,7 +598,7 @@ impl LoraLayer {
         kept: &mut Kept<'m>,
         grads: &mut Grads<'_, 'm>,
         dy: Tensor<'m>,
-        scaled: Option<Tensor<'m>>,
+        started: Option<Start<'m>>,
     ) -> Option<Tensor<'m>> {
         let roles = if k == 0 { &self.first.1 } else { &self.rest.1 };
         let mut bw = Backward {
@@ -537,7 +612,7 @@ impl LoraLayer {
         let t = d.t;
         // The MLP: down_proj, the product, up_proj, the activation, gate_proj.
         let dp = bw
-            .linear(DOWN, roles, dy, false, None, true, scaled)
+            .linear(DOWN, roles, dy, false, None, true, started)
             .expect("down_proj's input needs a gradient");
         let d_up = bw.temp(2 * t * d.i);
         let d_act = bw.temp(2 * t * d.i);
@@ -578,6 +653,14 @@ impl LoraLayer {
             }
         }
     }
+}
+
+/// What an adapted projection's backward makes before it reads a saved tensor.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Start<'m> {
+    scaled: Tensor<'m>,
+    /// Without autocast: the 16-bit gradient the frozen matmul reads.
+    base_grad: Option<Tensor<'m>>,
 }
 
 struct Backward<'a, 'b, 'm> {
@@ -629,8 +712,34 @@ impl<'m> Backward<'_, '_, 'm> {
         }
     }
 
+    /// The start of adapted projection `m`'s backward from `g`, up to the first op that
+    /// reads a saved tensor: the scaled gradient (without autocast, the fp32 cast of `g` it
+    /// is made from, dropped, and the 16-bit gradient the frozen matmul then reads; `g`
+    /// freed when `free_g`).
+    fn start(&mut self, m: usize, g: Tensor<'m>, free_g: bool) -> Start<'m> {
+        let (o, t) = (self.d.width_out(m), self.d.t);
+        if self.d.autocast {
+            return Start {
+                scaled: self.temp(2 * t * o),
+                base_grad: None,
+            };
+        }
+        let up = self.temp(4 * t * o);
+        if free_g {
+            self.free(g);
+        }
+        let base_grad = self.temp(2 * t * o);
+        let scaled = self.temp(4 * t * o);
+        self.free(up);
+        Start {
+            scaled,
+            base_grad: Some(base_grad),
+        }
+    }
+
     /// Projection `m`'s backward from `g`, freed after the frozen matmul when `free_g`;
     /// its input's gradient summed into `sum` where `needs_input` (else `sum` unchanged).
+    /// `started`: what [`Self::start`] made before checkpointing's recompute.
     #[allow(clippy::too_many_arguments)]
     fn linear(
         &mut self,
@@ -640,50 +749,86 @@ impl<'m> Backward<'_, '_, 'm> {
         free_g: bool,
         mut sum: Option<Tensor<'m>>,
         needs_input: bool,
-        scaled: Option<Tensor<'m>>,
+        started: Option<Start<'m>>,
     ) -> Option<Tensor<'m>> {
         let d = *self.d;
         let (i, o, r, t) = (d.width_in(m), d.width_out(m), d.rank, d.t);
+        let mut base_grad = None;
         if let Some(a) = roles.adapters[m] {
-            let scaled = scaled.unwrap_or_else(|| self.temp(2 * t * o));
-            let g_b = self.temp(2 * o * r);
-            let g_a_out = self.temp(2 * t * r);
-            self.free(scaled);
-            self.release(a.b_copy);
-            self.release(a.a_out);
+            let st = match started {
+                Some(st) => st,
+                None => self.start(m, g, free_g),
+            };
+            base_grad = st.base_grad;
             let params = self.grads.adapters[m];
-            if let Some((_, pb)) = params {
-                self.grad(pb);
+            // Without autocast the weight gradients are fp32 matmul outputs themselves.
+            let (e, g_b) = if d.autocast {
+                (2, Some(self.temp(2 * o * r)))
+            } else {
+                if let Some((_, pb)) = params {
+                    self.grad(pb);
+                }
+                (4, None)
+            };
+            let g_a_out = self.temp(e * t * r);
+            self.free(st.scaled);
+            if let Some(c) = a.b_copy {
+                self.release(c);
             }
-            self.free(g_b);
-            let g_a = self.temp(2 * r * i);
-            let g_x = needs_input.then(|| self.temp(2 * t * i));
+            self.release(a.a_out);
+            let g_a = if let Some(g_b) = g_b {
+                if let Some((_, pb)) = params {
+                    self.grad(pb);
+                }
+                self.free(g_b);
+                Some(self.temp(2 * r * i))
+            } else {
+                if let Some((pa, _)) = params {
+                    self.grad(pa);
+                }
+                None
+            };
+            let g_x = needs_input.then(|| self.temp(e * t * i));
             self.free(g_a_out);
-            self.release(a.a_copy);
-            self.release(a.x);
-            let g_x32 = g_x.map(|g_x| {
-                let up = self.temp(4 * t * i);
-                self.free(g_x);
-                up
-            });
-            if let Some((pa, _)) = params {
-                self.grad(pa);
+            if let Some(c) = a.a_copy {
+                self.release(c);
             }
-            self.free(g_a);
-            if let Some(g_x32) = g_x32 {
+            self.release(a.x);
+            let g_x32 = match g_x {
+                Some(g_x) if d.autocast => {
+                    let up = self.temp(4 * t * i);
+                    self.free(g_x);
+                    Some(up)
+                }
+                other => other,
+            };
+            if let Some(g_a) = g_a {
+                if let Some((pa, _)) = params {
+                    self.grad(pa);
+                }
+                self.free(g_a);
+            }
+            if let Some(mut g_x32) = g_x32 {
+                if let Some(mask) = a.mask {
+                    let through = self.temp(4 * t * i);
+                    self.free(g_x32);
+                    self.release(mask);
+                    g_x32 = through;
+                }
                 let down = self.temp(2 * t * i);
                 self.free(g_x32);
                 sum = Some(self.accumulate(sum, down, 2 * t * i));
             }
         }
-        if needs_input {
-            let g_in = self.temp(2 * t * i);
-            if free_g {
-                self.free(g);
-            }
+        // The frozen matmul's input gradient, from `g` (or its 16-bit copy).
+        let g_in = needs_input.then(|| self.temp(2 * t * i));
+        match base_grad {
+            Some(b) => self.free(b),
+            None if free_g => self.free(g),
+            None => {}
+        }
+        if let Some(g_in) = g_in {
             sum = Some(self.accumulate(sum, g_in, 2 * t * i));
-        } else if free_g {
-            self.free(g);
         }
         sum
     }

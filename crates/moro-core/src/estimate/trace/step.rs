@@ -355,7 +355,7 @@ impl<'m, 'j> Step<'m, 'j> {
                 })
             })
             .collect();
-        let lora = lora_layer::models(model, job, r).then(|| LoraLayer::new(model, job));
+        let lora = lora_layer::models(model, job, r).then(|| LoraLayer::new(model, job, r));
         let chunked = (r.loss == LossImpl::ChunkedNll && !encoder).then(|| ChunkedNll {
             batch: job.micro_batch_size,
             tokens: t,
@@ -778,21 +778,6 @@ impl<'m, 'j> Step<'m, 'j> {
             let mut dh = Some(dhidden);
             for k in (0..self.saved_by_layer.len()).rev() {
                 let mut layer = kept.pop().unwrap_or_default();
-                // Under checkpointing, down_proj's scaled gradient comes first: lora_B's
-                // backward then asks for its saved input, which starts the recompute.
-                let scaled = (self.job.gradient_checkpointing && lora.down_adapted()).then(|| {
-                    b.alloc_in(
-                        "backward temporary",
-                        None,
-                        Some(k as u64),
-                        Component::Transients,
-                        self.t * self.model.hidden_size,
-                        2,
-                    )
-                });
-                if self.job.gradient_checkpointing {
-                    layer = lora.forward(b, k, &self.modules, Mode::Recompute).0;
-                }
                 let mut grads = Grads {
                     ps: &self.ps,
                     adapters: self.adapter_params[k],
@@ -800,7 +785,16 @@ impl<'m, 'j> Step<'m, 'j> {
                     bytes: self.gb,
                 };
                 let Some(dy) = dh.take() else { break };
-                dh = lora.backward(b, k, &mut layer, &mut grads, dy, scaled);
+                // Under checkpointing the backward runs until an op reads a saved tensor,
+                // which starts the recompute.
+                let started = if self.job.gradient_checkpointing {
+                    let started = lora.start(b, k, &mut grads, dy);
+                    layer = lora.forward(b, k, &self.modules, Mode::Recompute).0;
+                    started
+                } else {
+                    None
+                };
+                dh = lora.backward(b, k, &mut layer, &mut grads, dy, started);
                 b.free_all(layer.into_rest());
                 b.free_all(saved.pop().unwrap_or_default());
             }
