@@ -1,13 +1,14 @@
 //! A Llama-style decoder layer with LoRA adapters, op by op, as the step trace allocates it
 //! ([`super::step`]): transformers 5.25 `LlamaDecoderLayer.forward` (`LlamaRMSNorm`,
 //! `apply_rotary_pos_emb`, SDPA's flash kernel, `LlamaMLP`) with PEFT 0.21
-//! `lora.Linear.forward` under bf16 autocast (fp32 adapters, no dropout), and the backward
-//! autograd runs for it, in the order the fake-CUDA oracle records
-//! (`calibration/step_events.py --desc`).
+//! `lora.Linear.forward` (fp32 adapters under bf16 autocast, with or without dropout, or on
+//! a bf16 model without autocast), and the backward autograd runs for it, in the order the
+//! fake-CUDA oracle records (`calibration/step_events.py --desc`).
 //!
 //! Each adapted projection makes its frozen matmul's output, PEFT's fp32 cast of the input
-//! (`_cast_input_dtype`), autocast's 16-bit copies of `lora_A` and `lora_B` and its 16-bit
-//! cast of that input, the two adapter matmuls, the scaling and the sum. Its backward
+//! (`_cast_input_dtype`), dropout's output and mask, autocast's 16-bit copies of `lora_A`
+//! and `lora_B` and its 16-bit cast of that input, the two adapter matmuls, the scaling and
+//! the sum (without autocast every adapter tensor is fp32 and the sum is cast back). Its backward
 //! computes the adapter branch first (the scaled gradient, `lora_B`'s and `lora_A`'s weight
 //! gradients and their fp32 casts, the input gradient through both casts), then the frozen
 //! matmul's input gradient; gradients reaching one tensor from several modules are summed
@@ -46,9 +47,10 @@ const GATE: usize = 4;
 const UP: usize = 5;
 const DOWN: usize = 6;
 
-/// Whether the op-level layer models `job`'s decoder layers: LoRA without DoRA or dropout
-/// on unquantized 16-bit weights, fp32 adapters under bf16 autocast, SDPA, and a Llama-style
-/// layer (RMSNorm, the seven projections one Linear each, no q/k norms, no soft cap).
+/// Whether the op-level layer models `job`'s decoder layers: LoRA without DoRA on
+/// unquantized 16-bit weights, fp32 adapters (under bf16 autocast, or without it and without
+/// dropout), SDPA, and a Llama, Mistral or Qwen2 layer (RMSNorm, the seven projections one
+/// Linear each, q, k or v adapted).
 #[must_use]
 pub(super) fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
     job.method == Method::Adapters
@@ -64,6 +66,10 @@ pub(super) fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
         && r.adapter_bytes == 4
         && r.stream_bytes == 2
         && r.frozen_bytes == 2
+        // transformers' Llama, Mistral and Qwen2 decoder layers run these ops; OLMo-2's
+        // post-norms and whole-width q/k norms, Granite's multipliers and SmolLM3's layers
+        // without RoPE do not.
+        && matches!(model.model_type.as_str(), "llama" | "mistral" | "qwen2")
         && model.norm == NormKind::RmsNorm
         && model.gated_mlp
         && !model.qk_norm
