@@ -27,7 +27,8 @@ reading a sequence op by op.
 `--matrix-lora` writes `validation/oracle-traces/step-events-lora.jsonl` (compact, as
 below): the 2-layer Llama-3.1-8B with LoRA as `trace/lora_layer.rs` follows it op by op
 beyond the main fixture's jobs: fp32 adapters on the bf16 model without autocast, dropout
-0.05 under autocast, with and without checkpointing, and q and v alone.
+0.05 under autocast, eager attention, with and without checkpointing, and q and v alone;
+and the 2-layer Qwen3-8B (its q and k norms).
 
 `--matrix-dora` writes `validation/oracle-traces/step-events-dora.jsonl`: the 2-layer
 Llama-3.1-8B with PEFT's DoRA (no dropout with checkpointing; dropout 0.05 with and
@@ -239,21 +240,28 @@ def dora_args(dropout, ckpt):
 DORA_MATRIX = [dora_args(0.0, True), dora_args(0.05, True), dora_args(0.05, False)]
 
 
-def lora_args(precision, dropout, ckpt, targets=None):
-    """Llama-3.1-8B cut to 2 layers with LoRA r 16 (`--matrix-lora`): fp32 adapters on the
-    bf16 model without autocast, or under autocast with dropout, or on q and v only."""
+def lora_args(precision, dropout, ckpt, targets=None, attn="sdpa",
+              model="meta-llama--Llama-3.1-8B"):
+    """A model cut to 2 layers with LoRA r 16 (`--matrix-lora`): fp32 adapters on the
+    bf16 model without autocast, or under autocast with dropout, on q and v only, with
+    eager attention, or Qwen3's q and k norms."""
     targets = targets or TARGETS
-    a = job_args("meta-llama--Llama-3.1-8B", "lora", ckpt)[:-2]
-    label = "meta-llama--Llama-3.1-8B-L2-lora-%s-d%g-%s-b1s512%s" % (
-        precision, dropout, "qv" if len(targets) == 2 else "all7", "-ckpt" if ckpt else "")
+    a = job_args(model, "lora", ckpt)[:-2]
+    label = "%s-L2-lora-%s-d%g-%s-%s-b1s512%s" % (
+        model, precision, dropout, "qv" if len(targets) == 2 else "all7", attn,
+        "-ckpt" if ckpt else "")
     return a + ["--precision", precision, "--adamw-impl", "fused", "--lora-r", "16",
-                "--lora-alpha", "32", "--lora-dropout", str(dropout),
+                "--lora-alpha", "32", "--lora-dropout", str(dropout), "--attn", attn,
                 "--lora-targets", ",".join(targets), "--label", label]
 
 
 LORA_MATRIX = [lora_args("bf16", 0.0, False), lora_args("bf16", 0.0, True),
                lora_args("bf16-mixed", 0.05, False), lora_args("bf16-mixed", 0.05, True),
-               lora_args("bf16-mixed", 0.0, True, ["q_proj", "v_proj"])]
+               lora_args("bf16-mixed", 0.0, True, ["q_proj", "v_proj"]),
+               lora_args("bf16-mixed", 0.0, False, attn="eager"),
+               lora_args("bf16-mixed", 0.0, True, attn="eager"),
+               lora_args("bf16-mixed", 0.0, False, model="Qwen--Qwen3-8B"),
+               lora_args("bf16-mixed", 0.0, True, model="Qwen--Qwen3-8B")]
 LORA_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-lora.jsonl")
 DORA_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-dora.jsonl")
 

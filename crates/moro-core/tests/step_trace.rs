@@ -671,8 +671,10 @@ fn lora_layers_are_traced_op_by_op() {
 /// The op-level LoRA layer beyond the main fixture's jobs (`step-events-lora.jsonl`,
 /// `step_events.py --matrix-lora`: the 2-layer Llama-3.1-8B, 1 × 512): fp32 adapters on the
 /// bf16 model without autocast (every adapter tensor fp32, the sum cast back), dropout 0.05
-/// under autocast (its fp32 output and saved mask), with and without checkpointing, and
-/// q and v alone. Replayed from the reset after loading, both peaks within 0.1 %.
+/// under autocast (its fp32 output and saved mask), eager attention (`repeat_kv`'s copies,
+/// the fp32 softmax and the probabilities the layer holds to its end), with and without
+/// checkpointing, and q and v alone; the 2-layer Qwen3-8B, whose q and k are normalized
+/// per head. Replayed from the reset after loading, both peaks within 0.1 %.
 #[test]
 fn lora_layer_variants_are_traced_op_by_op() {
     let rows = include_str!("../../../validation/oracle-traces/step-events-lora.jsonl");
@@ -696,7 +698,10 @@ fn lora_layer_variants_are_traced_op_by_op() {
             }),
             stack: Some(Stack::Hf),
             optimizer: Some(Optimizer::AdamwTorchFused),
-            attention: Some(Attention::Sdpa),
+            attention: Some(match j["attn_implementation"].as_str().unwrap() {
+                "eager" => Attention::Eager,
+                _ => Attention::Sdpa,
+            }),
             gradient_checkpointing: j["grad_ckpt"].as_bool(),
             micro_batch_size: j["micro_batch"].as_u64(),
             seq_len: j["seq_len"].as_u64(),
@@ -726,5 +731,5 @@ fn lora_layer_variants_are_traced_op_by_op() {
         );
         checked += 1;
     }
-    assert_eq!(checked, 5);
+    assert_eq!(checked, 9);
 }

@@ -49,15 +49,15 @@ const DOWN: usize = 6;
 
 /// Whether the op-level layer models `job`'s decoder layers: LoRA without DoRA on
 /// unquantized 16-bit weights, fp32 adapters (under bf16 autocast, or without it and without
-/// dropout), SDPA, and a Llama, Mistral or Qwen2 layer (RMSNorm, the seven projections one
-/// Linear each, q, k or v adapted).
+/// dropout), SDPA or eager attention, and a Llama, Mistral, Qwen2 or Qwen3 layer (RMSNorm,
+/// the seven projections one Linear each, q, k or v adapted).
 #[must_use]
 pub(super) fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
     job.method == Method::Adapters
         && job.quantization == Quantization::None
         && job.adapter.method == PeftKind::Lora
         && !job.adapter.dora
-        && job.attention == Attention::Sdpa
+        && matches!(job.attention, Attention::Sdpa | Attention::Eager)
         && job.padding == Padding::Packed
         && !job.liger.rms_norm
         && !job.liger.glu
@@ -69,10 +69,12 @@ pub(super) fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
         // transformers' Llama, Mistral and Qwen2 decoder layers run these ops; OLMo-2's
         // post-norms and whole-width q/k norms, Granite's multipliers and SmolLM3's layers
         // without RoPE do not.
-        && matches!(model.model_type.as_str(), "llama" | "mistral" | "qwen2")
+        && matches!(
+            model.model_type.as_str(),
+            "llama" | "mistral" | "qwen2" | "qwen3"
+        )
         && model.norm == NormKind::RmsNorm
         && model.gated_mlp
-        && !model.qk_norm
         && !model.rope_by_concat
         && !model.fp32_norms
         && !model.attention_output_gate
@@ -189,6 +191,21 @@ struct Adapter {
     mask: Option<usize>,
 }
 
+/// What the attention kernel saves.
+#[derive(Debug, Clone, Copy)]
+enum Attn {
+    /// SDPA's flash kernel: its output and log-sum-exp (q, k and v too).
+    Flash { out: usize, lse: usize },
+    /// Eager attention: k and v as the products read them (`repeat_kv`'s copies with
+    /// grouped KV heads), the fp32 softmax and its 16-bit cast (q too).
+    Eager {
+        k_rep: usize,
+        v_rep: usize,
+        soft: usize,
+        probs: usize,
+    },
+}
+
 /// Where the backward finds what the forward saved.
 #[derive(Debug, Clone, Copy)]
 struct Roles {
@@ -196,12 +213,13 @@ struct Roles {
     /// no gradient).
     norm1: Option<(usize, usize)>,
     norm2: (usize, usize),
+    /// Qwen3's q and k norms: their fp32 inputs and `rsqrt`, where kept.
+    qk_norms: [Option<(usize, usize)>; 2],
     adapters: [Option<Adapter>; 7],
     v: usize,
     q_rot: usize,
     k_rot: usize,
-    attn_out: usize,
-    lse: usize,
+    attention: Attn,
     gate: usize,
     act: usize,
     up: usize,
@@ -227,6 +245,10 @@ struct Dims {
     dropout: bool,
     /// bf16 autocast (else fp32 adapters on a 16-bit model).
     autocast: bool,
+    /// Eager attention (else SDPA's flash kernel).
+    eager: bool,
+    /// Per-head RMSNorms on q and k (Qwen3).
+    qk_norm: bool,
 }
 
 impl Dims {
@@ -255,8 +277,16 @@ pub(super) struct LoraLayer {
     rest: (Tape, Roles),
 }
 
-fn rms_forward(tp: &mut Tape, d: &Dims, keep: bool) -> (Option<(usize, usize)>, usize) {
-    let (th, t) = (d.t * d.h, d.t);
+/// `LlamaRMSNorm` over `w`-wide rows (`rows` statistics: one a token, or one a token and
+/// head for Qwen3's q and k norms), its fp32 input and `rsqrt` kept where `keep`.
+fn rms_forward(
+    tp: &mut Tape,
+    d: &Dims,
+    keep: bool,
+    w: u64,
+    rows: u64,
+) -> (Option<(usize, usize)>, usize) {
+    let (th, t) = (d.t * w, rows);
     let kind = if keep { Kind::Saved } else { Kind::Temp };
     let x32 = tp.alloc(4 * th, "RMSNorm input fp32", None, kind);
     let pow = tp.temp(4 * th, "RMSNorm pow");
@@ -362,14 +392,14 @@ fn linear_forward(
 }
 
 /// `apply_rotary_pos_emb` on one of q and k: `x * cos + rotate_half(x) * sin`.
-fn rope_forward(tp: &mut Tape, w: u64) -> usize {
+fn rope_forward(tp: &mut Tape, w: u64, kind: Kind) -> usize {
     let by_cos = tp.temp(w, "RoPE x·cos");
     let neg = tp.temp(w / 2, "RoPE neg");
     let cat = tp.temp(w, "RoPE rotate_half");
     tp.free(neg);
     let by_sin = tp.temp(w, "RoPE ·sin");
     tp.free(cat);
-    let out = tp.saved(w, "RoPE output", None);
+    let out = tp.alloc(w, "RoPE output", None, kind);
     tp.free(by_cos);
     tp.free(by_sin);
     out
@@ -379,31 +409,103 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
     let mut tp = Tape::default();
     let tp = &mut tp;
     let t = d.t;
-    let (norm1, x1) = rms_forward(tp, d, !first);
+    let (norm1, x1) = rms_forward(tp, d, !first, d.h, t);
     let mut adapters = [None; 7];
+    // Qwen3 normalizes q and k per head right after their projections
+    // (`Qwen3Attention.forward`), the projection's output freed once normalized; the norm
+    // keeps its input where that needs a gradient.
+    let mut qk_norms = [None, None];
     let (q, a) = linear_forward(tp, d, Q, Kind::Temp, !first);
     adapters[Q] = a;
+    let q = if d.qk_norm {
+        let (kept, normed) = rms_forward(tp, d, !first || d.adapted[Q], d.q, t * d.heads);
+        tp.free(q);
+        qk_norms[0] = kept;
+        normed
+    } else {
+        q
+    };
     let (k, a) = linear_forward(tp, d, K, Kind::Temp, !first);
     adapters[K] = a;
-    let (v, a) = linear_forward(tp, d, V, Kind::Saved, !first);
+    let k = if d.qk_norm {
+        let heads = d.kv / d.head_dim.max(1);
+        let (kept, normed) = rms_forward(tp, d, !first || d.adapted[K], d.kv, t * heads);
+        tp.free(k);
+        qk_norms[1] = kept;
+        normed
+    } else {
+        k
+    };
+    // Eager attention with grouped KV heads saves `repeat_kv`'s copies, not k and v.
+    let repeated = d.eager && d.kv < d.q;
+    let kv_kind = if repeated { Kind::Temp } else { Kind::Saved };
+    let (v, a) = linear_forward(tp, d, V, kv_kind, !first);
     adapters[V] = a;
-    let q_rot = rope_forward(tp, 2 * t * d.q);
-    let k_rot = rope_forward(tp, 2 * t * d.kv);
+    let q_rot = rope_forward(tp, 2 * t * d.q, Kind::Saved);
+    let k_rot = rope_forward(tp, 2 * t * d.kv, kv_kind);
     tp.free(q);
     tp.free(k);
-    // `_scaled_dot_product_flash_attention`: the output and the log-sum-exp.
-    let attn_out = tp.saved(2 * t * d.q, "SDPA output", None);
-    let lse = tp.saved(4 * d.b * d.heads * d.s, "SDPA logsumexp", None);
-    tp.release(lse);
+    let (attention, o_input) = if d.eager {
+        // transformers 5.25 `eager_attention_forward`: `repeat_kv`'s copies, q·kᵀ, its
+        // scaling and mask, the fp32 softmax and its cast (p = 0 dropout makes nothing),
+        // the product with v and its contiguous transpose.
+        let scores = d.b * d.heads * d.s * d.s;
+        let (k_rep, v_rep) = if repeated {
+            (
+                tp.saved(2 * t * d.q, "repeat_kv k", None),
+                tp.saved(2 * t * d.q, "repeat_kv v", None),
+            )
+        } else {
+            (k_rot, v)
+        };
+        let qk = tp.temp(2 * scores, "attention scores");
+        tp.release(q_rot);
+        tp.release(k_rep);
+        let scaled = tp.temp(2 * scores, "scores scaled");
+        tp.free(qk);
+        let masked = tp.temp(2 * scores, "scores masked");
+        tp.free(scaled);
+        let up = tp.temp(4 * scores, "scores fp32");
+        let soft = tp.saved(4 * scores, "softmax", None);
+        tp.free(up);
+        let probs = tp.saved(2 * scores, "attention probabilities", None);
+        tp.release(soft);
+        tp.free(masked);
+        let pv = tp.temp(2 * t * d.q, "probabilities · v");
+        tp.release(v_rep);
+        let out = tp.temp(2 * t * d.q, "attention output");
+        tp.free(pv);
+        let eager = Attn::Eager {
+            k_rep,
+            v_rep,
+            soft,
+            probs,
+        };
+        (eager, out)
+    } else {
+        // `_scaled_dot_product_flash_attention`: the output and the log-sum-exp.
+        let out = tp.saved(2 * t * d.q, "SDPA output", None);
+        let lse = tp.saved(4 * d.b * d.heads * d.s, "SDPA logsumexp", None);
+        tp.release(lse);
+        (Attn::Flash { out, lse }, out)
+    };
     let (o, a) = linear_forward(tp, d, O, Kind::Temp, true);
     adapters[O] = a;
-    for x in [attn_out, q_rot, k_rot, v] {
-        tp.release(x);
+    if d.eager {
+        tp.free(o_input);
+        if repeated {
+            tp.free(k_rot);
+            tp.free(v);
+        }
+    } else {
+        for x in [o_input, q_rot, k_rot, v] {
+            tp.release(x);
+        }
     }
     tp.free(x1);
     let r1 = tp.temp(2 * t * d.h, "residual");
     tp.free(o);
-    let (norm2, x2) = rms_forward(tp, d, true);
+    let (norm2, x2) = rms_forward(tp, d, true, d.h, t);
     let norm2 = norm2.unwrap_or((0, 0));
     let (gate, a) = linear_forward(tp, d, GATE, Kind::Saved, true);
     adapters[GATE] = a;
@@ -421,15 +523,20 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
     let output = tp.temp(2 * t * d.h, "layer output");
     tp.free(down);
     tp.free(r1);
+    // Eager attention returns its probabilities, which the decoder layer holds (`_`) until
+    // it returns.
+    if let Attn::Eager { probs, .. } = attention {
+        tp.release(probs);
+    }
     let roles = Roles {
         norm1,
         norm2,
+        qk_norms,
         adapters,
         v,
         q_rot,
         k_rot,
-        attn_out,
-        lse,
+        attention,
         gate,
         act,
         up,
@@ -487,6 +594,8 @@ impl LoraLayer {
             adapted,
             dropout: job.adapter.dropout > 0.0,
             autocast: r.autocast,
+            eager: job.attention == Attention::Eager,
+            qk_norm: model.qk_norm,
         };
         Self {
             d,
@@ -630,7 +739,7 @@ impl LoraLayer {
         bw.free(d_act);
         bw.release(roles.gate);
         let sum = bw.linear(GATE, roles, d_gate, true, sum, true, None);
-        let j = bw.rms(sum.expect("the MLP input's gradient"), roles.norm2);
+        let j = bw.rms(sum.expect("the MLP input's gradient"), roles.norm2, d.h);
         let dr = bw.temp(2 * t * d.h);
         bw.free(dy);
         bw.free(j);
@@ -638,16 +747,37 @@ impl LoraLayer {
         let d_attn = bw
             .linear(O, roles, dr, false, None, true, None)
             .expect("o_proj's input needs a gradient");
-        let (dq, dk, dv) = bw.sdpa(roles, d_attn);
+        let (dq, dk, dv) = match roles.attention {
+            Attn::Flash { out, lse } => bw.sdpa(roles, d_attn, out, lse),
+            Attn::Eager {
+                k_rep,
+                v_rep,
+                soft,
+                probs,
+            } => bw.eager(roles, d_attn, [k_rep, v_rep, soft, probs]),
+        };
         let dk = bw.rope(dk, 2 * t * d.kv);
         let dq = bw.rope(dq, 2 * t * d.q);
         let needs = roles.norm1.is_some();
+        // Eager attention's gradients come in the (batch, heads, tokens) layout: each is
+        // copied contiguous as its projection's backward reshapes it.
+        let dv = bw.contiguous(dv, 2 * t * d.kv);
         let mut sum = bw.linear(V, roles, dv, true, None, needs, None);
+        let dk = match roles.qk_norms[1] {
+            Some(kept) => bw.rms(dk, kept, d.kv),
+            None => dk,
+        };
+        let dk = bw.contiguous(dk, 2 * t * d.kv);
         sum = bw.linear(K, roles, dk, true, sum, needs, None);
+        let dq = match roles.qk_norms[0] {
+            Some(kept) => bw.rms(dq, kept, d.q),
+            None => dq,
+        };
+        let dq = bw.contiguous(dq, 2 * t * d.q);
         sum = bw.linear(Q, roles, dq, true, sum, needs, None);
         match (roles.norm1, sum) {
             (Some(norm1), Some(sum)) => {
-                let j = bw.rms(sum, norm1);
+                let j = bw.rms(sum, norm1, d.h);
                 let dx = bw.temp(2 * t * d.h);
                 bw.free(dr);
                 bw.free(j);
@@ -839,9 +969,10 @@ impl<'m> Backward<'_, '_, 'm> {
         sum
     }
 
-    /// `LlamaRMSNorm`'s backward from `g` (freed): the gradient of its input, 16-bit.
-    fn rms(&mut self, g: Tensor<'m>, (x32, rsqrt): (usize, usize)) -> Tensor<'m> {
-        let th = self.d.t * self.d.h;
+    /// `LlamaRMSNorm`'s backward over `w`-wide rows from `g` (freed): the gradient of its
+    /// input, 16-bit.
+    fn rms(&mut self, g: Tensor<'m>, (x32, rsqrt): (usize, usize), w: u64) -> Tensor<'m> {
+        let th = self.d.t * w;
         let by_weight = self.temp(2 * th);
         self.free(g);
         let up = self.temp(4 * th);
@@ -870,7 +1001,13 @@ impl<'m> Backward<'_, '_, 'm> {
     /// The flash kernel's backward (PyTorch `_flash_attention_backward`): `softmax_d` and
     /// the fp32 `dq_accum` (sequence rounded to 128, head dimension to 32), with grouped
     /// KV heads k and v's gradients at the query heads' count, then dq, dk and dv.
-    fn sdpa(&mut self, roles: &Roles, d_attn: Tensor<'m>) -> (Tensor<'m>, Tensor<'m>, Tensor<'m>) {
+    fn sdpa(
+        &mut self,
+        roles: &Roles,
+        d_attn: Tensor<'m>,
+        out: usize,
+        lse: usize,
+    ) -> (Tensor<'m>, Tensor<'m>, Tensor<'m>) {
         let d = *self.d;
         let s128 = d.s.div_ceil(128) * 128;
         let hd32 = d.head_dim.div_ceil(32) * 32;
@@ -889,10 +1026,62 @@ impl<'m> Backward<'_, '_, 'm> {
             self.free(w);
         }
         self.free(d_attn);
-        for x in [roles.q_rot, roles.k_rot, roles.v, roles.attn_out, roles.lse] {
+        for x in [roles.q_rot, roles.k_rot, roles.v, out, lse] {
             self.release(x);
         }
         (dq, dk, dv)
+    }
+
+    /// Eager attention's backward from `g` (freed): v's and the probabilities' gradients,
+    /// the softmax's through its casts, the scaling's, q's and k's; with grouped KV heads
+    /// `repeat_kv`'s gradients summed back to the KV heads. Returns dq, dk and dv.
+    fn eager(
+        &mut self,
+        roles: &Roles,
+        g: Tensor<'m>,
+        [k_rep, v_rep, soft, probs]: [usize; 4],
+    ) -> (Tensor<'m>, Tensor<'m>, Tensor<'m>) {
+        let d = *self.d;
+        let scores = d.b * d.heads * d.s * d.s;
+        let tq = 2 * d.t * d.q;
+        let g_v = self.temp(tq);
+        let g_probs = self.temp(2 * scores);
+        self.free(g);
+        self.release(v_rep);
+        self.release(probs);
+        let up = self.temp(4 * scores);
+        self.free(g_probs);
+        let g_soft = self.temp(4 * scores);
+        self.free(up);
+        self.release(soft);
+        let down = self.temp(2 * scores);
+        self.free(g_soft);
+        let g_scaled = self.temp(2 * scores);
+        self.free(down);
+        let g_k = self.temp(tq);
+        let g_q = self.temp(tq);
+        self.free(g_scaled);
+        self.release(k_rep);
+        self.release(roles.q_rot);
+        if d.kv < d.q {
+            let dv = self.temp(2 * d.t * d.kv);
+            self.free(g_v);
+            let dk = self.temp(2 * d.t * d.kv);
+            self.free(g_k);
+            (g_q, dk, dv)
+        } else {
+            (g_q, g_k, g_v)
+        }
+    }
+
+    /// Under eager attention, a contiguous copy of `g` (freed); else `g`.
+    fn contiguous(&mut self, g: Tensor<'m>, bytes: u64) -> Tensor<'m> {
+        if !self.d.eager {
+            return g;
+        }
+        let c = self.temp(bytes);
+        self.free(g);
+        c
     }
 
     /// `apply_rotary_pos_emb`'s backward for one of q and k (`g` freed).
