@@ -11,8 +11,10 @@
 //! torch 2.11 and transformers 5.17 on the GPU, so the sequences are near, not equal, to what
 //! ran there.
 
-use moro_core::caching_allocator::{CachingAllocator, Handle};
+mod support;
+
 use serde_json::Value;
+use support::replay_compact as replay;
 
 const SEQUENCES: [&str; 2] = [
     include_str!("../../../validation/oracle-traces/step-events-h200.jsonl"),
@@ -22,32 +24,6 @@ const H200: [&str; 2] = [
     include_str!("../../../validation/h200/measured.jsonl"),
     include_str!("../../../validation/h200/settings.jsonl"),
 ];
-
-/// The peaks of a compact sequence (the format `step_events.py` documents), after the reset.
-fn replay(row: &Value) -> (u64, u64) {
-    let sizes: Vec<u64> = row["sizes"]
-        .as_array()
-        .expect("sizes")
-        .iter()
-        .map(|v| v.as_u64().expect("a size"))
-        .collect();
-    let mut a = CachingAllocator::new();
-    let mut made: Vec<Option<Handle>> = Vec::new();
-    for token in row["events"].as_str().expect("events").split(' ') {
-        if token == "r" {
-            a.empty_cache();
-            a.reset_peaks();
-        } else if let Some(back) = token.strip_prefix('-') {
-            let back: usize = back.parse().expect("a free");
-            let i = made.len() - back;
-            a.free(made[i].take().expect("freed once"));
-        } else {
-            let i: usize = token.parse().expect("an allocation");
-            made.push(Some(a.malloc(sizes[i])));
-        }
-    }
-    (a.peak_allocated(), a.peak_reserved())
-}
 
 /// The H200's measurement of `row` at `level`, in bytes.
 fn measured(row: &str, level: &str) -> f64 {

@@ -9,6 +9,8 @@
 //! Both sequences are replayed through the same allocator model
 //! (`moro_core::caching_allocator`).
 
+mod support;
+
 use moro_core::caching_allocator::{CachingAllocator, Handle};
 use moro_core::estimate::trace::{Op, Trace, step};
 use moro_core::estimate::{Component, DeviceProfile, Regime};
@@ -17,6 +19,7 @@ use moro_core::job::{
 };
 use moro_core::model::ModelSpec;
 use serde_json::Value;
+use support::replay_compact;
 
 const EVENTS: &str = include_str!("../../../validation/oracle-traces/step-events.jsonl");
 const DORA_EVENTS: &str = include_str!("../../../validation/oracle-traces/step-events-dora.jsonl");
@@ -546,31 +549,6 @@ fn liger_runs_are_read_off_their_traces() {
         checked += 1;
     }
     assert_eq!(checked, 5);
-}
-
-/// A compact recorded sequence (`step-events-h200.jsonl`, the form `step_events.py`
-/// documents) replayed from the reset after loading: (allocated peak, reserved peak).
-fn replay_compact(row: &Value) -> (u64, u64) {
-    let sizes: Vec<u64> = row["sizes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap())
-        .collect();
-    let mut a = CachingAllocator::new();
-    let mut made: Vec<Option<Handle>> = Vec::new();
-    for token in row["events"].as_str().unwrap().split(' ') {
-        if token == "r" {
-            a.empty_cache();
-            a.reset_peaks();
-        } else if let Some(back) = token.strip_prefix('-') {
-            let i = made.len() - back.parse::<usize>().unwrap();
-            a.free(made[i].take().unwrap());
-        } else {
-            made.push(Some(a.malloc(sizes[token.parse::<usize>().unwrap()])));
-        }
-    }
-    (a.peak_allocated(), a.peak_reserved())
 }
 
 /// moro's trace replayed as the harness measures: the cache emptied and the peaks reset

@@ -8,6 +8,35 @@ use moro_core::estimate::{DeviceProfile, Estimate};
 use moro_core::job::{Attention, JobSettings, Method, Optimizer, Padding, Precision, Targets};
 use serde_json::Value;
 
+/// The peaks (allocated, reserved) of a compact recorded step (`step_events.py`'s
+/// `--matrix-h200` / `--matrix-lora` form): `r` empties the cache and resets the peaks
+/// (the harness's reset after loading), `<i>` allocates `sizes[i]` bytes, `-<k>` frees the
+/// allocation made `k` allocations earlier.
+pub fn replay_compact(row: &Value) -> (u64, u64) {
+    use moro_core::caching_allocator::{CachingAllocator, Handle};
+    let sizes: Vec<u64> = row["sizes"]
+        .as_array()
+        .expect("sizes")
+        .iter()
+        .map(|v| v.as_u64().expect("a size"))
+        .collect();
+    let mut a = CachingAllocator::new();
+    let mut made: Vec<Option<Handle>> = Vec::new();
+    for token in row["events"].as_str().expect("events").split(' ') {
+        if token == "r" {
+            a.empty_cache();
+            a.reset_peaks();
+        } else if let Some(back) = token.strip_prefix('-') {
+            let i = made.len() - back.parse::<usize>().expect("a free");
+            a.free(made[i].take().expect("freed once"));
+        } else {
+            let i: usize = token.parse().expect("an allocation");
+            made.push(Some(a.malloc(sizes[i])));
+        }
+    }
+    (a.peak_allocated(), a.peak_reserved())
+}
+
 /// The oracle's device: no cuBLAS workspace (the fake tensors never allocate one).
 pub fn oracle_device() -> DeviceProfile {
     DeviceProfile {

@@ -29,16 +29,8 @@ use super::super::{Component, Regime};
 use super::params::Param;
 use super::{Builder, Tensor};
 
-/// The seven projections in forward order.
-const NAMES: [&str; 7] = [
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-];
+/// The seven projections in forward order (the default LoRA targets).
+const NAMES: [&str; 7] = crate::job::DEFAULT_TARGETS;
 const Q: usize = 0;
 const K: usize = 1;
 const V: usize = 2;
