@@ -27,8 +27,9 @@ reading a sequence op by op.
 `--matrix-lora` writes `validation/oracle-traces/step-events-lora.jsonl` (compact, as
 below): the 2-layer Llama-3.1-8B with LoRA as `trace/lora_layer.rs` follows it op by op
 beyond the main fixture's jobs: fp32 adapters on the bf16 model without autocast, dropout
-0.05 under autocast, eager attention, with and without checkpointing, and q and v alone;
-and the 2-layer Qwen3-8B (its q and k norms).
+0.05 under autocast, eager attention (one and two sequences), with and without
+checkpointing, and q and v alone; the 2-layer Qwen3-8B (its q and k norms); the 2-layer
+Llama-2-7B (no grouped KV heads), eager, 2 × 384 tokens, r 8, dropout 0.1.
 
 `--matrix-dora` writes `validation/oracle-traces/step-events-dora.jsonl`: the 2-layer
 Llama-3.1-8B with PEFT's DoRA (no dropout with checkpointing; dropout 0.05 with and
@@ -241,17 +242,18 @@ DORA_MATRIX = [dora_args(0.0, True), dora_args(0.05, True), dora_args(0.05, Fals
 
 
 def lora_args(precision, dropout, ckpt, targets=None, attn="sdpa",
-              model="meta-llama--Llama-3.1-8B"):
+              model="meta-llama--Llama-3.1-8B", batch=1, seq=512, rank=16):
     """A model cut to 2 layers with LoRA r 16 (`--matrix-lora`): fp32 adapters on the
     bf16 model without autocast, or under autocast with dropout, on q and v only, with
     eager attention, or Qwen3's q and k norms."""
     targets = targets or TARGETS
     a = job_args(model, "lora", ckpt)[:-2]
-    label = "%s-L2-lora-%s-d%g-%s-%s-b1s512%s" % (
-        model, precision, dropout, "qv" if len(targets) == 2 else "all7", attn,
-        "-ckpt" if ckpt else "")
-    return a + ["--precision", precision, "--adamw-impl", "fused", "--lora-r", "16",
-                "--lora-alpha", "32", "--lora-dropout", str(dropout), "--attn", attn,
+    label = "%s-L2-lora-r%d-%s-d%g-%s-%s-b%ds%d%s" % (
+        model, rank, precision, dropout, "qv" if len(targets) == 2 else "all7", attn,
+        batch, seq, "-ckpt" if ckpt else "")
+    return a + ["--precision", precision, "--adamw-impl", "fused", "--lora-r", str(rank),
+                "--lora-alpha", str(2 * rank), "--lora-dropout", str(dropout), "--attn", attn,
+                "--batch", str(batch), "--seq", str(seq),
                 "--lora-targets", ",".join(targets), "--label", label]
 
 
@@ -261,7 +263,10 @@ LORA_MATRIX = [lora_args("bf16", 0.0, False), lora_args("bf16", 0.0, True),
                lora_args("bf16-mixed", 0.0, False, attn="eager"),
                lora_args("bf16-mixed", 0.0, True, attn="eager"),
                lora_args("bf16-mixed", 0.0, False, model="Qwen--Qwen3-8B"),
-               lora_args("bf16-mixed", 0.0, True, model="Qwen--Qwen3-8B")]
+               lora_args("bf16-mixed", 0.0, True, model="Qwen--Qwen3-8B"),
+               lora_args("bf16-mixed", 0.0, False, attn="eager", batch=2, seq=256),
+               lora_args("bf16-mixed", 0.1, True, attn="eager", model="meta-llama--Llama-2-7b-hf",
+                         batch=2, seq=384, rank=8)]
 LORA_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-lora.jsonl")
 DORA_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-dora.jsonl")
 

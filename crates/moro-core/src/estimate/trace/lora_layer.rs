@@ -191,6 +191,7 @@ enum Attn {
     /// Eager attention: k and v as the products read them (`repeat_kv`'s copies with
     /// grouped KV heads), the fp32 softmax and its 16-bit cast (q too).
     Eager {
+        q: usize,
         k_rep: usize,
         v_rep: usize,
         soft: usize,
@@ -429,11 +430,19 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
         k
     };
     // Eager attention with grouped KV heads saves `repeat_kv`'s copies, not k and v.
+    // `matmul` folds (batch, heads) into bmm's batch: a view with one sequence, a copy (which
+    // the bmm saves instead) of q, k and v in their (batch, tokens, heads) layout otherwise.
     let repeated = d.eager && d.kv < d.q;
-    let kv_kind = if repeated { Kind::Temp } else { Kind::Saved };
+    let copied = d.eager && d.b > 1;
+    let kv_kind = if repeated || copied {
+        Kind::Temp
+    } else {
+        Kind::Saved
+    };
+    let q_kind = if copied { Kind::Temp } else { Kind::Saved };
     let (v, a) = linear_forward(tp, d, V, kv_kind, !first);
     adapters[V] = a;
-    let q_rot = rope_forward(tp, 2 * t * d.q, Kind::Saved);
+    let q_rot = rope_forward(tp, 2 * t * d.q, q_kind);
     let k_rot = rope_forward(tp, 2 * t * d.kv, kv_kind);
     tp.free(q);
     tp.free(k);
@@ -442,16 +451,24 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
         // scaling and mask, the fp32 softmax and its cast (p = 0 dropout makes nothing),
         // the product with v and its contiguous transpose.
         let scores = d.b * d.heads * d.s * d.s;
-        let (k_rep, v_rep) = if repeated {
+        let repeat = repeated.then(|| {
             (
                 tp.saved(2 * t * d.q, "repeat_kv k", None),
                 tp.saved(2 * t * d.q, "repeat_kv v", None),
             )
+        });
+        let q_in = if copied {
+            tp.saved(2 * t * d.q, "q (bmm copy)", None)
         } else {
-            (k_rot, v)
+            q_rot
+        };
+        let k_rep = match repeat {
+            Some((k_rep, _)) => k_rep,
+            None if copied => tp.saved(2 * t * d.kv, "k (bmm copy)", None),
+            None => k_rot,
         };
         let qk = tp.temp(2 * scores, "attention scores");
-        tp.release(q_rot);
+        tp.release(q_in);
         tp.release(k_rep);
         let scaled = tp.temp(2 * scores, "scores scaled");
         tp.free(qk);
@@ -463,11 +480,17 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
         let probs = tp.saved(2 * scores, "attention probabilities", None);
         tp.release(soft);
         tp.free(masked);
+        let v_rep = match repeat {
+            Some((_, v_rep)) => v_rep,
+            None if copied => tp.saved(2 * t * d.kv, "v (bmm copy)", None),
+            None => v,
+        };
         let pv = tp.temp(2 * t * d.q, "probabilities · v");
         tp.release(v_rep);
         let out = tp.temp(2 * t * d.q, "attention output");
         tp.free(pv);
         let eager = Attn::Eager {
+            q: q_in,
             k_rep,
             v_rep,
             soft,
@@ -485,7 +508,10 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
     adapters[O] = a;
     if d.eager {
         tp.free(o_input);
-        if repeated {
+        if copied {
+            tp.free(q_rot);
+        }
+        if repeated || copied {
             tp.free(k_rot);
             tp.free(v);
         }
@@ -742,11 +768,12 @@ impl LoraLayer {
         let (dq, dk, dv) = match roles.attention {
             Attn::Flash { out, lse } => bw.sdpa(roles, d_attn, out, lse),
             Attn::Eager {
+                q,
                 k_rep,
                 v_rep,
                 soft,
                 probs,
-            } => bw.eager(roles, d_attn, [k_rep, v_rep, soft, probs]),
+            } => bw.eager(d_attn, [q, k_rep, v_rep, soft, probs]),
         };
         let dk = bw.rope(dk, 2 * t * d.kv);
         let dq = bw.rope(dq, 2 * t * d.q);
@@ -1029,13 +1056,20 @@ impl<'m> Backward<'_, '_, 'm> {
     /// `repeat_kv`'s gradients summed back to the KV heads. Returns dq, dk and dv.
     fn eager(
         &mut self,
-        roles: &Roles,
         g: Tensor<'m>,
-        [k_rep, v_rep, soft, probs]: [usize; 4],
+        [q, k_rep, v_rep, soft, probs]: [usize; 5],
     ) -> (Tensor<'m>, Tensor<'m>, Tensor<'m>) {
         let d = *self.d;
         let scores = d.b * d.heads * d.s * d.s;
         let tq = 2 * d.t * d.q;
+        // With more than one sequence the output's gradient is copied to fold its batch.
+        let g = if d.b > 1 {
+            let c = self.temp(tq);
+            self.free(g);
+            c
+        } else {
+            g
+        };
         let g_v = self.temp(tq);
         let g_probs = self.temp(2 * scores);
         self.free(g);
@@ -1054,7 +1088,7 @@ impl<'m> Backward<'_, '_, 'm> {
         let g_q = self.temp(tq);
         self.free(g_scaled);
         self.release(k_rep);
-        self.release(roles.q_rot);
+        self.release(q);
         if d.kv < d.q {
             let dv = self.temp(2 * d.t * d.kv);
             self.free(g_v);
