@@ -156,24 +156,47 @@ fn grid(bencher: divan::Bencher, n: usize) {
     });
 }
 
+/// A 70B LoRA job at 4,096 tokens with checkpointing: its layers are traced op by op.
+fn lora_70b() -> Job {
+    let mut job = Job {
+        method: Method::Adapters,
+        seq_len: 4096,
+        gradient_checkpointing: true,
+        ..Job::default()
+    };
+    job.adapter.targets = moro_core::job::Targets::AllLinear;
+    job
+}
+
 /// One step trace (loading and two optimizer steps, tensor by tensor) of a 70B dense
 /// model: QLoRA, and a full fine-tune on one GPU (80 layers; the cost grows with the
-/// tensors, about 26 events per Linear).
-#[divan::bench(args = ["qlora", "full"], sample_count = 20)]
+/// tensors, about 26 events per Linear), and LoRA, traced op by op (about 460 events per
+/// layer and micro-batch).
+#[divan::bench(args = ["qlora", "full", "lora"], sample_count = 20)]
 fn step_trace_70b(bencher: divan::Bencher, method: &str) {
     let m = model("meta-llama/Llama-3.1-70B");
-    let job = if method == "full" {
-        Job {
+    let job = match method {
+        "full" => Job {
             method: Method::Full,
             seq_len: 4096,
             gradient_checkpointing: true,
             ..Job::default()
-        }
-    } else {
-        qlora(4096)
+        },
+        "lora" => lora_70b(),
+        _ => qlora(4096),
     };
     let profile = DeviceProfile::default();
     bencher.bench(|| {
         moro_core::estimate::trace::for_job(divan::black_box(&m), divan::black_box(&job), &profile)
     });
+}
+
+/// The whole estimate of the 70B LoRA job: its op-by-op trace replayed through the
+/// allocator model sets the reserve (the replay is most of the cost).
+#[divan::bench(sample_count = 20)]
+fn estimate_70b_lora(bencher: divan::Bencher) {
+    let m = model("meta-llama/Llama-3.1-70B");
+    let job = lora_70b();
+    let profile = DeviceProfile::default();
+    bencher.bench(|| estimate(divan::black_box(&m), divan::black_box(&job), &profile));
 }
