@@ -151,7 +151,19 @@ impl Tape {
         self.evs.push(Ev::Free(i));
     }
     fn release(&mut self, i: usize) {
+        debug_assert!(
+            self.kinds[i] != Kind::Temp,
+            "a temporary is freed, not released"
+        );
         self.evs.push(Ev::Release(i));
+    }
+    /// The last use of `i` in the forward: a temporary is freed, a saved tensor released.
+    fn last_use(&mut self, i: usize) {
+        if self.kinds[i] == Kind::Temp {
+            self.free(i);
+        } else {
+            self.release(i);
+        }
     }
 }
 
@@ -268,6 +280,9 @@ pub(super) struct LoraLayer {
     d: Dims,
     first: (Tape, Roles),
     rest: (Tape, Roles),
+    /// Each layer's `lora_A` and `lora_B` per projection, indices into the step's
+    /// parameters.
+    params: Vec<[Option<(usize, usize)>; 7]>,
 }
 
 /// `LlamaRMSNorm` over `w`-wide rows (`rows` statistics: one a token, or one a token and
@@ -279,21 +294,16 @@ fn rms_forward(
     w: u64,
     rows: u64,
 ) -> (Option<(usize, usize)>, usize) {
-    let (th, t) = (d.t * w, rows);
+    let th = d.t * w;
     let kind = if keep { Kind::Saved } else { Kind::Temp };
     let x32 = tp.alloc(4 * th, "RMSNorm input fp32", None, kind);
     let pow = tp.temp(4 * th, "RMSNorm pow");
-    let mean = tp.temp(4 * t, "RMSNorm mean");
+    let mean = tp.temp(4 * rows, "RMSNorm mean");
     tp.free(pow);
-    let rsqrt = tp.alloc(4 * t, "RMSNorm rsqrt", None, kind);
+    let rsqrt = tp.alloc(4 * rows, "RMSNorm rsqrt", None, kind);
     let normed = tp.temp(4 * th, "RMSNorm product");
-    for x in [rsqrt, x32] {
-        if keep {
-            tp.release(x);
-        } else {
-            tp.free(x);
-        }
-    }
+    tp.last_use(rsqrt);
+    tp.last_use(x32);
     let cast = tp.temp(2 * th, "RMSNorm cast");
     let out = tp.temp(2 * th, "RMSNorm output");
     tp.free(cast);
@@ -351,11 +361,7 @@ fn linear_forward(
         let out = tp.temp(4 * t * i, "LoRA dropout");
         let mask_kind = if needs_input { Kind::Saved } else { Kind::Temp };
         let mask = tp.alloc(t * i, "LoRA dropout mask", Some(m), mask_kind);
-        if needs_input {
-            tp.release(mask);
-        } else {
-            tp.free(mask);
-        }
+        tp.last_use(mask);
         (out, needs_input.then_some(mask))
     });
     let a_copy = tp.alloc(2 * r * i, "autocast copy", Some(m), Kind::Cached);
@@ -582,15 +588,20 @@ impl<'m> Kept<'m> {
 /// What a layer's backward needs of the step: its parameters, where their gradients go.
 pub(super) struct Grads<'a, 'm> {
     pub(super) ps: &'a [Param<'m>],
-    /// `lora_A` and `lora_B` of each projection of this layer, indices into `ps`.
-    pub(super) adapters: [Option<(usize, usize)>; 7],
     pub(super) slots: &'a mut [Option<Tensor<'m>>],
     pub(super) bytes: u64,
 }
 
 impl LoraLayer {
-    /// The layer program of `job` on `model` (see [`models`]).
-    pub(super) fn new(model: &ModelSpec, job: &Job, r: &Regime) -> Self {
+    /// The layer program of `job` on `model` (see [`models`]); `ps` the step's parameters,
+    /// `ranges` each layer's.
+    pub(super) fn new(
+        model: &ModelSpec,
+        job: &Job,
+        r: &Regime,
+        ps: &[Param<'_>],
+        ranges: &[std::ops::Range<usize>],
+    ) -> Self {
         let adapted = NAMES.map(|n| {
             model
                 .layers
@@ -615,10 +626,24 @@ impl LoraLayer {
             eager: job.attention == Attention::Eager,
             qk_norm: model.qk_norm,
         };
+        let params = ranges
+            .iter()
+            .map(|range| {
+                NAMES.map(|name| {
+                    let find = |p: &str| {
+                        range
+                            .clone()
+                            .find(|&j| ps[j].module == Some(name) && ps[j].name == p)
+                    };
+                    find("lora_A").zip(find("lora_B"))
+                })
+            })
+            .collect();
         Self {
             d,
             first: layer_forward(&d, true),
             rest: layer_forward(&d, false),
+            params,
         }
     }
 
@@ -642,18 +667,18 @@ impl LoraLayer {
             layer: Some(k as u64),
             kept: &mut kept,
             grads,
+            params: self.params[k],
         };
         Some(bw.start(DOWN, dy, false))
     }
 
-    /// Runs layer `k`'s forward in `mode`, its tensors named after `modules` (the model's
-    /// own names). Returns what it keeps for the backward, autocast's copies cached by a
-    /// `no_grad` forward, and the layer's output (none from a recompute).
+    /// Runs layer `k`'s forward in `mode`. Returns what it keeps for the backward,
+    /// autocast's copies cached by a `no_grad` forward, and the layer's output (none from a
+    /// recompute).
     pub(super) fn forward<'m>(
         &self,
         b: &mut Builder<'m>,
         k: usize,
-        modules: &[&'m str; 7],
         mode: Mode,
     ) -> (Kept<'m>, Vec<Tensor<'m>>, Option<Tensor<'m>>) {
         let (tape, roles) = if k == 0 { &self.first } else { &self.rest };
@@ -682,8 +707,7 @@ impl LoraLayer {
                     } else {
                         Component::Activations
                     };
-                    let t =
-                        b.alloc_in(name, module.map(|m| modules[m]), layer, component, bytes, 1);
+                    let t = b.alloc_in(name, module.map(|m| NAMES[m]), layer, component, bytes, 1);
                     if kind == Kind::Cached && mode == Mode::NoGrad {
                         cached.push(t);
                     } else {
@@ -740,6 +764,7 @@ impl LoraLayer {
             layer: Some(k as u64),
             kept,
             grads,
+            params: self.params[k],
         };
         let d = self.d;
         let t = d.t;
@@ -824,6 +849,8 @@ struct Backward<'a, 'b, 'm> {
     layer: Option<u64>,
     kept: &'a mut Kept<'m>,
     grads: &'a mut Grads<'b, 'm>,
+    /// This layer's `lora_A` and `lora_B` per projection, indices into the parameters.
+    params: [Option<(usize, usize)>; 7],
 }
 
 impl<'m> Backward<'_, '_, 'm> {
@@ -915,7 +942,7 @@ impl<'m> Backward<'_, '_, 'm> {
                 None => self.start(m, g, free_g),
             };
             base_grad = st.base_grad;
-            let params = self.grads.adapters[m];
+            let params = self.params[m];
             // Without autocast the weight gradients are fp32 matmul outputs themselves.
             let (e, g_b) = if d.autocast {
                 (2, Some(self.temp(2 * o * r)))

@@ -81,8 +81,8 @@ pub struct TraceEvent<'m> {
 pub struct Trace<'m> {
     /// Allocations and frees.
     pub events: Vec<TraceEvent<'m>>,
-    /// The decoder layers are traced op by op (LoRA on a Llama-style layer under bf16
-    /// autocast, `step`'s `lora_layer`), not as their saved bytes cut into shapes.
+    /// The decoder layers are traced op by op (LoRA on a Llama-style layer, `step`'s
+    /// `lora_layer`), not as their saved bytes cut into shapes.
     #[serde(skip)]
     pub op_by_op: bool,
 }

@@ -21,17 +21,13 @@ pub(super) fn saved_tensors(
     maps: &[u64],
 ) -> Vec<u64> {
     let mut rest = bytes;
-    let maps: Vec<u64> = maps
-        .iter()
-        .filter(|&&m| {
-            let fits = m <= rest;
-            if fits {
-                rest -= m;
-            }
-            fits
-        })
-        .copied()
-        .collect();
+    let mut score_sized = Vec::new();
+    for &m in maps {
+        if m <= rest {
+            rest -= m;
+            score_sized.push(m);
+        }
+    }
     let mut take = |size: u64, count: usize| -> Vec<u64> {
         let mut out = Vec::new();
         for _ in 0..count {
@@ -51,7 +47,7 @@ pub(super) fn saved_tensors(
     let mut out = Vec::new();
     out.extend(norms.first());
     out.extend(attention);
-    out.extend(maps);
+    out.extend(score_sized);
     out.extend(norms.get(1));
     out.extend(mlp);
     out.extend(after);

@@ -210,10 +210,6 @@ struct Step<'m, 'j> {
     head_copy: u64,
     /// The decoder layers op by op ([`lora_layer`]), where it models them.
     lora: Option<LoraLayer>,
-    /// The seven projections' names, as the model calls them.
-    modules: [&'m str; 7],
-    /// Each layer's `lora_A` and `lora_B` per projection, indices into `ps`.
-    adapter_params: Vec<[Option<(usize, usize)>; 7]>,
     /// The parameters whose gradients the loss's backward makes (lm_head's, or the tied
     /// embedding's; an encoder's pooler and classifier).
     heads: Vec<usize>,
@@ -334,28 +330,8 @@ impl<'m, 'j> Step<'m, 'j> {
         } else {
             0
         };
-        // The op-level layer's projections and their adapters.
-        let modules: [&'m str; 7] = std::array::from_fn(|m| {
-            model
-                .layers
-                .first()
-                .and_then(|g| g.linears.get(m))
-                .map_or("", |l| l.name.as_str())
-        });
-        let adapter_params: Vec<[Option<(usize, usize)>; 7]> = ranges
-            .iter()
-            .map(|range| {
-                std::array::from_fn(|m| {
-                    let find = |name: &str| {
-                        range
-                            .clone()
-                            .find(|&j| ps[j].module == Some(modules[m]) && ps[j].name == name)
-                    };
-                    find("lora_A").zip(find("lora_B"))
-                })
-            })
-            .collect();
-        let lora = lora_layer::models(model, job, r).then(|| LoraLayer::new(model, job, r));
+        let lora =
+            lora_layer::models(model, job, r).then(|| LoraLayer::new(model, job, r, &ps, &ranges));
         let chunked = (r.loss == LossImpl::ChunkedNll && !encoder).then(|| ChunkedNll {
             batch: job.micro_batch_size,
             tokens: t,
@@ -390,8 +366,6 @@ impl<'m, 'j> Step<'m, 'j> {
             dora_by_layer,
             head_copy,
             lora,
-            modules,
-            adapter_params,
             heads,
             firsts,
             tied,
@@ -557,7 +531,7 @@ impl<'m, 'j> Step<'m, 'j> {
                 } else {
                     Mode::Grad
                 };
-                let (layer, copies, output) = lora.forward(b, k, &self.modules, mode);
+                let (layer, copies, output) = lora.forward(b, k, mode);
                 cached.extend(copies);
                 if job.gradient_checkpointing {
                     saved.push(vec![input]);
@@ -780,7 +754,6 @@ impl<'m, 'j> Step<'m, 'j> {
                 let mut layer = kept.pop().unwrap_or_default();
                 let mut grads = Grads {
                     ps: &self.ps,
-                    adapters: self.adapter_params[k],
                     slots: &mut held.grads,
                     bytes: self.gb,
                 };
@@ -789,7 +762,7 @@ impl<'m, 'j> Step<'m, 'j> {
                 // which starts the recompute.
                 let started = if self.job.gradient_checkpointing {
                     let started = lora.start(b, k, &mut grads, dy);
-                    layer = lora.forward(b, k, &self.modules, Mode::Recompute).0;
+                    layer = lora.forward(b, k, Mode::Recompute).0;
                     started
                 } else {
                     None
