@@ -28,7 +28,9 @@
 //! `calibration/allocsim.py` is the same model in Python; replaying the allocations of real
 //! training steps through it reproduced an H200's reserved peaks (`calibration/README.md`).
 
-use std::collections::BTreeSet;
+mod small_pool;
+
+use small_pool::SmallPool;
 
 const MIN_BLOCK: u64 = 512;
 const SMALL_SIZE: u64 = 1 << 20;
@@ -85,15 +87,18 @@ struct Block {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Handle(usize);
 
-/// The key a cached free block is found by: (stream, size, address, block index).
+/// The key a cached free block of the large pool is found by: (stream, size, address,
+/// block index).
 type FreeKey = (Stream, u64, u64, usize);
 
 /// The allocator's bookkeeping, without memory.
 #[derive(Debug, Clone, Default)]
 pub struct CachingAllocator {
     blocks: Vec<Block>,
-    /// Cached free blocks of the small / large pool.
-    free: [BTreeSet<FreeKey>; 2],
+    /// Cached free blocks of the small pool, one [`SmallPool`] a stream.
+    small_free: Vec<SmallPool>,
+    /// Cached free blocks of the large pool, in order (a few dozen: a sorted vector).
+    large_free: Vec<FreeKey>,
     /// Freed blocks still in use on other streams, with the streams they wait for.
     pending: Vec<usize>,
     next_addr: u64,
@@ -165,14 +170,44 @@ impl CachingAllocator {
         }
     }
 
+    /// The small pool of `stream`, made on first use.
+    fn small_pool(&mut self, stream: Stream) -> &mut SmallPool {
+        let k = match self.small_free.iter().position(|p| p.stream == stream) {
+            Some(k) => k,
+            None => {
+                self.small_free.push(SmallPool::new(stream));
+                self.small_free.len() - 1
+            }
+        };
+        &mut self.small_free[k]
+    }
+
     fn cache(&mut self, i: usize) {
-        let b = &self.blocks[i];
-        self.free[usize::from(!b.small)].insert((b.stream, b.size, b.addr, i));
+        let (stream, size, addr, small) = {
+            let b = &self.blocks[i];
+            (b.stream, b.size, b.addr, b.small)
+        };
+        if small {
+            self.small_pool(stream).insert(size, addr, i);
+        } else {
+            let key = (stream, size, addr, i);
+            let at = self.large_free.partition_point(|k| *k < key);
+            self.large_free.insert(at, key);
+        }
     }
 
     fn uncache(&mut self, i: usize) {
-        let b = &self.blocks[i];
-        self.free[usize::from(!b.small)].remove(&(b.stream, b.size, b.addr, i));
+        let (stream, size, addr, small) = {
+            let b = &self.blocks[i];
+            (b.stream, b.size, b.addr, b.small)
+        };
+        if small {
+            self.small_pool(stream).remove(size, addr);
+        } else {
+            if let Ok(at) = self.large_free.binary_search(&(stream, size, addr, i)) {
+                self.large_free.remove(at);
+            }
+        }
     }
 
     /// Allocates `nbytes` on the compute stream.
@@ -184,11 +219,20 @@ impl CachingAllocator {
     pub fn malloc_on(&mut self, stream: Stream, nbytes: u64) -> Handle {
         let size = round_size(nbytes);
         let small = size <= SMALL_SIZE;
-        let pool = usize::from(!small);
-        let found = self.free[pool]
-            .range((stream, size, 0, 0)..=(stream, u64::MAX, u64::MAX, usize::MAX))
-            .next()
-            .map(|&(_, _, _, i)| i);
+        let found = if small {
+            self.small_free
+                .iter()
+                .find(|p| p.stream == stream)
+                .and_then(|p| p.best_fit(size))
+        } else {
+            let at = self
+                .large_free
+                .partition_point(|k| *k < (stream, size, 0, 0));
+            self.large_free
+                .get(at)
+                .filter(|k| k.0 == stream)
+                .map(|&(_, _, _, i)| i)
+        };
         let i = if let Some(i) = found {
             self.uncache(i);
             i
@@ -305,10 +349,12 @@ impl CachingAllocator {
 
     /// `torch.cuda.empty_cache()`: returns the wholly free segments.
     pub fn empty_cache(&mut self) {
-        let whole: Vec<FreeKey> = self
-            .free
+        let small = self
+            .small_free
             .iter()
-            .flat_map(|pool| pool.iter().copied())
+            .flat_map(|p| p.blocks().map(|(size, i)| (p.stream, size, 0, i)));
+        let whole: Vec<FreeKey> = small
+            .chain(self.large_free.iter().copied())
             .filter(|&(_, _, _, i)| self.blocks[i].prev.is_none() && self.blocks[i].next.is_none())
             .collect();
         for (stream, size, _, i) in whole {

@@ -143,11 +143,17 @@ pub fn trace<'m>(
         return None;
     }
     let s = Step::new(model, job, r, device);
-    // Room for two steps of up to 64 events per layer and micro-batch, and a few per
-    // parameter (loading, gradients, states): the vector then rarely grows.
+    // Room for two steps of the events one layer makes per micro-batch (up to 64 traced
+    // coarsely, about 720 op by op with checkpointing), and a few per parameter (loading,
+    // gradients, states): the vector then rarely grows.
     let layers = usize::try_from(model.num_layers).unwrap_or(0);
     let micro_batches = usize::try_from(job.grad_accum.max(1)).unwrap_or(1);
-    let mut b = Builder::with_capacity(s.ps.len() * 8 + layers * micro_batches * 2 * 64);
+    let per_layer = if lora_layer::models(model, job, r) {
+        768
+    } else {
+        64
+    };
+    let mut b = Builder::with_capacity(s.ps.len() * 8 + layers * micro_batches * 2 * per_layer);
     s.load(&mut b);
     let mut held = Held {
         grads: vec![None; s.ps.len()],
