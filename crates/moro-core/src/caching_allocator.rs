@@ -28,6 +28,8 @@
 //! `calibration/allocsim.py` is the same model in Python; replaying the allocations of real
 //! training steps through it reproduced an H200's reserved peaks (`calibration/README.md`).
 
+use std::collections::BTreeSet;
+
 mod small_pool;
 
 use small_pool::SmallPool;
@@ -97,8 +99,8 @@ pub struct CachingAllocator {
     blocks: Vec<Block>,
     /// Cached free blocks of the small pool, one [`SmallPool`] a stream.
     small_free: Vec<SmallPool>,
-    /// Cached free blocks of the large pool, in order (a few dozen: a sorted vector).
-    large_free: Vec<FreeKey>,
+    /// Cached free blocks of the large pool, in order.
+    large_free: BTreeSet<FreeKey>,
     /// Freed blocks still in use on other streams, with the streams they wait for.
     pending: Vec<usize>,
     next_addr: u64,
@@ -190,9 +192,7 @@ impl CachingAllocator {
         if small {
             self.small_pool(stream).insert(size, addr, i);
         } else {
-            let key = (stream, size, addr, i);
-            let at = self.large_free.partition_point(|k| *k < key);
-            self.large_free.insert(at, key);
+            self.large_free.insert((stream, size, addr, i));
         }
     }
 
@@ -204,9 +204,7 @@ impl CachingAllocator {
         if small {
             self.small_pool(stream).remove(size, addr);
         } else {
-            if let Ok(at) = self.large_free.binary_search(&(stream, size, addr, i)) {
-                self.large_free.remove(at);
-            }
+            self.large_free.remove(&(stream, size, addr, i));
         }
     }
 
@@ -225,12 +223,9 @@ impl CachingAllocator {
                 .find(|p| p.stream == stream)
                 .and_then(|p| p.best_fit(size))
         } else {
-            let at = self
-                .large_free
-                .partition_point(|k| *k < (stream, size, 0, 0));
             self.large_free
-                .get(at)
-                .filter(|k| k.0 == stream)
+                .range((stream, size, 0, 0)..=(stream, u64::MAX, u64::MAX, usize::MAX))
+                .next()
                 .map(|&(_, _, _, i)| i)
         };
         let i = if let Some(i) = found {
