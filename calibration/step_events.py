@@ -18,6 +18,7 @@ and reserved peaks; `--matrix` regenerates its fixture,
   $PY calibration/step_events.py --matrix
   $PY calibration/step_events.py --matrix-dora
   $PY calibration/step_events.py --matrix-lora
+  $PY calibration/step_events.py --matrix-qlora
   $PY calibration/step_events.py --matrix-h200
 
 `--desc` adds `descs`: each allocation's op, dtype and shape as the tracker names them
@@ -30,6 +31,13 @@ beyond the main fixture's jobs: fp32 adapters on the bf16 model without autocast
 0.05 under autocast, eager attention (one and two sequences), with and without
 checkpointing, and q and v alone; the 2-layer Qwen3-8B (its q and k norms); the 2-layer
 Llama-2-7B (no grouped KV heads), eager, 2 × 384 tokens, r 8, dropout 0.1.
+
+`--matrix-qlora` writes `validation/oracle-traces/step-events-qlora.jsonl` (compact): QLoRA
+(NF4 with and without double quantization, after `prepare_model_for_kbit_training`) on the
+2-layer Llama-3.1-8B with and without checkpointing, with dropout 0.05, on q and v alone
+over 2 × 512 tokens, and on the 2-layer Qwen2.5-7B (q, k and v biases) and Mistral-7B, as
+`trace/lora_layer.rs` follows it op by op. Every 4-bit matmul's forward dequantizes its
+weight (`install_dequant_forward`).
 
 `--matrix-dora` writes `validation/oracle-traces/step-events-dora.jsonl`: the 2-layer
 Llama-3.1-8B with PEFT's DoRA (no dropout with checkpointing; dropout 0.05 with and
@@ -108,9 +116,46 @@ def install_recorder(tracker_module):
     return Recording
 
 
+def install_dequant_forward():
+    """A 4-bit matmul's forward dequantizes its weight, as bitsandbytes 0.50 does on CUDA for
+    a training step's micro-batch: `gemm_4bit` (`backends/cuda/ops.py`) takes
+    `_dequant_linear_fallback` above 512 rows on every architecture, above 256 for weights of
+    4M elements or more, above 64 on sm90 (H100, H200); its fused kernel wins only for fewer
+    rows (`_gemm_4bit_use_custom_cuda`). Fake tensors run neither kernel, so the fallback's
+    buffers are made around `bnb.matmul_4bit` (which `Linear4bit.forward` calls after casting
+    its input) in the fallback's order: the nested absmax dequantized and offset
+    (two fp32 tensors), the weight in the input's dtype, then the output; freed as the
+    function returns. The oracle's own emulation (`qlora_approx.py`, above 1,536 rows only,
+    made before the input's cast) is turned off."""
+    import torch
+    import qlora_approx
+    import bitsandbytes
+
+    qlora_approx._GEMM_4BIT_CUSTOM_MAX_M = 1 << 62
+    orig = bitsandbytes.matmul_4bit
+
+    def matmul_4bit(A, B, quant_state, out=None, bias=None):
+        absmax_dq = absmax = weight = None
+        if A.numel():
+            if quant_state.nested:
+                shape = quant_state.absmax.shape
+                absmax_dq = torch.empty(shape, dtype=torch.float32, device=A.device)
+                absmax = torch.empty(shape, dtype=torch.float32, device=A.device)
+            weight = torch.empty(tuple(quant_state.shape), dtype=A.dtype, device=A.device)
+        output = orig(A, B, quant_state, out=out, bias=bias)
+        del absmax
+        del absmax_dq
+        del weight
+        return output
+
+    bitsandbytes.matmul_4bit = matmul_4bit
+
+
 def run(argv, descs=False):
     sys.path.insert(0, ORACLE_DIR)
     import tracker as tracker_module
+
+    install_dequant_forward()
 
     recording = install_recorder(tracker_module)
     import oracle
@@ -268,6 +313,30 @@ LORA_MATRIX = [lora_args("bf16", 0.0, False), lora_args("bf16", 0.0, True),
                lora_args("bf16-mixed", 0.1, True, attn="eager", model="meta-llama--Llama-2-7b-hf",
                          batch=2, seq=384, rank=8)]
 LORA_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-lora.jsonl")
+
+
+def qlora_args(ckpt, seq=1024, batch=1, dropout=0.0, targets=None,
+               model="meta-llama--Llama-3.1-8B", double_quant=True):
+    """A model cut to 2 layers with QLoRA r 16 (`--matrix-qlora`): NF4 after PEFT's
+    `prepare_model_for_kbit_training`, fp32 adapters under bf16 autocast, SDPA."""
+    targets = targets or TARGETS
+    a = job_args(model, "qlora", ckpt)[:-2]
+    label = "%s-L2-qlora-r16-%s-d%g-%s-b%ds%d%s" % (
+        model, "nf4dq" if double_quant else "nf4", dropout,
+        "qv" if len(targets) == 2 else "all7", batch, seq, "-ckpt" if ckpt else "")
+    return a + ["--adamw-impl", "fused", "--lora-r", "16", "--lora-alpha", "32",
+                "--lora-dropout", str(dropout), "--batch", str(batch), "--seq", str(seq),
+                "--lora-targets", ",".join(targets), "--label", label] + (
+        [] if double_quant else ["--no-double-quant"])
+
+
+QLORA_MATRIX = [qlora_args(False), qlora_args(True),
+                qlora_args(True, seq=512, dropout=0.05), qlora_args(False, seq=512, dropout=0.05),
+                qlora_args(True, seq=512, batch=2, targets=["q_proj", "v_proj"]),
+                qlora_args(True, double_quant=False),
+                qlora_args(True, model="Qwen--Qwen2.5-7B"),
+                qlora_args(False, model="mistralai--Mistral-7B-v0.3")]
+QLORA_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-qlora.jsonl")
 DORA_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-dora.jsonl")
 
 
@@ -312,6 +381,9 @@ def main():
         return
     if argv == ["--matrix-lora"]:
         write_matrix(LORA_MATRIX, LORA_FIXTURE, compact_rows=True)
+        return
+    if argv == ["--matrix-qlora"]:
+        write_matrix(QLORA_MATRIX, QLORA_FIXTURE, compact_rows=True)
         return
     descs = "--desc" in argv
     row = run([a for a in argv if a != "--desc"], descs)

@@ -658,6 +658,29 @@ fn lora_layers_are_traced_op_by_op() {
 #[test]
 fn lora_layer_variants_are_traced_op_by_op() {
     let rows = include_str!("../../../validation/oracle-traces/step-events-lora.jsonl");
+    assert_eq!(op_level_rows_within(rows, 0.001), 11);
+}
+
+/// QLoRA's layers op by op (`calibration/step_events.py --matrix-qlora`): bitsandbytes'
+/// 4-bit layers (the input cast to bf16, the weight dequantized with its nested absmax in
+/// the forward and again in the backward, the output cast back to fp32), PEFT's clone of the
+/// base output, the fp32 residual stream and norms `prepare_model_for_kbit_training` leaves,
+/// autocast's casts of q, k and v for SDPA: the 2-layer Llama-3.1-8B with and without
+/// checkpointing, with dropout 0.05, on q and v alone over 2 × 512 tokens, without double
+/// quantization; the 2-layer Qwen2.5-7B and Mistral-7B. Replayed from the reset after
+/// loading, both peaks within 0.15 % (the job without double quantization is the widest,
+/// +0.11 % reserved: the oracle quantizes on the device, which leaves each layer's fp32
+/// absmax in other blocks than loading from the host does).
+#[test]
+fn qlora_layers_are_traced_op_by_op() {
+    let rows = include_str!("../../../validation/oracle-traces/step-events-qlora.jsonl");
+    assert_eq!(op_level_rows_within(rows, 0.0015), 8);
+}
+
+/// Replays each compact row of `rows` (a `step_events.py` matrix) and moro's op-by-op trace
+/// of the same job from the reset after loading; asserts both peaks within `tolerance`.
+/// Returns the number of rows checked.
+fn op_level_rows_within(rows: &str, tolerance: f64) -> usize {
     let mut checked = 0;
     for line in rows.lines() {
         let v: Value = serde_json::from_str(line).unwrap();
@@ -670,8 +693,20 @@ fn lora_layer_variants_are_traced_op_by_op() {
             .iter()
             .map(|t| t.as_str().unwrap().to_owned())
             .collect();
+        let qlora = j["method"] == "qlora";
         let settings = JobSettings {
-            method: Some(Method::Adapters),
+            method: Some(if qlora {
+                Method::QuantizedAdapters
+            } else {
+                Method::Adapters
+            }),
+            quantization: qlora.then(|| {
+                if j["qlora"]["double_quant"] == true {
+                    Quantization::Nf4Dq
+                } else {
+                    Quantization::Nf4
+                }
+            }),
             precision: Some(match j["precision"].as_str().unwrap() {
                 "bf16" => Precision::Bf16,
                 _ => Precision::Bf16Mixed,
@@ -706,10 +741,10 @@ fn lora_layer_variants_are_traced_op_by_op() {
             er * 100.0
         );
         assert!(
-            ea.abs() <= 0.001 && er.abs() <= 0.001,
+            ea.abs() <= tolerance && er.abs() <= tolerance,
             "{label}: {ea:+.4} / {er:+.4}"
         );
         checked += 1;
     }
-    assert_eq!(checked, 11);
+    checked
 }

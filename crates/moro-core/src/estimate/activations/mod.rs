@@ -1303,8 +1303,9 @@ impl Activations {
         }
         if r.frozen_fp32_head && r.autocast {
             // Frozen fp32 lm_head under autocast: `mm` saves the uncached bf16 weight copy
-            // and the bf16 input copy (memory-anatomy §3.3).
-            head += 2 * h;
+            // for its input's gradient; the bf16 cast of the input is not saved (the frozen
+            // weight needs no gradient) and is freed once the logits exist (memory-anatomy
+            // §3.3).
             head_fixed += 2 * model.vocab_size * h;
         }
         let autocast_weight_cache = if full && r.autocast_weight_copies && r.param_bytes == 4 {

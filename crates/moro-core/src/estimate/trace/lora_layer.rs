@@ -17,6 +17,12 @@
 //! each tensor freed at its last use) and as non-reentrant checkpointing's recompute,
 //! which stops once the last saved tensor exists (`torch.utils.checkpoint`, early stop).
 //!
+//! On bitsandbytes 4-bit weights (classic QLoRA: PEFT's `prepare_model_for_kbit_training`
+//! leaves the residual stream and the norms fp32) each projection is bitsandbytes 0.50
+//! `Linear4bit` under PEFT 0.21 `lora.bnb.Linear4bit` ([`four_bit_forward`]): the input's
+//! cast to bf16, the weight dequantized around the matmul (in the backward too), the output
+//! cast back and cloned; SDPA reads autocast's bf16 casts of q, k and v.
+//!
 //! Cut this way, the replayed reserve of the H200's LoRA runs follows the oracle's
 //! (`crates/moro-core/tests/step_trace.rs`), which the coarser cut of the layer's saved
 //! bytes did not: its temporaries (a 16-bit projection input's fp32 copy is twice the
@@ -25,6 +31,7 @@
 use crate::job::{Attention, Job, Method, Padding, PeftKind, Quantization};
 use crate::model::{AttentionKind, ModelSpec, NormKind};
 
+use super::super::weights::NF4_BLOCK;
 use super::super::{Component, Regime};
 use super::params::Param;
 use super::{Builder, Tensor};
@@ -39,25 +46,43 @@ const GATE: usize = 4;
 const UP: usize = 5;
 const DOWN: usize = 6;
 
-/// Whether the op-level layer models `job`'s decoder layers: LoRA without DoRA on
-/// unquantized 16-bit weights, fp32 adapters (under bf16 autocast, or without it and without
-/// dropout), SDPA or eager attention, and a Llama, Mistral, Qwen2 or Qwen3 layer (RMSNorm,
-/// the seven projections one Linear each, q, k or v adapted).
+/// Whether the op-level layer models `job`'s decoder layers: LoRA without DoRA with fp32
+/// adapters, on unquantized 16-bit weights (under bf16 autocast, or without it and without
+/// dropout, SDPA or eager attention) or on bitsandbytes 4-bit weights after PEFT's
+/// `prepare_model_for_kbit_training` (under bf16 autocast, SDPA; classic QLoRA), and a
+/// Llama, Mistral, Qwen2 or Qwen3 layer (RMSNorm, the seven projections one Linear each, q,
+/// k or v adapted; Qwen3's q and k norms not on 4-bit weights).
 #[must_use]
 pub(super) fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
-    job.method == Method::Adapters
+    let dense = job.method == Method::Adapters
         && job.quantization == Quantization::None
+        && r.stream_bytes == 2
+        && r.frozen_bytes == 2
+        && matches!(job.attention, Attention::Sdpa | Attention::Eager);
+    let four_bit = job.method == Method::QuantizedAdapters
+        && matches!(
+            job.quantization,
+            Quantization::Nf4 | Quantization::Nf4Dq | Quantization::Fp4 | Quantization::Fp4Dq
+        )
+        && r.kbit_prepare
+        && r.stream_bytes == 4
+        && r.unquantized_bytes == 4
+        && r.bnb_lora_layer
+        && !r.quantized_saves_input
+        && r.dequant_bytes == 2
+        && !r.quantize_lm_head
+        && r.autocast
+        && job.attention == Attention::Sdpa
+        && !model.qk_norm;
+    (dense || four_bit)
         && job.adapter.method == PeftKind::Lora
         && !job.adapter.dora
-        && matches!(job.attention, Attention::Sdpa | Attention::Eager)
         && job.padding == Padding::Packed
         && !job.liger.rms_norm
         && !job.liger.glu
         && !job.liger.rope
         && (r.autocast || job.adapter.dropout == 0.0)
         && r.adapter_bytes == 4
-        && r.stream_bytes == 2
-        && r.frozen_bytes == 2
         // transformers' Llama, Mistral and Qwen2 decoder layers run these ops; OLMo-2's
         // post-norms and whole-width q/k norms, Granite's multipliers and SmolLM3's layers
         // without RoPE do not.
@@ -185,8 +210,9 @@ pub(super) enum Mode {
 struct Adapter {
     /// Autocast's 16-bit copy of `lora_A` (none without autocast).
     a_copy: Option<usize>,
-    /// The input's cast `lora_A` reads (16-bit under autocast, else fp32).
-    x: usize,
+    /// The input's cast `lora_A` reads (16-bit under autocast, else fp32); none where it
+    /// reads a 16-bit input as is (a 4-bit layer's).
+    x: Option<usize>,
     /// `lora_A`'s output.
     a_out: usize,
     /// Autocast's 16-bit copy of `lora_B` (none without autocast).
@@ -198,8 +224,13 @@ struct Adapter {
 /// What the attention kernel saves.
 #[derive(Debug, Clone, Copy)]
 enum Attn {
-    /// SDPA's flash kernel: its output and log-sum-exp (q, k and v too).
-    Flash { out: usize, lse: usize },
+    /// SDPA's flash kernel: its output and log-sum-exp (q, k and v too, or their 16-bit
+    /// casts on an fp32 stream).
+    Flash {
+        out: usize,
+        lse: usize,
+        casts: Option<(usize, usize, usize)>,
+    },
     /// Eager attention: k and v as the products read them (`repeat_kv`'s copies with
     /// grouped KV heads), the fp32 softmax and its 16-bit cast (q too).
     Eager {
@@ -216,10 +247,10 @@ enum Attn {
 struct Roles {
     /// The input norm's fp32 input and `rsqrt` (none in the first layer, whose input needs
     /// no gradient).
-    norm1: Option<(usize, usize)>,
-    norm2: (usize, usize),
+    norm1: Option<NormKept>,
+    norm2: NormKept,
     /// Qwen3's q and k norms: their fp32 inputs and `rsqrt`, where kept.
-    qk_norms: [Option<(usize, usize)>; 2],
+    qk_norms: [Option<NormKept>; 2],
     adapters: [Option<Adapter>; 7],
     v: usize,
     q_rot: usize,
@@ -254,6 +285,30 @@ struct Dims {
     eager: bool,
     /// Per-head RMSNorms on q and k (Qwen3).
     qk_norm: bool,
+    /// Bytes per element of the residual stream and the norms' outputs: 2, or 4 after
+    /// PEFT's `prepare_model_for_kbit_training` casts the embedding and the norms to fp32.
+    stream: u64,
+    /// The frozen projections are bitsandbytes 4-bit layers ([`FourBit`]).
+    four_bit: Option<FourBit>,
+}
+
+/// bitsandbytes 0.50 `Linear4bit` under PEFT 0.21 `lora.bnb.Linear4bit`.
+#[derive(Debug, Clone, Copy)]
+struct FourBit {
+    /// Double quantization: the absmax constants are 8-bit, dequantized to fp32 first.
+    nested: bool,
+}
+
+impl FourBit {
+    /// The fp32 absmax of a `numel`-element weight (one per 64-element block), made when a
+    /// nested weight is dequantized.
+    const fn absmax(self, numel: u64) -> u64 {
+        if self.nested {
+            4 * numel.div_ceil(NF4_BLOCK)
+        } else {
+            0
+        }
+    }
 }
 
 impl Dims {
@@ -285,17 +340,36 @@ pub(super) struct LoraLayer {
     params: Vec<[Option<(usize, usize)>; 7]>,
 }
 
+/// What an RMSNorm keeps for its backward: its fp32 input (none where that is the layer's
+/// input, owned by the step) and `rsqrt`.
+type NormKept = (Option<usize>, usize);
+
 /// `LlamaRMSNorm` over `w`-wide rows (`rows` statistics: one a token, or one a token and
-/// head for Qwen3's q and k norms), its fp32 input and `rsqrt` kept where `keep`.
+/// head for Qwen3's q and k norms), its fp32 input and `rsqrt` kept where `keep`. On an
+/// fp32 stream with an fp32 weight the input is not cast (`input`: its tape number, none
+/// for the layer's input) and the output is fp32.
 fn rms_forward(
     tp: &mut Tape,
     d: &Dims,
     keep: bool,
     w: u64,
     rows: u64,
-) -> (Option<(usize, usize)>, usize) {
+    input: Option<usize>,
+) -> (Option<NormKept>, usize) {
     let th = d.t * w;
     let kind = if keep { Kind::Saved } else { Kind::Temp };
+    if d.stream == 4 {
+        let pow = tp.temp(4 * th, "RMSNorm pow");
+        let mean = tp.temp(4 * rows, "RMSNorm mean");
+        tp.free(pow);
+        let rsqrt = tp.alloc(4 * rows, "RMSNorm rsqrt", None, kind);
+        let normed = tp.temp(4 * th, "RMSNorm product");
+        tp.last_use(rsqrt);
+        let out = tp.temp(4 * th, "RMSNorm output");
+        tp.free(normed);
+        tp.free(mean);
+        return (keep.then_some((input, rsqrt)), out);
+    }
     let x32 = tp.alloc(4 * th, "RMSNorm input fp32", None, kind);
     let pow = tp.temp(4 * th, "RMSNorm pow");
     let mean = tp.temp(4 * rows, "RMSNorm mean");
@@ -309,7 +383,7 @@ fn rms_forward(
     tp.free(cast);
     tp.free(normed);
     tp.free(mean);
-    (keep.then_some((x32, rsqrt)), out)
+    (keep.then_some((Some(x32), rsqrt)), out)
 }
 
 /// One projection on `x`: its output (of `kind`) and, adapted, the adapter's saved tensors.
@@ -321,6 +395,9 @@ fn linear_forward(
     kind: Kind,
     needs_input: bool,
 ) -> (usize, Option<Adapter>) {
+    if let Some(q4) = d.four_bit {
+        return four_bit_forward(tp, d, q4, m, kind, needs_input);
+    }
     let (i, o, r, t) = (d.width_in(m), d.width_out(m), d.rank, d.t);
     if !d.adapted[m] {
         return (
@@ -347,7 +424,7 @@ fn linear_forward(
         tp.free(sum);
         let saved = Adapter {
             a_copy: None,
-            x,
+            x: Some(x),
             a_out,
             b_copy: None,
             mask: None,
@@ -382,6 +459,108 @@ fn linear_forward(
     tp.free(x32);
     let saved = Adapter {
         a_copy: Some(a_copy),
+        x: Some(x),
+        a_out,
+        b_copy: Some(b_copy),
+        mask: dropped.and_then(|(_, mask)| mask),
+    };
+    (y, Some(saved))
+}
+
+/// Bytes per element of projection `m`'s input and output on a 4-bit layer: `o_proj` reads
+/// the 16-bit attention output; the others read the stream's dtype, and bitsandbytes casts
+/// the matmul's output back to its input's (`Linear4bit.forward`: `.to(inp_dtype)`).
+const fn four_bit_dtype(d: &Dims, m: usize) -> u64 {
+    if m == O { 2 } else { d.stream }
+}
+
+/// Projection `m` on a 4-bit weight: bitsandbytes 0.50 `Linear4bit.forward` (the input cast
+/// to the 16-bit compute dtype, `gemm_4bit`'s dequantize-and-`F.linear` fallback with the
+/// nested absmax dequantized and offset, the output cast back to the input's dtype) and,
+/// adapted, PEFT 0.21 `lora.bnb.Linear4bit.forward` under autocast (the base output cloned,
+/// no input cast by PEFT: autocast casts an fp32 input to 16 bits for `lora_A`, a 16-bit
+/// input is read as is; the sum in the base output's dtype).
+fn four_bit_forward(
+    tp: &mut Tape,
+    d: &Dims,
+    q4: FourBit,
+    m: usize,
+    kind: Kind,
+    needs_input: bool,
+) -> (usize, Option<Adapter>) {
+    let (i, o, r, t) = (d.width_in(m), d.width_out(m), d.rank, d.t);
+    let xd = four_bit_dtype(d, m);
+    let cast = (xd != 2).then(|| tp.temp(2 * t * i, "4-bit input cast"));
+    let absmax = q4.absmax(o * i);
+    let nested = (absmax > 0).then(|| {
+        (
+            tp.temp(absmax, "absmax dequantized"),
+            tp.temp(absmax, "absmax offset"),
+        )
+    });
+    let weight = tp.temp(2 * o * i, "dequantized weight");
+    let out_kind = if d.adapted[m] || xd != 2 {
+        Kind::Temp
+    } else {
+        kind
+    };
+    let mm = tp.alloc(2 * t * o, "4-bit matmul output", Some(m), out_kind);
+    if let Some((dq, offset)) = nested {
+        tp.free(offset);
+        tp.free(dq);
+    }
+    tp.free(weight);
+    let result = if xd == 2 {
+        mm
+    } else {
+        let up_kind = if d.adapted[m] { Kind::Temp } else { kind };
+        let up = tp.alloc(xd * t * o, "4-bit output cast", Some(m), up_kind);
+        tp.free(mm);
+        up
+    };
+    if let Some(c) = cast {
+        tp.free(c);
+    }
+    if !d.adapted[m] {
+        return (result, None);
+    }
+    let clone = tp.temp(xd * t * o, "PEFT clone");
+    tp.free(result);
+    // `native_dropout` on the input: its output (which `lora_A` saves when it reads it as
+    // is) and its mask, kept where the input needs a gradient.
+    let dropped = d.dropout.then(|| {
+        let out_kind = if xd == 2 { Kind::Saved } else { Kind::Temp };
+        let out = tp.alloc(xd * t * i, "LoRA dropout", Some(m), out_kind);
+        let mask_kind = if needs_input { Kind::Saved } else { Kind::Temp };
+        let mask = tp.alloc(t * i, "LoRA dropout mask", Some(m), mask_kind);
+        tp.last_use(mask);
+        (out, needs_input.then_some(mask))
+    });
+    let a_copy = tp.alloc(2 * r * i, "autocast copy", Some(m), Kind::Cached);
+    let x = match dropped {
+        _ if xd != 2 => Some(tp.saved(2 * t * i, "LoRA input", Some(m))),
+        Some((out, _)) => Some(out),
+        None => None,
+    };
+    let a_out = tp.saved(2 * t * r, "lora_A output", Some(m));
+    if let Some(x) = x {
+        tp.last_use(x);
+    }
+    if let Some((out, _)) = dropped
+        && xd != 2
+    {
+        tp.free(out);
+    }
+    let b_copy = tp.alloc(2 * o * r, "autocast copy", Some(m), Kind::Cached);
+    let b_out = tp.temp(2 * t * o, "lora_B output");
+    tp.release(a_out);
+    let scaled = tp.temp(2 * t * o, "LoRA scaled");
+    tp.free(b_out);
+    let y = tp.alloc(xd * t * o, "LoRA sum", Some(m), kind);
+    tp.free(clone);
+    tp.free(scaled);
+    let saved = Adapter {
+        a_copy: Some(a_copy),
         x,
         a_out,
         b_copy: Some(b_copy),
@@ -408,7 +587,10 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
     let mut tp = Tape::default();
     let tp = &mut tp;
     let t = d.t;
-    let (norm1, x1) = rms_forward(tp, d, !first, d.h, t);
+    // On an fp32 stream SDPA reads autocast's 16-bit casts of q, k and v, which it saves
+    // instead of them.
+    let cast_qkv = d.stream == 4;
+    let (norm1, x1) = rms_forward(tp, d, !first, d.h, t, None);
     let mut adapters = [None; 7];
     // Qwen3 normalizes q and k per head right after their projections
     // (`Qwen3Attention.forward`), the projection's output freed once normalized; the norm
@@ -417,7 +599,8 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
     let (q, a) = linear_forward(tp, d, Q, Kind::Temp, !first);
     adapters[Q] = a;
     let q = if d.qk_norm {
-        let (kept, normed) = rms_forward(tp, d, !first || d.adapted[Q], d.q, t * d.heads);
+        let keep = !first || d.adapted[Q];
+        let (kept, normed) = rms_forward(tp, d, keep, d.q, t * d.heads, None);
         tp.free(q);
         qk_norms[0] = kept;
         normed
@@ -428,7 +611,8 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
     adapters[K] = a;
     let k = if d.qk_norm {
         let heads = d.kv / d.head_dim.max(1);
-        let (kept, normed) = rms_forward(tp, d, !first || d.adapted[K], d.kv, t * heads);
+        let keep = !first || d.adapted[K];
+        let (kept, normed) = rms_forward(tp, d, keep, d.kv, t * heads, None);
         tp.free(k);
         qk_norms[1] = kept;
         normed
@@ -440,16 +624,20 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
     // the bmm saves instead) of q, k and v in their (batch, tokens, heads) layout otherwise.
     let repeated = d.eager && d.kv < d.q;
     let copied = d.eager && d.b > 1;
-    let kv_kind = if repeated || copied {
+    let kv_kind = if repeated || copied || cast_qkv {
         Kind::Temp
     } else {
         Kind::Saved
     };
-    let q_kind = if copied { Kind::Temp } else { Kind::Saved };
+    let q_kind = if copied || cast_qkv {
+        Kind::Temp
+    } else {
+        Kind::Saved
+    };
     let (v, a) = linear_forward(tp, d, V, kv_kind, !first);
     adapters[V] = a;
-    let q_rot = rope_forward(tp, 2 * t * d.q, q_kind);
-    let k_rot = rope_forward(tp, 2 * t * d.kv, kv_kind);
+    let q_rot = rope_forward(tp, d.stream * t * d.q, q_kind);
+    let k_rot = rope_forward(tp, d.stream * t * d.kv, kv_kind);
     tp.free(q);
     tp.free(k);
     let (attention, o_input) = if d.eager {
@@ -504,11 +692,24 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
         };
         (eager, out)
     } else {
-        // `_scaled_dot_product_flash_attention`: the output and the log-sum-exp.
+        // `_scaled_dot_product_flash_attention`: the output and the log-sum-exp (of the
+        // 16-bit casts autocast makes of fp32 q, k and v).
+        let casts = cast_qkv.then(|| {
+            (
+                tp.saved(2 * t * d.q, "q cast", None),
+                tp.saved(2 * t * d.kv, "k cast", None),
+                tp.saved(2 * t * d.kv, "v cast", None),
+            )
+        });
         let out = tp.saved(2 * t * d.q, "SDPA output", None);
         let lse = tp.saved(4 * d.b * d.heads * d.s, "SDPA logsumexp", None);
         tp.release(lse);
-        (Attn::Flash { out, lse }, out)
+        if let Some((qc, kc, vc)) = casts {
+            tp.release(qc);
+            tp.release(kc);
+            tp.release(vc);
+        }
+        (Attn::Flash { out, lse, casts }, out)
     };
     let (o, a) = linear_forward(tp, d, O, Kind::Temp, true);
     adapters[O] = a;
@@ -523,30 +724,36 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
         }
     } else {
         for x in [o_input, q_rot, k_rot, v] {
-            tp.release(x);
+            tp.last_use(x);
         }
     }
     tp.free(x1);
-    let r1 = tp.temp(2 * t * d.h, "residual");
+    // On an fp32 stream the second norm saves its input, this sum, itself.
+    let r1_kind = if d.stream == 4 {
+        Kind::Saved
+    } else {
+        Kind::Temp
+    };
+    let r1 = tp.alloc(d.stream * t * d.h, "residual", None, r1_kind);
     tp.free(o);
-    let (norm2, x2) = rms_forward(tp, d, true, d.h, t);
-    let norm2 = norm2.unwrap_or((0, 0));
+    let (norm2, x2) = rms_forward(tp, d, true, d.h, t, Some(r1));
+    let norm2 = norm2.unwrap_or((None, 0));
     let (gate, a) = linear_forward(tp, d, GATE, Kind::Saved, true);
     adapters[GATE] = a;
-    let act = tp.saved(2 * t * d.i, "activation", None);
+    let act = tp.saved(d.stream * t * d.i, "activation", None);
     tp.release(gate);
     let (up, a) = linear_forward(tp, d, UP, Kind::Saved, true);
     adapters[UP] = a;
-    let product = tp.temp(2 * t * d.i, "gate·up");
+    let product = tp.temp(d.stream * t * d.i, "gate·up");
     tp.release(act);
     tp.release(up);
     let (down, a) = linear_forward(tp, d, DOWN, Kind::Temp, true);
     adapters[DOWN] = a;
     tp.free(product);
     tp.free(x2);
-    let output = tp.temp(2 * t * d.h, "layer output");
+    let output = tp.temp(d.stream * t * d.h, "layer output");
     tp.free(down);
-    tp.free(r1);
+    tp.last_use(r1);
     // Eager attention returns its probabilities, which the decoder layer holds (`_`) until
     // it returns.
     if let Attn::Eager { probs, .. } = attention {
@@ -573,15 +780,21 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
 #[derive(Debug, Default)]
 pub(super) struct Kept<'m> {
     live: Vec<Option<Tensor<'m>>>,
+    /// The layer's input, where its first norm saves it ([`LoraLayer::saves_input`]).
+    input: Option<Tensor<'m>>,
 }
 
 impl<'m> Kept<'m> {
     fn take(&mut self, i: usize) -> Option<Tensor<'m>> {
         self.live.get_mut(i).and_then(Option::take)
     }
+    /// Holds the layer's input until its first norm's backward.
+    pub(super) const fn hold_input(&mut self, input: Tensor<'m>) {
+        self.input = Some(input);
+    }
     /// Every tensor still held, in tape order.
     pub(super) fn into_rest(self) -> Vec<Tensor<'m>> {
-        self.live.into_iter().flatten().collect()
+        self.live.into_iter().flatten().chain(self.input).collect()
     }
 }
 
@@ -625,6 +838,10 @@ impl LoraLayer {
             autocast: r.autocast,
             eager: job.attention == Attention::Eager,
             qk_norm: model.qk_norm,
+            stream: r.stream_bytes,
+            four_bit: (job.quantization != Quantization::None).then_some(FourBit {
+                nested: job.quantization.double_quant(),
+            }),
         };
         let params = ranges
             .iter()
@@ -645,6 +862,12 @@ impl LoraLayer {
             rest: layer_forward(&d, false),
             params,
         }
+    }
+
+    /// Whether a layer's first norm saves the layer's input itself (an fp32 stream: no
+    /// cast), which must then live until that norm's backward ([`Kept::hold_input`]).
+    pub(super) const fn saves_input(&self) -> bool {
+        self.d.stream == 4
     }
 
     /// Under checkpointing, layer `k`'s backward up to the first op that reads a saved
@@ -742,7 +965,7 @@ impl LoraLayer {
         } else {
             live[roles.output].take()
         };
-        (Kept { live }, cached, output)
+        (Kept { live, input: None }, cached, output)
     }
 
     /// Layer `k`'s backward from the gradient `dy` of its output; returns the gradient of
@@ -767,31 +990,44 @@ impl LoraLayer {
             params: self.params[k],
         };
         let d = self.d;
-        let t = d.t;
+        let (t, s) = (d.t, d.stream);
         // The MLP: down_proj, the product, up_proj, the activation, gate_proj.
         let dp = bw
             .linear(DOWN, roles, dy, false, None, true, started)
             .expect("down_proj's input needs a gradient");
-        let d_up = bw.temp(2 * t * d.i);
-        let d_act = bw.temp(2 * t * d.i);
+        let d_up = bw.temp(s * t * d.i);
+        let d_act = bw.temp(s * t * d.i);
         bw.free(dp);
         bw.release(roles.up);
         bw.release(roles.act);
         let sum = bw.linear(UP, roles, d_up, true, None, true, None);
-        let d_gate = bw.temp(2 * t * d.i);
+        let d_gate = bw.temp(s * t * d.i);
         bw.free(d_act);
         bw.release(roles.gate);
         let sum = bw.linear(GATE, roles, d_gate, true, sum, true, None);
-        let j = bw.rms(sum.expect("the MLP input's gradient"), roles.norm2, d.h);
-        let dr = bw.temp(2 * t * d.h);
-        bw.free(dy);
-        bw.free(j);
-        // Attention: o_proj, SDPA, RoPE, then v, k and q.
+        let dr = bw.norm_into(sum.expect("the MLP input's gradient"), roles.norm2, d.h, dy);
+        // Attention: o_proj, SDPA, RoPE, then v, k and q. On an fp32 stream o_proj's
+        // 16-bit output takes the residual's gradient cast to 16 bits.
+        let (g_o, free_g_o) = if s == 4 {
+            (bw.temp(2 * t * d.h), true)
+        } else {
+            (dr, false)
+        };
         let d_attn = bw
-            .linear(O, roles, dr, false, None, true, None)
+            .linear(O, roles, g_o, free_g_o, None, true, None)
             .expect("o_proj's input needs a gradient");
         let (dq, dk, dv) = match roles.attention {
-            Attn::Flash { out, lse } => bw.sdpa(roles, d_attn, out, lse),
+            Attn::Flash { out, lse, casts } => {
+                let (dq, dk, dv) = bw.sdpa(roles, d_attn, out, lse, casts);
+                if casts.is_some() {
+                    // The casts' backward, in autograd's order: v, k, q.
+                    let dv = bw.cast(dv, 4 * t * d.kv);
+                    let dk = bw.cast(dk, 4 * t * d.kv);
+                    (bw.cast(dq, 4 * t * d.q), dk, dv)
+                } else {
+                    (dq, dk, dv)
+                }
+            }
             Attn::Eager {
                 q,
                 k_rep,
@@ -800,33 +1036,28 @@ impl LoraLayer {
                 probs,
             } => bw.eager(d_attn, [q, k_rep, v_rep, soft, probs]),
         };
-        let dk = bw.rope(dk, 2 * t * d.kv);
-        let dq = bw.rope(dq, 2 * t * d.q);
+        let dk = bw.rope(dk, s * t * d.kv);
+        let dq = bw.rope(dq, s * t * d.q);
         let needs = roles.norm1.is_some();
-        // Eager attention's gradients come in the (batch, heads, tokens) layout: each is
-        // copied contiguous as its projection's backward reshapes it.
+        // Eager attention's gradients come in the (batch, heads, tokens) layout, and so do
+        // RoPE's fp32 ones: each is copied contiguous as its projection's backward reshapes
+        // it.
         let dv = bw.contiguous(dv, 2 * t * d.kv);
         let mut sum = bw.linear(V, roles, dv, true, None, needs, None);
         let dk = match roles.qk_norms[1] {
             Some(kept) => bw.rms(dk, kept, d.kv),
             None => dk,
         };
-        let dk = bw.contiguous(dk, 2 * t * d.kv);
+        let dk = bw.contiguous_rotated(dk, s * t * d.kv);
         sum = bw.linear(K, roles, dk, true, sum, needs, None);
         let dq = match roles.qk_norms[0] {
             Some(kept) => bw.rms(dq, kept, d.q),
             None => dq,
         };
-        let dq = bw.contiguous(dq, 2 * t * d.q);
+        let dq = bw.contiguous_rotated(dq, s * t * d.q);
         sum = bw.linear(Q, roles, dq, true, sum, needs, None);
         match (roles.norm1, sum) {
-            (Some(norm1), Some(sum)) => {
-                let j = bw.rms(sum, norm1, d.h);
-                let dx = bw.temp(2 * t * d.h);
-                bw.free(dr);
-                bw.free(j);
-                Some(dx)
-            }
+            (Some(norm1), Some(sum)) => Some(bw.norm_into(sum, norm1, d.h, dr)),
             _ => {
                 bw.free(dr);
                 None
@@ -900,6 +1131,16 @@ impl<'m> Backward<'_, '_, 'm> {
     /// freed when `free_g`).
     fn start(&mut self, m: usize, g: Tensor<'m>, free_g: bool) -> Start<'m> {
         let (o, t) = (self.d.width_out(m), self.d.t);
+        if self.d.four_bit.is_some() && four_bit_dtype(self.d, m) == 4 {
+            // The fp32 sum's gradient reaches the 16-bit scaled branch cast to 16 bits.
+            let g16 = self.temp(2 * t * o);
+            let scaled = self.temp(2 * t * o);
+            self.free(g16);
+            return Start {
+                scaled,
+                base_grad: None,
+            };
+        }
         if self.d.autocast {
             return Start {
                 scaled: self.temp(2 * t * o),
@@ -934,6 +1175,9 @@ impl<'m> Backward<'_, '_, 'm> {
         started: Option<Start<'m>>,
     ) -> Option<Tensor<'m>> {
         let d = *self.d;
+        if let Some(q4) = d.four_bit {
+            return self.four_bit_linear(q4, m, roles, g, free_g, sum, needs_input, started);
+        }
         let (i, o, r, t) = (d.width_in(m), d.width_out(m), d.rank, d.t);
         let mut base_grad = None;
         if let Some(a) = roles.adapters[m] {
@@ -975,7 +1219,9 @@ impl<'m> Backward<'_, '_, 'm> {
             if let Some(c) = a.a_copy {
                 self.release(c);
             }
-            self.release(a.x);
+            if let Some(x) = a.x {
+                self.release(x);
+            }
             let g_x32 = match g_x {
                 Some(g_x) if d.autocast => {
                     let up = self.temp(4 * t * i);
@@ -1015,9 +1261,180 @@ impl<'m> Backward<'_, '_, 'm> {
         sum
     }
 
+    /// A `w`-wide RMSNorm's backward from `g` (freed), its input's gradient summed into `acc`
+    /// (the gradient the residual brought to the same tensor; freed): the sum.
+    ///
+    /// On a 16-bit stream the norm's input gradient comes through its fp32 cast
+    /// ([`Self::rms`]). On an fp32 stream with an fp32 weight there is no cast: the product
+    /// with `rsqrt` and the path through the mean each reach the input as they are made, and
+    /// autograd's input buffer sums each into `acc` at once.
+    fn norm_into(
+        &mut self,
+        g: Tensor<'m>,
+        (x, rsqrt): NormKept,
+        w: u64,
+        acc: Tensor<'m>,
+    ) -> Tensor<'m> {
+        let th = self.d.t * w;
+        if self.d.stream != 4 {
+            let j = self.rms(g, (x, rsqrt), w);
+            let sum = self.temp(2 * th);
+            self.free(acc);
+            self.free(j);
+            return sum;
+        }
+        let by_weight = self.temp(4 * th);
+        self.free(g);
+        let by_x = self.temp(4 * th);
+        let by_rsqrt = self.temp(4 * th);
+        self.free(by_x);
+        self.free(by_weight);
+        let first = self.temp(4 * th);
+        self.free(acc);
+        self.free(by_rsqrt);
+        self.release(rsqrt);
+        let div = self.temp(4 * th);
+        let pow = self.temp(4 * th);
+        let scalar = self.temp(4 * th);
+        let through_mean = self.temp(4 * th);
+        self.free(scalar);
+        self.free(pow);
+        self.free(div);
+        match x {
+            Some(x) => self.release(x),
+            None => {
+                if let Some(input) = self.kept.input.take() {
+                    self.free(input);
+                }
+            }
+        }
+        let sum = self.temp(4 * th);
+        self.free(first);
+        self.free(through_mean);
+        sum
+    }
+
+    /// A cast of `g` (freed) to `bytes`.
+    fn cast(&mut self, g: Tensor<'m>, bytes: u64) -> Tensor<'m> {
+        let c = self.temp(bytes);
+        self.free(g);
+        c
+    }
+
+    /// k's or q's gradient after RoPE's backward: copied contiguous under eager attention
+    /// and on an fp32 stream (RoPE's fp32 gradients come in the heads-first layout the
+    /// projection's `view` backward reshapes); else `g`.
+    fn contiguous_rotated(&mut self, g: Tensor<'m>, bytes: u64) -> Tensor<'m> {
+        if self.d.eager || self.d.stream == 4 {
+            self.cast(g, bytes)
+        } else {
+            g
+        }
+    }
+
+    /// [`Self::linear`] on a 4-bit layer ([`four_bit_forward`]): the adapter branch as on a
+    /// 16-bit layer (its input gradient cast back to fp32 where autocast cast the input),
+    /// then, where the input needs a gradient, bitsandbytes' `MatMul4Bit.backward` (the
+    /// weight dequantized again, with the nested absmax) between the casts' backwards.
+    #[allow(clippy::too_many_arguments)]
+    fn four_bit_linear(
+        &mut self,
+        q4: FourBit,
+        m: usize,
+        roles: &Roles,
+        g: Tensor<'m>,
+        free_g: bool,
+        mut sum: Option<Tensor<'m>>,
+        needs_input: bool,
+        started: Option<Start<'m>>,
+    ) -> Option<Tensor<'m>> {
+        let d = *self.d;
+        let (i, o, r, t) = (d.width_in(m), d.width_out(m), d.rank, d.t);
+        let xd = four_bit_dtype(&d, m);
+        if let Some(a) = roles.adapters[m] {
+            let st = match started {
+                Some(st) => st,
+                None => self.start(m, g, false),
+            };
+            let params = self.params[m];
+            let g_b = self.temp(2 * o * r);
+            let g_a_out = self.temp(2 * t * r);
+            self.free(st.scaled);
+            if let Some(c) = a.b_copy {
+                self.release(c);
+            }
+            self.release(a.a_out);
+            if let Some((_, pb)) = params {
+                self.grad(pb);
+            }
+            self.free(g_b);
+            let g_a = self.temp(2 * r * i);
+            let g_x = needs_input.then(|| self.temp(2 * t * i));
+            self.free(g_a_out);
+            if let Some(c) = a.a_copy {
+                self.release(c);
+            }
+            if let Some(x) = a.x {
+                self.release(x);
+            }
+            let g_x = match g_x {
+                Some(g_x) if xd == 4 => Some(self.cast(g_x, 4 * t * i)),
+                other => other,
+            };
+            if let Some((pa, _)) = params {
+                self.grad(pa);
+            }
+            self.free(g_a);
+            if let Some(mut g_x) = g_x {
+                if let Some(mask) = a.mask {
+                    let through = self.temp(xd * t * i);
+                    self.free(g_x);
+                    self.release(mask);
+                    g_x = through;
+                }
+                sum = Some(self.accumulate(sum, g_x, xd * t * i));
+            }
+        }
+        if !needs_input {
+            if free_g {
+                self.free(g);
+            }
+            return sum;
+        }
+        // The output cast's backward, then the matmul's against the dequantized weight.
+        let g16 = if xd == 4 {
+            let c = self.temp(2 * t * o);
+            if free_g {
+                self.free(g);
+            }
+            Some(c)
+        } else {
+            None
+        };
+        let absmax = q4.absmax(o * i);
+        let absmax = (absmax > 0).then(|| self.temp(absmax));
+        let weight = self.temp(2 * o * i);
+        if let Some(a) = absmax {
+            self.free(a);
+        }
+        let g_in = self.temp(2 * t * i);
+        self.free(weight);
+        match g16 {
+            Some(c) => self.free(c),
+            None if free_g => self.free(g),
+            None => {}
+        }
+        let g_in = if xd == 4 {
+            self.cast(g_in, 4 * t * i)
+        } else {
+            g_in
+        };
+        Some(self.accumulate(sum, g_in, xd * t * i))
+    }
+
     /// `LlamaRMSNorm`'s backward over `w`-wide rows from `g` (freed): the gradient of its
     /// input, 16-bit.
-    fn rms(&mut self, g: Tensor<'m>, (x32, rsqrt): (usize, usize), w: u64) -> Tensor<'m> {
+    fn rms(&mut self, g: Tensor<'m>, (x32, rsqrt): NormKept, w: u64) -> Tensor<'m> {
         let th = self.d.t * w;
         let by_weight = self.temp(2 * th);
         self.free(g);
@@ -1035,7 +1452,9 @@ impl<'m> Backward<'_, '_, 'm> {
         self.free(scalar);
         self.free(pow);
         self.free(div);
-        self.release(x32);
+        if let Some(x32) = x32 {
+            self.release(x32);
+        }
         let sum = self.temp(4 * th);
         self.free(by_rsqrt);
         self.free(through_mean);
@@ -1053,6 +1472,7 @@ impl<'m> Backward<'_, '_, 'm> {
         d_attn: Tensor<'m>,
         out: usize,
         lse: usize,
+        casts: Option<(usize, usize, usize)>,
     ) -> (Tensor<'m>, Tensor<'m>, Tensor<'m>) {
         let d = *self.d;
         let s128 = d.s.div_ceil(128) * 128;
@@ -1072,7 +1492,8 @@ impl<'m> Backward<'_, '_, 'm> {
             self.free(w);
         }
         self.free(d_attn);
-        for x in [roles.q_rot, roles.k_rot, roles.v, out, lse] {
+        let (q, k, v) = casts.unwrap_or((roles.q_rot, roles.k_rot, roles.v));
+        for x in [q, k, v, out, lse] {
             self.release(x);
         }
         (dq, dk, dv)

@@ -81,7 +81,7 @@ pub struct TraceEvent<'m> {
 pub struct Trace<'m> {
     /// Allocations and frees.
     pub events: Vec<TraceEvent<'m>>,
-    /// The decoder layers are traced op by op (LoRA on a Llama-style layer, `step`'s
+    /// The decoder layers are traced op by op (LoRA or QLoRA on a Llama-style layer, `step`'s
     /// `lora_layer`), not as their saved bytes cut into shapes.
     #[serde(skip)]
     pub op_by_op: bool,

@@ -144,12 +144,12 @@ pub fn trace<'m>(
     }
     let s = Step::new(model, job, r, device);
     // Room for two steps of the events one layer makes per micro-batch (up to 64 traced
-    // coarsely, about 720 op by op with checkpointing), and a few per parameter (loading,
-    // gradients, states): the vector then rarely grows.
+    // coarsely; op by op with checkpointing about 720 for LoRA, 890 for QLoRA), and a few
+    // per parameter (loading, gradients, states): the vector then rarely grows.
     let layers = usize::try_from(model.num_layers).unwrap_or(0);
     let micro_batches = usize::try_from(job.grad_accum.max(1)).unwrap_or(1);
     let per_layer = if lora_layer::models(model, job, r) {
-        768
+        1024
     } else {
         64
     };
@@ -537,13 +537,17 @@ impl<'m, 'j> Step<'m, 'j> {
                 } else {
                     Mode::Grad
                 };
-                let (layer, copies, output) = lora.forward(b, k, mode);
+                let (mut layer, copies, output) = lora.forward(b, k, mode);
                 cached.extend(copies);
                 if job.gradient_checkpointing {
                     saved.push(vec![input]);
                 } else {
                     if k > 0 {
-                        b.free(input);
+                        if lora.saves_input() {
+                            layer.hold_input(input);
+                        } else {
+                            b.free(input);
+                        }
                     }
                     saved.push(Vec::new());
                 }
