@@ -28,7 +28,7 @@
 //! `calibration/allocsim.py` is the same model in Python; replaying the allocations of real
 //! training steps through it reproduced an H200's reserved peaks (`calibration/README.md`).
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 
 mod small_pool;
 
@@ -79,19 +79,28 @@ struct Block {
     small: bool,
     stream: Stream,
     free: bool,
-    prev: Option<usize>,
-    next: Option<usize>,
-    /// Streams other than its own the block was used on (`record_stream`).
-    uses: Vec<Stream>,
+    prev: Option<u32>,
+    next: Option<u32>,
+    /// Used on streams other than its own (`record_stream`; which, in `uses`).
+    used_elsewhere: bool,
+}
+
+/// A block's index as a link between neighbours.
+fn index(i: usize) -> u32 {
+    u32::try_from(i).expect("fewer than 2^32 blocks")
 }
 
 /// A handle to an allocated block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Handle(usize);
 
-/// The key a cached free block of the large pool is found by: (stream, size, address,
-/// block index).
+/// A cached free block: (stream, size, address, block index).
 type FreeKey = (Stream, u64, u64, usize);
+
+/// The order the large pool finds a block in: by size, then address.
+const fn size_then_address(size: u64, addr: u64) -> u128 {
+    ((size as u128) << 64) | addr as u128
+}
 
 /// The allocator's bookkeeping, without memory.
 #[derive(Debug, Clone, Default)]
@@ -99,10 +108,14 @@ pub struct CachingAllocator {
     blocks: Vec<Block>,
     /// Cached free blocks of the small pool, one [`SmallPool`] a stream.
     small_free: Vec<SmallPool>,
-    /// Cached free blocks of the large pool, in order.
-    large_free: BTreeSet<FreeKey>,
-    /// Freed blocks still in use on other streams, with the streams they wait for.
+    /// Cached free blocks of the large pool, a map a stream, by size then address
+    /// ([`size_then_address`]), to their block indices.
+    large_free: Vec<(Stream, BTreeMap<u128, usize>)>,
+    /// Freed blocks still in use on other streams.
     pending: Vec<usize>,
+    /// The streams other than its own each block was used on (`record_stream`), for the
+    /// blocks that were.
+    uses: Vec<(usize, Vec<Stream>)>,
     next_addr: u64,
     allocated: u64,
     reserved: u64,
@@ -184,6 +197,18 @@ impl CachingAllocator {
         &mut self.small_free[k]
     }
 
+    /// The large pool of `stream`, made on first use.
+    fn large_pool(&mut self, stream: Stream) -> &mut BTreeMap<u128, usize> {
+        let k = match self.large_free.iter().position(|p| p.0 == stream) {
+            Some(k) => k,
+            None => {
+                self.large_free.push((stream, BTreeMap::new()));
+                self.large_free.len() - 1
+            }
+        };
+        &mut self.large_free[k].1
+    }
+
     fn cache(&mut self, i: usize) {
         let (stream, size, addr, small) = {
             let b = &self.blocks[i];
@@ -192,7 +217,8 @@ impl CachingAllocator {
         if small {
             self.small_pool(stream).insert(size, addr, i);
         } else {
-            self.large_free.insert((stream, size, addr, i));
+            self.large_pool(stream)
+                .insert(size_then_address(size, addr), i);
         }
     }
 
@@ -204,7 +230,8 @@ impl CachingAllocator {
         if small {
             self.small_pool(stream).remove(size, addr);
         } else {
-            self.large_free.remove(&(stream, size, addr, i));
+            self.large_pool(stream)
+                .remove(&size_then_address(size, addr));
         }
     }
 
@@ -224,9 +251,10 @@ impl CachingAllocator {
                 .and_then(|p| p.best_fit(size))
         } else {
             self.large_free
-                .range((stream, size, 0, 0)..=(stream, u64::MAX, u64::MAX, usize::MAX))
-                .next()
-                .map(|&(_, _, _, i)| i)
+                .iter()
+                .find(|p| p.0 == stream)
+                .and_then(|(_, m)| m.range(size_then_address(size, 0)..).next())
+                .map(|(_, &i)| i)
         };
         let i = if let Some(i) = found {
             self.uncache(i);
@@ -241,7 +269,7 @@ impl CachingAllocator {
                 free: true,
                 prev: None,
                 next: None,
-                uses: Vec::new(),
+                used_elsewhere: false,
             });
             // Segments are never adjacent: blocks of two segments never merge.
             self.next_addr += seg + ROUND_LARGE;
@@ -258,14 +286,14 @@ impl CachingAllocator {
                 small,
                 stream,
                 free: true,
-                prev: Some(i),
+                prev: Some(index(i)),
                 next: b.next,
-                uses: Vec::new(),
+                used_elsewhere: false,
             });
             if let Some(n) = self.blocks[i].next {
-                self.blocks[n].prev = Some(r);
+                self.blocks[n as usize].prev = Some(index(r));
             }
-            self.blocks[i].next = Some(r);
+            self.blocks[i].next = Some(index(r));
             self.blocks[i].size = size;
             self.cache(r);
         }
@@ -280,8 +308,14 @@ impl CachingAllocator {
     /// ignored).
     pub fn record_stream(&mut self, h: Handle, stream: Stream) {
         let b = &mut self.blocks[h.0];
-        if stream != b.stream && !b.uses.contains(&stream) {
-            b.uses.push(stream);
+        if stream == b.stream {
+            return;
+        }
+        b.used_elsewhere = true;
+        match self.uses.iter_mut().find(|u| u.0 == h.0) {
+            Some((_, streams)) if !streams.contains(&stream) => streams.push(stream),
+            Some(_) => {}
+            None => self.uses.push((h.0, vec![stream])),
         }
     }
 
@@ -291,7 +325,7 @@ impl CachingAllocator {
         let i = h.0;
         debug_assert!(!self.blocks[i].free, "double free");
         self.allocated -= self.blocks[i].size;
-        if self.blocks[i].uses.is_empty() {
+        if !self.blocks[i].used_elsewhere {
             self.release(i);
         } else {
             self.pending.push(i);
@@ -302,16 +336,22 @@ impl CachingAllocator {
     /// streams already done) return to the cache (`process_events`).
     pub fn synchronize(&mut self, stream: Stream) {
         let mut ready = Vec::new();
+        let uses = &mut self.uses;
         self.pending.retain(|&i| {
-            let uses = &mut self.blocks[i].uses;
-            uses.retain(|&s| s != stream);
-            let done = uses.is_empty();
+            let Some(k) = uses.iter().position(|u| u.0 == i) else {
+                ready.push(i);
+                return false;
+            };
+            uses[k].1.retain(|&s| s != stream);
+            let done = uses[k].1.is_empty();
             if done {
+                uses.swap_remove(k);
                 ready.push(i);
             }
             !done
         });
         for i in ready {
+            self.blocks[i].used_elsewhere = false;
             self.release(i);
         }
     }
@@ -319,12 +359,20 @@ impl CachingAllocator {
     /// Returns block `i` to its pool, merged with free neighbours of its segment.
     fn release(&mut self, mut i: usize) {
         self.blocks[i].free = true;
-        if let Some(p) = self.blocks[i].prev.filter(|&p| self.blocks[p].free) {
+        if let Some(p) = self.blocks[i]
+            .prev
+            .map(|p| p as usize)
+            .filter(|&p| self.blocks[p].free)
+        {
             self.uncache(p);
             self.join(p, i);
             i = p;
         }
-        if let Some(n) = self.blocks[i].next.filter(|&n| self.blocks[n].free) {
+        if let Some(n) = self.blocks[i]
+            .next
+            .map(|n| n as usize)
+            .filter(|&n| self.blocks[n].free)
+        {
             self.uncache(n);
             self.join(i, n);
         }
@@ -337,7 +385,7 @@ impl CachingAllocator {
         self.blocks[left].size += size;
         self.blocks[left].next = next;
         if let Some(n) = next {
-            self.blocks[n].prev = Some(left);
+            self.blocks[n as usize].prev = Some(index(left));
         }
         self.blocks[right].size = 0;
     }
@@ -348,8 +396,12 @@ impl CachingAllocator {
             .small_free
             .iter()
             .flat_map(|p| p.blocks().map(|(size, i)| (p.stream, size, 0, i)));
+        let large = self.large_free.iter().flat_map(|(stream, m)| {
+            m.iter()
+                .map(move |(&k, &i)| (*stream, (k >> 64) as u64, 0, i))
+        });
         let whole: Vec<FreeKey> = small
-            .chain(self.large_free.iter().copied())
+            .chain(large)
             .filter(|&(_, _, _, i)| self.blocks[i].prev.is_none() && self.blocks[i].next.is_none())
             .collect();
         for (stream, size, _, i) in whole {
