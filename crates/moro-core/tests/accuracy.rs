@@ -372,8 +372,9 @@ fn h200_liger_dora_and_compile_rows_are_reproduced() {
 /// The H200's QLoRA runs under bf16 autocast (classic QLoRA: NF4 after
 /// `prepare_model_for_kbit_training`, fp32 adapters, SDPA) are traced op by op
 /// (`estimate/trace/lora_layer.rs`) and their reserve is the replay of that trace: each
-/// reserved peak within 0.6 % of the measured one. Their reserve came from a ratio of the
-/// churning bytes before: −0.6 to +3.2 % (median |error| 1.0 %).
+/// reserved peak within 0.6 % of the measured one (the run with bitsandbytes' paged AdamW
+/// too, whose large states are managed memory outside the allocator). Their reserve came
+/// from a ratio of the churning bytes before: −1.7 to +3.2 % (median |error| 1.0 %).
 #[test]
 fn h200_qlora_reserve_is_its_replayed_step() {
     let (text, rows) = rows_by_id("h200/measured.jsonl");
@@ -383,8 +384,7 @@ fn h200_qlora_reserve_is_its_replayed_step() {
         let v = &rows[&row.id];
         let classic = v["method"] == "qlora"
             && v["level"] == "reserved"
-            && v["precision"].as_str().unwrap().starts_with("bf16-mixed")
-            && !v["optimizer"].as_str().unwrap().starts_with("paged");
+            && v["precision"].as_str().unwrap().starts_with("bf16-mixed");
         if !classic {
             continue;
         }
@@ -393,5 +393,5 @@ fn h200_qlora_reserve_is_its_replayed_step() {
         assert!(e.abs() <= 0.006, "{} {e}", row.id);
         checked += 1;
     }
-    assert_eq!(checked, 8);
+    assert_eq!(checked, 9);
 }

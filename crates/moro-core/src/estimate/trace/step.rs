@@ -92,10 +92,14 @@ pub fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
                 LossImpl::Standard | LossImpl::Fused | LossImpl::ChunkedNll
             ),
         }
-        && matches!(
+        && (matches!(
             job.optimizer,
             Optimizer::AdamwTorch | Optimizer::AdamwTorchFused | Optimizer::Adamw8bit
         )
+            // bitsandbytes' paged AdamW keeps its large states in managed memory; traced for
+            // adapters, whose states are small (a full fine-tune's 8-bit states are traced
+            // unpaged only, +7.7 % over on the H200).
+            || (job.optimizer.is_paged() && job.method != Method::Full))
 }
 
 /// Whether [`trace`] follows `job`'s decoder layers op by op ([`lora_layer`]): its replay
@@ -922,8 +926,12 @@ impl<'m, 'j> Step<'m, 'j> {
                     shape: (p.numel, 1),
                     embedding: p.embedding,
                 };
+                // A paged optimizer's large states are managed memory, outside the allocator.
                 let (bytes, _) = optimizer::state_bytes(&tr, job.optimizer, pb, r);
                 for (name, part) in [("exp_avg", bytes / 2), ("exp_avg_sq", bytes - bytes / 2)] {
+                    if part == 0 {
+                        continue;
+                    }
                     held.states.push(b.alloc_in(
                         name,
                         p.module,
