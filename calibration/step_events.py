@@ -35,7 +35,8 @@ Llama-2-7B (no grouped KV heads), eager, 2 × 384 tokens, r 8, dropout 0.1.
 `--matrix-qlora` writes `validation/oracle-traces/step-events-qlora.jsonl` (compact): QLoRA
 (NF4 with and without double quantization, after `prepare_model_for_kbit_training`) on the
 2-layer Llama-3.1-8B with and without checkpointing, with dropout 0.05, on q and v alone
-over 2 × 512 tokens, and on the 2-layer Qwen2.5-7B (q, k and v biases) and Mistral-7B, as
+over 2 × 512 tokens, and on the 2-layer Qwen2.5-7B (q, k and v biases), Mistral-7B and
+Qwen3-8B (fp32 q and k norms, with and without checkpointing), as
 `trace/lora_layer.rs` follows it op by op. Every 4-bit matmul's forward dequantizes its
 weight (`install_dequant_forward`).
 
@@ -335,7 +336,9 @@ QLORA_MATRIX = [qlora_args(False), qlora_args(True),
                 qlora_args(True, seq=512, batch=2, targets=["q_proj", "v_proj"]),
                 qlora_args(True, double_quant=False),
                 qlora_args(True, model="Qwen--Qwen2.5-7B"),
-                qlora_args(False, model="mistralai--Mistral-7B-v0.3")]
+                qlora_args(False, model="mistralai--Mistral-7B-v0.3"),
+                qlora_args(False, model="Qwen--Qwen3-8B"),
+                qlora_args(True, model="Qwen--Qwen3-8B")]
 QLORA_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-qlora.jsonl")
 DORA_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-dora.jsonl")
 

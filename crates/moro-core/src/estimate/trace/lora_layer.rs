@@ -51,7 +51,7 @@ const DOWN: usize = 6;
 /// dropout, SDPA or eager attention) or on bitsandbytes 4-bit weights after PEFT's
 /// `prepare_model_for_kbit_training` (under bf16 autocast, SDPA; classic QLoRA), and a
 /// Llama, Mistral, Qwen2 or Qwen3 layer (RMSNorm, the seven projections one Linear each, q,
-/// k or v adapted; Qwen3's q and k norms not on 4-bit weights).
+/// k or v adapted).
 #[must_use]
 pub(super) fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
     let dense = job.method == Method::Adapters
@@ -72,8 +72,7 @@ pub(super) fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
         && r.dequant_bytes == 2
         && !r.quantize_lm_head
         && r.autocast
-        && job.attention == Attention::Sdpa
-        && !model.qk_norm;
+        && job.attention == Attention::Sdpa;
     (dense || four_bit)
         && job.adapter.method == PeftKind::Lora
         && !job.adapter.dora
@@ -595,25 +594,33 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
     // Qwen3 normalizes q and k per head right after their projections
     // (`Qwen3Attention.forward`), the projection's output freed once normalized; the norm
     // keeps its input where that needs a gradient.
+    // On an fp32 stream the norm saves the projection's output itself, not an fp32 copy.
     let mut qk_norms = [None, None];
-    let (q, a) = linear_forward(tp, d, Q, Kind::Temp, !first);
+    let keep_q = !first || d.adapted[Q];
+    let norm_saves = |keep: bool| {
+        if d.qk_norm && d.stream == 4 && keep {
+            Kind::Saved
+        } else {
+            Kind::Temp
+        }
+    };
+    let (q, a) = linear_forward(tp, d, Q, norm_saves(keep_q), !first);
     adapters[Q] = a;
     let q = if d.qk_norm {
-        let keep = !first || d.adapted[Q];
-        let (kept, normed) = rms_forward(tp, d, keep, d.q, t * d.heads, None);
-        tp.free(q);
+        let (kept, normed) = rms_forward(tp, d, keep_q, d.q, t * d.heads, Some(q));
+        tp.last_use(q);
         qk_norms[0] = kept;
         normed
     } else {
         q
     };
-    let (k, a) = linear_forward(tp, d, K, Kind::Temp, !first);
+    let keep_k = !first || d.adapted[K];
+    let (k, a) = linear_forward(tp, d, K, norm_saves(keep_k), !first);
     adapters[K] = a;
     let k = if d.qk_norm {
         let heads = d.kv / d.head_dim.max(1);
-        let keep = !first || d.adapted[K];
-        let (kept, normed) = rms_forward(tp, d, keep, d.kv, t * heads, None);
-        tp.free(k);
+        let (kept, normed) = rms_forward(tp, d, keep_k, d.kv, t * heads, Some(k));
+        tp.last_use(k);
         qk_norms[1] = kept;
         normed
     } else {
@@ -1005,7 +1012,12 @@ impl LoraLayer {
         bw.free(d_act);
         bw.release(roles.gate);
         let sum = bw.linear(GATE, roles, d_gate, true, sum, true, None);
-        let dr = bw.norm_into(sum.expect("the MLP input's gradient"), roles.norm2, d.h, dy);
+        let dr = bw.norm_into(
+            sum.expect("the MLP input's gradient"),
+            roles.norm2,
+            d.h,
+            Some(dy),
+        );
         // Attention: o_proj, SDPA, RoPE, then v, k and q. On an fp32 stream o_proj's
         // 16-bit output takes the residual's gradient cast to 16 bits.
         let (g_o, free_g_o) = if s == 4 {
@@ -1045,19 +1057,19 @@ impl LoraLayer {
         let dv = bw.contiguous(dv, 2 * t * d.kv);
         let mut sum = bw.linear(V, roles, dv, true, None, needs, None);
         let dk = match roles.qk_norms[1] {
-            Some(kept) => bw.rms(dk, kept, d.kv),
+            Some(kept) => bw.norm_into(dk, kept, d.kv, None),
             None => dk,
         };
         let dk = bw.contiguous_rotated(dk, s * t * d.kv);
         sum = bw.linear(K, roles, dk, true, sum, needs, None);
         let dq = match roles.qk_norms[0] {
-            Some(kept) => bw.rms(dq, kept, d.q),
+            Some(kept) => bw.norm_into(dq, kept, d.q, None),
             None => dq,
         };
         let dq = bw.contiguous_rotated(dq, s * t * d.q);
         sum = bw.linear(Q, roles, dq, true, sum, needs, None);
         match (roles.norm1, sum) {
-            (Some(norm1), Some(sum)) => Some(bw.norm_into(sum, norm1, d.h, dr)),
+            (Some(norm1), Some(sum)) => Some(bw.norm_into(sum, norm1, d.h, Some(dr))),
             _ => {
                 bw.free(dr);
                 None
@@ -1261,23 +1273,24 @@ impl<'m> Backward<'_, '_, 'm> {
         sum
     }
 
-    /// A `w`-wide RMSNorm's backward from `g` (freed), its input's gradient summed into `acc`
-    /// (the gradient the residual brought to the same tensor; freed): the sum.
+    /// A `w`-wide RMSNorm's backward from `g` (freed): its input's gradient, summed into
+    /// `acc` where given (the gradient the residual brought to the same tensor; freed).
     ///
     /// On a 16-bit stream the norm's input gradient comes through its fp32 cast
     /// ([`Self::rms`]). On an fp32 stream with an fp32 weight there is no cast: the product
     /// with `rsqrt` and the path through the mean each reach the input as they are made, and
-    /// autograd's input buffer sums each into `acc` at once.
+    /// autograd's input buffer sums them (into `acc` at once).
     fn norm_into(
         &mut self,
         g: Tensor<'m>,
         (x, rsqrt): NormKept,
         w: u64,
-        acc: Tensor<'m>,
+        acc: Option<Tensor<'m>>,
     ) -> Tensor<'m> {
         let th = self.d.t * w;
         if self.d.stream != 4 {
             let j = self.rms(g, (x, rsqrt), w);
+            let Some(acc) = acc else { return j };
             let sum = self.temp(2 * th);
             self.free(acc);
             self.free(j);
@@ -1289,9 +1302,15 @@ impl<'m> Backward<'_, '_, 'm> {
         let by_rsqrt = self.temp(4 * th);
         self.free(by_x);
         self.free(by_weight);
-        let first = self.temp(4 * th);
-        self.free(acc);
-        self.free(by_rsqrt);
+        let first = match acc {
+            Some(acc) => {
+                let first = self.temp(4 * th);
+                self.free(acc);
+                self.free(by_rsqrt);
+                first
+            }
+            None => by_rsqrt,
+        };
         self.release(rsqrt);
         let div = self.temp(4 * th);
         let pow = self.temp(4 * th);
