@@ -729,6 +729,30 @@ fn the_job_line_names_the_adapters_dtype() {
         "{}",
         o.stdout
     );
+    // TRL casts a quantized model's trainable parameters to bf16 (`sft_trainer.py`), under
+    // autocast too: the line says so, as the adapters' bytes count them.
+    let trl = [
+        "estimate",
+        "--model",
+        "meta-llama/Llama-3.2-3B",
+        "--method",
+        "qlora",
+        "--stack",
+        "trl",
+    ];
+    let v = json(&[&trl[..], &["--json"]].concat());
+    assert_eq!(
+        v["components"]["adapters"].as_u64().unwrap(),
+        2 * v["trainable_params"].as_u64().unwrap(),
+        "{v}"
+    );
+    let o = run(&trl);
+    assert!(
+        o.stdout
+            .contains("bf16-mixed (bf16 adapters under bf16 autocast)"),
+        "{}",
+        o.stdout
+    );
 }
 
 /// "Does not fit" is not a dead end: the Llama-2-7B full fine-tune on one H100 lists

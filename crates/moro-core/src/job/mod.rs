@@ -1189,6 +1189,7 @@ impl Job {
                 "fp32 adapters on a bf16 model, no autocast"
             }
             (_, Precision::Bf16) => "bf16 adapters, no autocast",
+            (_, Precision::Bf16Mixed) if adapter_bytes == 2 => "bf16 adapters under bf16 autocast",
             (_, Precision::Bf16Mixed) => "fp32 adapters under bf16 autocast",
             (_, Precision::Fp16Mixed) => "fp32 adapters under fp16 autocast",
             (_, Precision::Fp32) => "fp32 throughout",
