@@ -1172,6 +1172,69 @@ impl<'m> Backward<'_, '_, 'm> {
         }
     }
 
+    /// Adapted projection `m`'s adapter branch backward from its scaled gradient (freed):
+    /// `lora_B`'s weight gradient, the gradient of `lora_A`'s output, `lora_A`'s weight
+    /// gradient and, where `needs_input`, the gradient of `lora_A`'s input, cast to fp32 where
+    /// `up` (autocast's cast of an fp32 input). Under autocast the weight gradients are 16-bit
+    /// matmul outputs whose fp32 casts become `.grad`; without it they are fp32 themselves.
+    fn adapter_grads(
+        &mut self,
+        m: usize,
+        a: Adapter,
+        scaled: Tensor<'m>,
+        needs_input: bool,
+        up: bool,
+    ) -> Option<Tensor<'m>> {
+        let d = *self.d;
+        let (i, o, r, t) = (d.width_in(m), d.width_out(m), d.rank, d.t);
+        let params = self.params[m];
+        let (e, g_b) = if d.autocast {
+            (2, Some(self.temp(2 * o * r)))
+        } else {
+            if let Some((_, pb)) = params {
+                self.grad(pb);
+            }
+            (4, None)
+        };
+        let g_a_out = self.temp(e * t * r);
+        self.free(scaled);
+        if let Some(c) = a.b_copy {
+            self.release(c);
+        }
+        self.release(a.a_out);
+        let g_a = if let Some(g_b) = g_b {
+            if let Some((_, pb)) = params {
+                self.grad(pb);
+            }
+            self.free(g_b);
+            Some(self.temp(2 * r * i))
+        } else {
+            if let Some((pa, _)) = params {
+                self.grad(pa);
+            }
+            None
+        };
+        let g_x = needs_input.then(|| self.temp(e * t * i));
+        self.free(g_a_out);
+        if let Some(c) = a.a_copy {
+            self.release(c);
+        }
+        if let Some(x) = a.x {
+            self.release(x);
+        }
+        let g_x = match g_x {
+            Some(g_x) if up => Some(self.cast(g_x, 4 * t * i)),
+            other => other,
+        };
+        if let Some(g_a) = g_a {
+            if let Some((pa, _)) = params {
+                self.grad(pa);
+            }
+            self.free(g_a);
+        }
+        g_x
+    }
+
     /// Projection `m`'s backward from `g`, freed after the frozen matmul when `free_g`;
     /// its input's gradient summed into `sum` where `needs_input` (else `sum` unchanged).
     /// `started`: what [`Self::start`] made before checkpointing's recompute.
@@ -1190,7 +1253,7 @@ impl<'m> Backward<'_, '_, 'm> {
         if let Some(q4) = d.four_bit {
             return self.four_bit_linear(q4, m, roles, g, free_g, sum, needs_input, started);
         }
-        let (i, o, r, t) = (d.width_in(m), d.width_out(m), d.rank, d.t);
+        let (i, t) = (d.width_in(m), d.t);
         let mut base_grad = None;
         if let Some(a) = roles.adapters[m] {
             let st = match started {
@@ -1198,56 +1261,8 @@ impl<'m> Backward<'_, '_, 'm> {
                 None => self.start(m, g, free_g),
             };
             base_grad = st.base_grad;
-            let params = self.params[m];
-            // Without autocast the weight gradients are fp32 matmul outputs themselves.
-            let (e, g_b) = if d.autocast {
-                (2, Some(self.temp(2 * o * r)))
-            } else {
-                if let Some((_, pb)) = params {
-                    self.grad(pb);
-                }
-                (4, None)
-            };
-            let g_a_out = self.temp(e * t * r);
-            self.free(st.scaled);
-            if let Some(c) = a.b_copy {
-                self.release(c);
-            }
-            self.release(a.a_out);
-            let g_a = if let Some(g_b) = g_b {
-                if let Some((_, pb)) = params {
-                    self.grad(pb);
-                }
-                self.free(g_b);
-                Some(self.temp(2 * r * i))
-            } else {
-                if let Some((pa, _)) = params {
-                    self.grad(pa);
-                }
-                None
-            };
-            let g_x = needs_input.then(|| self.temp(e * t * i));
-            self.free(g_a_out);
-            if let Some(c) = a.a_copy {
-                self.release(c);
-            }
-            if let Some(x) = a.x {
-                self.release(x);
-            }
-            let g_x32 = match g_x {
-                Some(g_x) if d.autocast => {
-                    let up = self.temp(4 * t * i);
-                    self.free(g_x);
-                    Some(up)
-                }
-                other => other,
-            };
-            if let Some(g_a) = g_a {
-                if let Some((pa, _)) = params {
-                    self.grad(pa);
-                }
-                self.free(g_a);
-            }
+            // Under autocast the input gradient comes back through its 16-bit cast.
+            let g_x32 = self.adapter_grads(m, a, st.scaled, needs_input, d.autocast);
             if let Some(mut g_x32) = g_x32 {
                 if let Some(mask) = a.mask {
                     let through = self.temp(4 * t * i);
@@ -1368,42 +1383,14 @@ impl<'m> Backward<'_, '_, 'm> {
         started: Option<Start<'m>>,
     ) -> Option<Tensor<'m>> {
         let d = *self.d;
-        let (i, o, r, t) = (d.width_in(m), d.width_out(m), d.rank, d.t);
+        let (i, o, t) = (d.width_in(m), d.width_out(m), d.t);
         let xd = four_bit_dtype(&d, m);
         if let Some(a) = roles.adapters[m] {
             let st = match started {
                 Some(st) => st,
                 None => self.start(m, g, false),
             };
-            let params = self.params[m];
-            let g_b = self.temp(2 * o * r);
-            let g_a_out = self.temp(2 * t * r);
-            self.free(st.scaled);
-            if let Some(c) = a.b_copy {
-                self.release(c);
-            }
-            self.release(a.a_out);
-            if let Some((_, pb)) = params {
-                self.grad(pb);
-            }
-            self.free(g_b);
-            let g_a = self.temp(2 * r * i);
-            let g_x = needs_input.then(|| self.temp(2 * t * i));
-            self.free(g_a_out);
-            if let Some(c) = a.a_copy {
-                self.release(c);
-            }
-            if let Some(x) = a.x {
-                self.release(x);
-            }
-            let g_x = match g_x {
-                Some(g_x) if xd == 4 => Some(self.cast(g_x, 4 * t * i)),
-                other => other,
-            };
-            if let Some((pa, _)) = params {
-                self.grad(pa);
-            }
-            self.free(g_a);
+            let g_x = self.adapter_grads(m, a, st.scaled, needs_input, xd == 4);
             if let Some(mut g_x) = g_x {
                 if let Some(mask) = a.mask {
                     let through = self.temp(xd * t * i);
