@@ -81,8 +81,6 @@ struct Block {
     free: bool,
     prev: Option<u32>,
     next: Option<u32>,
-    /// Used on streams other than its own (`record_stream`; which, in `uses`).
-    used_elsewhere: bool,
 }
 
 /// A block's index as a link between neighbours.
@@ -114,7 +112,7 @@ pub struct CachingAllocator {
     /// Freed blocks still in use on other streams.
     pending: Vec<usize>,
     /// The streams other than its own each block was used on (`record_stream`), for the
-    /// blocks that were.
+    /// blocks that were (only FSDP's streams record them: a short list).
     uses: Vec<(usize, Vec<Stream>)>,
     next_addr: u64,
     allocated: u64,
@@ -269,7 +267,6 @@ impl CachingAllocator {
                 free: true,
                 prev: None,
                 next: None,
-                used_elsewhere: false,
             });
             // Segments are never adjacent: blocks of two segments never merge.
             self.next_addr += seg + ROUND_LARGE;
@@ -288,7 +285,6 @@ impl CachingAllocator {
                 free: true,
                 prev: Some(index(i)),
                 next: b.next,
-                used_elsewhere: false,
             });
             if let Some(n) = self.blocks[i].next {
                 self.blocks[n as usize].prev = Some(index(r));
@@ -307,11 +303,9 @@ impl CachingAllocator {
     /// for that stream's work (`recordStream` adds to `stream_uses`; its own stream is
     /// ignored).
     pub fn record_stream(&mut self, h: Handle, stream: Stream) {
-        let b = &mut self.blocks[h.0];
-        if stream == b.stream {
+        if stream == self.blocks[h.0].stream {
             return;
         }
-        b.used_elsewhere = true;
         match self.uses.iter_mut().find(|u| u.0 == h.0) {
             Some((_, streams)) if !streams.contains(&stream) => streams.push(stream),
             Some(_) => {}
@@ -325,7 +319,7 @@ impl CachingAllocator {
         let i = h.0;
         debug_assert!(!self.blocks[i].free, "double free");
         self.allocated -= self.blocks[i].size;
-        if !self.blocks[i].used_elsewhere {
+        if !self.uses.iter().any(|u| u.0 == i) {
             self.release(i);
         } else {
             self.pending.push(i);
@@ -351,7 +345,6 @@ impl CachingAllocator {
             !done
         });
         for i in ready {
-            self.blocks[i].used_elsewhere = false;
             self.release(i);
         }
     }

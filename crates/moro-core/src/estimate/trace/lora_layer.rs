@@ -431,20 +431,50 @@ fn linear_forward(
         return (y, Some(saved));
     }
     let x32 = tp.alloc(4 * t * i, "LoRA input fp32", Some(m), Kind::Temp);
-    // `native_dropout` on the fp32 input: its output, and its mask, kept for the backward
-    // when the input needs a gradient.
+    let (saved, scaled) = autocast_adapter(tp, d, m, 4, needs_input);
+    let y = tp.alloc(2 * t * o, "LoRA sum", Some(m), kind);
+    tp.free(scaled);
+    tp.free(base);
+    tp.free(x32);
+    (y, Some(saved))
+}
+
+/// An adapted projection's adapter branch under autocast, up to its scaled output, on an
+/// input of `in_bytes` per element: dropout's output and mask (the mask kept where the
+/// input needs a gradient), autocast's 16-bit copies of `lora_A` and `lora_B`, its 16-bit
+/// cast of an fp32 input (a 16-bit input, or its dropout output, is read as is and saved by
+/// `lora_A`), both matmuls and the scaling. Returns the saved tensors and the scaled output.
+fn autocast_adapter(
+    tp: &mut Tape,
+    d: &Dims,
+    m: usize,
+    in_bytes: u64,
+    needs_input: bool,
+) -> (Adapter, usize) {
+    let (i, o, r, t) = (d.width_in(m), d.width_out(m), d.rank, d.t);
+    let cast = in_bytes != 2;
+    // `native_dropout` on the input: its output and its mask.
     let dropped = d.dropout.then(|| {
-        let out = tp.temp(4 * t * i, "LoRA dropout");
+        let out_kind = if cast { Kind::Temp } else { Kind::Saved };
+        let out = tp.alloc(in_bytes * t * i, "LoRA dropout", Some(m), out_kind);
         let mask_kind = if needs_input { Kind::Saved } else { Kind::Temp };
         let mask = tp.alloc(t * i, "LoRA dropout mask", Some(m), mask_kind);
         tp.last_use(mask);
         (out, needs_input.then_some(mask))
     });
     let a_copy = tp.alloc(2 * r * i, "autocast copy", Some(m), Kind::Cached);
-    let x = tp.saved(2 * t * i, "LoRA input", Some(m));
+    let x = match dropped {
+        _ if cast => Some(tp.saved(2 * t * i, "LoRA input", Some(m))),
+        Some((out, _)) => Some(out),
+        None => None,
+    };
     let a_out = tp.saved(2 * t * r, "lora_A output", Some(m));
-    tp.release(x);
-    if let Some((out, _)) = dropped {
+    if let Some(x) = x {
+        tp.release(x);
+    }
+    if let Some((out, _)) = dropped
+        && cast
+    {
         tp.free(out);
     }
     let b_copy = tp.alloc(2 * o * r, "autocast copy", Some(m), Kind::Cached);
@@ -452,18 +482,14 @@ fn linear_forward(
     tp.release(a_out);
     let scaled = tp.alloc(2 * t * o, "LoRA scaled", Some(m), Kind::Temp);
     tp.free(b_out);
-    let y = tp.alloc(2 * t * o, "LoRA sum", Some(m), kind);
-    tp.free(scaled);
-    tp.free(base);
-    tp.free(x32);
     let saved = Adapter {
         a_copy: Some(a_copy),
-        x: Some(x),
+        x,
         a_out,
         b_copy: Some(b_copy),
         mask: dropped.and_then(|(_, mask)| mask),
     };
-    (y, Some(saved))
+    (saved, scaled)
 }
 
 /// Bytes per element of projection `m`'s input and output on a 4-bit layer: `o_proj` reads
@@ -487,7 +513,7 @@ fn four_bit_forward(
     kind: Kind,
     needs_input: bool,
 ) -> (usize, Option<Adapter>) {
-    let (i, o, r, t) = (d.width_in(m), d.width_out(m), d.rank, d.t);
+    let (i, o, t) = (d.width_in(m), d.width_out(m), d.t);
     let xd = four_bit_dtype(d, m);
     let cast = (xd != 2).then(|| tp.temp(2 * t * i, "4-bit input cast"));
     let absmax = q4.absmax(o * i);
@@ -525,46 +551,10 @@ fn four_bit_forward(
     }
     let clone = tp.temp(xd * t * o, "PEFT clone");
     tp.free(result);
-    // `native_dropout` on the input: its output (which `lora_A` saves when it reads it as
-    // is) and its mask, kept where the input needs a gradient.
-    let dropped = d.dropout.then(|| {
-        let out_kind = if xd == 2 { Kind::Saved } else { Kind::Temp };
-        let out = tp.alloc(xd * t * i, "LoRA dropout", Some(m), out_kind);
-        let mask_kind = if needs_input { Kind::Saved } else { Kind::Temp };
-        let mask = tp.alloc(t * i, "LoRA dropout mask", Some(m), mask_kind);
-        tp.last_use(mask);
-        (out, needs_input.then_some(mask))
-    });
-    let a_copy = tp.alloc(2 * r * i, "autocast copy", Some(m), Kind::Cached);
-    let x = match dropped {
-        _ if xd != 2 => Some(tp.saved(2 * t * i, "LoRA input", Some(m))),
-        Some((out, _)) => Some(out),
-        None => None,
-    };
-    let a_out = tp.saved(2 * t * r, "lora_A output", Some(m));
-    if let Some(x) = x {
-        tp.last_use(x);
-    }
-    if let Some((out, _)) = dropped
-        && xd != 2
-    {
-        tp.free(out);
-    }
-    let b_copy = tp.alloc(2 * o * r, "autocast copy", Some(m), Kind::Cached);
-    let b_out = tp.temp(2 * t * o, "lora_B output");
-    tp.release(a_out);
-    let scaled = tp.temp(2 * t * o, "LoRA scaled");
-    tp.free(b_out);
+    let (saved, scaled) = autocast_adapter(tp, d, m, xd, needs_input);
     let y = tp.alloc(xd * t * o, "LoRA sum", Some(m), kind);
     tp.free(clone);
     tp.free(scaled);
-    let saved = Adapter {
-        a_copy: Some(a_copy),
-        x,
-        a_out,
-        b_copy: Some(b_copy),
-        mask: dropped.and_then(|(_, mask)| mask),
-    };
     (y, Some(saved))
 }
 
@@ -1175,7 +1165,8 @@ impl<'m> Backward<'_, '_, 'm> {
     /// Adapted projection `m`'s adapter branch backward from its scaled gradient (freed):
     /// `lora_B`'s weight gradient, the gradient of `lora_A`'s output, `lora_A`'s weight
     /// gradient and, where `needs_input`, the gradient of `lora_A`'s input, cast to fp32 where
-    /// `up` (autocast's cast of an fp32 input). Under autocast the weight gradients are 16-bit
+    /// `up` (autocast's cast of an fp32 input), then through dropout's mask. Under autocast the
+    /// weight gradients are 16-bit
     /// matmul outputs whose fp32 casts become `.grad`; without it they are fp32 themselves.
     fn adapter_grads(
         &mut self,
@@ -1222,9 +1213,9 @@ impl<'m> Backward<'_, '_, 'm> {
         if let Some(x) = a.x {
             self.release(x);
         }
-        let g_x = match g_x {
-            Some(g_x) if up => Some(self.cast(g_x, 4 * t * i)),
-            other => other,
+        let (g_x, x_bytes) = match g_x {
+            Some(g_x) if up => (Some(self.cast(g_x, 4 * t * i)), 4),
+            other => (other, e),
         };
         if let Some(g_a) = g_a {
             if let Some((pa, _)) = params {
@@ -1232,7 +1223,16 @@ impl<'m> Backward<'_, '_, 'm> {
             }
             self.free(g_a);
         }
-        g_x
+        // Dropout's backward, through its mask.
+        match (g_x, a.mask) {
+            (Some(g_x), Some(mask)) => {
+                let through = self.temp(x_bytes * t * i);
+                self.free(g_x);
+                self.release(mask);
+                Some(through)
+            }
+            (g_x, _) => g_x,
+        }
     }
 
     /// Projection `m`'s backward from `g`, freed after the frozen matmul when `free_g`;
@@ -1263,13 +1263,7 @@ impl<'m> Backward<'_, '_, 'm> {
             base_grad = st.base_grad;
             // Under autocast the input gradient comes back through its 16-bit cast.
             let g_x32 = self.adapter_grads(m, a, st.scaled, needs_input, d.autocast);
-            if let Some(mut g_x32) = g_x32 {
-                if let Some(mask) = a.mask {
-                    let through = self.temp(4 * t * i);
-                    self.free(g_x32);
-                    self.release(mask);
-                    g_x32 = through;
-                }
+            if let Some(g_x32) = g_x32 {
                 let down = self.temp(2 * t * i);
                 self.free(g_x32);
                 sum = Some(self.accumulate(sum, down, 2 * t * i));
@@ -1390,14 +1384,7 @@ impl<'m> Backward<'_, '_, 'm> {
                 Some(st) => st,
                 None => self.start(m, g, false),
             };
-            let g_x = self.adapter_grads(m, a, st.scaled, needs_input, xd == 4);
-            if let Some(mut g_x) = g_x {
-                if let Some(mask) = a.mask {
-                    let through = self.temp(xd * t * i);
-                    self.free(g_x);
-                    self.release(mask);
-                    g_x = through;
-                }
+            if let Some(g_x) = self.adapter_grads(m, a, st.scaled, needs_input, xd == 4) {
                 sum = Some(self.accumulate(sum, g_x, xd * t * i));
             }
         }

@@ -152,11 +152,7 @@ pub fn trace<'m>(
     // per parameter (loading, gradients, states): the vector then rarely grows.
     let layers = usize::try_from(model.num_layers).unwrap_or(0);
     let micro_batches = usize::try_from(job.grad_accum.max(1)).unwrap_or(1);
-    let per_layer = if lora_layer::models(model, job, r) {
-        1024
-    } else {
-        64
-    };
+    let per_layer = if s.lora.is_some() { 1024 } else { 64 };
     let mut b = Builder::with_capacity(s.ps.len() * 8 + layers * micro_batches * 2 * per_layer);
     s.load(&mut b);
     let mut held = Held {
