@@ -16,9 +16,17 @@ the number of shifted tokens; the memory traced is unchanged.
       --config ../shared/models/meta-llama--Llama-3.2-1B-Instruct.json --method lora \\
       --precision bf16-mixed --batch 2 --seq 1024 --grad-ckpt
 
+`--trl-peft` also prepares a PEFT model as `SFTTrainer` does (TRL f2cd577): no
+`prepare_model_for_kbit_training`, the trainable parameters of a quantized model cast to bf16
+(`--no-kbit-prepare --lora-dtype bf16` for `--method qlora`), and under checkpointing
+`model.enable_input_require_grads()` after `get_peft_model`, so the first layer's input needs
+a gradient.
+
 `--events FILE` also writes the step's allocation sequence (`step_events.py`'s format);
 `--matrix FILE` regenerates the cases `crates/moro-core/tests/step_trace.rs` reads into
-`validation/oracle-traces/trl-chunked-nll.jsonl`. Every other option is the oracle's.
+`validation/oracle-traces/trl-chunked-nll.jsonl`; `--matrix-trl-peft` writes
+`validation/oracle-traces/step-events-trl-peft.jsonl` (compact, as `step_events.py
+--matrix-qlora`). Every other option is the oracle's.
 """
 
 from __future__ import annotations
@@ -156,6 +164,49 @@ MATRIX = [
 ]
 
 
+def peft_matrix() -> list[list[str]]:
+    """`--matrix-trl-peft`: 2-layer QLoRA and LoRA jobs (r 16) prepared as `SFTTrainer`
+    prepares them (`--trl-peft`), with TRL's chunked loss."""
+    import step_events
+
+    def job(ckpt, method="qlora", **k):
+        a = step_events.qlora_args(ckpt, **k)
+        a[a.index("--method") + 1] = method
+        i = a.index("--label") + 1
+        if method == "lora":
+            a[i] = a[i].replace("-qlora-r16-nf4dq-", "-lora-r16-")
+        a[i] = "trl-" + a[i]
+        return a
+
+    return [job(True), job(False), job(True, seq=512, dropout=0.05),
+            job(True, seq=512, batch=2, targets=["q_proj", "v_proj"]),
+            job(True, double_quant=False), job(True, model="Qwen--Qwen2.5-7B"),
+            job(False, model="mistralai--Mistral-7B-v0.3"), job(True, model="Qwen--Qwen3-8B"),
+            job(True, method="lora"), job(False, method="lora", model="Qwen--Qwen2.5-7B")]
+
+
+PEFT_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-trl-peft.jsonl")
+
+
+def run_peft_matrix(source: str | None) -> None:
+    """Runs [`peft_matrix`] each in its own process; writes the compact rows."""
+    import tempfile
+
+    import step_events
+
+    tmp = PEFT_FIXTURE + ".tmp"
+    with open(tmp, "w") as out:
+        for a in peft_matrix():
+            with tempfile.NamedTemporaryFile(suffix=".jsonl") as f:
+                cmd = [sys.executable, os.path.abspath(__file__), "--trl-peft", "--events", f.name]
+                cmd += (["--trl-source", source] if source else []) + a
+                subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+                row = json.loads(open(f.name).readline())
+            print(a[a.index("--label") + 1], flush=True)
+            out.write(json.dumps(step_events.compact(row, None), separators=(",", ":")) + "\n")
+    os.replace(tmp, PEFT_FIXTURE)
+
+
 def run_matrix(out: str, source: str | None) -> None:
     done = set()
     if os.path.exists(out):
@@ -176,8 +227,37 @@ def run_matrix(out: str, source: str | None) -> None:
         subprocess.run(cmd, check=True)
 
 
+def install_trl_peft(argv: list[str]) -> list[str]:
+    """SFTTrainer's PEFT preparation (`--trl-peft`, module doc): returns the oracle's
+    arguments with TRL's QLoRA dtypes, and wraps `peft.get_peft_model` so the model it
+    returns makes its input embeddings require grad under checkpointing."""
+    import peft
+
+    argv = [a for a in argv if a != "--trl-peft"]
+    method = argv[argv.index("--method") + 1] if "--method" in argv else "lora"
+    if method == "qlora":
+        argv = [a for a in argv if a != "--no-kbit-prepare"] + ["--no-kbit-prepare", "--lora-dtype", "bf16"]
+    if "--grad-ckpt" in argv:
+        original = peft.get_peft_model
+
+        def get_peft_model(*a, **k):
+            model = original(*a, **k)
+            model.enable_input_require_grads()
+            return model
+
+        peft.get_peft_model = get_peft_model
+    return argv
+
+
 def main() -> None:
     source, rest = take(sys.argv[1:], "--trl-source")
+    if "--trl-peft" in rest:
+        sys.path.insert(0, ORACLE_DIR)
+        rest = install_trl_peft(rest)
+    if rest == ["--matrix-trl-peft"]:
+        sys.path.insert(0, HERE)
+        run_peft_matrix(source)
+        return
     matrix, rest = take(rest, "--matrix")
     if matrix is not None:
         run_matrix(matrix, source)
@@ -190,8 +270,9 @@ def main() -> None:
     if events is not None:
         import step_events
 
-        rec = step_events.run(rest)
+        rec = step_events.run([a for a in rest if a != "--desc"], "--desc" in rest)
         rec["loss"] = "trl chunked_nll"
+        rec["stack"] = "trl"
         with open(events, "a") as f:
             f.write(json.dumps(rec) + "\n")
         print("peak_allocated %d bytes" % rec["peak_allocated_bytes"])

@@ -658,7 +658,7 @@ fn lora_layers_are_traced_op_by_op() {
 #[test]
 fn lora_layer_variants_are_traced_op_by_op() {
     let rows = include_str!("../../../validation/oracle-traces/step-events-lora.jsonl");
-    assert_eq!(op_level_rows_within(rows, 0.001), 11);
+    assert_eq!(op_level_rows_within(rows, |_| 0.001), 11);
 }
 
 /// QLoRA's layers op by op (`calibration/step_events.py --matrix-qlora`): bitsandbytes'
@@ -675,13 +675,37 @@ fn lora_layer_variants_are_traced_op_by_op() {
 #[test]
 fn qlora_layers_are_traced_op_by_op() {
     let rows = include_str!("../../../validation/oracle-traces/step-events-qlora.jsonl");
-    assert_eq!(op_level_rows_within(rows, 0.0015), 10);
+    assert_eq!(op_level_rows_within(rows, |_| 0.0015), 10);
+}
+
+/// LoRA and QLoRA as TRL's `SFTTrainer` prepares them (`calibration/trl_trace.py
+/// --matrix-trl-peft`, TRL f2cd577, with its chunked loss): QLoRA without
+/// `prepare_model_for_kbit_training` (the residual stream and norms bf16) with its adapters
+/// cast to bf16 (no autocast copies; `lora_A` saves its 16-bit input as is, the norm's
+/// output shared by q, k and v), and under checkpointing the input embeddings requiring
+/// grad, so the first layer computes its input's gradient: the 2-layer Llama-3.1-8B with and
+/// without checkpointing, with dropout, on q and v alone, without double quantization;
+/// Qwen2.5-7B, Mistral-7B and Qwen3-8B; LoRA with fp32 adapters with and without
+/// checkpointing. Replayed from the reset after loading, both peaks within 0.1 %; the job
+/// without double quantization within 0.5 % (+0.47 % reserved: the oracle quantizes on the
+/// device, leaving each weight's fp32 absmax in other blocks than a load from the host).
+#[test]
+fn trl_peft_layers_are_traced_op_by_op() {
+    let rows = include_str!("../../../validation/oracle-traces/step-events-trl-peft.jsonl");
+    let tolerance = |label: &str| {
+        if label.contains("-nf4-") {
+            0.005
+        } else {
+            0.001
+        }
+    };
+    assert_eq!(op_level_rows_within(rows, tolerance), 10);
 }
 
 /// Replays each compact row of `rows` (a `step_events.py` matrix) and moro's op-by-op trace
-/// of the same job from the reset after loading; asserts both peaks within `tolerance`.
-/// Returns the number of rows checked.
-fn op_level_rows_within(rows: &str, tolerance: f64) -> usize {
+/// of the same job from the reset after loading; asserts both peaks within `tolerance` of
+/// the row's label. Returns the number of rows checked.
+fn op_level_rows_within(rows: &str, tolerance: impl Fn(&str) -> f64) -> usize {
     let mut checked = 0;
     for line in rows.lines() {
         let v: Value = serde_json::from_str(line).unwrap();
@@ -712,7 +736,11 @@ fn op_level_rows_within(rows: &str, tolerance: f64) -> usize {
                 "bf16" => Precision::Bf16,
                 _ => Precision::Bf16Mixed,
             }),
-            stack: Some(Stack::Hf),
+            stack: Some(if v["stack"] == "trl" {
+                Stack::Trl
+            } else {
+                Stack::Hf
+            }),
             optimizer: Some(Optimizer::AdamwTorchFused),
             attention: Some(match j["attn_implementation"].as_str().unwrap() {
                 "eager" => Attention::Eager,
@@ -741,6 +769,7 @@ fn op_level_rows_within(rows: &str, tolerance: f64) -> usize {
             ea * 100.0,
             er * 100.0
         );
+        let tolerance = tolerance(label);
         assert!(
             ea.abs() <= tolerance && er.abs() <= tolerance,
             "{label}: {ea:+.4} / {er:+.4}"

@@ -44,6 +44,7 @@ pub(super) const PROFILE: StackProfile = StackProfile {
     loop_keeps_previous_loss: false,
     trainer_embedding_override: true,
     ddp_bucket_copy: true,
+    peft_input_grads: false,
     step_replay: true,
     kv_cache: KvCacheLayout::Transformers,
     tp_replicates_embeddings: false,

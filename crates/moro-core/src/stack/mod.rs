@@ -65,6 +65,10 @@ pub struct StackProfile {
     /// DDP keeps a separate copy of all gradients in its buckets
     /// (`gradient_as_bucket_view=False`, the HF Trainer's default).
     pub ddp_bucket_copy: bool,
+    /// Under gradient checkpointing a PEFT model's input embeddings require grad
+    /// (`model.enable_input_require_grads()`), so the first decoder layer computes its
+    /// input's gradient too.
+    pub peft_input_grads: bool,
     /// The caching-allocator replay of two training steps models this stack's step
     /// ([`crate::estimate::replay`]).
     pub step_replay: bool,

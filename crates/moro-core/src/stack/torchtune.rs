@@ -25,6 +25,7 @@ pub(super) const PROFILE: StackProfile = StackProfile {
     loop_keeps_previous_loss: false,
     trainer_embedding_override: false,
     ddp_bucket_copy: false,
+    peft_input_grads: false,
     step_replay: false,
     kv_cache: KvCacheLayout::Transformers,
     tp_replicates_embeddings: false,

@@ -21,7 +21,11 @@
 //! leaves the residual stream and the norms fp32) each projection is bitsandbytes 0.50
 //! `Linear4bit` under PEFT 0.21 `lora.bnb.Linear4bit` ([`four_bit_forward`]): the input's
 //! cast to bf16, the weight dequantized around the matmul (in the backward too), the output
-//! cast back and cloned; SDPA reads autocast's bf16 casts of q, k and v.
+//! cast back and cloned; SDPA reads autocast's bf16 casts of q, k and v. As TRL's
+//! `SFTTrainer` prepares them (TRL f2cd577: no preparation, the adapters cast to bf16) the
+//! stream is bf16, nothing is cast, and `lora_A` saves its 16-bit input itself. Where the
+//! stack makes the input embeddings require grad under checkpointing (TRL's
+//! `enable_input_require_grads`), the first layer computes its input's gradient too.
 //!
 //! Cut this way, the replayed reserve of the H200's LoRA runs follows the oracle's
 //! (`crates/moro-core/tests/step_trace.rs`), which the coarser cut of the layer's saved
@@ -48,8 +52,9 @@ const DOWN: usize = 6;
 
 /// Whether the op-level layer models `job`'s decoder layers: LoRA without DoRA with fp32
 /// adapters, on unquantized 16-bit weights (under bf16 autocast, or without it and without
-/// dropout, SDPA or eager attention) or on bitsandbytes 4-bit weights after PEFT's
-/// `prepare_model_for_kbit_training` (under bf16 autocast, SDPA; classic QLoRA), and a
+/// dropout, SDPA or eager attention) or on bitsandbytes 4-bit weights under bf16 autocast
+/// with SDPA, after PEFT's `prepare_model_for_kbit_training` (classic QLoRA) or as TRL
+/// prepares them (bf16 stream, norms and adapters), and a
 /// Llama, Mistral, Qwen2 or Qwen3 layer (RMSNorm, the seven projections one Linear each, q,
 /// k or v adapted).
 #[must_use]
@@ -58,15 +63,20 @@ pub(super) fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
         && job.quantization == Quantization::None
         && r.stream_bytes == 2
         && r.frozen_bytes == 2
+        && r.adapter_bytes == 4
         && matches!(job.attention, Attention::Sdpa | Attention::Eager);
+    // Classic QLoRA: fp32 stream, norms and adapters after `prepare_model_for_kbit_training`;
+    // TRL's: no preparation, the stream and norms bf16, the adapters cast to bf16.
+    let classic =
+        r.kbit_prepare && r.stream_bytes == 4 && r.unquantized_bytes == 4 && r.adapter_bytes == 4;
+    let trl =
+        !r.kbit_prepare && r.stream_bytes == 2 && r.unquantized_bytes == 2 && r.adapter_bytes == 2;
     let four_bit = job.method == Method::QuantizedAdapters
         && matches!(
             job.quantization,
             Quantization::Nf4 | Quantization::Nf4Dq | Quantization::Fp4 | Quantization::Fp4Dq
         )
-        && r.kbit_prepare
-        && r.stream_bytes == 4
-        && r.unquantized_bytes == 4
+        && (classic || trl)
         && r.bnb_lora_layer
         && !r.quantized_saves_input
         && r.dequant_bytes == 2
@@ -81,7 +91,6 @@ pub(super) fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
         && !job.liger.glu
         && !job.liger.rope
         && (r.autocast || job.adapter.dropout == 0.0)
-        && r.adapter_bytes == 4
         // transformers' Llama, Mistral and Qwen2 decoder layers run these ops; OLMo-2's
         // post-norms and whole-width q/k norms, Granite's multipliers and SmolLM3's layers
         // without RoPE do not.
@@ -280,6 +289,9 @@ struct Dims {
     dropout: bool,
     /// bf16 autocast (else fp32 adapters on a 16-bit model).
     autocast: bool,
+    /// Autocast casts fp32 adapters to 16 bits (else they are 16-bit themselves, as TRL
+    /// casts a quantized model's trainable parameters).
+    adapter_copies: bool,
     /// Eager attention (else SDPA's flash kernel).
     eager: bool,
     /// Per-head RMSNorms on q and k (Qwen3).
@@ -346,7 +358,7 @@ type NormKept = (Option<usize>, usize);
 /// `LlamaRMSNorm` over `w`-wide rows (`rows` statistics: one a token, or one a token and
 /// head for Qwen3's q and k norms), its fp32 input and `rsqrt` kept where `keep`. On an
 /// fp32 stream with an fp32 weight the input is not cast (`input`: its tape number, none
-/// for the layer's input) and the output is fp32.
+/// for the layer's input) and the output is fp32. The output is of `out` kind.
 fn rms_forward(
     tp: &mut Tape,
     d: &Dims,
@@ -354,6 +366,7 @@ fn rms_forward(
     w: u64,
     rows: u64,
     input: Option<usize>,
+    out_kind: Kind,
 ) -> (Option<NormKept>, usize) {
     let th = d.t * w;
     let kind = if keep { Kind::Saved } else { Kind::Temp };
@@ -364,7 +377,7 @@ fn rms_forward(
         let rsqrt = tp.alloc(4 * rows, "RMSNorm rsqrt", None, kind);
         let normed = tp.temp(4 * th, "RMSNorm product");
         tp.last_use(rsqrt);
-        let out = tp.temp(4 * th, "RMSNorm output");
+        let out = tp.alloc(4 * th, "RMSNorm output", None, out_kind);
         tp.free(normed);
         tp.free(mean);
         return (keep.then_some((input, rsqrt)), out);
@@ -378,7 +391,7 @@ fn rms_forward(
     tp.last_use(rsqrt);
     tp.last_use(x32);
     let cast = tp.temp(2 * th, "RMSNorm cast");
-    let out = tp.temp(2 * th, "RMSNorm output");
+    let out = tp.alloc(2 * th, "RMSNorm output", None, out_kind);
     tp.free(cast);
     tp.free(normed);
     tp.free(mean);
@@ -386,16 +399,18 @@ fn rms_forward(
 }
 
 /// One projection on `x`: its output (of `kind`) and, adapted, the adapter's saved tensors.
-/// `needs_input`: its input needs a gradient (dropout's mask is then saved).
+/// `needs_input`: its input needs a gradient (dropout's mask is then saved). `input`: the
+/// 16-bit input a 4-bit layer's `lora_A` saves as is, where this module releases it.
 fn linear_forward(
     tp: &mut Tape,
     d: &Dims,
     m: usize,
     kind: Kind,
     needs_input: bool,
+    input: Option<usize>,
 ) -> (usize, Option<Adapter>) {
     if let Some(q4) = d.four_bit {
-        return four_bit_forward(tp, d, q4, m, kind, needs_input);
+        return four_bit_forward(tp, d, q4, m, kind, needs_input, input);
     }
     let (i, o, r, t) = (d.width_in(m), d.width_out(m), d.rank, d.t);
     if !d.adapted[m] {
@@ -431,7 +446,7 @@ fn linear_forward(
         return (y, Some(saved));
     }
     let x32 = tp.alloc(4 * t * i, "LoRA input fp32", Some(m), Kind::Temp);
-    let (saved, scaled) = autocast_adapter(tp, d, m, 4, needs_input);
+    let (saved, scaled) = autocast_adapter(tp, d, m, 4, needs_input, None);
     let y = tp.alloc(2 * t * o, "LoRA sum", Some(m), kind);
     tp.free(scaled);
     tp.free(base);
@@ -441,15 +456,18 @@ fn linear_forward(
 
 /// An adapted projection's adapter branch under autocast, up to its scaled output, on an
 /// input of `in_bytes` per element: dropout's output and mask (the mask kept where the
-/// input needs a gradient), autocast's 16-bit copies of `lora_A` and `lora_B`, its 16-bit
-/// cast of an fp32 input (a 16-bit input, or its dropout output, is read as is and saved by
-/// `lora_A`), both matmuls and the scaling. Returns the saved tensors and the scaled output.
+/// input needs a gradient), autocast's 16-bit copies of fp32 `lora_A` and `lora_B`, its
+/// 16-bit cast of an fp32 input (a 16-bit input, or its dropout output, is read as is and
+/// saved by `lora_A`: `input`, the tape's number of a 16-bit input this module releases in
+/// its backward), both matmuls and the scaling. Returns the saved tensors and the scaled
+/// output.
 fn autocast_adapter(
     tp: &mut Tape,
     d: &Dims,
     m: usize,
     in_bytes: u64,
     needs_input: bool,
+    input: Option<usize>,
 ) -> (Adapter, usize) {
     let (i, o, r, t) = (d.width_in(m), d.width_out(m), d.rank, d.t);
     let cast = in_bytes != 2;
@@ -462,31 +480,37 @@ fn autocast_adapter(
         tp.last_use(mask);
         (out, needs_input.then_some(mask))
     });
-    let a_copy = tp.alloc(2 * r * i, "autocast copy", Some(m), Kind::Cached);
-    let x = match dropped {
+    let a_copy = d
+        .adapter_copies
+        .then(|| tp.alloc(2 * r * i, "autocast copy", Some(m), Kind::Cached));
+    // What `lora_A` reads: its own (released here at its last forward use), or the input.
+    let own = match dropped {
         _ if cast => Some(tp.saved(2 * t * i, "LoRA input", Some(m))),
         Some((out, _)) => Some(out),
         None => None,
     };
     let a_out = tp.saved(2 * t * r, "lora_A output", Some(m));
-    if let Some(x) = x {
+    if let Some(x) = own {
         tp.release(x);
     }
+    let x = own.or(input);
     if let Some((out, _)) = dropped
         && cast
     {
         tp.free(out);
     }
-    let b_copy = tp.alloc(2 * o * r, "autocast copy", Some(m), Kind::Cached);
+    let b_copy = d
+        .adapter_copies
+        .then(|| tp.alloc(2 * o * r, "autocast copy", Some(m), Kind::Cached));
     let b_out = tp.alloc(2 * t * o, "lora_B output", Some(m), Kind::Temp);
     tp.release(a_out);
     let scaled = tp.alloc(2 * t * o, "LoRA scaled", Some(m), Kind::Temp);
     tp.free(b_out);
     let saved = Adapter {
-        a_copy: Some(a_copy),
+        a_copy,
         x,
         a_out,
-        b_copy: Some(b_copy),
+        b_copy,
         mask: dropped.and_then(|(_, mask)| mask),
     };
     (saved, scaled)
@@ -512,6 +536,7 @@ fn four_bit_forward(
     m: usize,
     kind: Kind,
     needs_input: bool,
+    input: Option<usize>,
 ) -> (usize, Option<Adapter>) {
     let (i, o, t) = (d.width_in(m), d.width_out(m), d.t);
     let xd = four_bit_dtype(d, m);
@@ -551,7 +576,7 @@ fn four_bit_forward(
     }
     let clone = tp.temp(xd * t * o, "PEFT clone");
     tp.free(result);
-    let (saved, scaled) = autocast_adapter(tp, d, m, xd, needs_input);
+    let (saved, scaled) = autocast_adapter(tp, d, m, xd, needs_input, input);
     let y = tp.alloc(xd * t * o, "LoRA sum", Some(m), kind);
     tp.free(clone);
     tp.free(scaled);
@@ -579,7 +604,21 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
     // On an fp32 stream SDPA reads autocast's 16-bit casts of q, k and v, which it saves
     // instead of them.
     let cast_qkv = d.stream == 4;
-    let (norm1, x1) = rms_forward(tp, d, !first, d.h, t, None);
+    // A 4-bit layer's `lora_A` on a 16-bit stream without dropout saves its input as is:
+    // the first norm's output (q, k and v), the second's (gate and up), `gate·up` (down).
+    // The one whose backward runs last (q, then k, then v; gate, then up) releases it.
+    let reads_input = d.four_bit.is_some() && d.stream == 2 && !d.dropout;
+    let owner = |ms: &[usize]| {
+        ms.iter()
+            .copied()
+            .find(|&m| d.adapted[m])
+            .filter(|_| reads_input)
+    };
+    let (qkv_owner, mlp_owner, down_owner) =
+        (owner(&[Q, K, V]), owner(&[GATE, UP]), owner(&[DOWN]));
+    let held = |o: Option<usize>| if o.is_some() { Kind::Saved } else { Kind::Temp };
+    let (norm1, x1) = rms_forward(tp, d, !first, d.h, t, None, held(qkv_owner));
+    let input_of = |m: usize, owner: Option<usize>, x: usize| (owner == Some(m)).then_some(x);
     let mut adapters = [None; 7];
     // Qwen3 normalizes q and k per head right after their projections
     // (`Qwen3Attention.forward`), the projection's output freed once normalized; the norm
@@ -594,10 +633,17 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
             Kind::Temp
         }
     };
-    let (q, a) = linear_forward(tp, d, Q, norm_saves(keep_q), !first);
+    let (q, a) = linear_forward(
+        tp,
+        d,
+        Q,
+        norm_saves(keep_q),
+        !first,
+        input_of(Q, qkv_owner, x1),
+    );
     adapters[Q] = a;
     let q = if d.qk_norm {
-        let (kept, normed) = rms_forward(tp, d, keep_q, d.q, t * d.heads, Some(q));
+        let (kept, normed) = rms_forward(tp, d, keep_q, d.q, t * d.heads, Some(q), Kind::Temp);
         tp.last_use(q);
         qk_norms[0] = kept;
         normed
@@ -605,11 +651,18 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
         q
     };
     let keep_k = !first || d.adapted[K];
-    let (k, a) = linear_forward(tp, d, K, norm_saves(keep_k), !first);
+    let (k, a) = linear_forward(
+        tp,
+        d,
+        K,
+        norm_saves(keep_k),
+        !first,
+        input_of(K, qkv_owner, x1),
+    );
     adapters[K] = a;
     let k = if d.qk_norm {
         let heads = d.kv / d.head_dim.max(1);
-        let (kept, normed) = rms_forward(tp, d, keep_k, d.kv, t * heads, Some(k));
+        let (kept, normed) = rms_forward(tp, d, keep_k, d.kv, t * heads, Some(k), Kind::Temp);
         tp.last_use(k);
         qk_norms[1] = kept;
         normed
@@ -631,7 +684,7 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
     } else {
         Kind::Saved
     };
-    let (v, a) = linear_forward(tp, d, V, kv_kind, !first);
+    let (v, a) = linear_forward(tp, d, V, kv_kind, !first, input_of(V, qkv_owner, x1));
     adapters[V] = a;
     let q_rot = rope_forward(tp, d.stream * t * d.q, q_kind);
     let k_rot = rope_forward(tp, d.stream * t * d.kv, kv_kind);
@@ -708,7 +761,7 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
         }
         (Attn::Flash { out, lse, casts }, out)
     };
-    let (o, a) = linear_forward(tp, d, O, Kind::Temp, true);
+    let (o, a) = linear_forward(tp, d, O, Kind::Temp, true, None);
     adapters[O] = a;
     if d.eager {
         tp.free(o_input);
@@ -724,7 +777,7 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
             tp.last_use(x);
         }
     }
-    tp.free(x1);
+    tp.last_use(x1);
     // On an fp32 stream the second norm saves its input, this sum, itself.
     let r1_kind = if d.stream == 4 {
         Kind::Saved
@@ -733,21 +786,35 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
     };
     let r1 = tp.alloc(d.stream * t * d.h, "residual", None, r1_kind);
     tp.free(o);
-    let (norm2, x2) = rms_forward(tp, d, true, d.h, t, Some(r1));
+    let (norm2, x2) = rms_forward(tp, d, true, d.h, t, Some(r1), held(mlp_owner));
     let norm2 = norm2.unwrap_or((None, 0));
-    let (gate, a) = linear_forward(tp, d, GATE, Kind::Saved, true);
+    let (gate, a) = linear_forward(
+        tp,
+        d,
+        GATE,
+        Kind::Saved,
+        true,
+        input_of(GATE, mlp_owner, x2),
+    );
     adapters[GATE] = a;
     let act = tp.saved(d.stream * t * d.i, "activation", None);
     tp.release(gate);
-    let (up, a) = linear_forward(tp, d, UP, Kind::Saved, true);
+    let (up, a) = linear_forward(tp, d, UP, Kind::Saved, true, input_of(UP, mlp_owner, x2));
     adapters[UP] = a;
-    let product = tp.temp(d.stream * t * d.i, "gate·up");
+    let product = tp.alloc(d.stream * t * d.i, "gate·up", None, held(down_owner));
     tp.release(act);
     tp.release(up);
-    let (down, a) = linear_forward(tp, d, DOWN, Kind::Temp, true);
+    let (down, a) = linear_forward(
+        tp,
+        d,
+        DOWN,
+        Kind::Temp,
+        true,
+        input_of(DOWN, down_owner, product),
+    );
     adapters[DOWN] = a;
-    tp.free(product);
-    tp.free(x2);
+    tp.last_use(product);
+    tp.last_use(x2);
     let output = tp.temp(d.stream * t * d.h, "layer output");
     tp.free(down);
     tp.last_use(r1);
@@ -833,6 +900,7 @@ impl LoraLayer {
             adapted,
             dropout: job.adapter.dropout > 0.0,
             autocast: r.autocast,
+            adapter_copies: r.autocast && r.adapter_bytes == 4,
             eager: job.attention == Attention::Eager,
             qk_norm: model.qk_norm,
             stream: r.stream_bytes,
@@ -855,7 +923,12 @@ impl LoraLayer {
             .collect();
         Self {
             d,
-            first: layer_forward(&d, true),
+            // With the input embeddings requiring grad (TRL under checkpointing), the first
+            // layer computes its input's gradient like any other.
+            first: layer_forward(
+                &d,
+                !(job.gradient_checkpointing && job.stack.profile().peft_input_grads),
+            ),
             rest: layer_forward(&d, false),
             params,
         }
@@ -1166,8 +1239,8 @@ impl<'m> Backward<'_, '_, 'm> {
     /// `lora_B`'s weight gradient, the gradient of `lora_A`'s output, `lora_A`'s weight
     /// gradient and, where `needs_input`, the gradient of `lora_A`'s input, cast to fp32 where
     /// `up` (autocast's cast of an fp32 input), then through dropout's mask. Under autocast the
-    /// weight gradients are 16-bit
-    /// matmul outputs whose fp32 casts become `.grad`; without it they are fp32 themselves.
+    /// weight gradients are 16-bit matmul outputs whose fp32 casts become `.grad` (16-bit
+    /// adapters: they are `.grad`); without it they are fp32 themselves.
     fn adapter_grads(
         &mut self,
         m: usize,
@@ -1179,13 +1252,14 @@ impl<'m> Backward<'_, '_, 'm> {
         let d = *self.d;
         let (i, o, r, t) = (d.width_in(m), d.width_out(m), d.rank, d.t);
         let params = self.params[m];
-        let (e, g_b) = if d.autocast {
-            (2, Some(self.temp(2 * o * r)))
+        let e = if d.autocast { 2 } else { 4 };
+        let g_b = if a.b_copy.is_some() {
+            Some(self.temp(2 * o * r))
         } else {
             if let Some((_, pb)) = params {
                 self.grad(pb);
             }
-            (4, None)
+            None
         };
         let g_a_out = self.temp(e * t * r);
         self.free(scaled);
