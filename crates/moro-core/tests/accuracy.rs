@@ -369,6 +369,34 @@ fn h200_liger_dora_and_compile_rows_are_reproduced() {
     assert_eq!(compiled_allocated, 2);
 }
 
+/// The H200's five full fine-tunes of bf16 models without autocast (Llama-3.1-8B with fused
+/// and foreach AdamW; Llama-3.2-1B; Qwen2.5-1.5B, whose q, k and v have biases) are traced
+/// op by op (`estimate/trace/lora_layer.rs`) and their reserve is the replay of that trace:
+/// each reserved peak within 0.2 % of the measured one (the coarse trace's replay, floored
+/// by a ratio of the churning bytes, gave −0.4 to +0.4 %). The 8-bit AdamW run is left out:
+/// its harness gave the embedding 8-bit states (the row's notes).
+#[test]
+fn h200_full_reserve_is_its_replayed_step() {
+    let (text, rows) = rows_by_id("h200/measured.jsonl");
+    let r = validate(&text, &CatalogModels, false);
+    let mut checked = 0;
+    for row in &r.rows {
+        let v = &rows[&row.id];
+        let pure_bf16 = v["method"] == "full"
+            && v["level"] == "reserved"
+            && v["precision"].as_str().unwrap().starts_with("bf16-true")
+            && !v["optimizer"].as_str().unwrap().contains("8bit");
+        if !pure_bf16 {
+            continue;
+        }
+        let e = row.error.unwrap();
+        eprintln!("{}: {:+.2} %", row.id, e * 100.0);
+        assert!(e.abs() <= 0.002, "{} {e}", row.id);
+        checked += 1;
+    }
+    assert_eq!(checked, 5);
+}
+
 /// The H200's QLoRA runs under bf16 autocast (classic QLoRA: NF4 after
 /// `prepare_model_for_kbit_training`, fp32 adapters, SDPA) are traced op by op
 /// (`estimate/trace/lora_layer.rs`) and their reserve is the replay of that trace: each

@@ -27,6 +27,11 @@
 //! stack makes the input embeddings require grad under checkpointing (TRL's
 //! `enable_input_require_grads`), the first layer computes its input's gradient too.
 //!
+//! A full fine-tune of a bf16 model without autocast runs the same layer with every
+//! projection and norm trainable and no adapters: each projection saves its 16-bit input for
+//! its weight's gradient, each norm its 16-bit cast, and the backward makes each weight's
+//! gradient where `MmBackward` (or, with a bias, `AddmmBackward`) does.
+//!
 //! Cut this way, the replayed reserve of the H200's LoRA runs follows the oracle's
 //! (`crates/moro-core/tests/step_trace.rs`), which the coarser cut of the layer's saved
 //! bytes did not: its temporaries (a 16-bit projection input's fp32 copy is twice the
@@ -54,7 +59,8 @@ const DOWN: usize = 6;
 /// adapters, on unquantized 16-bit weights (under bf16 autocast, or without it and without
 /// dropout, SDPA or eager attention) or on bitsandbytes 4-bit weights under bf16 autocast
 /// with SDPA, after PEFT's `prepare_model_for_kbit_training` (classic QLoRA) or as TRL
-/// prepares them (bf16 stream, norms and adapters), and a
+/// prepares them (bf16 stream, norms and adapters); or a full fine-tune of a bf16 model
+/// without autocast (SDPA or eager, no q/k norms); and a
 /// Llama, Mistral, Qwen2 or Qwen3 layer (RMSNorm, the seven projections one Linear each, q,
 /// k or v adapted).
 #[must_use]
@@ -83,14 +89,27 @@ pub(super) fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
         && !r.quantize_lm_head
         && r.autocast
         && job.attention == Attention::Sdpa;
-    (dense || four_bit)
+    // A full fine-tune of a bf16 model without autocast (every Linear and norm trains).
+    let full = job.method == Method::Full
+        && job.quantization == Quantization::None
+        && r.param_bytes == 2
+        && r.stream_bytes == 2
+        && !r.autocast
+        && !model.qk_norm
+        && matches!(job.attention, Attention::Sdpa | Attention::Eager);
+    let lora = (dense || four_bit)
         && job.adapter.method == PeftKind::Lora
         && !job.adapter.dora
+        && (r.autocast || job.adapter.dropout == 0.0)
+        && model
+            .layers
+            .first()
+            .is_some_and(|g| g.linears.iter().take(3).any(|l| job.adapts(l)));
+    (lora || full)
         && job.padding == Padding::Packed
         && !job.liger.rms_norm
         && !job.liger.glu
         && !job.liger.rope
-        && (r.autocast || job.adapter.dropout == 0.0)
         // transformers' Llama, Mistral and Qwen2 decoder layers run these ops; OLMo-2's
         // post-norms and whole-width q/k norms, Granite's multipliers and SmolLM3's layers
         // without RoPE do not.
@@ -107,10 +126,6 @@ pub(super) fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
         && !model.attention_sinks
         && model.mla.is_none()
         && model.num_heads.is_multiple_of(model.num_kv_heads.max(1))
-        && model
-            .layers
-            .first()
-            .is_some_and(|g| g.linears.iter().take(3).any(|l| job.adapts(l)))
         && model.layers.iter().all(|g| {
             !g.moe
                 && matches!(
@@ -260,6 +275,8 @@ struct Roles {
     /// Qwen3's q and k norms: their fp32 inputs and `rsqrt`, where kept.
     qk_norms: [Option<NormKept>; 2],
     adapters: [Option<Adapter>; 7],
+    /// The 16-bit input each projection saves as is and releases in its backward.
+    inputs: [Option<usize>; 7],
     v: usize,
     q_rot: usize,
     k_rot: usize,
@@ -301,6 +318,10 @@ struct Dims {
     stream: u64,
     /// The frozen projections are bitsandbytes 4-bit layers ([`FourBit`]).
     four_bit: Option<FourBit>,
+    /// A full fine-tune: every projection and norm trains, no adapters.
+    full: bool,
+    /// Each projection has a bias (Qwen2's q, k and v).
+    bias: [bool; 7],
 }
 
 /// bitsandbytes 0.50 `Linear4bit` under PEFT 0.21 `lora.bnb.Linear4bit`.
@@ -349,11 +370,26 @@ pub(super) struct LoraLayer {
     /// Each layer's `lora_A` and `lora_B` per projection, indices into the step's
     /// parameters.
     params: Vec<[Option<(usize, usize)>; 7]>,
+    /// Each layer's trainable weights of a full fine-tune.
+    trained: Vec<Trained>,
+}
+
+/// A full fine-tune's weights of one layer, indices into the step's parameters: each
+/// projection's (its bias with it) and the two norms'.
+#[derive(Debug, Clone, Copy, Default)]
+struct Trained {
+    linears: [Option<usize>; 7],
+    norms: [Option<usize>; 2],
 }
 
 /// What an RMSNorm keeps for its backward: its fp32 input (none where that is the layer's
-/// input, owned by the step) and `rsqrt`.
-type NormKept = (Option<usize>, usize);
+/// input, owned by the step), `rsqrt`, and the 16-bit cast its trainable weight multiplies.
+#[derive(Debug, Clone, Copy)]
+struct NormKept {
+    x: Option<usize>,
+    rsqrt: usize,
+    cast: Option<usize>,
+}
 
 /// `LlamaRMSNorm` over `w`-wide rows (`rows` statistics: one a token, or one a token and
 /// head for Qwen3's q and k norms), its fp32 input and `rsqrt` kept where `keep`. On an
@@ -380,7 +416,12 @@ fn rms_forward(
         let out = tp.alloc(4 * th, "RMSNorm output", None, out_kind);
         tp.free(normed);
         tp.free(mean);
-        return (keep.then_some((input, rsqrt)), out);
+        let kept = NormKept {
+            x: input,
+            rsqrt,
+            cast: None,
+        };
+        return (keep.then_some(kept), out);
     }
     let x32 = tp.alloc(4 * th, "RMSNorm input fp32", None, kind);
     let pow = tp.temp(4 * th, "RMSNorm pow");
@@ -390,12 +431,20 @@ fn rms_forward(
     let normed = tp.temp(4 * th, "RMSNorm product");
     tp.last_use(rsqrt);
     tp.last_use(x32);
-    let cast = tp.temp(2 * th, "RMSNorm cast");
+    // A trainable weight's `mul` saves the cast for the weight's gradient.
+    let trains = d.full && keep;
+    let cast_kind = if trains { Kind::Saved } else { Kind::Temp };
+    let cast = tp.alloc(2 * th, "RMSNorm cast", None, cast_kind);
     let out = tp.alloc(2 * th, "RMSNorm output", None, out_kind);
-    tp.free(cast);
+    tp.last_use(cast);
     tp.free(normed);
     tp.free(mean);
-    (keep.then_some((Some(x32), rsqrt)), out)
+    let kept = NormKept {
+        x: Some(x32),
+        rsqrt,
+        cast: trains.then_some(cast),
+    };
+    (keep.then_some(kept), out)
 }
 
 /// One projection on `x`: its output (of `kind`) and, adapted, the adapter's saved tensors.
@@ -604,14 +653,15 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
     // On an fp32 stream SDPA reads autocast's 16-bit casts of q, k and v, which it saves
     // instead of them.
     let cast_qkv = d.stream == 4;
-    // A 4-bit layer's `lora_A` on a 16-bit stream without dropout saves its input as is:
-    // the first norm's output (q, k and v), the second's (gate and up), `gate·up` (down).
-    // The one whose backward runs last (q, then k, then v; gate, then up) releases it.
-    let reads_input = d.four_bit.is_some() && d.stream == 2 && !d.dropout;
+    // A 4-bit layer's `lora_A` on a 16-bit stream without dropout saves its input as is,
+    // and so does a trainable projection (for its weight's gradient): the first norm's
+    // output (q, k and v), the second's (gate and up), `gate·up` (down). The one whose
+    // backward runs last (q, then k, then v; gate, then up) releases it.
+    let reads_input = d.full || d.four_bit.is_some() && d.stream == 2 && !d.dropout;
     let owner = |ms: &[usize]| {
         ms.iter()
             .copied()
-            .find(|&m| d.adapted[m])
+            .find(|&m| d.full || d.adapted[m])
             .filter(|_| reads_input)
     };
     let (qkv_owner, mlp_owner, down_owner) =
@@ -787,7 +837,11 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
     let r1 = tp.alloc(d.stream * t * d.h, "residual", None, r1_kind);
     tp.free(o);
     let (norm2, x2) = rms_forward(tp, d, true, d.h, t, Some(r1), held(mlp_owner));
-    let norm2 = norm2.unwrap_or((None, 0));
+    let norm2 = norm2.unwrap_or(NormKept {
+        x: None,
+        rsqrt: 0,
+        cast: None,
+    });
     let (gate, a) = linear_forward(
         tp,
         d,
@@ -823,10 +877,22 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
     if let Attn::Eager { probs, .. } = attention {
         tp.release(probs);
     }
+    let mut inputs = [None; 7];
+    for (m, owner, x) in [
+        (Q, qkv_owner, x1),
+        (K, qkv_owner, x1),
+        (V, qkv_owner, x1),
+        (GATE, mlp_owner, x2),
+        (UP, mlp_owner, x2),
+        (DOWN, down_owner, product),
+    ] {
+        inputs[m] = input_of(m, owner, x);
+    }
     let roles = Roles {
         norm1,
         norm2,
         qk_norms,
+        inputs,
         adapters,
         v,
         q_rot,
@@ -884,7 +950,7 @@ impl LoraLayer {
                 .layers
                 .first()
                 .and_then(|g| g.linears.iter().find(|l| l.name == n))
-                .is_some_and(|l| job.adapts(l))
+                .is_some_and(|l| job.method.is_peft() && job.adapts(l))
         });
         let d = Dims {
             t: job.micro_batch_size * job.seq_len,
@@ -907,6 +973,14 @@ impl LoraLayer {
             four_bit: (job.quantization != Quantization::None).then_some(FourBit {
                 nested: job.quantization.double_quant(),
             }),
+            full: job.method == Method::Full,
+            bias: NAMES.map(|n| {
+                model
+                    .layers
+                    .first()
+                    .and_then(|g| g.linears.iter().find(|l| l.name == n))
+                    .is_some_and(|l| l.bias)
+            }),
         };
         let params = ranges
             .iter()
@@ -921,16 +995,37 @@ impl LoraLayer {
                 })
             })
             .collect();
+        let trained = ranges
+            .iter()
+            .map(|range| {
+                let trains = |j: &usize| ps[*j].trainable;
+                let mut norms = range
+                    .clone()
+                    .filter(|&j| ps[j].name == "norm")
+                    .filter(trains);
+                Trained {
+                    linears: NAMES.map(|name| {
+                        range
+                            .clone()
+                            .filter(trains)
+                            .find(|&j| ps[j].module == Some(name) && ps[j].name == "weight")
+                    }),
+                    norms: [norms.next(), norms.next()],
+                }
+            })
+            .collect();
         Self {
             d,
-            // With the input embeddings requiring grad (TRL under checkpointing), the first
-            // layer computes its input's gradient like any other.
+            // With the input embeddings requiring grad (a full fine-tune's embedding trains;
+            // TRL makes them under checkpointing), the first layer computes its input's
+            // gradient like any other.
             first: layer_forward(
                 &d,
-                !(job.gradient_checkpointing && job.stack.profile().peft_input_grads),
+                !(d.full || job.gradient_checkpointing && job.stack.profile().peft_input_grads),
             ),
             rest: layer_forward(&d, false),
             params,
+            trained,
         }
     }
 
@@ -961,6 +1056,7 @@ impl LoraLayer {
             kept: &mut kept,
             grads,
             params: self.params[k],
+            trained: self.trained[k],
         };
         Some(bw.start(DOWN, dy, false))
     }
@@ -1058,6 +1154,7 @@ impl LoraLayer {
             kept,
             grads,
             params: self.params[k],
+            trained: self.trained[k],
         };
         let d = self.d;
         let (t, s) = (d.t, d.stream);
@@ -1075,11 +1172,13 @@ impl LoraLayer {
         bw.free(d_act);
         bw.release(roles.gate);
         let sum = bw.linear(GATE, roles, d_gate, true, sum, true, None);
+        let norms = bw.trained.norms;
         let dr = bw.norm_into(
             sum.expect("the MLP input's gradient"),
             roles.norm2,
             d.h,
             Some(dy),
+            norms[1],
         );
         // Attention: o_proj, SDPA, RoPE, then v, k and q. On an fp32 stream o_proj's
         // 16-bit output takes the residual's gradient cast to 16 bits.
@@ -1120,19 +1219,19 @@ impl LoraLayer {
         let dv = bw.contiguous(dv, 2 * t * d.kv);
         let mut sum = bw.linear(V, roles, dv, true, None, needs, None);
         let dk = match roles.qk_norms[1] {
-            Some(kept) => bw.norm_into(dk, kept, d.kv, None),
+            Some(kept) => bw.norm_into(dk, kept, d.kv, None, None),
             None => dk,
         };
-        let dk = bw.contiguous_rotated(dk, s * t * d.kv);
+        let dk = bw.contiguous_rotated(K, dk, s * t * d.kv);
         sum = bw.linear(K, roles, dk, true, sum, needs, None);
         let dq = match roles.qk_norms[0] {
-            Some(kept) => bw.norm_into(dq, kept, d.q, None),
+            Some(kept) => bw.norm_into(dq, kept, d.q, None, None),
             None => dq,
         };
-        let dq = bw.contiguous_rotated(dq, s * t * d.q);
+        let dq = bw.contiguous_rotated(Q, dq, s * t * d.q);
         sum = bw.linear(Q, roles, dq, true, sum, needs, None);
         match (roles.norm1, sum) {
-            (Some(norm1), Some(sum)) => Some(bw.norm_into(sum, norm1, d.h, Some(dr))),
+            (Some(norm1), Some(sum)) => Some(bw.norm_into(sum, norm1, d.h, Some(dr), norms[0])),
             _ => {
                 bw.free(dr);
                 None
@@ -1157,6 +1256,8 @@ struct Backward<'a, 'b, 'm> {
     grads: &'a mut Grads<'b, 'm>,
     /// This layer's `lora_A` and `lora_B` per projection, indices into the parameters.
     params: [Option<(usize, usize)>; 7],
+    /// This layer's weights where they train.
+    trained: Trained,
 }
 
 impl<'m> Backward<'_, '_, 'm> {
@@ -1328,6 +1429,42 @@ impl<'m> Backward<'_, '_, 'm> {
             return self.four_bit_linear(q4, m, roles, g, free_g, sum, needs_input, started);
         }
         let (i, t) = (d.width_in(m), d.t);
+        if d.full {
+            // `MmBackward`: the weight's gradient (it becomes `.grad`), then the input's,
+            // then the gradient and the saved input freed; with a bias (`AddmmBackward`)
+            // the input's first, the saved input freed before the bias's gradient (a
+            // sum, in the weight's tensor here) and the gradient after it.
+            let weight = self.trained.linears[m];
+            let g_in = if d.bias[m] {
+                let g_in = needs_input.then(|| self.temp(2 * t * i));
+                if let Some(p) = weight {
+                    self.grad(p);
+                }
+                if let Some(x) = roles.inputs[m] {
+                    self.release(x);
+                }
+                if free_g {
+                    self.free(g);
+                }
+                g_in
+            } else {
+                if let Some(p) = weight {
+                    self.grad(p);
+                }
+                let g_in = needs_input.then(|| self.temp(2 * t * i));
+                if free_g {
+                    self.free(g);
+                }
+                if let Some(x) = roles.inputs[m] {
+                    self.release(x);
+                }
+                g_in
+            };
+            if let Some(g_in) = g_in {
+                sum = Some(self.accumulate(sum, g_in, 2 * t * i));
+            }
+            return sum;
+        }
         let mut base_grad = None;
         if let Some(a) = roles.adapters[m] {
             let st = match started {
@@ -1366,13 +1503,15 @@ impl<'m> Backward<'_, '_, 'm> {
     fn norm_into(
         &mut self,
         g: Tensor<'m>,
-        (x, rsqrt): NormKept,
+        kept: NormKept,
         w: u64,
         acc: Option<Tensor<'m>>,
+        weight: Option<usize>,
     ) -> Tensor<'m> {
         let th = self.d.t * w;
+        let NormKept { x, rsqrt, .. } = kept;
         if self.d.stream != 4 {
-            let j = self.rms(g, (x, rsqrt), w);
+            let j = self.rms(g, kept, w, weight);
             let Some(acc) = acc else { return j };
             let sum = self.temp(2 * th);
             self.free(acc);
@@ -1426,8 +1565,8 @@ impl<'m> Backward<'_, '_, 'm> {
     /// k's or q's gradient after RoPE's backward: copied contiguous under eager attention
     /// and on an fp32 stream (RoPE's fp32 gradients come in the heads-first layout the
     /// projection's `view` backward reshapes); else `g`.
-    fn contiguous_rotated(&mut self, g: Tensor<'m>, bytes: u64) -> Tensor<'m> {
-        if self.d.eager || self.d.stream == 4 {
+    fn contiguous_rotated(&mut self, m: usize, g: Tensor<'m>, bytes: u64) -> Tensor<'m> {
+        if self.d.eager || self.d.stream == 4 || self.d.full && self.d.bias[m] {
             self.cast(g, bytes)
         } else {
             g
@@ -1501,10 +1640,26 @@ impl<'m> Backward<'_, '_, 'm> {
 
     /// `LlamaRMSNorm`'s backward over `w`-wide rows from `g` (freed): the gradient of its
     /// input, 16-bit.
-    fn rms(&mut self, g: Tensor<'m>, (x32, rsqrt): NormKept, w: u64) -> Tensor<'m> {
+    fn rms(&mut self, g: Tensor<'m>, kept: NormKept, w: u64, weight: Option<usize>) -> Tensor<'m> {
+        let NormKept {
+            x: x32,
+            rsqrt,
+            cast,
+        } = kept;
         let th = self.d.t * w;
         let by_weight = self.temp(2 * th);
-        self.free(g);
+        if let Some(cast) = cast {
+            // A trainable weight: its gradient, the sum over tokens of `g` times the cast.
+            let product = self.temp(2 * th);
+            if let Some(p) = weight {
+                self.grad(p);
+            }
+            self.free(product);
+            self.free(g);
+            self.release(cast);
+        } else {
+            self.free(g);
+        }
         let up = self.temp(4 * th);
         self.free(by_weight);
         let by_x = self.temp(4 * th);
