@@ -19,6 +19,7 @@ and reserved peaks; `--matrix` regenerates its fixture,
   $PY calibration/step_events.py --matrix-dora
   $PY calibration/step_events.py --matrix-lora
   $PY calibration/step_events.py --matrix-qlora
+  $PY calibration/step_events.py --matrix-full
   $PY calibration/step_events.py --matrix-h200
 
 `--desc` adds `descs`: each allocation's op, dtype and shape as the tracker names them
@@ -39,6 +40,12 @@ over 2 × 512 tokens, and on the 2-layer Qwen2.5-7B (q, k and v biases), Mistral
 Qwen3-8B (fp32 q and k norms, with and without checkpointing), as
 `trace/lora_layer.rs` follows it op by op. Every 4-bit matmul's forward dequantizes its
 weight (`install_dequant_forward`).
+
+`--matrix-full` writes `validation/oracle-traces/step-events-full.jsonl` (compact): full
+fine-tunes in bf16 without autocast, as `trace/lora_layer.rs` follows them op by op: the
+2-layer Qwen3-8B (its trainable q and k norms) with and without checkpointing, Mistral-7B
+over 2 × 512 tokens, Llama-3.1-8B with eager attention and with foreach AdamW over 1,024
+tokens, and Qwen2.5-7B (q, k and v biases).
 
 `--matrix-dora` writes `validation/oracle-traces/step-events-dora.jsonl`: the 2-layer
 Llama-3.1-8B with PEFT's DoRA (no dropout with checkpointing; dropout 0.05 with and
@@ -340,6 +347,22 @@ QLORA_MATRIX = [qlora_args(False), qlora_args(True),
                 qlora_args(False, model="Qwen--Qwen3-8B"),
                 qlora_args(True, model="Qwen--Qwen3-8B")]
 QLORA_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-qlora.jsonl")
+
+
+def full_args(ckpt, model="meta-llama--Llama-3.1-8B", batch=1, seq=512, attn="sdpa",
+              adamw="fused"):
+    """A model cut to 2 layers, fully fine-tuned in bf16 without autocast (`--matrix-full`)."""
+    a = job_args(model, "full", ckpt)[:-2]
+    label = "%s-L2-full-%s-%s-b%ds%d%s" % (model, attn, adamw, batch, seq, "-ckpt" if ckpt else "")
+    return a + ["--adamw-impl", adamw, "--attn", attn, "--batch", str(batch), "--seq", str(seq),
+                "--label", label]
+
+
+FULL_MATRIX = [full_args(True, model="Qwen--Qwen3-8B"), full_args(False, model="Qwen--Qwen3-8B"),
+               full_args(False, model="mistralai--Mistral-7B-v0.3", batch=2),
+               full_args(True, attn="eager"), full_args(True, seq=1024, adamw="foreach"),
+               full_args(False, model="Qwen--Qwen2.5-7B")]
+FULL_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-full.jsonl")
 DORA_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-dora.jsonl")
 
 
@@ -387,6 +410,9 @@ def main():
         return
     if argv == ["--matrix-qlora"]:
         write_matrix(QLORA_MATRIX, QLORA_FIXTURE, compact_rows=True)
+        return
+    if argv == ["--matrix-full"]:
+        write_matrix(FULL_MATRIX, FULL_FIXTURE, compact_rows=True)
         return
     descs = "--desc" in argv
     row = run([a for a in argv if a != "--desc"], descs)

@@ -60,7 +60,7 @@ const DOWN: usize = 6;
 /// dropout, SDPA or eager attention) or on bitsandbytes 4-bit weights under bf16 autocast
 /// with SDPA, after PEFT's `prepare_model_for_kbit_training` (classic QLoRA) or as TRL
 /// prepares them (bf16 stream, norms and adapters); or a full fine-tune of a bf16 model
-/// without autocast (SDPA or eager, no q/k norms); and a
+/// without autocast (SDPA or eager); and a
 /// Llama, Mistral, Qwen2 or Qwen3 layer (RMSNorm, the seven projections one Linear each, q,
 /// k or v adapted).
 #[must_use]
@@ -95,7 +95,6 @@ pub(super) fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
         && r.param_bytes == 2
         && r.stream_bytes == 2
         && !r.autocast
-        && !model.qk_norm
         && matches!(job.attention, Attention::Sdpa | Attention::Eager);
     let lora = (dense || four_bit)
         && job.adapter.method == PeftKind::Lora
@@ -1564,9 +1563,11 @@ impl<'m> Backward<'_, '_, 'm> {
 
     /// k's or q's gradient after RoPE's backward: copied contiguous under eager attention
     /// and on an fp32 stream (RoPE's fp32 gradients come in the heads-first layout the
-    /// projection's `view` backward reshapes); else `g`.
+    /// projection's `view` backward reshapes), and where a trainable projection's weight
+    /// gradient reads it after a bias or a per-head norm; else `g`.
     fn contiguous_rotated(&mut self, m: usize, g: Tensor<'m>, bytes: u64) -> Tensor<'m> {
-        if self.d.eager || self.d.stream == 4 || self.d.full && self.d.bias[m] {
+        let d = self.d;
+        if d.eager || d.stream == 4 || d.full && (d.bias[m] || d.qk_norm) {
             self.cast(g, bytes)
         } else {
             g
