@@ -13,5 +13,6 @@ pub mod journal;
 pub mod ladder;
 mod process;
 pub mod run;
+mod tail;
 
 pub use run::{End, Error, HookError, Hooks, ResumeFlag, RunOptions, RunReport, run};

@@ -9,8 +9,8 @@
 //! A third signal, or the grace period running out, sends SIGKILL to the group.
 //!
 //! The child's stdout and stderr are piped and copied chunk by chunk, byte for byte, to moro's
-//! stdout and stderr (so tqdm's carriage returns survive), while the last [`TAIL_BYTES`] of
-//! both are kept for classification. stdin is `/dev/null` (a background process group must not
+//! stdout and stderr (so tqdm's carriage returns survive), while the last lines of both are
+//! kept for classification ([`Tail`]). stdin is `/dev/null` (a background process group must not
 //! read the terminal), and `PYTHONUNBUFFERED=1` keeps Python's output live through the pipe.
 //!
 //! When the group leader exits, whatever is left of its group gets SIGTERM and, after
@@ -31,9 +31,8 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
 use signal_hook::iterator::{Handle, Signals};
 
 use crate::classify::Exit;
+use crate::tail::{Stream, Tail};
 
-/// How much of the child's output is kept for classification.
-pub const TAIL_BYTES: usize = 64 * 1024;
 /// How long leftover members of the group get after the leader exits, before SIGKILL.
 pub const LEFTOVER_GRACE: Duration = Duration::from_secs(5);
 const POLL: Duration = Duration::from_millis(20);
@@ -187,13 +186,6 @@ impl Sink<'_> {
     }
 }
 
-fn push_tail(tail: &mut Vec<u8>, bytes: &[u8]) {
-    tail.extend_from_slice(bytes);
-    if tail.len() > 2 * TAIL_BYTES {
-        tail.drain(..tail.len() - TAIL_BYTES);
-    }
-}
-
 fn group_alive(pgid: Pid) -> bool {
     test_kill_process_group(pgid).is_ok()
 }
@@ -262,7 +254,7 @@ fn supervise(
         w: stderr,
         ok: true,
     };
-    let mut tail = Vec::new();
+    let mut tail = Tail::default();
     let mut open = 2u8;
     let mut status = None;
     let mut exited_at: Option<Instant> = None;
@@ -272,11 +264,11 @@ fn supervise(
         match rx.recv_timeout(POLL) {
             Ok(Event::Out(b)) => {
                 out.put(&b);
-                push_tail(&mut tail, &b);
+                tail.push(Stream::Out, &b);
             }
             Ok(Event::Err(b)) => {
                 errs.put(&b);
-                push_tail(&mut tail, &b);
+                tail.push(Stream::Err, &b);
             }
             Ok(Event::Closed) => open = open.saturating_sub(1),
             Err(RecvTimeoutError::Timeout) => {}
@@ -319,17 +311,14 @@ fn supervise(
         match ev {
             Event::Out(b) => {
                 out.put(&b);
-                push_tail(&mut tail, &b);
+                tail.push(Stream::Out, &b);
             }
             Event::Err(b) => {
                 errs.put(&b);
-                push_tail(&mut tail, &b);
+                tail.push(Stream::Err, &b);
             }
             Event::Closed => {}
         }
-    }
-    if tail.len() > TAIL_BYTES {
-        tail.drain(..tail.len() - TAIL_BYTES);
     }
     let status = match status {
         Some(s) => s,
@@ -343,7 +332,7 @@ fn supervise(
     let interrupt = fwd.interrupted();
     Ok(Attempt {
         exit,
-        tail,
+        tail: tail.finish(),
         interrupt,
         pgid: pgid.as_raw_nonzero().get().unsigned_abs(),
     })
@@ -374,20 +363,15 @@ mod tests {
         assert_eq!(out, b"a\rb\r");
         assert_eq!(err, b"oops\n");
         assert_eq!(a.exit, Exit::Code(3));
-        assert!(a.tail.ends_with(b"oops\n") || a.tail.ends_with(b"a\rb\r"));
+        assert!(
+            a.tail == b"a\rb\roops\n" || a.tail == b"oops\na\rb\r",
+            "{:?}",
+            String::from_utf8_lossy(&a.tail)
+        );
         assert_eq!(a.interrupt, None);
         assert!(!group_alive(
             Pid::from_raw(i32::try_from(a.pgid).unwrap_or(1)).unwrap_or(Pid::INIT)
         ));
-    }
-
-    #[test]
-    fn tail_is_bounded() {
-        let mut t = Vec::new();
-        for _ in 0..100 {
-            push_tail(&mut t, &[b'x'; 4096]);
-        }
-        assert!(t.len() <= 2 * TAIL_BYTES);
     }
 
     #[test]
