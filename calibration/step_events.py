@@ -27,7 +27,7 @@ and reserved peaks; `--matrix` regenerates its fixture,
 reading a sequence op by op.
 
 `--matrix-lora` writes `validation/oracle-traces/step-events-lora.jsonl` (compact, as
-below): the 2-layer Llama-3.1-8B with LoRA as `trace/lora_layer.rs` follows it op by op
+below): the 2-layer Llama-3.1-8B with LoRA as `trace/decoder_layer.rs` follows it op by op
 beyond the main fixture's jobs: fp32 adapters on the bf16 model without autocast, dropout
 0.05 under autocast, eager attention (one and two sequences), with and without
 checkpointing, and q and v alone; the 2-layer Qwen3-8B (its q and k norms); the 2-layer
@@ -38,11 +38,11 @@ Llama-2-7B (no grouped KV heads), eager, 2 × 384 tokens, r 8, dropout 0.1.
 2-layer Llama-3.1-8B with and without checkpointing, with dropout 0.05, on q and v alone
 over 2 × 512 tokens, and on the 2-layer Qwen2.5-7B (q, k and v biases), Mistral-7B and
 Qwen3-8B (fp32 q and k norms, with and without checkpointing), as
-`trace/lora_layer.rs` follows it op by op. Every 4-bit matmul's forward dequantizes its
+`trace/decoder_layer.rs` follows it op by op. Every 4-bit matmul's forward dequantizes its
 weight (`install_dequant_forward`).
 
 `--matrix-full` writes `validation/oracle-traces/step-events-full.jsonl` (compact): full
-fine-tunes in bf16 without autocast, as `trace/lora_layer.rs` follows them op by op: the
+fine-tunes in bf16 without autocast, as `trace/decoder_layer.rs` follows them op by op: the
 2-layer Qwen3-8B (its trainable q and k norms) with and without checkpointing, Mistral-7B
 over 2 × 512 tokens, Llama-3.1-8B with eager attention and with foreach AdamW over 1,024
 tokens, and Qwen2.5-7B (q, k and v biases).

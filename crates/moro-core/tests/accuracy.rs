@@ -371,7 +371,7 @@ fn h200_liger_dora_and_compile_rows_are_reproduced() {
 
 /// The H200's five full fine-tunes of bf16 models without autocast (Llama-3.1-8B with fused
 /// and foreach AdamW; Llama-3.2-1B; Qwen2.5-1.5B, whose q, k and v have biases) are traced
-/// op by op (`estimate/trace/lora_layer.rs`) and their reserve is the replay of that trace:
+/// op by op (`estimate/trace/decoder_layer.rs`) and their reserve is the replay of that trace:
 /// each reserved peak within 0.2 % of the measured one (the coarse trace's replay, floored
 /// by a ratio of the churning bytes, gave −0.4 to +0.4 %). The 8-bit AdamW run is left out:
 /// its harness gave the embedding 8-bit states (the row's notes).
@@ -387,7 +387,7 @@ fn h200_full_reserve_is_its_replayed_step() {
 
 /// The H200's QLoRA runs under bf16 autocast (classic QLoRA: NF4 after
 /// `prepare_model_for_kbit_training`, fp32 adapters, SDPA) are traced op by op
-/// (`estimate/trace/lora_layer.rs`) and their reserve is the replay of that trace: each
+/// (`estimate/trace/decoder_layer.rs`) and their reserve is the replay of that trace: each
 /// reserved peak within 0.6 % of the measured one (the run with bitsandbytes' paged AdamW
 /// too, whose large states are managed memory outside the allocator). Their reserve came
 /// from a ratio of the churning bytes before: −1.7 to +3.2 % (median |error| 1.0 %).

@@ -578,7 +578,7 @@ fn replay_after_load(t: &Trace) -> (u64, u64) {
 }
 
 /// LoRA under bf16 autocast on a Llama-style layer is traced op by op
-/// (`trace/lora_layer.rs`). Against the recorded steps of the 2-layer Llama-3.1-8B and
+/// (`trace/decoder_layer.rs`). Against the recorded steps of the 2-layer Llama-3.1-8B and
 /// Qwen2.5-1.5B, with and without checkpointing, the allocated peaks agree within 0.1 %,
 /// the reserved within 0.5 %, and every allocation of 16 MiB or more has its recorded size
 /// in its recorded order (the coarse cut of the layer's saved bytes was 0.1–0.2 % over the

@@ -8,8 +8,8 @@
 //! (`calibration/step_events.py`).
 
 mod chunked_nll;
+mod decoder_layer;
 mod dora;
-mod lora_layer;
 mod params;
 mod shapes;
 pub mod step;
@@ -82,7 +82,7 @@ pub struct Trace<'m> {
     /// Allocations and frees.
     pub events: Vec<TraceEvent<'m>>,
     /// The decoder layers are traced op by op (LoRA or QLoRA on a Llama-style layer, `step`'s
-    /// `lora_layer`), not as their saved bytes cut into shapes.
+    /// `decoder_layer`), not as their saved bytes cut into shapes.
     #[serde(skip)]
     pub op_by_op: bool,
 }

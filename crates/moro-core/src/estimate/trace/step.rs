@@ -18,7 +18,7 @@
 //!   moves BERT-large's replayed fragmentation from 1.2 to 0.2 GiB (the V100 rows of the HF
 //!   docs measure about 1.2): which cached block a request just over a power of two finds
 //!   decides it, and that is not yet modelled.
-//! - **op by op** ([`lora_layer`]): LoRA, QLoRA and bf16 full fine-tunes of Llama-style
+//! - **op by op** ([`decoder_layer`]): LoRA, QLoRA and bf16 full fine-tunes of Llama-style
 //!   layers, where [`op_by_op`] says so.
 //! - **LoRA and QLoRA** otherwise: the backward's temporaries before the layer's gradients, which
 //!   come in the reverse of the forward's module order; bitsandbytes' dequantized weight in
@@ -44,8 +44,8 @@ use super::super::optimizer::{self, Trainable};
 use super::super::regime::grad_bytes;
 use super::super::{Component, DeviceProfile, Phase, Regime, weights};
 use super::chunked_nll::ChunkedNll;
+use super::decoder_layer::{self, DecoderLayer, Grads, Kept, Mode};
 use super::dora::{self, DoraModule};
-use super::lora_layer::{self, Grads, Kept, LoraLayer, Mode};
 use super::params::{Param, params};
 use super::shapes::{attention_maps, encoder_tensors, saved_tensors};
 use super::{Builder, Tensor, Trace};
@@ -104,11 +104,11 @@ pub fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
             || (job.optimizer.is_paged() && job.method != Method::Full))
 }
 
-/// Whether [`trace`] follows `job`'s decoder layers op by op ([`lora_layer`]): its replay
+/// Whether [`trace`] follows `job`'s decoder layers op by op ([`decoder_layer`]): its replay
 /// is then the reserve.
 #[must_use]
 pub fn op_by_op(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
-    models(model, job, r) && lora_layer::models(model, job, r)
+    models(model, job, r) && decoder_layer::models(model, job, r)
 }
 
 /// Gradients made during backward: the first micro-batch's become `.grad`; a later one's
@@ -154,7 +154,7 @@ pub fn trace<'m>(
     // per parameter (loading, gradients, states): the vector then rarely grows.
     let layers = usize::try_from(model.num_layers).unwrap_or(0);
     let micro_batches = usize::try_from(job.grad_accum.max(1)).unwrap_or(1);
-    let per_layer = if s.lora.is_some() { 1024 } else { 64 };
+    let per_layer = if s.ops.is_some() { 1024 } else { 64 };
     let mut b = Builder::with_capacity(s.ps.len() * 8 + layers * micro_batches * 2 * per_layer);
     s.load(&mut b);
     let mut held = Held {
@@ -174,7 +174,7 @@ pub fn trace<'m>(
         s.optimizer_step(&mut b, &mut held, step);
     }
     let mut t = b.finish();
-    t.op_by_op = s.lora.is_some();
+    t.op_by_op = s.ops.is_some();
     Some(t)
 }
 
@@ -216,8 +216,8 @@ struct Step<'m, 'j> {
     dora_by_layer: Vec<Vec<DoraModule>>,
     /// An fp32 lm_head's 16-bit copy under autocast (frozen, or a full fine-tune's).
     head_copy: u64,
-    /// The decoder layers op by op ([`lora_layer`]), where it models them.
-    lora: Option<LoraLayer>,
+    /// The decoder layers op by op ([`decoder_layer`]), where it models them.
+    ops: Option<DecoderLayer>,
     /// The parameters whose gradients the loss's backward makes (lm_head's, or the tied
     /// embedding's; an encoder's pooler and classifier).
     heads: Vec<usize>,
@@ -240,7 +240,7 @@ struct Forward<'m> {
     input_ids: Tensor<'m>,
     labels: Tensor<'m>,
     saved: Vec<Vec<Tensor<'m>>>,
-    /// What each layer's op-level forward keeps ([`lora_layer`]); empty otherwise.
+    /// What each layer's op-level forward keeps ([`decoder_layer`]); empty otherwise.
     kept: Vec<Kept<'m>>,
     head_saved: Vec<Tensor<'m>>,
     logprobs: Option<Tensor<'m>>,
@@ -338,8 +338,8 @@ impl<'m, 'j> Step<'m, 'j> {
         } else {
             0
         };
-        let lora =
-            lora_layer::models(model, job, r).then(|| LoraLayer::new(model, job, r, &ps, &ranges));
+        let ops = decoder_layer::models(model, job, r)
+            .then(|| DecoderLayer::new(model, job, r, &ps, &ranges));
         let chunked = (r.loss == LossImpl::ChunkedNll && !encoder).then(|| ChunkedNll {
             batch: job.micro_batch_size,
             tokens: t,
@@ -373,7 +373,7 @@ impl<'m, 'j> Step<'m, 'j> {
             dequant: weights::dequant_transient(model, job, r),
             dora_by_layer,
             head_copy,
-            lora,
+            ops,
             heads,
             firsts,
             tied,
@@ -520,7 +520,7 @@ impl<'m, 'j> Step<'m, 'j> {
         // layer's checkpoint.
         let mut hidden = None;
         let mut embedding = None;
-        if self.lora.is_some() {
+        if self.ops.is_some() {
             let e = b.alloc(
                 "embedding output",
                 Component::Activations,
@@ -533,19 +533,19 @@ impl<'m, 'j> Step<'m, 'j> {
             }
         }
         for k in 0..self.saved_by_layer.len() {
-            if let (Some(lora), Some(input)) = (&self.lora, hidden.take()) {
+            if let (Some(ops), Some(input)) = (&self.ops, hidden.take()) {
                 let mode = if job.gradient_checkpointing {
                     Mode::NoGrad
                 } else {
                     Mode::Grad
                 };
-                let (mut layer, copies, output) = lora.forward(b, k, mode);
+                let (mut layer, copies, output) = ops.forward(b, k, mode);
                 cached.extend(copies);
                 if job.gradient_checkpointing {
                     saved.push(vec![input]);
                 } else {
                     if k > 0 {
-                        if lora.saves_input() {
+                        if ops.saves_input() {
                             layer.hold_input(input);
                         } else {
                             b.free(input);
@@ -760,7 +760,7 @@ impl<'m, 'j> Step<'m, 'j> {
         dhidden: Tensor<'m>,
     ) -> Option<Tensor<'m>> {
         b.at(Phase::LayerBackward, step);
-        if let Some(lora) = &self.lora {
+        if let Some(ops) = &self.ops {
             let mut dh = Some(dhidden);
             for k in (0..self.saved_by_layer.len()).rev() {
                 let mut layer = kept.pop().unwrap_or_default();
@@ -773,13 +773,13 @@ impl<'m, 'j> Step<'m, 'j> {
                 // Under checkpointing the backward runs until an op reads a saved tensor,
                 // which starts the recompute.
                 let started = if self.job.gradient_checkpointing {
-                    let started = lora.start(b, k, &mut grads, dy);
-                    layer = lora.forward(b, k, Mode::Recompute).0;
+                    let started = ops.start(b, k, &mut grads, dy);
+                    layer = ops.forward(b, k, Mode::Recompute).0;
                     started
                 } else {
                     None
                 };
-                dh = lora.backward(b, k, &mut layer, &mut grads, dy, started);
+                dh = ops.backward(b, k, &mut layer, &mut grads, dy, started);
                 b.free_all(layer.into_rest());
                 b.free_all(saved.pop().unwrap_or_default());
             }

@@ -1,9 +1,9 @@
-//! A Llama-style decoder layer with LoRA adapters, op by op, as the step trace allocates it
-//! ([`super::step`]): transformers 5.25 `LlamaDecoderLayer.forward` (`LlamaRMSNorm`,
-//! `apply_rotary_pos_emb`, SDPA's flash kernel, `LlamaMLP`) with PEFT 0.21
-//! `lora.Linear.forward` (fp32 adapters under bf16 autocast, with or without dropout, or on
-//! a bf16 model without autocast), and the backward autograd runs for it, in the order the
-//! fake-CUDA oracle records (`calibration/step_events.py --desc`).
+//! A Llama-style decoder layer op by op (LoRA and QLoRA adapters, or every weight trained),
+//! as the step trace allocates it ([`super::step`]): transformers 5.25
+//! `LlamaDecoderLayer.forward` (`LlamaRMSNorm`, `apply_rotary_pos_emb`, SDPA's flash kernel,
+//! `LlamaMLP`) with PEFT 0.21 `lora.Linear.forward` (fp32 adapters under bf16 autocast, with
+//! or without dropout, or on a bf16 model without autocast), and the backward autograd runs
+//! for it, in the order the fake-CUDA oracle records (`calibration/step_events.py --desc`).
 //!
 //! Each adapted projection makes its frozen matmul's output, PEFT's fp32 cast of the input
 //! (`_cast_input_dtype`), dropout's output and mask, autocast's 16-bit copies of `lora_A`
@@ -362,7 +362,7 @@ impl Dims {
 
 /// The layer's forward program, once for the first layer and once for the rest.
 #[derive(Debug)]
-pub(super) struct LoraLayer {
+pub(super) struct DecoderLayer {
     d: Dims,
     first: (Tape, Roles),
     rest: (Tape, Roles),
@@ -447,18 +447,16 @@ fn rms_forward(
 }
 
 /// One projection on `x`: its output (of `kind`) and, adapted, the adapter's saved tensors.
-/// `needs_input`: its input needs a gradient (dropout's mask is then saved). `input`: the
-/// 16-bit input a 4-bit layer's `lora_A` saves as is, where this module releases it.
+/// `needs_input`: its input needs a gradient (dropout's mask is then saved).
 fn linear_forward(
     tp: &mut Tape,
     d: &Dims,
     m: usize,
     kind: Kind,
     needs_input: bool,
-    input: Option<usize>,
 ) -> (usize, Option<Adapter>) {
     if let Some(q4) = d.four_bit {
-        return four_bit_forward(tp, d, q4, m, kind, needs_input, input);
+        return four_bit_forward(tp, d, q4, m, kind, needs_input);
     }
     let (i, o, r, t) = (d.width_in(m), d.width_out(m), d.rank, d.t);
     if !d.adapted[m] {
@@ -494,7 +492,7 @@ fn linear_forward(
         return (y, Some(saved));
     }
     let x32 = tp.alloc(4 * t * i, "LoRA input fp32", Some(m), Kind::Temp);
-    let (saved, scaled) = autocast_adapter(tp, d, m, 4, needs_input, None);
+    let (saved, scaled) = autocast_adapter(tp, d, m, 4, needs_input);
     let y = tp.alloc(2 * t * o, "LoRA sum", Some(m), kind);
     tp.free(scaled);
     tp.free(base);
@@ -506,8 +504,8 @@ fn linear_forward(
 /// input of `in_bytes` per element: dropout's output and mask (the mask kept where the
 /// input needs a gradient), autocast's 16-bit copies of fp32 `lora_A` and `lora_B`, its
 /// 16-bit cast of an fp32 input (a 16-bit input, or its dropout output, is read as is and
-/// saved by `lora_A`: `input`, the tape's number of a 16-bit input this module releases in
-/// its backward), both matmuls and the scaling. Returns the saved tensors and the scaled
+/// saved by `lora_A`; the layer records which module releases a shared input, see
+/// `layer_forward`), both matmuls and the scaling. Returns the saved tensors and the scaled
 /// output.
 fn autocast_adapter(
     tp: &mut Tape,
@@ -515,7 +513,6 @@ fn autocast_adapter(
     m: usize,
     in_bytes: u64,
     needs_input: bool,
-    input: Option<usize>,
 ) -> (Adapter, usize) {
     let (i, o, r, t) = (d.width_in(m), d.width_out(m), d.rank, d.t);
     let cast = in_bytes != 2;
@@ -541,7 +538,6 @@ fn autocast_adapter(
     if let Some(x) = own {
         tp.release(x);
     }
-    let x = own.or(input);
     if let Some((out, _)) = dropped
         && cast
     {
@@ -556,7 +552,7 @@ fn autocast_adapter(
     tp.free(b_out);
     let saved = Adapter {
         a_copy,
-        x,
+        x: own,
         a_out,
         b_copy,
         mask: dropped.and_then(|(_, mask)| mask),
@@ -584,7 +580,6 @@ fn four_bit_forward(
     m: usize,
     kind: Kind,
     needs_input: bool,
-    input: Option<usize>,
 ) -> (usize, Option<Adapter>) {
     let (i, o, t) = (d.width_in(m), d.width_out(m), d.t);
     let xd = four_bit_dtype(d, m);
@@ -624,7 +619,7 @@ fn four_bit_forward(
     }
     let clone = tp.temp(xd * t * o, "PEFT clone");
     tp.free(result);
-    let (saved, scaled) = autocast_adapter(tp, d, m, xd, needs_input, input);
+    let (saved, scaled) = autocast_adapter(tp, d, m, xd, needs_input);
     let y = tp.alloc(xd * t * o, "LoRA sum", Some(m), kind);
     tp.free(clone);
     tp.free(scaled);
@@ -667,7 +662,6 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
         (owner(&[Q, K, V]), owner(&[GATE, UP]), owner(&[DOWN]));
     let held = |o: Option<usize>| if o.is_some() { Kind::Saved } else { Kind::Temp };
     let (norm1, x1) = rms_forward(tp, d, !first, d.h, t, None, held(qkv_owner));
-    let input_of = |m: usize, owner: Option<usize>, x: usize| (owner == Some(m)).then_some(x);
     let mut adapters = [None; 7];
     // Qwen3 normalizes q and k per head right after their projections
     // (`Qwen3Attention.forward`), the projection's output freed once normalized; the norm
@@ -682,14 +676,7 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
             Kind::Temp
         }
     };
-    let (q, a) = linear_forward(
-        tp,
-        d,
-        Q,
-        norm_saves(keep_q),
-        !first,
-        input_of(Q, qkv_owner, x1),
-    );
+    let (q, a) = linear_forward(tp, d, Q, norm_saves(keep_q), !first);
     adapters[Q] = a;
     let q = if d.qk_norm {
         let (kept, normed) = rms_forward(tp, d, keep_q, d.q, t * d.heads, Some(q), Kind::Temp);
@@ -700,14 +687,7 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
         q
     };
     let keep_k = !first || d.adapted[K];
-    let (k, a) = linear_forward(
-        tp,
-        d,
-        K,
-        norm_saves(keep_k),
-        !first,
-        input_of(K, qkv_owner, x1),
-    );
+    let (k, a) = linear_forward(tp, d, K, norm_saves(keep_k), !first);
     adapters[K] = a;
     let k = if d.qk_norm {
         let heads = d.kv / d.head_dim.max(1);
@@ -733,7 +713,7 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
     } else {
         Kind::Saved
     };
-    let (v, a) = linear_forward(tp, d, V, kv_kind, !first, input_of(V, qkv_owner, x1));
+    let (v, a) = linear_forward(tp, d, V, kv_kind, !first);
     adapters[V] = a;
     let q_rot = rope_forward(tp, d.stream * t * d.q, q_kind);
     let k_rot = rope_forward(tp, d.stream * t * d.kv, kv_kind);
@@ -810,7 +790,7 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
         }
         (Attn::Flash { out, lse, casts }, out)
     };
-    let (o, a) = linear_forward(tp, d, O, Kind::Temp, true, None);
+    let (o, a) = linear_forward(tp, d, O, Kind::Temp, true);
     adapters[O] = a;
     if d.eager {
         tp.free(o_input);
@@ -841,30 +821,16 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
         rsqrt: 0,
         cast: None,
     });
-    let (gate, a) = linear_forward(
-        tp,
-        d,
-        GATE,
-        Kind::Saved,
-        true,
-        input_of(GATE, mlp_owner, x2),
-    );
+    let (gate, a) = linear_forward(tp, d, GATE, Kind::Saved, true);
     adapters[GATE] = a;
     let act = tp.saved(d.stream * t * d.i, "activation", None);
     tp.release(gate);
-    let (up, a) = linear_forward(tp, d, UP, Kind::Saved, true, input_of(UP, mlp_owner, x2));
+    let (up, a) = linear_forward(tp, d, UP, Kind::Saved, true);
     adapters[UP] = a;
     let product = tp.alloc(d.stream * t * d.i, "gate·up", None, held(down_owner));
     tp.release(act);
     tp.release(up);
-    let (down, a) = linear_forward(
-        tp,
-        d,
-        DOWN,
-        Kind::Temp,
-        true,
-        input_of(DOWN, down_owner, product),
-    );
+    let (down, a) = linear_forward(tp, d, DOWN, Kind::Temp, true);
     adapters[DOWN] = a;
     tp.last_use(product);
     tp.last_use(x2);
@@ -885,7 +851,11 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
         (UP, mlp_owner, x2),
         (DOWN, down_owner, product),
     ] {
-        inputs[m] = input_of(m, owner, x);
+        inputs[m] = (owner == Some(m)).then_some(x);
+        // A 4-bit layer's `lora_A` saves that shared input: its owner releases it.
+        if let Some(a) = adapters[m].as_mut() {
+            a.x = a.x.or(inputs[m]);
+        }
     }
     let roles = Roles {
         norm1,
@@ -909,7 +879,7 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
 #[derive(Debug, Default)]
 pub(super) struct Kept<'m> {
     live: Vec<Option<Tensor<'m>>>,
-    /// The layer's input, where its first norm saves it ([`LoraLayer::saves_input`]).
+    /// The layer's input, where its first norm saves it ([`DecoderLayer::saves_input`]).
     input: Option<Tensor<'m>>,
 }
 
@@ -934,7 +904,7 @@ pub(super) struct Grads<'a, 'm> {
     pub(super) bytes: u64,
 }
 
-impl LoraLayer {
+impl DecoderLayer {
     /// The layer program of `job` on `model` (see [`models`]); `ps` the step's parameters,
     /// `ranges` each layer's.
     pub(super) fn new(
