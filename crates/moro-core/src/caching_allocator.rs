@@ -28,10 +28,10 @@
 //! `calibration/allocsim.py` is the same model in Python; replaying the allocations of real
 //! training steps through it reproduced an H200's reserved peaks (`calibration/README.md`).
 
-use std::collections::BTreeMap;
-
+mod large_pool;
 mod small_pool;
 
+use large_pool::LargePool;
 use small_pool::SmallPool;
 
 const MIN_BLOCK: u64 = 512;
@@ -95,20 +95,17 @@ pub struct Handle(usize);
 /// A cached free block: (stream, size, address, block index).
 type FreeKey = (Stream, u64, u64, usize);
 
-/// The order the large pool finds a block in: by size, then address.
-const fn size_then_address(size: u64, addr: u64) -> u128 {
-    ((size as u128) << 64) | addr as u128
-}
-
 /// The allocator's bookkeeping, without memory.
 #[derive(Debug, Clone, Default)]
 pub struct CachingAllocator {
     blocks: Vec<Block>,
     /// Cached free blocks of the small pool, one [`SmallPool`] a stream.
     small_free: Vec<SmallPool>,
-    /// Cached free blocks of the large pool, a map a stream, by size then address
-    /// ([`size_then_address`]), to their block indices.
-    large_free: Vec<(Stream, BTreeMap<u128, usize>)>,
+    /// Cached free blocks of the large pool, one [`LargePool`] a stream.
+    large_free: Vec<LargePool>,
+    /// Slots of `blocks` merged into a neighbour, for new blocks to reuse: the table stays
+    /// as long as the blocks alive at once, not as the blocks ever made.
+    merged: Vec<usize>,
     /// Freed blocks still in use on other streams.
     pending: Vec<usize>,
     /// The streams other than its own each block was used on (`record_stream`), for the
@@ -128,15 +125,6 @@ impl CachingAllocator {
     #[must_use]
     pub fn new() -> Self {
         Self::default()
-    }
-
-    /// An empty cache with room for `blocks` blocks before its bookkeeping grows.
-    #[must_use]
-    pub fn with_capacity(blocks: usize) -> Self {
-        Self {
-            blocks: Vec::with_capacity(blocks),
-            ..Self::default()
-        }
     }
 
     /// Bytes in allocated blocks now.
@@ -196,15 +184,15 @@ impl CachingAllocator {
     }
 
     /// The large pool of `stream`, made on first use.
-    fn large_pool(&mut self, stream: Stream) -> &mut BTreeMap<u128, usize> {
-        let k = match self.large_free.iter().position(|p| p.0 == stream) {
+    fn large_pool(&mut self, stream: Stream) -> &mut LargePool {
+        let k = match self.large_free.iter().position(|p| p.stream == stream) {
             Some(k) => k,
             None => {
-                self.large_free.push((stream, BTreeMap::new()));
+                self.large_free.push(LargePool::new(stream));
                 self.large_free.len() - 1
             }
         };
-        &mut self.large_free[k].1
+        &mut self.large_free[k]
     }
 
     fn cache(&mut self, i: usize) {
@@ -215,8 +203,7 @@ impl CachingAllocator {
         if small {
             self.small_pool(stream).insert(size, addr, i);
         } else {
-            self.large_pool(stream)
-                .insert(size_then_address(size, addr), i);
+            self.large_pool(stream).insert(size, addr, i);
         }
     }
 
@@ -228,8 +215,7 @@ impl CachingAllocator {
         if small {
             self.small_pool(stream).remove(size, addr);
         } else {
-            self.large_pool(stream)
-                .remove(&size_then_address(size, addr));
+            self.large_pool(stream).remove(size, addr);
         }
     }
 
@@ -250,16 +236,15 @@ impl CachingAllocator {
         } else {
             self.large_free
                 .iter()
-                .find(|p| p.0 == stream)
-                .and_then(|(_, m)| m.range(size_then_address(size, 0)..).next())
-                .map(|(_, &i)| i)
+                .find(|p| p.stream == stream)
+                .and_then(|p| p.best_fit(size))
         };
         let i = if let Some(i) = found {
             self.uncache(i);
             i
         } else {
             let seg = segment_size(size);
-            self.blocks.push(Block {
+            let i = self.add_block(Block {
                 addr: self.next_addr,
                 size: seg,
                 small,
@@ -271,13 +256,12 @@ impl CachingAllocator {
             // Segments are never adjacent: blocks of two segments never merge.
             self.next_addr += seg + ROUND_LARGE;
             self.reserve_on(stream, seg);
-            self.blocks.len() - 1
+            i
         };
         let rest = self.blocks[i].size - size;
         if (small && rest >= MIN_BLOCK) || (!small && rest > SMALL_SIZE) {
-            let r = self.blocks.len();
             let b = &self.blocks[i];
-            self.blocks.push(Block {
+            let r = self.add_block(Block {
                 addr: b.addr + size,
                 size: rest,
                 small,
@@ -381,6 +365,18 @@ impl CachingAllocator {
             self.blocks[n as usize].prev = Some(index(left));
         }
         self.blocks[right].size = 0;
+        self.merged.push(right);
+    }
+
+    /// Stores a new block in a merged block's slot, or at the end; returns its index.
+    fn add_block(&mut self, b: Block) -> usize {
+        if let Some(i) = self.merged.pop() {
+            self.blocks[i] = b;
+            i
+        } else {
+            self.blocks.push(b);
+            self.blocks.len() - 1
+        }
     }
 
     /// `torch.cuda.empty_cache()`: returns the wholly free segments.
@@ -389,9 +385,10 @@ impl CachingAllocator {
             .small_free
             .iter()
             .flat_map(|p| p.blocks().map(|(size, i)| (p.stream, size, 0, i)));
-        let large = self.large_free.iter().flat_map(|(stream, m)| {
-            m.iter()
-                .map(move |(&k, &i)| (*stream, (k >> 64) as u64, 0, i))
+        let large = self.large_free.iter().flat_map(|p| {
+            p.blocks()
+                .into_iter()
+                .map(|(size, i)| (p.stream, size, 0, i))
         });
         let whole: Vec<FreeKey> = small
             .chain(large)

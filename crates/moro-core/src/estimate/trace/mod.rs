@@ -182,7 +182,7 @@ impl Trace<'_> {
     /// Replays the trace through [`CachingAllocator`].
     #[must_use]
     pub fn replay(&self) -> Replayed {
-        let mut a = CachingAllocator::with_capacity(self.events.len() / 2);
+        let mut a = CachingAllocator::new();
         let mut handles: Vec<Option<Handle>> = Vec::with_capacity(self.events.len() / 2 + 1);
         for e in &self.events {
             let i = e.tensor as usize;
