@@ -233,3 +233,71 @@ fn bert_large_without_checkpointing_is_replayed() {
     let ckpt = explain(&text, &CatalogModels, "hf-docs-perf-train-gpu-one-003").unwrap();
     assert_eq!(ckpt.estimate.replayed_fragmentation_bytes, 0);
 }
+
+/// Read without its replay, the step trace of a job traced op by op is a floor under the
+/// estimate (the replay's fragmentation is the whole reserve and only adds to it) at the
+/// same allocated level: `tests/search.rs` rules configurations out on it. Llama-3.1-8B:
+/// LoRA, QLoRA on HF and on TRL, and a bf16 full fine-tune.
+#[test]
+fn the_trace_without_its_replay_is_a_floor() {
+    use moro_core::estimate::{
+        DeviceProfile, add_replayed_step, estimate, estimate_without_replay, replayed_step_floor,
+        trace,
+    };
+    use moro_core::job::{Job, Method, Precision, Quantization, Stack};
+
+    let Some(model) = moro_core::catalog::find("meta-llama/Llama-3.1-8B")
+        .and_then(|e| moro_core::catalog::load(e).ok())
+    else {
+        panic!("Llama-3.1-8B is in the catalog");
+    };
+    let base = Job {
+        seq_len: 2048,
+        micro_batch_size: 2,
+        gradient_checkpointing: true,
+        ..Job::default()
+    };
+    let qlora = Job {
+        method: Method::QuantizedAdapters,
+        quantization: Quantization::Nf4Dq,
+        ..base.clone()
+    };
+    let jobs = [
+        Job {
+            method: Method::Adapters,
+            ..base.clone()
+        },
+        qlora.clone(),
+        Job {
+            stack: Stack::Trl,
+            ..qlora
+        },
+        Job {
+            method: Method::Full,
+            precision: Precision::Bf16,
+            gradient_checkpointing: false,
+            ..base
+        },
+    ];
+    let profile = DeviceProfile::default();
+    for job in jobs {
+        let full = estimate(&model, &job, &profile).unwrap_or_else(|e| panic!("{e}"));
+        assert!(trace::step::op_by_op(&model, &job, &full.regime), "{job:?}");
+        let mut floor =
+            estimate_without_replay(&model, &job, &profile).unwrap_or_else(|e| panic!("{e}"));
+        let step = replayed_step_floor(&floor, &model, &job, &profile);
+        add_replayed_step(&mut floor, &profile, step.as_ref());
+        assert_eq!(
+            floor.peak_allocated_bytes, full.peak_allocated_bytes,
+            "{job:?}"
+        );
+        assert_eq!(floor.replayed_fragmentation_bytes, 0);
+        assert!(full.replayed_fragmentation_bytes > 0, "{job:?}");
+        assert!(
+            floor.peak_device_bytes < full.peak_device_bytes,
+            "{job:?}: floor {} not under {}",
+            floor.peak_device_bytes,
+            full.peak_device_bytes
+        );
+    }
+}

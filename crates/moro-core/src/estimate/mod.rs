@@ -364,13 +364,35 @@ pub fn replayed_step(
     job: &Job,
     device: &DeviceProfile,
 ) -> Option<replay::ReplayedStep> {
+    traced_step(est, model, job, device, replay::step)
+}
+
+/// [`replayed_step`] without the replay ([`replay::step_floor`]): where the layers are
+/// traced op by op, [`add_replayed_step`] with it gives a floor under the estimate.
+#[must_use]
+pub fn replayed_step_floor(
+    est: &Estimate,
+    model: &ModelSpec,
+    job: &Job,
+    device: &DeviceProfile,
+) -> Option<replay::ReplayedStep> {
+    traced_step(est, model, job, device, replay::step_floor)
+}
+
+fn traced_step(
+    est: &Estimate,
+    model: &ModelSpec,
+    job: &Job,
+    device: &DeviceProfile,
+    read: fn(&ModelSpec, &Job, &Regime, &DeviceProfile) -> Option<replay::ReplayedStep>,
+) -> Option<replay::ReplayedStep> {
     if job.stack.profile().runtime == crate::stack::Runtime::Mlx {
         return None;
     }
     let (built, job) = crate::stack::with_job(model, job);
     let (model, job) = (built.as_ref(), job.as_ref());
     let with_images = vision::with_image_tokens(model, job);
-    replay::step(model, &with_images, &est.regime, device)
+    read(model, &with_images, &est.regime, device)
 }
 
 /// Re-levels `est` from its step trace ([`replayed_step`]): the trace's phases replace the

@@ -66,6 +66,30 @@ pub fn step(
     r: &Regime,
     device: &DeviceProfile,
 ) -> Option<ReplayedStep> {
+    traced(model, job, r, device, true)
+}
+
+/// [`step`] without the replay, a fraction of its cost: the trace's phases, and no
+/// fragmentation. Where the layers are traced op by op the replay's fragmentation is the
+/// whole reserve and only adds to it, so an estimate read off this is a floor under one read
+/// off [`step`]: what does not fit on it cannot fit.
+#[must_use]
+pub fn step_floor(
+    model: &ModelSpec,
+    job: &Job,
+    r: &Regime,
+    device: &DeviceProfile,
+) -> Option<ReplayedStep> {
+    traced(model, job, r, device, false)
+}
+
+fn traced(
+    model: &ModelSpec,
+    job: &Job,
+    r: &Regime,
+    device: &DeviceProfile,
+    replay: bool,
+) -> Option<ReplayedStep> {
     let cap = REPLAYED_MICRO_BATCHES[usize::from(job.method == Method::Full)];
     let capped;
     let job = if job.grad_accum > cap {
@@ -78,7 +102,7 @@ pub fn step(
         job
     };
     let t = step::trace(model, job, r, device)?;
-    let fragmentation = if t.op_by_op || models(model, job, r) {
+    let fragmentation = if replay && (t.op_by_op || models(model, job, r)) {
         let (allocated, _) = t.peak();
         t.replay().reserved.saturating_sub(allocated)
     } else {
