@@ -9,7 +9,9 @@ use std::cmp::Ordering;
 
 use moro_core::bound::{JobClass, Table};
 use moro_core::catalog;
-use moro_core::estimate::{estimate, estimate_without_replay};
+use moro_core::estimate::{
+    add_replayed_step, estimate, estimate_without_replay, replayed_step_floor,
+};
 use moro_core::hardware::{Device, preset};
 use moro_core::job::{Attention, Method, Offload, Optimizer, Precision, Sharding, Stack};
 use moro_core::model::ModelSpec;
@@ -303,11 +305,17 @@ fn fits(spec: &ModelSpec, space: &Space, caps: &Caps, c: &Config) -> Option<u64>
     let job = space.job(c);
     // The estimate without the replayed steps is a lower bound where the replay only raises
     // the reserve: what it rules out, the full estimate rules out too. Where the layers are
-    // traced op by op the replay is the whole reserve, and nothing is ruled out early.
-    let bound = estimate_without_replay(spec, &job, &caps.profile).ok()?;
-    if !op_by_op(spec, &job, &bound)
-        && bound.peak_device_bytes + margin_bytes(&bound, &job) > caps.usable_bytes
-    {
+    // traced op by op the replay is the whole reserve: the trace read without it is the
+    // floor (`tests/replay.rs`), and the margin is at least 512 MiB.
+    let mut bound = estimate_without_replay(spec, &job, &caps.profile).ok()?;
+    let least_margin = if op_by_op(spec, &job, &bound) {
+        let step = replayed_step_floor(&bound, spec, &job, &caps.profile);
+        add_replayed_step(&mut bound, &caps.profile, step.as_ref());
+        512 * MIB
+    } else {
+        margin_bytes(&bound, &job)
+    };
+    if bound.peak_device_bytes + least_margin > caps.usable_bytes {
         return None;
     }
     let est = estimate(spec, &job, &caps.profile).ok()?;
@@ -373,16 +381,29 @@ fn check_brute_force(model_id: &str, hw: &str, request: &Request) {
         moro_core::search::all_configs(&space).len(),
         "{model_id} on {hw}: space size"
     );
-    let mut best: Option<Config> = None;
+    // The best fitting configuration: visited best first, the first that fits (the stable
+    // sort keeps the enumeration's order among equals, as keeping only a strictly better
+    // one in that order would).
+    let mut ranked: Vec<&Config> = all.iter().collect();
+    ranked.sort_by(|a, b| cmp(b, a));
+    let best = ranked
+        .into_iter()
+        .find(|c| fits(&spec, &space, &caps, c).is_some())
+        .copied();
     let mut min_peak = u64::MAX;
     for c in &all {
         // Exact minimum: the full estimate's device level is never more than 3 % under the
         // bound's (the step trace can lower the allocated level a little), so a
         // configuration whose bound is not within that of the minimum cannot be below it;
-        // a job traced op by op is estimated in full (its replay is its whole reserve).
+        // a job traced op by op is estimated in full (its replay is its whole reserve) where
+        // the minimum is read: when nothing fits.
         if let Ok(bound) = estimate_without_replay(&spec, &space.job(c), &caps.profile)
             && let exact = op_by_op(&spec, &space.job(c), &bound)
-            && (exact || bound.peak_device_bytes / 100 * 97 < min_peak)
+            && if exact {
+                best.is_none()
+            } else {
+                bound.peak_device_bytes / 100 * 97 < min_peak
+            }
             && let Ok(est) = estimate(&spec, &space.job(c), &caps.profile)
         {
             assert!(
@@ -392,11 +413,6 @@ fn check_brute_force(model_id: &str, hw: &str, request: &Request) {
                 bound.peak_device_bytes
             );
             min_peak = min_peak.min(est.peak_device_bytes);
-        }
-        if fits(&spec, &space, &caps, c).is_some()
-            && best.as_ref().is_none_or(|b| cmp(c, b) == Ordering::Greater)
-        {
-            best = Some(*c);
         }
     }
     // The cheap pre-check `moro fit` uses agrees with the brute force on whether anything fits.
