@@ -46,11 +46,7 @@ impl Tail {
     /// The kept output: finished lines, then each stream's unfinished last line (stdout's
     /// first), at most [`TAIL_BYTES`].
     pub(crate) fn finish(mut self) -> Vec<u8> {
-        for stream in [Stream::Out, Stream::Err] {
-            let pending = std::mem::take(match stream {
-                Stream::Out => &mut self.out,
-                Stream::Err => &mut self.err,
-            });
+        for pending in [std::mem::take(&mut self.out), std::mem::take(&mut self.err)] {
             if !pending.is_empty() {
                 self.append(&pending);
                 if !pending.ends_with(b"\n") {
