@@ -20,6 +20,7 @@ and reserved peaks; `--matrix` regenerates its fixture,
   $PY calibration/step_events.py --matrix-lora
   $PY calibration/step_events.py --matrix-qlora
   $PY calibration/step_events.py --matrix-full
+  $PY calibration/step_events.py --matrix-flash
   $PY calibration/step_events.py --matrix-h200
 
 `--desc` adds `descs`: each allocation's op, dtype and shape as the tracker names them
@@ -46,6 +47,14 @@ fine-tunes in bf16 without autocast, as `trace/decoder_layer.rs` follows them op
 2-layer Qwen3-8B (its trainable q and k norms) with and without checkpointing, Mistral-7B
 over 2 × 512 tokens, Llama-3.1-8B with eager attention and with foreach AdamW over 1,024
 tokens, and Qwen2.5-7B (q, k and v biases).
+
+`--matrix-flash` writes `validation/oracle-traces/step-events-flash.jsonl` (compact): jobs of
+the matrices above with transformers' `flash_attention_2` on an emulation of the flash-attn
+2.8.4 package (`--flash-attn`, `flash_attn_emulation.py`: its allocations and saved tensors,
+read from its code, around transformers' own path): LoRA on the 2-layer Llama-3.1-8B with and
+without checkpointing, Mistral-7B over 2 x 256 tokens with dropout, Qwen3-8B; QLoRA on
+Llama-3.1-8B and Qwen2.5-7B; full fine-tunes of Qwen2.5-7B and of Llama-3.1-8B over 1,024
+tokens with checkpointing.
 
 `--matrix-dora` writes `validation/oracle-traces/step-events-dora.jsonl`: the 2-layer
 Llama-3.1-8B with PEFT's DoRA (no dropout with checkpointing; dropout 0.05 with and
@@ -159,16 +168,23 @@ def install_dequant_forward():
     bitsandbytes.matmul_4bit = matmul_4bit
 
 
-def run(argv, descs=False):
+def run(argv, descs=False, flash_attn=False):
     sys.path.insert(0, ORACLE_DIR)
     import tracker as tracker_module
 
     install_dequant_forward()
+    if flash_attn:
+        import flash_attn_emulation
+
+        flash_attn_emulation.install()
 
     recording = install_recorder(tracker_module)
     import oracle
 
     oracle.LiveStorageTracker = recording
+    if flash_attn:
+        make = oracle.make_hf_config
+        oracle.make_hf_config = lambda d, attn: make(d, "flash_attention_2")
     seen = []
     orig_init = recording.__init__
 
@@ -363,6 +379,24 @@ FULL_MATRIX = [full_args(True, model="Qwen--Qwen3-8B"), full_args(False, model="
                full_args(True, attn="eager"), full_args(True, seq=1024, adamw="foreach"),
                full_args(False, model="Qwen--Qwen2.5-7B")]
 FULL_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-full.jsonl")
+
+
+def with_flash_attn(a):
+    """`a` with transformers' `flash_attention_2` on the emulated flash-attn package
+    (`flash_attn_emulation.py`), its label saying `fa2` where it said `sdpa` (or at its end)."""
+    i = a.index("--label")
+    label = a[i + 1].replace("-sdpa-", "-fa2-") if "-sdpa-" in a[i + 1] else a[i + 1] + "-fa2"
+    return a[:i] + ["--label", label, "--flash-attn"] + a[i + 2:]
+
+
+FLASH_MATRIX = [with_flash_attn(a) for a in (
+    lora_args("bf16-mixed", 0.0, True), lora_args("bf16-mixed", 0.0, False),
+    lora_args("bf16-mixed", 0.05, True, model="mistralai--Mistral-7B-v0.3", batch=2, seq=256),
+    lora_args("bf16-mixed", 0.0, True, model="Qwen--Qwen3-8B"),
+    qlora_args(True), qlora_args(False, model="Qwen--Qwen2.5-7B"),
+    full_args(False, model="Qwen--Qwen2.5-7B"), full_args(True, seq=1024),
+)]
+FLASH_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-flash.jsonl")
 DORA_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-dora.jsonl")
 
 
@@ -414,8 +448,14 @@ def main():
     if argv == ["--matrix-full"]:
         write_matrix(FULL_MATRIX, FULL_FIXTURE, compact_rows=True)
         return
+    if argv == ["--matrix-flash"]:
+        write_matrix(FLASH_MATRIX, FLASH_FIXTURE, compact_rows=True)
+        return
     descs = "--desc" in argv
-    row = run([a for a in argv if a != "--desc"], descs)
+    flash_attn = "--flash-attn" in argv
+    row = run([a for a in argv if a not in ("--desc", "--flash-attn")], descs, flash_attn)
+    if flash_attn:
+        row["job"]["attn_implementation"] = "flash_attention_2"
     if spec is not None:
         row["job"]["peft"] = spec
     print(json.dumps(row, separators=(",", ":")))
