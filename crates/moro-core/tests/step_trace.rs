@@ -710,6 +710,20 @@ fn full_fine_tune_layers_are_traced_op_by_op() {
     assert_eq!(op_level_rows_within(rows, |_| 0.001), 6);
 }
 
+/// transformers' `flash_attention_2` op by op (`calibration/step_events.py --matrix-flash`,
+/// on an emulation of flash-attn 2.8.4's allocations and saved tensors): its RNG state, dq,
+/// dk and dv made before the backward's workspace, transformers' packed-sequence check on
+/// one sequence's position ids; LoRA on the 2-layer Llama-3.1-8B with and without
+/// checkpointing, Mistral-7B over 2 × 256 tokens with dropout, Qwen3-8B; QLoRA on
+/// Llama-3.1-8B and Qwen2.5-7B (q, k and v cast to bf16 by `fa_peft_integration_check`);
+/// full fine-tunes of Qwen2.5-7B and of Llama-3.1-8B over 1,024 tokens with checkpointing.
+/// Replayed from the reset after loading, both peaks within 0.15 %.
+#[test]
+fn flash_attn_layers_are_traced_op_by_op() {
+    let rows = include_str!("../../../validation/oracle-traces/step-events-flash.jsonl");
+    assert_eq!(op_level_rows_within(rows, |_| 0.0015), 8);
+}
+
 /// Replays each compact row of `rows` (a `step_events.py` matrix) and moro's op-by-op trace
 /// of the same job from the reset after loading; asserts both peaks within `tolerance` of
 /// the row's label. Returns the number of rows checked.
@@ -753,6 +767,7 @@ fn op_level_rows_within(rows: &str, tolerance: impl Fn(&str) -> f64) -> usize {
             }),
             attention: Some(match j["attn_implementation"].as_str().unwrap() {
                 "eager" => Attention::Eager,
+                "flash_attention_2" => Attention::Flash,
                 _ => Attention::Sdpa,
             }),
             gradient_checkpointing: j["grad_ckpt"].as_bool(),

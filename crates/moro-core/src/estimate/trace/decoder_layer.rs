@@ -1,7 +1,7 @@
 //! A Llama-style decoder layer op by op (LoRA and QLoRA adapters, or every weight trained),
 //! as the step trace allocates it ([`super::step`]): transformers 5.25
-//! `LlamaDecoderLayer.forward` (`LlamaRMSNorm`, `apply_rotary_pos_emb`, SDPA's flash kernel,
-//! `LlamaMLP`) with PEFT 0.21 `lora.Linear.forward` (fp32 adapters under bf16 autocast, with
+//! `LlamaDecoderLayer.forward` (`LlamaRMSNorm`, `apply_rotary_pos_emb`, SDPA's flash kernel
+//! or flash-attn 2.8's, `LlamaMLP`) with PEFT 0.21 `lora.Linear.forward` (fp32 adapters under bf16 autocast, with
 //! or without dropout, or on a bf16 model without autocast), and the backward autograd runs
 //! for it, in the order the fake-CUDA oracle records (`calibration/step_events.py --desc`).
 //!
@@ -57,10 +57,10 @@ const DOWN: usize = 6;
 
 /// Whether the op-level layer models `job`'s decoder layers: LoRA without DoRA with fp32
 /// adapters, on unquantized 16-bit weights (under bf16 autocast, or without it and without
-/// dropout, SDPA or eager attention) or on bitsandbytes 4-bit weights under bf16 autocast
-/// with SDPA, after PEFT's `prepare_model_for_kbit_training` (classic QLoRA) or as TRL
-/// prepares them (bf16 stream, norms and adapters); or a full fine-tune of a bf16 model
-/// without autocast (SDPA or eager); and a
+/// dropout; SDPA, flash-attn or eager attention) or on bitsandbytes 4-bit weights under
+/// bf16 autocast with SDPA or flash-attn, after PEFT's `prepare_model_for_kbit_training`
+/// (classic QLoRA) or as TRL prepares them (bf16 stream, norms and adapters); or a full
+/// fine-tune of a bf16 model without autocast (SDPA, flash-attn or eager); and a
 /// Llama, Mistral, Qwen2 or Qwen3 layer (RMSNorm, the seven projections one Linear each, q,
 /// k or v adapted).
 #[must_use]
@@ -70,7 +70,10 @@ pub(super) fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
         && r.stream_bytes == 2
         && r.frozen_bytes == 2
         && r.adapter_bytes == 4
-        && matches!(job.attention, Attention::Sdpa | Attention::Eager);
+        && matches!(
+            job.attention,
+            Attention::Sdpa | Attention::Flash | Attention::Eager
+        );
     // Classic QLoRA: fp32 stream, norms and adapters after `prepare_model_for_kbit_training`;
     // TRL's: no preparation, the stream and norms bf16, the adapters cast to bf16.
     let classic =
@@ -88,14 +91,17 @@ pub(super) fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
         && r.dequant_bytes == 2
         && !r.quantize_lm_head
         && r.autocast
-        && job.attention == Attention::Sdpa;
+        && matches!(job.attention, Attention::Sdpa | Attention::Flash);
     // A full fine-tune of a bf16 model without autocast (every Linear and norm trains).
     let full = job.method == Method::Full
         && job.quantization == Quantization::None
         && r.param_bytes == 2
         && r.stream_bytes == 2
         && !r.autocast
-        && matches!(job.attention, Attention::Sdpa | Attention::Eager);
+        && matches!(
+            job.attention,
+            Attention::Sdpa | Attention::Flash | Attention::Eager
+        );
     let lora = (dense || four_bit)
         && job.adapter.method == PeftKind::Lora
         && !job.adapter.dora
@@ -246,11 +252,12 @@ struct Adapter {
 /// What the attention kernel saves.
 #[derive(Debug, Clone, Copy)]
 enum Attn {
-    /// SDPA's flash kernel: its output and log-sum-exp (q, k and v too, or their 16-bit
-    /// casts on an fp32 stream).
+    /// SDPA's flash kernel or the flash-attn package's: its output and log-sum-exp (q, k
+    /// and v too, or their 16-bit casts on an fp32 stream), and flash-attn's RNG state.
     Flash {
         out: usize,
         lse: usize,
+        rng: Option<usize>,
         casts: Option<(usize, usize, usize)>,
     },
     /// Eager attention: k and v as the products read them (`repeat_kv`'s copies with
@@ -308,8 +315,10 @@ struct Dims {
     /// Autocast casts fp32 adapters to 16 bits (else they are 16-bit themselves, as TRL
     /// casts a quantized model's trainable parameters).
     adapter_copies: bool,
-    /// Eager attention (else SDPA's flash kernel).
+    /// Eager attention (else SDPA's flash kernel, or flash-attn's with [`Self::flash_attn`]).
     eager: bool,
+    /// transformers' `flash_attention_2`: the flash-attn package's kernel.
+    flash_attn: bool,
     /// Per-head RMSNorms on q and k (Qwen3).
     qk_norm: bool,
     /// Bytes per element of the residual stream and the norms' outputs: 2, or 4 after
@@ -640,6 +649,27 @@ fn rope_forward(tp: &mut Tape, w: u64, kind: Kind) -> usize {
     out
 }
 
+/// transformers 5.25 `_is_packed_sequence` on one sequence's `s` int64 position ids, before
+/// the flash-attn call: `arange + position_ids.min()`, minus the ids, `abs`, `sum`, `bool`,
+/// read on the host (the arange and its minimum freed after the sum, the bool after it is
+/// read).
+fn packed_sequence_check(tp: &mut Tape, s: u64) {
+    let arange = tp.temp(8 * s, "arange");
+    let min = tp.temp(8, "position ids min");
+    let increasing = tp.temp(8 * s, "increasing positions");
+    tp.free(arange);
+    tp.free(min);
+    let diff = tp.temp(8 * s, "positions difference");
+    let abs = tp.temp(8 * s, "positions abs");
+    tp.free(diff);
+    let sum = tp.temp(8, "positions sum");
+    tp.free(abs);
+    let packed = tp.temp(1, "packed");
+    tp.free(sum);
+    tp.free(increasing);
+    tp.free(packed);
+}
+
 fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
     let mut tp = Tape::default();
     let tp = &mut tp;
@@ -771,8 +801,10 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
         };
         (eager, out)
     } else {
-        // `_scaled_dot_product_flash_attention`: the output and the log-sum-exp (of the
-        // 16-bit casts autocast makes of fp32 q, k and v).
+        // `_scaled_dot_product_flash_attention`, or flash-attn 2.8 `mha_fwd` (one split at
+        // training shapes): the output and the log-sum-exp (of the 16-bit casts autocast,
+        // or transformers' `fa_peft_integration_check`, makes of fp32 q, k and v), and
+        // flash-attn's two-int64 RNG state.
         let casts = cast_qkv.then(|| {
             (
                 tp.saved(2 * t * d.q, "q cast", None),
@@ -780,15 +812,31 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
                 tp.saved(2 * t * d.kv, "v cast", None),
             )
         });
+        if d.flash_attn && d.b == 1 {
+            packed_sequence_check(tp, d.s);
+        }
         let out = tp.saved(2 * t * d.q, "SDPA output", None);
         let lse = tp.saved(4 * d.b * d.heads * d.s, "SDPA logsumexp", None);
         tp.release(lse);
+        let rng = d.flash_attn.then(|| {
+            let rng = tp.saved(16, "flash-attn RNG state", None);
+            tp.release(rng);
+            rng
+        });
         if let Some((qc, kc, vc)) = casts {
             tp.release(qc);
             tp.release(kc);
             tp.release(vc);
         }
-        (Attn::Flash { out, lse, casts }, out)
+        (
+            Attn::Flash {
+                out,
+                lse,
+                rng,
+                casts,
+            },
+            out,
+        )
     };
     let (o, a) = linear_forward(tp, d, O, Kind::Temp, true);
     adapters[O] = a;
@@ -937,6 +985,7 @@ impl DecoderLayer {
             autocast: r.autocast,
             adapter_copies: r.autocast && r.adapter_bytes == 4,
             eager: job.attention == Attention::Eager,
+            flash_attn: job.attention == Attention::Flash,
             qk_norm: model.qk_norm,
             stream: r.stream_bytes,
             four_bit: (job.quantization != Quantization::None).then_some(FourBit {
@@ -1160,8 +1209,13 @@ impl DecoderLayer {
             .linear(O, roles, g_o, free_g_o, None, true, None)
             .expect("o_proj's input needs a gradient");
         let (dq, dk, dv) = match roles.attention {
-            Attn::Flash { out, lse, casts } => {
-                let (dq, dk, dv) = bw.sdpa(roles, d_attn, out, lse, casts);
+            Attn::Flash {
+                out,
+                lse,
+                rng,
+                casts,
+            } => {
+                let (dq, dk, dv) = bw.sdpa(roles, d_attn, [out, lse], rng, casts);
                 if casts.is_some() {
                     // The casts' backward, in autograd's order: v, k, q.
                     let dv = bw.cast(dv, 4 * t * d.kv);
@@ -1656,37 +1710,54 @@ impl<'m> Backward<'_, '_, 'm> {
         out
     }
 
-    /// The flash kernel's backward (PyTorch `_flash_attention_backward`): `softmax_d` and
-    /// the fp32 `dq_accum` (sequence rounded to 128, head dimension to 32), with grouped
-    /// KV heads k and v's gradients at the query heads' count, then dq, dk and dv.
+    /// The flash kernel's backward: `softmax_d` and the fp32 `dq_accum` (sequence rounded
+    /// to 128, head dimension to 32), with grouped KV heads k and v's gradients at the
+    /// query heads' count, freed in reverse. PyTorch's `_flash_attention_backward` makes
+    /// dq, dk and dv after them; flash-attn 2.8's `FlashAttnFunc.backward` before them
+    /// (`empty_like` in Python, then `mha_bwd`, which rounds a head dimension over 128 to
+    /// 64).
     fn sdpa(
         &mut self,
         roles: &Roles,
         d_attn: Tensor<'m>,
-        out: usize,
-        lse: usize,
+        [out, lse]: [usize; 2],
+        rng: Option<usize>,
         casts: Option<(usize, usize, usize)>,
     ) -> (Tensor<'m>, Tensor<'m>, Tensor<'m>) {
         let d = *self.d;
+        let grads = |bw: &mut Self| {
+            (
+                bw.temp(2 * d.t * d.q),
+                bw.temp(2 * d.t * d.kv),
+                bw.temp(2 * d.t * d.kv),
+            )
+        };
+        let early = d.flash_attn.then(|| grads(self));
         let s128 = d.s.div_ceil(128) * 128;
-        let hd32 = d.head_dim.div_ceil(32) * 32;
+        let head_round = if d.flash_attn && d.head_dim > 128 {
+            64
+        } else {
+            32
+        };
+        let head_dim = d.head_dim.div_ceil(head_round) * head_round;
         let mut ws = vec![
             self.temp(4 * d.b * d.heads * s128),
-            self.temp(4 * d.b * s128 * d.heads * hd32),
+            self.temp(4 * d.b * s128 * d.heads * head_dim),
         ];
         if d.kv < d.q {
             ws.push(self.temp(2 * d.t * d.q));
             ws.push(self.temp(2 * d.t * d.q));
         }
-        let dq = self.temp(2 * d.t * d.q);
-        let dk = self.temp(2 * d.t * d.kv);
-        let dv = self.temp(2 * d.t * d.kv);
+        let (dq, dk, dv) = match early {
+            Some(g) => g,
+            None => grads(self),
+        };
         for w in ws.into_iter().rev() {
             self.free(w);
         }
         self.free(d_attn);
         let (q, k, v) = casts.unwrap_or((roles.q_rot, roles.k_rot, roles.v));
-        for x in [q, k, v, out, lse] {
+        for x in [q, k, v, out, lse].into_iter().chain(rng) {
             self.release(x);
         }
         (dq, dk, dv)
