@@ -21,6 +21,7 @@ and reserved peaks; `--matrix` regenerates its fixture,
   $PY calibration/step_events.py --matrix-qlora
   $PY calibration/step_events.py --matrix-full
   $PY calibration/step_events.py --matrix-flash
+  $PY calibration/step_events.py --matrix-math
   $PY calibration/step_events.py --matrix-h200
 
 `--desc` adds `descs`: each allocation's op, dtype and shape as the tracker names them
@@ -55,6 +56,13 @@ read from its code, around transformers' own path): LoRA on the 2-layer Llama-3.
 without checkpointing, Mistral-7B over 2 x 256 tokens with dropout, Qwen3-8B; QLoRA on
 Llama-3.1-8B and Qwen2.5-7B; full fine-tunes of Qwen2.5-7B and of Llama-3.1-8B over 1,024
 tokens with checkpointing.
+
+`--matrix-math` writes `validation/oracle-traces/step-events-math.jsonl` (compact): jobs of the
+matrices above with SDPA's math kernel (`--sdpa-backend math`), what a GPU without SDPA's
+flash backend (compute capability under 8.0: T4, V100, RTX 20xx) runs for grouped KV heads:
+LoRA on the 2-layer Llama-3.1-8B with and without checkpointing, Mistral-7B over 2 x 256
+tokens with dropout, Qwen3-8B; QLoRA on Llama-3.1-8B and Qwen2.5-7B over 512 tokens; full
+fine-tunes of Qwen2.5-7B and of Llama-3.1-8B with checkpointing.
 
 `--matrix-dora` writes `validation/oracle-traces/step-events-dora.jsonl`: the 2-layer
 Llama-3.1-8B with PEFT's DoRA (no dropout with checkpointing; dropout 0.05 with and
@@ -397,6 +405,25 @@ FLASH_MATRIX = [with_flash_attn(a) for a in (
     full_args(False, model="Qwen--Qwen2.5-7B"), full_args(True, seq=1024),
 )]
 FLASH_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-flash.jsonl")
+
+
+def with_math_sdpa(a):
+    """`a` on a GPU without SDPA's flash backend (compute capability under 8.0): SDPA's
+    math kernel (`--sdpa-backend math`), which grouped KV heads get there; its label saying
+    `math` where it said `sdpa` (or at its end)."""
+    i = a.index("--label")
+    label = a[i + 1].replace("-sdpa-", "-math-") if "-sdpa-" in a[i + 1] else a[i + 1] + "-math"
+    return a[:i] + ["--label", label, "--sdpa-backend", "math"] + a[i + 2:]
+
+
+MATH_MATRIX = [with_math_sdpa(a) for a in (
+    lora_args("bf16-mixed", 0.0, True), lora_args("bf16-mixed", 0.0, False),
+    lora_args("bf16-mixed", 0.05, True, model="mistralai--Mistral-7B-v0.3", batch=2, seq=256),
+    lora_args("bf16-mixed", 0.0, True, model="Qwen--Qwen3-8B"),
+    qlora_args(True, seq=512), qlora_args(False, seq=512, model="Qwen--Qwen2.5-7B"),
+    full_args(False, model="Qwen--Qwen2.5-7B"), full_args(True),
+)]
+MATH_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-math.jsonl")
 DORA_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-dora.jsonl")
 
 
@@ -450,6 +477,9 @@ def main():
         return
     if argv == ["--matrix-flash"]:
         write_matrix(FLASH_MATRIX, FLASH_FIXTURE, compact_rows=True)
+        return
+    if argv == ["--matrix-math"]:
+        write_matrix(MATH_MATRIX, MATH_FIXTURE, compact_rows=True)
         return
     descs = "--desc" in argv
     flash_attn = "--flash-attn" in argv
