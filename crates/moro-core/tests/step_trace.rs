@@ -724,6 +724,21 @@ fn flash_attn_layers_are_traced_op_by_op() {
     assert_eq!(op_level_rows_within(rows, |_| 0.0015), 8);
 }
 
+/// SDPA's math kernel, what a GPU without SDPA's flash backend (compute capability under
+/// 8.0: T4, V100, RTX 20xx) runs for grouped KV heads (`calibration/step_events.py
+/// --matrix-math`): q, k and v upcast to fp32, the causal mask, k and v repeated to every
+/// head, the fp32 scores and softmax (kept for the backward) and the softmax's returned
+/// 16-bit copy; LoRA on the 2-layer Llama-3.1-8B with and without checkpointing, Mistral-7B
+/// over 2 × 256 tokens with dropout, Qwen3-8B; QLoRA on Llama-3.1-8B and Qwen2.5-7B (their
+/// fp32 q, k and v cast by autocast first); full fine-tunes of Qwen2.5-7B and of
+/// Llama-3.1-8B with checkpointing (`o_proj` saving the output's contiguous copy for its
+/// weight's gradient). Replayed from the reset after loading, both peaks within 0.15 %.
+#[test]
+fn math_sdpa_layers_are_traced_op_by_op() {
+    let rows = include_str!("../../../validation/oracle-traces/step-events-math.jsonl");
+    assert_eq!(op_level_rows_within(rows, |_| 0.0015), 8);
+}
+
 /// Replays each compact row of `rows` (a `step_events.py` matrix) and moro's op-by-op trace
 /// of the same job from the reset after loading; asserts both peaks within `tolerance` of
 /// the row's label. Returns the number of rows checked.
@@ -781,7 +796,12 @@ fn op_level_rows_within(rows: &str, tolerance: impl Fn(&str) -> f64) -> usize {
         };
         let job = settings.resolve_for(&m).unwrap();
         let regime = Regime::resolve(&m, &job);
-        let trace = step::trace(&m, &job, &regime, &no_cublas()).unwrap();
+        // `--sdpa-backend math`: a GPU without SDPA's flash backend.
+        let device = DeviceProfile {
+            flash_sdpa: j["sdpa_backend_policy"] != "math",
+            ..no_cublas()
+        };
+        let trace = step::trace(&m, &job, &regime, &device).unwrap();
         assert!(trace.op_by_op, "{label}");
         let (want_alloc, want_reserved) = replay_compact(&v);
         let (alloc, reserved) = replay_after_load(&trace);

@@ -905,7 +905,15 @@ fn settings_are_checked_against_the_hardware() {
         .concat(),
         "Apple GPU",
     );
-    let small = ["estimate", "--model", "Qwen/Qwen2.5-0.5B"];
+    // 512 tokens: at the default 2,048 the math kernel's fp32 softmax, kept by every layer
+    // without checkpointing, does not fit a T4.
+    let small = [
+        "estimate",
+        "--model",
+        "Qwen/Qwen2.5-0.5B",
+        "--seq-len",
+        "512",
+    ];
     let o = run(&[
         &small[..],
         &["--precision", "bf16-mixed", "--hardware", "t4"],
@@ -1722,4 +1730,40 @@ fn json_errors_name_the_field_they_are_about_and_no_other() {
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
         assert_eq!(v["error"]["field"].as_str(), field, "{args:?}: {v}");
     }
+}
+
+/// On a GPU without SDPA's flash backend (a T4, compute capability 7.5) a grouped-KV model's
+/// attention runs SDPA's math kernel: the job says so, and its fp32 scores and softmax
+/// (`step_trace.rs` holds the op-level trace to the oracle's) leave more reserved than the
+/// same job on a GPU with the flash kernel (an A10G).
+#[test]
+fn a_gpu_without_flash_sdpa_runs_the_math_kernel() {
+    let args = |hw: &'static str| {
+        [
+            "estimate",
+            "--model",
+            "meta-llama/Llama-3.2-3B",
+            "--method",
+            "qlora",
+            "--precision",
+            "fp16-mixed",
+            "--seq-len",
+            "4096",
+            "--hardware",
+            hw,
+        ]
+    };
+    let o = run(&args("t4"));
+    assert!(o.stdout.contains("SDPA's math kernel"), "{}", o.stdout);
+    assert!(!run(&args("a10g")).stdout.contains("math kernel"));
+    let estimate = |hw| {
+        let mut a = args(hw).to_vec();
+        a.push("--json");
+        json(&a)
+    };
+    assert_eq!(estimate("t4")["sdpa_math_kernel"], true);
+    assert!(estimate("a10g").get("sdpa_math_kernel").is_none());
+    let reserved = |hw| estimate(hw)["peak_reserved_bytes"].as_u64().unwrap();
+    // The math kernel's fp32 scores of 24 heads × 4,096² tokens are 1.5 GiB a layer.
+    assert!(reserved("t4") > reserved("a10g") + (512 << 20));
 }

@@ -72,6 +72,16 @@ pub struct DeviceProfile {
     /// A systematic correction in bytes learned on this machine (`moro calibrate`,
     /// `moro run` under-predictions), added at the allocated level.
     pub offset_bytes: i64,
+    /// SDPA's flash backend runs here: compute capability 8.0 or newer (PyTorch
+    /// `sdp_utils.cpp` `check_flash_attention_hardware_support`). Without it SDPA takes the
+    /// mem-efficient kernel, which refuses grouped KV heads (`check_batch_size_and_num_heads_dense`
+    /// without GQA support), so a grouped-KV model's attention runs the math kernel.
+    #[serde(default = "flash_sdpa_default")]
+    pub flash_sdpa: bool,
+}
+
+const fn flash_sdpa_default() -> bool {
+    true
 }
 
 impl Default for DeviceProfile {
@@ -81,6 +91,16 @@ impl Default for DeviceProfile {
 }
 
 impl DeviceProfile {
+    /// Whether `job`'s attention runs SDPA's math kernel here: SDPA without the flash
+    /// backend ([`Self::flash_sdpa`]) on grouped KV heads, which transformers 5.25 passes
+    /// with `enable_gqa` (`use_gqa_in_sdpa`, no mask) and the mem-efficient kernel refuses.
+    #[must_use]
+    pub fn sdpa_math_kernel(&self, model: &ModelSpec, job: &Job) -> bool {
+        job.attention == crate::job::Attention::Sdpa
+            && !self.flash_sdpa
+            && model.num_kv_heads < model.num_heads
+    }
+
     /// Defaults for a GPU of the given compute capability (`None`: unknown, treated as sm80).
     #[must_use]
     pub fn for_compute_capability(cc: Option<(u32, u32)>) -> Self {
@@ -96,6 +116,7 @@ impl DeviceProfile {
             reserve_ratio: 0.08,
             nccl_bytes: 1024 * MIB,
             offset_bytes: 0,
+            flash_sdpa: major >= 8,
         }
     }
 }

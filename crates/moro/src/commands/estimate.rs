@@ -94,6 +94,10 @@ pub(crate) struct EstimateJson<'a> {
     /// When the job does not fit or is uncertain: what would fit instead.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) suggestions: Option<crate::commands::suggest::Suggestions>,
+    /// The attention runs SDPA's math kernel on the target (no flash backend, grouped KV
+    /// heads); absent otherwise.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) sdpa_math_kernel: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -235,9 +239,11 @@ fn print(args: &EstimateArgs, setup: &crate::setup::JobSetup, est: &Estimate) ->
     if args.json {
         let mut doc = to_json(model, job, est, memory);
         doc.suggestions = suggestions;
+        doc.sdpa_math_kernel = setup.profile.sdpa_math_kernel(&model.spec, job);
         stdout(&json(&doc)?)?;
     } else {
-        let mut out = render(model, job, est, target);
+        let math = setup.profile.sdpa_math_kernel(&model.spec, job);
+        let mut out = render(model, job, est, target, math);
         if let Some(s) = &suggestions {
             out.push_str(&crate::commands::suggest::text(s));
         }
@@ -294,6 +300,7 @@ pub(crate) fn to_json<'a>(
         memory_bytes: memory,
         headroom_bytes: memory.map(|m| headroom(est, m)),
         suggestions: None,
+        sdpa_math_kernel: false,
     }
 }
 
@@ -398,11 +405,14 @@ fn describe(job: &Job, adapter_bytes: u64) -> String {
     s
 }
 
+/// `math_kernel`: the job's attention runs SDPA's math kernel on the target
+/// ([`moro_core::estimate::DeviceProfile::sdpa_math_kernel`]).
 pub(crate) fn render(
     model: &resolve::Resolved,
     job: &Job,
     est: &Estimate,
     target: Option<&crate::hw::Target>,
+    math_kernel: bool,
 ) -> String {
     let mut out = String::new();
     #[allow(clippy::cast_precision_loss)]
@@ -418,6 +428,16 @@ pub(crate) fn render(
         "job     {}\n",
         describe(job, est.regime.adapter_bytes)
     ));
+    if math_kernel {
+        out.push_str(if est.reserve_from_replay {
+            "note    this GPU has no SDPA flash kernel: the attention runs SDPA's math kernel \
+             (fp32 scores and softmax), traced op by op\n"
+        } else {
+            "note    this GPU has no SDPA flash kernel: the attention runs SDPA's math kernel \
+             (fp32 scores and softmax), which this estimate leaves out for this job: expect \
+             more\n"
+        });
+    }
     if let Some(images) = describe_images(&model.spec, job) {
         out.push_str(&format!("images  {images}\n"));
     }

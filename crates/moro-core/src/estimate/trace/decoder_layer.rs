@@ -41,7 +41,7 @@ use crate::job::{Attention, Job, Method, Padding, PeftKind, Quantization};
 use crate::model::{AttentionKind, ModelSpec, NormKind};
 
 use super::super::weights::NF4_BLOCK;
-use super::super::{Component, Regime};
+use super::super::{Component, DeviceProfile, Regime};
 use super::params::Param;
 use super::{Builder, Tensor};
 
@@ -260,6 +260,17 @@ enum Attn {
         rng: Option<usize>,
         casts: Option<(usize, usize, usize)>,
     },
+    /// SDPA's math kernel: its scaled q and k, the repeated v and the fp32 softmax (and the
+    /// autocast casts it read on an fp32 stream, whose backward remains).
+    Math {
+        /// The scaled q as the scores' matmul saved it (its contiguous copy with more than
+        /// one sequence).
+        qs: usize,
+        ks: usize,
+        v_rep: usize,
+        softmax: usize,
+        casts: bool,
+    },
     /// Eager attention: k and v as the products read them (`repeat_kv`'s copies with
     /// grouped KV heads), the fp32 softmax and its 16-bit cast (q too).
     Eager {
@@ -319,6 +330,9 @@ struct Dims {
     eager: bool,
     /// transformers' `flash_attention_2`: the flash-attn package's kernel.
     flash_attn: bool,
+    /// SDPA's math kernel ([`DeviceProfile::flash_sdpa`] false, grouped KV heads): q, k
+    /// and v upcast to fp32, the scores and softmax materialized.
+    math: bool,
     /// Per-head RMSNorms on q and k (Qwen3).
     qk_norm: bool,
     /// Bytes per element of the residual stream and the norms' outputs: 2, or 4 after
@@ -352,6 +366,11 @@ impl FourBit {
 }
 
 impl Dims {
+    /// Attention's gradients come in the (batch, heads, tokens) layout (eager attention and
+    /// SDPA's math kernel), which the projections' backward copies contiguous.
+    const fn heads_first(&self) -> bool {
+        self.eager || self.math
+    }
     const fn width_in(&self, m: usize) -> u64 {
         match m {
             O => self.q,
@@ -649,6 +668,88 @@ fn rope_forward(tp: &mut Tape, w: u64, kind: Kind) -> usize {
     out
 }
 
+/// SDPA's math kernel (`_scaled_dot_product_attention_math`, torch 2.15, with
+/// `allow_fp16_bf16_reduction_math_sdp` off as by default) on 16-bit q, k and v, causal, with
+/// grouped KV heads (`enable_gqa`): q, k and v upcast to fp32, q scaled by √scale, the causal
+/// mask built (`ones().tril()` as bools, then fp32 by `where`), k and v repeated to every
+/// head, k scaled, the fp32 scores, the mask added, the softmax, its 16-bit copy (returned
+/// and dropped), the product with v and its cast back; then transformers' contiguous
+/// transpose (of `o_input_kind`: `o_proj` saves it where its weight or a 4-bit `lora_A`
+/// reads it). On an fp32 stream autocast's 16-bit casts of q, k and v come first and go
+/// when the kernel returns. Returns what the backward reads and the output `o_proj` reads.
+fn math_forward(tp: &mut Tape, d: &Dims, cast_qkv: bool, o_input_kind: Kind) -> (Attn, usize) {
+    let t = d.t;
+    let scores = d.b * d.heads * d.s * d.s;
+    let casts = cast_qkv.then(|| {
+        [
+            tp.temp(2 * t * d.q, "q cast"),
+            tp.temp(2 * t * d.kv, "k cast"),
+            tp.temp(2 * t * d.kv, "v cast"),
+        ]
+    });
+    let q32 = tp.temp(4 * t * d.q, "q fp32");
+    let k32 = tp.temp(4 * t * d.kv, "k fp32");
+    let v32 = tp.temp(4 * t * d.kv, "v fp32");
+    // With more than one sequence `matmul` copies the scaled q to fold the batch into
+    // bmm's, and saves the copy.
+    let batched = d.b > 1;
+    let qs_kind = if batched { Kind::Temp } else { Kind::Saved };
+    let qs = tp.alloc(4 * t * d.q, "q scaled", None, qs_kind);
+    let ones = tp.temp(d.s * d.s, "causal ones");
+    let tril = tp.temp(d.s * d.s, "causal tril");
+    tp.free(ones);
+    let zero = tp.temp(4, "mask scalar");
+    let inf = tp.temp(4, "mask scalar");
+    let mask = tp.temp(4 * d.s * d.s, "causal mask");
+    tp.free(inf);
+    tp.free(zero);
+    tp.free(tril);
+    let k_rep = tp.temp(4 * t * d.q, "k repeated");
+    let v_rep = tp.saved(4 * t * d.q, "v repeated", None);
+    let ks = tp.saved(4 * t * d.q, "k scaled", None);
+    let q_copy = batched.then(|| tp.saved(4 * t * d.q, "q scaled (bmm copy)", None));
+    let raw = tp.temp(4 * scores, "attention scores");
+    if let Some(c) = q_copy {
+        tp.release(c);
+    }
+    tp.release(ks);
+    let masked = tp.temp(4 * scores, "scores masked");
+    tp.free(raw);
+    let softmax = tp.saved(4 * scores, "softmax", None);
+    tp.free(masked);
+    let returned = tp.temp(2 * scores, "softmax returned");
+    let out32 = tp.temp(4 * t * d.q, "attention output fp32");
+    let out16 = tp.temp(2 * t * d.q, "attention output");
+    tp.free(out32);
+    tp.release(softmax);
+    tp.free(k_rep);
+    tp.release(v_rep);
+    tp.last_use(qs);
+    for x in [mask, v32, k32, q32, returned] {
+        tp.free(x);
+    }
+    for x in casts.into_iter().flatten() {
+        tp.free(x);
+    }
+    let o_input = tp.alloc(
+        2 * t * d.q,
+        "attention output (contiguous)",
+        None,
+        o_input_kind,
+    );
+    tp.free(out16);
+    (
+        Attn::Math {
+            qs: q_copy.unwrap_or(qs),
+            ks,
+            v_rep,
+            softmax,
+            casts: cast_qkv,
+        },
+        o_input,
+    )
+}
+
 /// transformers 5.25 `_is_packed_sequence` on one sequence's `s` int64 position ids, before
 /// the flash-attn call: `arange + position_ids.min()`, minus the ids, `abs`, `sum`, `bool`,
 /// read on the host (the arange and its minimum freed after the sum, the bool after it is
@@ -690,6 +791,9 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
     };
     let (qkv_owner, mlp_owner, down_owner) =
         (owner(&[Q, K, V]), owner(&[GATE, UP]), owner(&[DOWN]));
+    // Under SDPA's math kernel `o_proj` reads a copy of the attention's output that nothing
+    // else saves (the flash kernel saves its output, which `o_proj` then shares).
+    let o_owner = owner(&[O]).filter(|_| d.math);
     let held = |o: Option<usize>| if o.is_some() { Kind::Saved } else { Kind::Temp };
     let (norm1, x1) = rms_forward(tp, d, !first, d.h, t, None, held(qkv_owner));
     let mut adapters = [None; 7];
@@ -733,12 +837,12 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
     // the bmm saves instead) of q, k and v in their (batch, tokens, heads) layout otherwise.
     let repeated = d.eager && d.kv < d.q;
     let copied = d.eager && d.b > 1;
-    let kv_kind = if repeated || copied || cast_qkv {
+    let kv_kind = if repeated || copied || cast_qkv || d.math {
         Kind::Temp
     } else {
         Kind::Saved
     };
-    let q_kind = if copied || cast_qkv {
+    let q_kind = if copied || cast_qkv || d.math {
         Kind::Temp
     } else {
         Kind::Saved
@@ -800,6 +904,8 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
             probs,
         };
         (eager, out)
+    } else if d.math {
+        math_forward(tp, d, cast_qkv, held(o_owner))
     } else {
         // `_scaled_dot_product_flash_attention`, or flash-attn 2.8 `mha_fwd` (one split at
         // training shapes): the output and the log-sum-exp (of the 16-bit casts autocast,
@@ -895,6 +1001,7 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
         (Q, qkv_owner, x1),
         (K, qkv_owner, x1),
         (V, qkv_owner, x1),
+        (O, o_owner, o_input),
         (GATE, mlp_owner, x2),
         (UP, mlp_owner, x2),
         (DOWN, down_owner, product),
@@ -959,6 +1066,7 @@ impl DecoderLayer {
         model: &ModelSpec,
         job: &Job,
         r: &Regime,
+        device: &DeviceProfile,
         ps: &[Param<'_>],
         ranges: &[std::ops::Range<usize>],
     ) -> Self {
@@ -986,6 +1094,7 @@ impl DecoderLayer {
             adapter_copies: r.autocast && r.adapter_bytes == 4,
             eager: job.attention == Attention::Eager,
             flash_attn: job.attention == Attention::Flash,
+            math: device.sdpa_math_kernel(model, job),
             qk_norm: model.qk_norm,
             stream: r.stream_bytes,
             four_bit: (job.quantization != Quantization::None).then_some(FourBit {
@@ -1218,6 +1327,23 @@ impl DecoderLayer {
                 let (dq, dk, dv) = bw.sdpa(roles, d_attn, [out, lse], rng, casts);
                 if casts.is_some() {
                     // The casts' backward, in autograd's order: v, k, q.
+                    let dv = bw.cast(dv, 4 * t * d.kv);
+                    let dk = bw.cast(dk, 4 * t * d.kv);
+                    (bw.cast(dq, 4 * t * d.q), dk, dv)
+                } else {
+                    (dq, dk, dv)
+                }
+            }
+            Attn::Math {
+                qs,
+                ks,
+                v_rep,
+                softmax,
+                casts,
+            } => {
+                let (dq, dk, dv) = bw.math(d_attn, [qs, ks, v_rep, softmax]);
+                if casts {
+                    // The autocast casts' backward, in autograd's order: v, k, q.
                     let dv = bw.cast(dv, 4 * t * d.kv);
                     let dk = bw.cast(dk, 4 * t * d.kv);
                     (bw.cast(dq, 4 * t * d.q), dk, dv)
@@ -1591,7 +1717,7 @@ impl<'m> Backward<'_, '_, 'm> {
     /// gradient reads it after a bias or a per-head norm; else `g`.
     fn contiguous_rotated(&mut self, m: usize, g: Tensor<'m>, bytes: u64) -> Tensor<'m> {
         let d = self.d;
-        if d.eager || d.stream == 4 || d.full && (d.bias[m] || d.qk_norm) {
+        if d.heads_first() || d.stream == 4 || d.full && (d.bias[m] || d.qk_norm) {
             self.cast(g, bytes)
         } else {
             g
@@ -1763,6 +1889,67 @@ impl<'m> Backward<'_, '_, 'm> {
         (dq, dk, dv)
     }
 
+    /// SDPA's math kernel's backward from `g` (freed): the output's fp32 cast, v's and the
+    /// scores' gradients, the softmax's, q's and k's (scaled), `repeat_interleave`'s sums
+    /// back to the KV heads, and the casts back to 16 bits. Returns dq, dk and dv.
+    fn math(
+        &mut self,
+        g: Tensor<'m>,
+        [qs, ks, v_rep, softmax]: [usize; 4],
+    ) -> (Tensor<'m>, Tensor<'m>, Tensor<'m>) {
+        let d = *self.d;
+        let scores = d.b * d.heads * d.s * d.s;
+        let tq = 4 * d.t * d.q;
+        let mut g32 = self.temp(tq);
+        self.free(g);
+        // With more than one sequence the output's gradient is copied to fold its batch, and
+        // the oracle records each node's saved tensors freed before its input gradient.
+        let batched = d.b > 1;
+        if batched {
+            g32 = self.cast(g32, tq);
+        }
+        let g_v_rep = self.temp(tq);
+        let g_probs = self.temp(4 * scores);
+        if batched {
+            self.release(v_rep);
+            self.free(g32);
+        } else {
+            self.free(g32);
+            self.release(v_rep);
+        }
+        let g_scores = self.temp(4 * scores);
+        if batched {
+            self.release(softmax);
+            self.free(g_probs);
+        } else {
+            self.free(g_probs);
+            self.release(softmax);
+        }
+        let g_ks = self.temp(tq);
+        let g_qs = self.temp(tq);
+        if batched {
+            self.release(qs);
+            self.release(ks);
+            self.free(g_scores);
+        } else {
+            self.free(g_scores);
+            self.release(ks);
+            self.release(qs);
+        }
+        let g_k_rep = self.temp(tq);
+        self.free(g_ks);
+        let g_v = self.temp(4 * d.t * d.kv);
+        self.free(g_v_rep);
+        let g_k = self.temp(4 * d.t * d.kv);
+        self.free(g_k_rep);
+        let g_q = self.temp(tq);
+        self.free(g_qs);
+        let dv = self.cast(g_v, 2 * d.t * d.kv);
+        let dk = self.cast(g_k, 2 * d.t * d.kv);
+        let dq = self.cast(g_q, 2 * d.t * d.q);
+        (dq, dk, dv)
+    }
+
     /// Eager attention's backward from `g` (freed): v's and the probabilities' gradients,
     /// the softmax's through its casts, the scaling's, q's and k's; with grouped KV heads
     /// `repeat_kv`'s gradients summed back to the KV heads. Returns dq, dk and dv.
@@ -1812,9 +1999,10 @@ impl<'m> Backward<'_, '_, 'm> {
         }
     }
 
-    /// Under eager attention, a contiguous copy of `g` (freed); else `g`.
+    /// Under eager attention or SDPA's math kernel, a contiguous copy of `g` (freed); else
+    /// `g`.
     fn contiguous(&mut self, g: Tensor<'m>, bytes: u64) -> Tensor<'m> {
-        if !self.d.eager {
+        if !self.d.heads_first() {
             return g;
         }
         let c = self.temp(bytes);

@@ -339,7 +339,7 @@ impl<'m, 'j> Step<'m, 'j> {
             0
         };
         let ops = decoder_layer::models(model, job, r)
-            .then(|| DecoderLayer::new(model, job, r, &ps, &ranges));
+            .then(|| DecoderLayer::new(model, job, r, device, &ps, &ranges));
         let chunked = (r.loss == LossImpl::ChunkedNll && !encoder).then(|| ChunkedNll {
             batch: job.micro_batch_size,
             tokens: t,
