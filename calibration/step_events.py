@@ -389,40 +389,36 @@ FULL_MATRIX = [full_args(True, model="Qwen--Qwen3-8B"), full_args(False, model="
 FULL_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-full.jsonl")
 
 
-def with_flash_attn(a):
-    """`a` with transformers' `flash_attention_2` on the emulated flash-attn package
-    (`flash_attn_emulation.py`), its label saying `fa2` where it said `sdpa` (or at its end)."""
+def with_attention(a, tag, flags):
+    """`a` with other attention `flags`, its label saying `tag` where it said `sdpa` (or at
+    its end)."""
     i = a.index("--label")
-    label = a[i + 1].replace("-sdpa-", "-fa2-") if "-sdpa-" in a[i + 1] else a[i + 1] + "-fa2"
-    return a[:i] + ["--label", label, "--flash-attn"] + a[i + 2:]
+    label = a[i + 1]
+    label = label.replace("-sdpa-", "-%s-" % tag) if "-sdpa-" in label else label + "-" + tag
+    return a[:i] + ["--label", label] + flags + a[i + 2:]
 
 
-FLASH_MATRIX = [with_flash_attn(a) for a in (
-    lora_args("bf16-mixed", 0.0, True), lora_args("bf16-mixed", 0.0, False),
-    lora_args("bf16-mixed", 0.05, True, model="mistralai--Mistral-7B-v0.3", batch=2, seq=256),
-    lora_args("bf16-mixed", 0.0, True, model="Qwen--Qwen3-8B"),
-    qlora_args(True), qlora_args(False, model="Qwen--Qwen2.5-7B"),
-    full_args(False, model="Qwen--Qwen2.5-7B"), full_args(True, seq=1024),
-)]
+# The jobs each attention kernel is recorded for: LoRA with and without checkpointing,
+# with dropout over two sequences, with Qwen3's q and k norms; QLoRA; full fine-tunes.
+def attention_jobs(qlora_seq):
+    return (
+        lora_args("bf16-mixed", 0.0, True), lora_args("bf16-mixed", 0.0, False),
+        lora_args("bf16-mixed", 0.05, True, model="mistralai--Mistral-7B-v0.3", batch=2, seq=256),
+        lora_args("bf16-mixed", 0.0, True, model="Qwen--Qwen3-8B"),
+        qlora_args(True, seq=qlora_seq), qlora_args(False, seq=qlora_seq, model="Qwen--Qwen2.5-7B"),
+        full_args(False, model="Qwen--Qwen2.5-7B"),
+    )
+
+
+# transformers' `flash_attention_2` on the emulated flash-attn package (`flash_attn_emulation.py`).
+FLASH_MATRIX = [with_attention(a, "fa2", ["--flash-attn"])
+                for a in attention_jobs(1024) + (full_args(True, seq=1024),)]
 FLASH_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-flash.jsonl")
 
-
-def with_math_sdpa(a):
-    """`a` on a GPU without SDPA's flash backend (compute capability under 8.0): SDPA's
-    math kernel (`--sdpa-backend math`), which grouped KV heads get there; its label saying
-    `math` where it said `sdpa` (or at its end)."""
-    i = a.index("--label")
-    label = a[i + 1].replace("-sdpa-", "-math-") if "-sdpa-" in a[i + 1] else a[i + 1] + "-math"
-    return a[:i] + ["--label", label, "--sdpa-backend", "math"] + a[i + 2:]
-
-
-MATH_MATRIX = [with_math_sdpa(a) for a in (
-    lora_args("bf16-mixed", 0.0, True), lora_args("bf16-mixed", 0.0, False),
-    lora_args("bf16-mixed", 0.05, True, model="mistralai--Mistral-7B-v0.3", batch=2, seq=256),
-    lora_args("bf16-mixed", 0.0, True, model="Qwen--Qwen3-8B"),
-    qlora_args(True, seq=512), qlora_args(False, seq=512, model="Qwen--Qwen2.5-7B"),
-    full_args(False, model="Qwen--Qwen2.5-7B"), full_args(True),
-)]
+# A GPU without SDPA's flash backend (compute capability under 8.0): SDPA's math kernel,
+# which grouped KV heads get there.
+MATH_MATRIX = [with_attention(a, "math", ["--sdpa-backend", "math"])
+               for a in attention_jobs(512) + (full_args(True),)]
 MATH_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-math.jsonl")
 DORA_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-dora.jsonl")
 

@@ -412,6 +412,8 @@ pub struct Explained {
     pub job: Job,
     /// The estimate the row's prediction was taken from.
     pub estimate: crate::estimate::Estimate,
+    /// The device profile it was estimated with (the row's GPU).
+    pub profile: crate::estimate::DeviceProfile,
 }
 
 /// Interprets and estimates the row whose `id` is `id`.
@@ -427,6 +429,7 @@ pub fn explain(jsonl: &str, models: &dyn ModelSource, id: &str) -> Result<Explai
     let row = interpret(&v)?;
     let (model, job, estimate) = estimate_row(&row, models)?;
     Ok(Explained {
+        profile: row_profile(&row),
         row,
         model,
         job,

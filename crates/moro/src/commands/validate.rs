@@ -199,8 +199,7 @@ fn explain(text: &str, id: &str, as_json: bool) -> Result<ExitCode> {
         spec: x.model,
         stored: None,
     };
-    let math = moro_core::estimate::DeviceProfile::for_compute_capability(x.row.compute_capability)
-        .sdpa_math_kernel(&model.spec, &x.job);
+    let math = x.profile.sdpa_math_kernel(&model.spec, &x.job);
     let mut out = crate::commands::estimate::render(&model, &x.job, &x.estimate, None, math);
     let level = x.row.metric.as_str();
     match error {

@@ -1,9 +1,11 @@
 //! A Llama-style decoder layer op by op (LoRA and QLoRA adapters, or every weight trained),
 //! as the step trace allocates it ([`super::step`]): transformers 5.25
-//! `LlamaDecoderLayer.forward` (`LlamaRMSNorm`, `apply_rotary_pos_emb`, SDPA's flash kernel
-//! or flash-attn 2.8's, `LlamaMLP`) with PEFT 0.21 `lora.Linear.forward` (fp32 adapters under bf16 autocast, with
-//! or without dropout, or on a bf16 model without autocast), and the backward autograd runs
-//! for it, in the order the fake-CUDA oracle records (`calibration/step_events.py --desc`).
+//! `LlamaDecoderLayer.forward` (`LlamaRMSNorm`, `apply_rotary_pos_emb`, the attention —
+//! SDPA's flash kernel, flash-attn 2.8's, SDPA's math kernel where the GPU has no flash
+//! backend, or eager —, `LlamaMLP`) with PEFT 0.21 `lora.Linear.forward` (fp32 adapters under
+//! bf16 autocast, with or without dropout, or on a bf16 model without autocast), and the
+//! backward autograd runs for it, in the order the fake-CUDA oracle records
+//! (`calibration/step_events.py --desc`).
 //!
 //! Each adapted projection makes its frozen matmul's output, PEFT's fp32 cast of the input
 //! (`_cast_input_dtype`), dropout's output and mask, autocast's 16-bit copies of `lora_A`
@@ -260,8 +262,7 @@ enum Attn {
         rng: Option<usize>,
         casts: Option<(usize, usize, usize)>,
     },
-    /// SDPA's math kernel: its scaled q and k, the repeated v and the fp32 softmax (and the
-    /// autocast casts it read on an fp32 stream, whose backward remains).
+    /// SDPA's math kernel: its scaled q and k, the repeated v and the fp32 softmax.
     Math {
         /// The scaled q as the scores' matmul saved it (its contiguous copy with more than
         /// one sequence).
@@ -269,7 +270,6 @@ enum Attn {
         ks: usize,
         v_rep: usize,
         softmax: usize,
-        casts: bool,
     },
     /// Eager attention: k and v as the products read them (`repeat_kv`'s copies with
     /// grouped KV heads), the fp32 softmax and its 16-bit cast (q too).
@@ -744,7 +744,6 @@ fn math_forward(tp: &mut Tape, d: &Dims, cast_qkv: bool, o_input_kind: Kind) -> 
             ks,
             v_rep,
             softmax,
-            casts: cast_qkv,
         },
         o_input,
     )
@@ -1323,34 +1322,13 @@ impl DecoderLayer {
                 lse,
                 rng,
                 casts,
-            } => {
-                let (dq, dk, dv) = bw.sdpa(roles, d_attn, [out, lse], rng, casts);
-                if casts.is_some() {
-                    // The casts' backward, in autograd's order: v, k, q.
-                    let dv = bw.cast(dv, 4 * t * d.kv);
-                    let dk = bw.cast(dk, 4 * t * d.kv);
-                    (bw.cast(dq, 4 * t * d.q), dk, dv)
-                } else {
-                    (dq, dk, dv)
-                }
-            }
+            } => bw.sdpa(roles, d_attn, [out, lse], rng, casts),
             Attn::Math {
                 qs,
                 ks,
                 v_rep,
                 softmax,
-                casts,
-            } => {
-                let (dq, dk, dv) = bw.math(d_attn, [qs, ks, v_rep, softmax]);
-                if casts {
-                    // The autocast casts' backward, in autograd's order: v, k, q.
-                    let dv = bw.cast(dv, 4 * t * d.kv);
-                    let dk = bw.cast(dk, 4 * t * d.kv);
-                    (bw.cast(dq, 4 * t * d.q), dk, dv)
-                } else {
-                    (dq, dk, dv)
-                }
-            }
+            } => bw.math(d_attn, [qs, ks, v_rep, softmax]),
             Attn::Eager {
                 q,
                 k_rep,
@@ -1358,6 +1336,15 @@ impl DecoderLayer {
                 soft,
                 probs,
             } => bw.eager(d_attn, [q, k_rep, v_rep, soft, probs]),
+        };
+        // On an fp32 stream the kernel read 16-bit casts of q, k and v (autocast's, or
+        // `fa_peft_integration_check`'s): their backward, in autograd's order: v, k, q.
+        let (dq, dk, dv) = if s == 4 {
+            let dv = bw.cast(dv, 4 * t * d.kv);
+            let dk = bw.cast(dk, 4 * t * d.kv);
+            (bw.cast(dq, 4 * t * d.q), dk, dv)
+        } else {
+            (dq, dk, dv)
         };
         let dk = bw.rope(dk, s * t * d.kv);
         let dq = bw.rope(dq, s * t * d.q);
@@ -1902,40 +1889,22 @@ impl<'m> Backward<'_, '_, 'm> {
         let tq = 4 * d.t * d.q;
         let mut g32 = self.temp(tq);
         self.free(g);
-        // With more than one sequence the output's gradient is copied to fold its batch, and
-        // the oracle records each node's saved tensors freed before its input gradient.
-        let batched = d.b > 1;
-        if batched {
+        // With more than one sequence the output's gradient is copied to fold its batch.
+        if d.b > 1 {
             g32 = self.cast(g32, tq);
         }
         let g_v_rep = self.temp(tq);
         let g_probs = self.temp(4 * scores);
-        if batched {
-            self.release(v_rep);
-            self.free(g32);
-        } else {
-            self.free(g32);
-            self.release(v_rep);
-        }
+        self.free(g32);
+        self.release(v_rep);
         let g_scores = self.temp(4 * scores);
-        if batched {
-            self.release(softmax);
-            self.free(g_probs);
-        } else {
-            self.free(g_probs);
-            self.release(softmax);
-        }
+        self.free(g_probs);
+        self.release(softmax);
         let g_ks = self.temp(tq);
         let g_qs = self.temp(tq);
-        if batched {
-            self.release(qs);
-            self.release(ks);
-            self.free(g_scores);
-        } else {
-            self.free(g_scores);
-            self.release(ks);
-            self.release(qs);
-        }
+        self.free(g_scores);
+        self.release(ks);
+        self.release(qs);
         let g_k_rep = self.temp(tq);
         self.free(g_ks);
         let g_v = self.temp(4 * d.t * d.kv);
