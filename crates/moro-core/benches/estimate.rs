@@ -31,7 +31,7 @@ fn qlora(seq_len: u64) -> Job {
 }
 
 /// One QLoRA estimate of a dense 7B model (its two training steps replayed through the
-/// allocator model: about a millisecond), and of a 128-expert MoE (the largest layer lists).
+/// allocator model: a few milliseconds), and of a 128-expert MoE (the largest layer lists).
 #[divan::bench(args = ["Qwen/Qwen2.5-7B", "Qwen/Qwen3-235B-A22B", "deepseek-ai/DeepSeek-V3"])]
 fn one(bencher: divan::Bencher, id: &str) {
     let m = model(id);
@@ -168,10 +168,11 @@ fn lora_70b() -> Job {
     job
 }
 
-/// One step trace (loading and two optimizer steps, tensor by tensor) of a 70B dense
-/// model on one GPU (80 layers): a full fine-tune (the cost grows with the tensors, about
-/// 26 events per Linear), and LoRA and QLoRA, traced op by op (with checkpointing about 720
-/// and 890 events per layer and micro-batch).
+/// One step trace as an estimate makes it (loading and two optimizer steps, tensor by
+/// tensor, without the names `--trace` writes) of a 70B dense model on one GPU (80
+/// layers): a full fine-tune (the cost grows with the tensors, about 26 events per Linear),
+/// and LoRA and QLoRA, traced op by op (with checkpointing about 720 and 890 events per
+/// layer and micro-batch).
 #[divan::bench(args = ["qlora", "full", "lora"], sample_count = 20)]
 fn step_trace_70b(bencher: divan::Bencher, method: &str) {
     let m = model("meta-llama/Llama-3.1-70B");
@@ -187,7 +188,9 @@ fn step_trace_70b(bencher: divan::Bencher, method: &str) {
     };
     let profile = DeviceProfile::default();
     bencher.bench(|| {
-        moro_core::estimate::trace::for_job(divan::black_box(&m), divan::black_box(&job), &profile)
+        let (m, job) = (divan::black_box(&m), divan::black_box(&job));
+        let regime = moro_core::estimate::Regime::resolve(m, job);
+        moro_core::estimate::trace::step::lean_trace(m, job, &regime, &profile)
     });
 }
 

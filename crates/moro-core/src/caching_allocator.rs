@@ -173,6 +173,9 @@ impl CachingAllocator {
 
     /// The small pool of `stream`, made on first use.
     fn small_pool(&mut self, stream: Stream) -> &mut SmallPool {
+        if self.small_free.first().is_some_and(|p| p.stream == stream) {
+            return &mut self.small_free[0];
+        }
         let k = match self.small_free.iter().position(|p| p.stream == stream) {
             Some(k) => k,
             None => {
@@ -185,6 +188,9 @@ impl CachingAllocator {
 
     /// The large pool of `stream`, made on first use.
     fn large_pool(&mut self, stream: Stream) -> &mut LargePool {
+        if self.large_free.first().is_some_and(|p| p.stream == stream) {
+            return &mut self.large_free[0];
+        }
         let k = match self.large_free.iter().position(|p| p.stream == stream) {
             Some(k) => k,
             None => {

@@ -101,15 +101,17 @@ fn traced(
     } else {
         job
     };
-    let t = step::trace(model, job, r, device)?;
+    let t = step::lean_trace(model, job, r, device)?;
+    let phases = t.phases();
     let fragmentation = if replay && (t.op_by_op || models(model, job, r)) {
-        let (allocated, _) = t.peak();
+        // The allocated peak is the largest phase's ([`Trace::phases`]).
+        let allocated = phases.iter().map(PhaseBytes::total).max().unwrap_or(0);
         t.replay().reserved.saturating_sub(allocated)
     } else {
         0
     };
     Some(ReplayedStep {
-        phases: t.phases(),
+        phases,
         fragmentation,
         op_by_op: t.op_by_op,
     })

@@ -76,16 +76,43 @@ pub struct TraceEvent<'m> {
     pub stream: u32,
 }
 
+/// One allocation or free as the levels and the replay read it: [`TraceEvent`] without
+/// the names, a third of its size (the replay of a 70B step streams 140,000 of them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Event {
+    /// Bytes requested.
+    pub bytes: u64,
+    /// The tensor, numbered in the order of allocation.
+    pub tensor: u32,
+    /// The CUDA stream it is made on (0: the compute stream).
+    pub stream: u32,
+    /// Made or released.
+    pub op: Op,
+    /// Which part of the breakdown it counts in.
+    pub component: Component,
+    /// The moment of the step that made it.
+    pub phase: Phase,
+}
+
 /// A step's events in order.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Trace<'m> {
-    /// Allocations and frees.
+    /// Allocations and frees with what they name ([`step::trace`]; empty in a trace made
+    /// for the levels alone, [`step::lean_trace`]).
     pub events: Vec<TraceEvent<'m>>,
+    /// The same allocations and frees as the levels and the replay read them.
+    #[serde(skip)]
+    pub lean: Vec<Event>,
     /// The decoder layers are traced op by op (LoRA or QLoRA on a Llama-style layer, `step`'s
     /// `decoder_layer`), not as their saved bytes cut into shapes.
     #[serde(skip)]
     pub op_by_op: bool,
 }
+
+/// More than the variants of [`Component`] and of [`Phase`]: their slots in a table.
+const SLOTS: usize = 16;
+const _: () =
+    assert!((Component::CudaContext as usize) < SLOTS && (Phase::Decode as usize) < SLOTS);
 
 /// The peaks of a trace replayed through the allocator model.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -103,7 +130,7 @@ impl Trace<'_> {
     pub fn peak(&self) -> (u64, usize) {
         let mut live = 0u64;
         let mut peak = (0, 0);
-        for (i, e) in self.events.iter().enumerate() {
+        for (i, e) in self.lean.iter().enumerate() {
             match e.op {
                 Op::Alloc => {
                     live += round_size(e.bytes);
@@ -130,51 +157,76 @@ impl Trace<'_> {
 
     /// Each phase's largest live total with the components live then, in the order the
     /// phases first appear: the estimate's phases read off the trace. An allocation is made
-    /// in the phase it names; a peak is always reached at an allocation.
+    /// in the phase it names; a peak is always reached at an allocation (the first time,
+    /// where it is reached again).
     #[must_use]
     pub fn phases(&self) -> Vec<PhaseBytes> {
-        let mut live: Vec<(Component, u64)> = Vec::new();
+        // One pass finds each phase's peak, a second reads the components off it.
+        let mut live = [0u64; SLOTS];
         let mut total = 0u64;
-        let mut out: Vec<PhaseBytes> = Vec::new();
-        let mut best: Vec<u64> = Vec::new();
-        for e in &self.events {
+        let mut best: Vec<(Phase, u64, usize)> = Vec::new();
+        let mut slot_of_phase = [usize::MAX; SLOTS];
+        let mut components: Vec<Component> = Vec::new();
+        for (i, e) in self.lean.iter().enumerate() {
             let b = round_size(e.bytes);
-            let slot = match live.iter_mut().find(|x| x.0 == e.component) {
-                Some(x) => x,
-                None => {
-                    live.push((e.component, 0));
-                    live.last_mut().expect("just pushed")
-                }
-            };
+            let c = e.component as usize;
             match e.op {
                 Op::Alloc => {
-                    slot.1 += b;
+                    if live[c] == 0 && !components.contains(&e.component) {
+                        components.push(e.component);
+                    }
+                    live[c] += b;
                     total += b;
                 }
                 Op::Free => {
-                    slot.1 -= b;
+                    live[c] -= b;
                     total -= b;
                     continue;
                 }
             }
-            let i = match out.iter().position(|p| p.phase == e.phase) {
-                Some(i) => i,
-                None => {
-                    out.push(PhaseBytes {
-                        phase: e.phase,
-                        components: Vec::new(),
-                    });
-                    best.push(0);
-                    out.len() - 1
-                }
-            };
-            if total > best[i] {
-                best[i] = total;
-                out[i].components.clear();
-                out[i]
-                    .components
-                    .extend(live.iter().filter(|c| c.1 > 0).copied());
+            let p = e.phase as usize;
+            if slot_of_phase[p] == usize::MAX {
+                slot_of_phase[p] = best.len();
+                best.push((e.phase, 0, i));
             }
+            let slot = &mut best[slot_of_phase[p]];
+            if total > slot.1 {
+                slot.1 = total;
+                slot.2 = i;
+            }
+        }
+        let mut at: Vec<(usize, usize)> = best.iter().enumerate().map(|(k, b)| (b.2, k)).collect();
+        at.sort_unstable();
+        let mut out: Vec<PhaseBytes> = best
+            .iter()
+            .map(|b| PhaseBytes {
+                phase: b.0,
+                components: Vec::new(),
+            })
+            .collect();
+        let mut live = [0u64; SLOTS];
+        let mut next = at.iter().peekable();
+        for (i, e) in self.lean.iter().enumerate() {
+            let Some(&&(peak_at, _)) = next.peek() else {
+                break;
+            };
+            let b = round_size(e.bytes);
+            match e.op {
+                Op::Alloc => live[e.component as usize] += b,
+                Op::Free => live[e.component as usize] -= b,
+            }
+            while let Some(&&(j, k)) = next.peek() {
+                if j != i {
+                    break;
+                }
+                out[k].components = components
+                    .iter()
+                    .map(|&c| (c, live[c as usize]))
+                    .filter(|c| c.1 > 0)
+                    .collect();
+                next.next();
+            }
+            debug_assert!(peak_at >= i);
         }
         out
     }
@@ -183,8 +235,8 @@ impl Trace<'_> {
     #[must_use]
     pub fn replay(&self) -> Replayed {
         let mut a = CachingAllocator::new();
-        let mut handles: Vec<Option<Handle>> = Vec::with_capacity(self.events.len() / 2 + 1);
-        for e in &self.events {
+        let mut handles: Vec<Option<Handle>> = Vec::with_capacity(self.lean.len() / 2 + 1);
+        for e in &self.lean {
             let i = e.tensor as usize;
             match e.op {
                 Op::Alloc => {
@@ -223,16 +275,21 @@ pub(crate) struct Tensor<'m> {
 #[derive(Debug, Default)]
 pub(crate) struct Builder<'m> {
     events: Vec<TraceEvent<'m>>,
+    lean: Vec<Event>,
+    /// Whether to keep the named events too.
+    named: bool,
     next: u32,
     phase: Option<Phase>,
     step: u8,
 }
 
 impl<'m> Builder<'m> {
-    /// A builder with room for `events` events.
-    pub(crate) fn with_capacity(events: usize) -> Self {
+    /// A builder with room for `events` events, which keeps their names where `named`.
+    pub(crate) fn with_capacity(events: usize, named: bool) -> Self {
         Self {
-            events: Vec::with_capacity(events),
+            events: Vec::with_capacity(if named { events } else { 0 }),
+            lean: Vec::with_capacity(events),
+            named,
             ..Self::default()
         }
     }
@@ -298,6 +355,18 @@ impl<'m> Builder<'m> {
     }
 
     fn push(&mut self, op: Op, t: &Tensor<'m>) {
+        let phase = self.phase.unwrap_or(Phase::Load);
+        self.lean.push(Event {
+            bytes: t.bytes,
+            tensor: t.id,
+            stream: 0,
+            op,
+            component: t.component,
+            phase,
+        });
+        if !self.named {
+            return;
+        }
         self.events.push(TraceEvent {
             op,
             tensor: t.id,
@@ -305,7 +374,7 @@ impl<'m> Builder<'m> {
             module: t.module,
             layer: t.layer,
             component: t.component,
-            phase: self.phase.unwrap_or(Phase::Load),
+            phase,
             step: self.step,
             bytes: t.bytes,
             dtype_bytes: t.dtype_bytes,
@@ -316,7 +385,84 @@ impl<'m> Builder<'m> {
     pub(crate) fn finish(self) -> Trace<'m> {
         Trace {
             events: self.events,
+            lean: self.lean,
             op_by_op: false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    /// Weights, then a forward whose live total peaks twice at the same height (the first
+    /// counts), then a backward that peaks higher after the forward's components changed.
+    fn small_step(named: bool) -> Trace<'static> {
+        let mut b = Builder::with_capacity(16, named);
+        b.at(Phase::Load, 0);
+        let _w = b.alloc("weight", Component::Weights, 10 * MIB, 1);
+        b.at(Phase::ForwardEnd, 1);
+        let x = b.alloc("saved", Component::Activations, 4 * MIB, 1);
+        let l = b.alloc("logits", Component::LogitsLoss, 6 * MIB, 1);
+        b.free(l);
+        let y = b.alloc("saved", Component::Activations, 6 * MIB, 1);
+        b.at(Phase::LayerBackward, 1);
+        b.free(x);
+        let g = b.alloc("grad", Component::Gradients, 9 * MIB, 1);
+        b.free(g);
+        b.free(y);
+        b.finish()
+    }
+
+    /// Each phase's peak and the components then, by hand: loading 10 MiB of weights; the
+    /// forward's first 20 MiB (weights, 4 MiB saved, 6 MiB of logits), not the second
+    /// (weights, 10 MiB saved); the backward's 25 MiB (weights, 6 MiB saved, 9 MiB of
+    /// gradients).
+    #[test]
+    fn phases_are_read_off_each_phases_first_peak() {
+        let t = small_step(false);
+        let p = t.phases();
+        let by_phase: Vec<(Phase, Vec<(Component, u64)>)> =
+            p.into_iter().map(|p| (p.phase, p.components)).collect();
+        assert_eq!(
+            by_phase,
+            [
+                (Phase::Load, vec![(Component::Weights, 10 * MIB)]),
+                (
+                    Phase::ForwardEnd,
+                    vec![
+                        (Component::Weights, 10 * MIB),
+                        (Component::Activations, 4 * MIB),
+                        (Component::LogitsLoss, 6 * MIB),
+                    ]
+                ),
+                (
+                    Phase::LayerBackward,
+                    vec![
+                        (Component::Weights, 10 * MIB),
+                        (Component::Activations, 6 * MIB),
+                        (Component::Gradients, 9 * MIB),
+                    ]
+                ),
+            ]
+        );
+        assert_eq!(t.peak(), (25 * MIB, 6));
+    }
+
+    /// A lean trace is the named one without the names: the same events, in order.
+    #[test]
+    fn a_lean_trace_has_the_named_traces_events() {
+        let (lean, named) = (small_step(false), small_step(true));
+        assert!(lean.events.is_empty());
+        assert_eq!(lean.lean, named.lean);
+        assert_eq!(named.events.len(), named.lean.len());
+        for (e, l) in named.events.iter().zip(&named.lean) {
+            assert_eq!(
+                (e.op, e.tensor, e.bytes, e.component, e.phase, e.stream),
+                (l.op, l.tensor, l.bytes, l.component, l.phase, l.stream)
+            );
         }
     }
 }
