@@ -5,7 +5,10 @@
 //! returns one at nearly every event: the pool files them in classes of sizes within 1/64 of
 //! each other (a class per 1/64th of each power of two, as the small pool has one per 512
 //! bytes), each class in order, with a bitmap of the classes that hold any. A search looks
-//! in its own class, then jumps to the next class that holds a block.
+//! in its own class, then jumps to the next class that holds a block. A class that grows
+//! past [`FEW`] blocks becomes a B-tree.
+
+use std::collections::BTreeSet;
 
 use super::{SMALL_SIZE, Stream};
 
@@ -15,6 +18,7 @@ const SUB: u32 = 64;
 const LOW: u32 = SMALL_SIZE.trailing_zeros();
 /// Powers of two up to 2^64.
 const WORDS: usize = (64 - LOW) as usize;
+const _: () = assert!(WORDS <= 64, "one bit of `words` per word");
 
 /// A size's class: its power of two, then its 1/64th within it.
 const fn class(size: u64) -> usize {
@@ -26,39 +30,137 @@ const fn class(size: u64) -> usize {
 /// One entry: (size, address, block index).
 type Entry = (u64, u64, u32);
 
+/// Entries above which a class turns from a sorted vector into a B-tree: a class can hold
+/// thousands of blocks of one size (ZeRO-3's partitions), where a vector's moves grow with
+/// the class.
+const FEW: usize = 128;
+
+/// One class's blocks by size, then address.
+#[derive(Debug, Clone)]
+enum Class {
+    Few(Vec<Entry>),
+    Many(BTreeSet<Entry>),
+}
+
+impl Default for Class {
+    fn default() -> Self {
+        Self::Few(Vec::new())
+    }
+}
+
+impl Class {
+    fn insert(&mut self, e: Entry) {
+        match self {
+            Self::Few(v) if v.len() < FEW => {
+                let at = v.partition_point(|x| (x.0, x.1) < (e.0, e.1));
+                v.insert(at, e);
+            }
+            Self::Few(v) => {
+                let mut tree: BTreeSet<Entry> = v.drain(..).collect();
+                tree.insert(e);
+                *self = Self::Many(tree);
+            }
+            Self::Many(tree) => {
+                tree.insert(e);
+            }
+        }
+    }
+
+    /// Removes the entry of `size` at `addr`; whether the class is empty then.
+    fn remove(&mut self, size: u64, addr: u64) -> bool {
+        match self {
+            Self::Few(v) => {
+                if let Ok(at) = v.binary_search_by(|x| (x.0, x.1).cmp(&(size, addr))) {
+                    v.remove(at);
+                }
+                v.is_empty()
+            }
+            Self::Many(tree) => {
+                let at = tree.range((size, addr, 0)..).next().copied();
+                if let Some(e) = at.filter(|e| (e.0, e.1) == (size, addr)) {
+                    tree.remove(&e);
+                }
+                if tree.len() < FEW / 4 {
+                    *self = Self::Few(std::mem::take(tree).into_iter().collect());
+                }
+                self.is_empty()
+            }
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        match self {
+            Self::Few(v) => v.is_empty(),
+            Self::Many(tree) => tree.is_empty(),
+        }
+    }
+
+    /// The first block of at least `size` bytes.
+    fn at_least(&self, size: u64) -> Option<u32> {
+        match self {
+            Self::Few(v) => v.get(v.partition_point(|x| x.0 < size)).map(|x| x.2),
+            Self::Many(tree) => tree.range((size, 0, 0)..).next().map(|x| x.2),
+        }
+    }
+
+    fn entries(&self) -> Box<dyn Iterator<Item = &Entry> + '_> {
+        match self {
+            Self::Few(v) => Box::new(v.iter()),
+            Self::Many(tree) => Box::new(tree.iter()),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub(super) struct LargePool {
     pub(super) stream: Stream,
     /// Bit `c % 64` of word `c / 64` is set where class `c` holds a block.
     occupied: [u64; WORDS],
-    /// Each class's blocks by size, then address.
-    by_class: Vec<Vec<Entry>>,
+    /// Bit `w` is set where word `w` of `occupied` is not zero.
+    words: u64,
+    /// Where each class's blocks are in `lists` ([`NONE`]: nowhere yet), up to the largest
+    /// class used: a table without destructors, however many classes the sizes span.
+    slot: Vec<u32>,
+    /// The blocks of each class used so far.
+    lists: Vec<Class>,
 }
 
+/// A class with no list yet.
+const NONE: u32 = u32::MAX;
+
 impl LargePool {
-    pub(super) fn new(stream: Stream) -> Self {
+    pub(super) const fn new(stream: Stream) -> Self {
         Self {
             stream,
             occupied: [0; WORDS],
-            by_class: vec![Vec::new(); WORDS * SUB as usize],
+            words: 0,
+            slot: Vec::new(),
+            lists: Vec::new(),
         }
     }
 
     pub(super) fn insert(&mut self, size: u64, addr: u64, block: usize) {
         let c = class(size);
-        let list = &mut self.by_class[c];
-        let at = list.partition_point(|&(s, a, _)| (s, a) < (size, addr));
-        list.insert(at, (size, addr, super::index(block)));
+        if self.slot.len() <= c {
+            self.slot.resize(c + 1, NONE);
+        }
+        if self.slot[c] == NONE {
+            self.slot[c] = super::index(self.lists.len());
+            self.lists.push(Class::default());
+        }
+        self.lists[self.slot[c] as usize].insert((size, addr, super::index(block)));
         self.occupied[c / 64] |= 1 << (c % 64);
+        self.words |= 1 << (c / 64);
     }
 
     pub(super) fn remove(&mut self, size: u64, addr: u64) {
         let c = class(size);
-        let list = &mut self.by_class[c];
-        if let Ok(at) = list.binary_search_by(|&(s, a, _)| (s, a).cmp(&(size, addr))) {
-            list.remove(at);
-            if list.is_empty() {
-                self.occupied[c / 64] &= !(1 << (c % 64));
+        if let Some(class) = self.list_mut(c)
+            && class.remove(size, addr)
+        {
+            self.occupied[c / 64] &= !(1 << (c % 64));
+            if self.occupied[c / 64] == 0 {
+                self.words &= !(1 << (c / 64));
             }
         }
     }
@@ -67,28 +169,42 @@ impl LargePool {
     /// `size`'s own class, else the first of the next class that holds one.
     pub(super) fn best_fit(&self, size: u64) -> Option<usize> {
         let c = class(size);
-        let own = &self.by_class[c];
-        if let Some(&(_, _, i)) = own.get(own.partition_point(|&(s, _, _)| s < size)) {
+        if let Some(i) = self.list(c).and_then(|own| own.at_least(size)) {
             return Some(i as usize);
         }
+        let above = |x: u64, from: usize| x & u64::MAX.checked_shl(from as u32).unwrap_or(0);
         let mut w = c / 64;
-        let mut bits = self.occupied[w] & u64::MAX.checked_shl(c as u32 % 64 + 1).unwrap_or(0);
-        loop {
-            if bits != 0 {
-                let k = w * 64 + bits.trailing_zeros() as usize;
-                return self.by_class[k].first().map(|&(_, _, i)| i as usize);
+        let mut bits = above(self.occupied[w], c % 64 + 1);
+        if bits == 0 {
+            let later = above(self.words, w + 1);
+            if later == 0 {
+                return None;
             }
-            w += 1;
-            bits = *self.occupied.get(w)?;
+            w = later.trailing_zeros() as usize;
+            bits = self.occupied[w];
         }
+        let k = w * 64 + bits.trailing_zeros() as usize;
+        self.list(k)?.at_least(0).map(|i| i as usize)
     }
 
     pub(super) fn blocks(&self) -> Vec<(u64, usize)> {
-        self.by_class
+        // In the order of the classes: by size.
+        self.slot
             .iter()
-            .flatten()
+            .filter(|&&k| k != NONE)
+            .flat_map(|&k| self.lists[k as usize].entries())
             .map(|&(size, _, i)| (size, i as usize))
             .collect()
+    }
+
+    fn list(&self, c: usize) -> Option<&Class> {
+        let k = *self.slot.get(c)?;
+        self.lists.get(k as usize)
+    }
+
+    fn list_mut(&mut self, c: usize) -> Option<&mut Class> {
+        let k = *self.slot.get(c)?;
+        self.lists.get_mut(k as usize)
     }
 }
 
@@ -141,5 +257,24 @@ mod tests {
         }
         assert!(p.occupied.iter().all(|&w| w == 0));
         assert_eq!(p.best_fit(MIB), None);
+    }
+
+    /// Thousands of blocks of one size (ZeRO-3's partitions) are served lowest address
+    /// first, through a B-tree and back.
+    #[test]
+    fn one_size_many_blocks() {
+        let mut p = LargePool::new(Stream::COMPUTE);
+        let n = 8 * FEW as u64;
+        for j in (0..n).rev() {
+            p.insert(6 * MIB, j * 8 * MIB, j as usize);
+        }
+        p.insert(7 * MIB, 0, n as usize);
+        assert!(matches!(p.list(class(6 * MIB)), Some(Class::Many(_))));
+        for j in 0..n {
+            assert_eq!(p.best_fit(5 * MIB), Some(j as usize));
+            p.remove(6 * MIB, j * 8 * MIB);
+        }
+        assert!(matches!(p.list(class(6 * MIB)), Some(Class::Few(_))));
+        assert_eq!(p.best_fit(5 * MIB), Some(n as usize), "the next size up");
     }
 }

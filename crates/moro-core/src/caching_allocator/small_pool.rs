@@ -30,12 +30,15 @@ impl SmallPool {
         Self {
             stream,
             occupied: [0; WORDS],
-            by_class: vec![Vec::new(); CLASSES],
+            by_class: Vec::new(),
         }
     }
 
     pub(super) fn insert(&mut self, size: u64, addr: u64, block: usize) {
         let c = class(size);
+        if self.by_class.len() <= c {
+            self.by_class.resize_with(c + 1, Vec::new);
+        }
         let list = &mut self.by_class[c];
         let at = list.partition_point(|&(a, _)| a < addr);
         list.insert(at, (addr, block));
@@ -44,7 +47,9 @@ impl SmallPool {
 
     pub(super) fn remove(&mut self, size: u64, addr: u64) {
         let c = class(size);
-        let list = &mut self.by_class[c];
+        let Some(list) = self.by_class.get_mut(c) else {
+            return;
+        };
         if let Ok(at) = list.binary_search_by_key(&addr, |&(a, _)| a) {
             list.remove(at);
             if list.is_empty() {
