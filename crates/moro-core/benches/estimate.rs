@@ -190,16 +190,20 @@ fn step_trace_70b(bencher: divan::Bencher, method: &str) {
     bencher.bench(|| {
         let (m, job) = (divan::black_box(&m), divan::black_box(&job));
         let regime = moro_core::estimate::Regime::resolve(m, job);
-        moro_core::estimate::trace::step::lean_trace(m, job, &regime, &profile)
+        moro_core::estimate::trace::step::levels(m, job, &regime, &profile, false)
     });
 }
 
-/// The whole estimate of the 70B LoRA job: its op-by-op trace replayed through the
-/// allocator model sets the reserve (the replay is most of the cost).
-#[divan::bench(sample_count = 20)]
-fn estimate_70b_lora(bencher: divan::Bencher) {
+/// The whole estimate of the 70B LoRA and QLoRA jobs: the op-by-op trace replayed through
+/// the allocator model sets the reserve (the replay is most of the cost).
+#[divan::bench(args = ["lora", "qlora"], sample_count = 20)]
+fn estimate_70b(bencher: divan::Bencher, method: &str) {
     let m = model("meta-llama/Llama-3.1-70B");
-    let job = lora_70b();
+    let job = if method == "lora" {
+        lora_70b()
+    } else {
+        qlora(4096)
+    };
     let profile = DeviceProfile::default();
     bencher.bench(|| estimate(divan::black_box(&m), divan::black_box(&job), &profile));
 }

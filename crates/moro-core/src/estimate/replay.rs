@@ -101,18 +101,21 @@ fn traced(
     } else {
         job
     };
-    let t = step::lean_trace(model, job, r, device)?;
-    let phases = t.phases();
-    let fragmentation = if replay && (t.op_by_op || models(model, job, r)) {
-        // The allocated peak is the largest phase's ([`Trace::phases`]).
-        let allocated = phases.iter().map(PhaseBytes::total).max().unwrap_or(0);
-        t.replay().reserved.saturating_sub(allocated)
-    } else {
-        0
-    };
+    let replay = replay && (step::op_by_op(model, job, r) || models(model, job, r));
+    let levels = step::levels(model, job, r, device, replay)?;
+    // The allocated peak is the largest phase's ([`step::Levels::phases`]).
+    let allocated = levels
+        .phases
+        .iter()
+        .map(PhaseBytes::total)
+        .max()
+        .unwrap_or(0);
+    let fragmentation = levels
+        .replayed
+        .map_or(0, |x| x.reserved.saturating_sub(allocated));
     Some(ReplayedStep {
-        phases,
+        phases: levels.phases,
         fragmentation,
-        op_by_op: t.op_by_op,
+        op_by_op: levels.op_by_op,
     })
 }

@@ -1,7 +1,7 @@
 //! A training step as the allocator sees it: the ordered allocations and frees of named
 //! tensors, over loading and two optimizer steps ([`step::trace`]).
 //!
-//! Replaying a trace through [`CachingAllocator`] gives its allocated and reserved peaks
+//! Replaying a trace through [`crate::caching_allocator::CachingAllocator`] gives its allocated and reserved peaks
 //! ([`Trace::replay`]); `moro estimate --trace FILE` writes one as JSON lines
 //! ([`TraceEvent`]), and `crates/moro-core/tests/step_trace.rs` holds moro's traces to the
 //! allocation sequences of the real step recorded on fake CUDA tensors
@@ -10,15 +10,18 @@
 mod chunked_nll;
 mod decoder_layer;
 mod dora;
+mod levels;
 mod params;
 mod shapes;
 pub mod step;
 
 use serde::Serialize;
 
-use crate::caching_allocator::{CachingAllocator, Handle, Stream, round_size};
+use crate::caching_allocator::round_size;
+
 use crate::job::{Job, JobError};
 use crate::model::ModelSpec;
+pub use levels::{PhasePeaks, Replayer};
 
 use super::{Component, DeviceProfile, Phase, PhaseBytes, Regime};
 
@@ -77,7 +80,7 @@ pub struct TraceEvent<'m> {
 }
 
 /// One allocation or free as the levels and the replay read it: [`TraceEvent`] without
-/// the names, a third of its size (the replay of a 70B step streams 140,000 of them).
+/// the names, a third of its size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Event {
     /// Bytes requested.
@@ -97,8 +100,7 @@ pub struct Event {
 /// A step's events in order.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Trace<'m> {
-    /// Allocations and frees with what they name ([`step::trace`]; empty in a trace made
-    /// for the levels alone, [`step::lean_trace`]).
+    /// Allocations and frees with what they name.
     pub events: Vec<TraceEvent<'m>>,
     /// The same allocations and frees as the levels and the replay read them.
     #[serde(skip)]
@@ -108,11 +110,6 @@ pub struct Trace<'m> {
     #[serde(skip)]
     pub op_by_op: bool,
 }
-
-/// More than the variants of [`Component`] and of [`Phase`]: their slots in a table.
-const SLOTS: usize = 16;
-const _: () =
-    assert!((Component::CudaContext as usize) < SLOTS && (Phase::Decode as usize) < SLOTS);
 
 /// The peaks of a trace replayed through the allocator model.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -156,106 +153,24 @@ impl Trace<'_> {
     }
 
     /// Each phase's largest live total with the components live then, in the order the
-    /// phases first appear: the estimate's phases read off the trace. An allocation is made
-    /// in the phase it names; a peak is always reached at an allocation (the first time,
-    /// where it is reached again).
+    /// phases first appear: the estimate's phases read off the trace ([`PhasePeaks`]).
     #[must_use]
     pub fn phases(&self) -> Vec<PhaseBytes> {
-        // One pass finds each phase's peak, a second reads the components off it.
-        let mut live = [0u64; SLOTS];
-        let mut total = 0u64;
-        let mut best: Vec<(Phase, u64, usize)> = Vec::new();
-        let mut slot_of_phase = [usize::MAX; SLOTS];
-        let mut components: Vec<Component> = Vec::new();
-        for (i, e) in self.lean.iter().enumerate() {
-            let b = round_size(e.bytes);
-            let c = e.component as usize;
-            match e.op {
-                Op::Alloc => {
-                    if live[c] == 0 && !components.contains(&e.component) {
-                        components.push(e.component);
-                    }
-                    live[c] += b;
-                    total += b;
-                }
-                Op::Free => {
-                    live[c] -= b;
-                    total -= b;
-                    continue;
-                }
-            }
-            let p = e.phase as usize;
-            if slot_of_phase[p] == usize::MAX {
-                slot_of_phase[p] = best.len();
-                best.push((e.phase, 0, i));
-            }
-            let slot = &mut best[slot_of_phase[p]];
-            if total > slot.1 {
-                slot.1 = total;
-                slot.2 = i;
-            }
+        let mut peaks = PhasePeaks::default();
+        for e in &self.lean {
+            peaks.on(e);
         }
-        let mut at: Vec<(usize, usize)> = best.iter().enumerate().map(|(k, b)| (b.2, k)).collect();
-        at.sort_unstable();
-        let mut out: Vec<PhaseBytes> = best
-            .iter()
-            .map(|b| PhaseBytes {
-                phase: b.0,
-                components: Vec::new(),
-            })
-            .collect();
-        let mut live = [0u64; SLOTS];
-        let mut next = at.iter().peekable();
-        for (i, e) in self.lean.iter().enumerate() {
-            let Some(&&(peak_at, _)) = next.peek() else {
-                break;
-            };
-            let b = round_size(e.bytes);
-            match e.op {
-                Op::Alloc => live[e.component as usize] += b,
-                Op::Free => live[e.component as usize] -= b,
-            }
-            while let Some(&&(j, k)) = next.peek() {
-                if j != i {
-                    break;
-                }
-                out[k].components = components
-                    .iter()
-                    .map(|&c| (c, live[c as usize]))
-                    .filter(|c| c.1 > 0)
-                    .collect();
-                next.next();
-            }
-            debug_assert!(peak_at >= i);
-        }
-        out
+        peaks.finish()
     }
 
-    /// Replays the trace through [`CachingAllocator`].
+    /// Replays the trace through the allocator model ([`Replayer`]).
     #[must_use]
     pub fn replay(&self) -> Replayed {
-        let mut a = CachingAllocator::new();
-        let mut handles: Vec<Option<Handle>> = Vec::with_capacity(self.lean.len() / 2 + 1);
+        let mut r = Replayer::with_capacity(self.lean.len() / 2 + 1);
         for e in &self.lean {
-            let i = e.tensor as usize;
-            match e.op {
-                Op::Alloc => {
-                    if handles.len() <= i {
-                        handles.resize(i + 1, None);
-                    }
-                    handles[i] = Some(a.malloc_on(Stream(e.stream), e.bytes));
-                }
-                Op::Free => {
-                    if let Some(h) = handles.get_mut(i).and_then(Option::take) {
-                        a.free(h);
-                    }
-                }
-            }
+            r.on(e);
         }
-        Replayed {
-            allocated: a.peak_allocated(),
-            reserved: a.peak_reserved(),
-        }
+        r.peaks()
     }
 }
 
@@ -271,25 +186,43 @@ pub(crate) struct Tensor<'m> {
     dtype_bytes: u8,
 }
 
+/// What a builder reads off the events as they come, instead of keeping them.
+#[derive(Debug)]
+struct Reading {
+    peaks: PhasePeaks,
+    replayer: Option<Replayer>,
+}
+
 /// Writes a trace: the current phase and step, and numbered tensors.
 #[derive(Debug, Default)]
 pub(crate) struct Builder<'m> {
     events: Vec<TraceEvent<'m>>,
     lean: Vec<Event>,
-    /// Whether to keep the named events too.
-    named: bool,
+    /// Where set, the events are read as they come ([`Self::reading`]) and not kept.
+    reading: Option<Reading>,
     next: u32,
     phase: Option<Phase>,
     step: u8,
 }
 
 impl<'m> Builder<'m> {
-    /// A builder with room for `events` events, which keeps their names where `named`.
-    pub(crate) fn with_capacity(events: usize, named: bool) -> Self {
+    /// A builder that keeps the events, with their names, with room for `events` of them.
+    pub(crate) fn with_capacity(events: usize) -> Self {
         Self {
-            events: Vec::with_capacity(if named { events } else { 0 }),
+            events: Vec::with_capacity(events),
             lean: Vec::with_capacity(events),
-            named,
+            ..Self::default()
+        }
+    }
+
+    /// A builder that keeps no event but reads each as it comes: the phases' peaks, and the
+    /// replay where `replay`, with room for `tensors` tensors.
+    pub(crate) fn reading(replay: bool, tensors: usize) -> Self {
+        Self {
+            reading: Some(Reading {
+                peaks: PhasePeaks::default(),
+                replayer: replay.then(|| Replayer::with_capacity(tensors)),
+            }),
             ..Self::default()
         }
     }
@@ -356,17 +289,22 @@ impl<'m> Builder<'m> {
 
     fn push(&mut self, op: Op, t: &Tensor<'m>) {
         let phase = self.phase.unwrap_or(Phase::Load);
-        self.lean.push(Event {
+        let e = Event {
             bytes: t.bytes,
             tensor: t.id,
             stream: 0,
             op,
             component: t.component,
             phase,
-        });
-        if !self.named {
+        };
+        if let Some(r) = &mut self.reading {
+            r.peaks.on(&e);
+            if let Some(replayer) = &mut r.replayer {
+                replayer.on(&e);
+            }
             return;
         }
+        self.lean.push(e);
         self.events.push(TraceEvent {
             op,
             tensor: t.id,
@@ -380,6 +318,14 @@ impl<'m> Builder<'m> {
             dtype_bytes: t.dtype_bytes,
             stream: 0,
         });
+    }
+
+    /// What a [`Self::reading`] builder read: the phases, and the replay's peaks.
+    pub(crate) fn finish_reading(self) -> (Vec<PhaseBytes>, Option<Replayed>) {
+        match self.reading {
+            Some(r) => (r.peaks.finish(), r.replayer.map(|x| x.peaks())),
+            None => (Vec::new(), None),
+        }
     }
 
     pub(crate) fn finish(self) -> Trace<'m> {
@@ -399,8 +345,8 @@ mod tests {
 
     /// Weights, then a forward whose live total peaks twice at the same height (the first
     /// counts), then a backward that peaks higher after the forward's components changed.
-    fn small_step(named: bool) -> Trace<'static> {
-        let mut b = Builder::with_capacity(16, named);
+    fn small_step(b: Builder<'static>) -> Builder<'static> {
+        let mut b = b;
         b.at(Phase::Load, 0);
         let _w = b.alloc("weight", Component::Weights, 10 * MIB, 1);
         b.at(Phase::ForwardEnd, 1);
@@ -413,7 +359,7 @@ mod tests {
         let g = b.alloc("grad", Component::Gradients, 9 * MIB, 1);
         b.free(g);
         b.free(y);
-        b.finish()
+        b
     }
 
     /// Each phase's peak and the components then, by hand: loading 10 MiB of weights; the
@@ -422,7 +368,7 @@ mod tests {
     /// gradients).
     #[test]
     fn phases_are_read_off_each_phases_first_peak() {
-        let t = small_step(false);
+        let t = small_step(Builder::with_capacity(16)).finish();
         let p = t.phases();
         let by_phase: Vec<(Phase, Vec<(Component, u64)>)> =
             p.into_iter().map(|p| (p.phase, p.components)).collect();
@@ -451,18 +397,15 @@ mod tests {
         assert_eq!(t.peak(), (25 * MIB, 6));
     }
 
-    /// A lean trace is the named one without the names: the same events, in order.
+    /// A builder that reads the events as they come finds what the stored trace gives.
     #[test]
-    fn a_lean_trace_has_the_named_traces_events() {
-        let (lean, named) = (small_step(false), small_step(true));
-        assert!(lean.events.is_empty());
-        assert_eq!(lean.lean, named.lean);
-        assert_eq!(named.events.len(), named.lean.len());
-        for (e, l) in named.events.iter().zip(&named.lean) {
-            assert_eq!(
-                (e.op, e.tensor, e.bytes, e.component, e.phase, e.stream),
-                (l.op, l.tensor, l.bytes, l.component, l.phase, l.stream)
-            );
-        }
+    fn reading_the_events_as_they_come_is_reading_the_trace() {
+        let t = small_step(Builder::with_capacity(16)).finish();
+        assert_eq!(t.events.len(), t.lean.len());
+        let (phases, replayed) = small_step(Builder::reading(true, 4)).finish_reading();
+        assert_eq!(phases, t.phases());
+        assert_eq!(replayed, Some(t.replay()));
+        let (_, none) = small_step(Builder::reading(false, 4)).finish_reading();
+        assert_eq!(none, None);
     }
 }

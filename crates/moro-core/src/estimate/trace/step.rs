@@ -42,13 +42,13 @@ use crate::model::{LayerGroup, ModelSpec};
 use super::super::activations::Activations;
 use super::super::optimizer::{self, Trainable};
 use super::super::regime::grad_bytes;
-use super::super::{Component, DeviceProfile, Phase, Regime, weights};
+use super::super::{Component, DeviceProfile, Phase, PhaseBytes, Regime, weights};
 use super::chunked_nll::ChunkedNll;
 use super::decoder_layer::{self, DecoderLayer, Grads, Kept, Mode};
 use super::dora::{self, DoraModule};
 use super::params::{Param, params};
 use super::shapes::{attention_maps, encoder_tensors, saved_tensors};
-use super::{Builder, Tensor, Trace};
+use super::{Builder, Replayed, Tensor, Trace};
 
 /// Whether [`trace`] models `job` on `model`.
 #[must_use]
@@ -145,28 +145,53 @@ pub fn trace<'m>(
     r: &Regime,
     device: &DeviceProfile,
 ) -> Option<Trace<'m>> {
-    traced(model, job, r, device, true)
+    let (b, op_by_op) = recorded(model, job, r, device, Builder::with_capacity)?;
+    let mut t = b.finish();
+    t.op_by_op = op_by_op;
+    Some(t)
 }
 
-/// [`trace`] without the names of its events ([`Trace::events`] is empty): what the
-/// levels and the replay read, written at a third of the cost.
+/// What an estimate reads off a step's [`trace`]: its phases, and its replay's peaks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Levels {
+    /// [`Trace::phases`].
+    pub phases: Vec<PhaseBytes>,
+    /// [`Trace::replay`], where asked for.
+    pub replayed: Option<Replayed>,
+    /// [`Trace::op_by_op`].
+    pub op_by_op: bool,
+}
+
+/// The [`Levels`] of the step [`trace`] gives, replayed where `replay`, read as its events
+/// are made: no event is kept, so the cost is the events' and the replay's alone.
 #[must_use]
-pub fn lean_trace<'m>(
-    model: &'m ModelSpec,
+pub fn levels(
+    model: &ModelSpec,
     job: &Job,
     r: &Regime,
     device: &DeviceProfile,
-) -> Option<Trace<'m>> {
-    traced(model, job, r, device, false)
+    replay: bool,
+) -> Option<Levels> {
+    let (b, op_by_op) = recorded(model, job, r, device, |events| {
+        Builder::reading(replay, events / 2)
+    })?;
+    let (phases, replayed) = b.finish_reading();
+    Some(Levels {
+        phases,
+        replayed,
+        op_by_op,
+    })
 }
 
-fn traced<'m>(
+/// Records the step into the builder `make` gives for about so many events; whether the
+/// layers were traced op by op.
+fn recorded<'m>(
     model: &'m ModelSpec,
     job: &Job,
     r: &Regime,
     device: &DeviceProfile,
-    named: bool,
-) -> Option<Trace<'m>> {
+    make: impl FnOnce(usize) -> Builder<'m>,
+) -> Option<(Builder<'m>, bool)> {
     if !models(model, job, r) {
         return None;
     }
@@ -177,10 +202,7 @@ fn traced<'m>(
     let layers = usize::try_from(model.num_layers).unwrap_or(0);
     let micro_batches = usize::try_from(job.grad_accum.max(1)).unwrap_or(1);
     let per_layer = if s.ops.is_some() { 1024 } else { 64 };
-    let mut b = Builder::with_capacity(
-        s.ps.len() * 8 + layers * micro_batches * 2 * per_layer,
-        named,
-    );
+    let mut b = make(s.ps.len() * 8 + layers * micro_batches * 2 * per_layer);
     s.load(&mut b);
     let mut held = Held {
         grads: vec![None; s.ps.len()],
@@ -198,9 +220,7 @@ fn traced<'m>(
         }
         s.optimizer_step(&mut b, &mut held, step);
     }
-    let mut t = b.finish();
-    t.op_by_op = s.ops.is_some();
-    Some(t)
+    Some((b, s.ops.is_some()))
 }
 
 /// What every moment of the step reads: the job's shapes, the parameters and what each
