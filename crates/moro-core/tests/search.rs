@@ -381,6 +381,11 @@ fn check_brute_force(model_id: &str, hw: &str, request: &Request) {
         moro_core::search::all_configs(&space).len(),
         "{model_id} on {hw}: space size"
     );
+    assert_eq!(
+        all.len() as u64,
+        space.size(),
+        "{model_id} on {hw}: counted"
+    );
     // The best fitting configuration: visited best first, the first that fits (the stable
     // sort keeps the enumeration's order among equals, as keeping only a strictly better
     // one in that order would).

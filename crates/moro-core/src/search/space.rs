@@ -443,6 +443,34 @@ impl Space {
             .collect()
     }
 
+    /// How many configurations the space holds (every micro batch): the length of
+    /// [`super::all_configs`], counted without making them.
+    #[must_use]
+    pub fn size(&self) -> u64 {
+        let peft_knobs = (self.target_sets.len() * self.ranks.len()) as u64;
+        let per_method: u64 = self
+            .methods
+            .iter()
+            .map(|m| if m.is_peft() { peft_knobs } else { 1 })
+            .sum();
+        let others = [
+            self.precisions.len(),
+            self.checkpointing.len(),
+            self.optimizers.len(),
+            self.attentions.len(),
+            self.ligers.len(),
+        ]
+        .iter()
+        .map(|&n| n as u64)
+        .product::<u64>();
+        let batches: u64 = self
+            .layouts
+            .iter()
+            .map(|l| self.micro_batches(l).len() as u64)
+            .sum();
+        self.seq_lens.len() as u64 * per_method * others * batches
+    }
+
     /// Every configuration but the micro batch ("rest of configuration"), with the micro
     /// batch set to 1, for every layout. Full fine-tuning has no LoRA knobs, so it appears
     /// once per combination of the others.

@@ -222,7 +222,7 @@ pub(crate) fn run_generate(args: &GenerateArgs) -> Result<ExitCode> {
     }
     note(&format!(
         "searching {} configurations of {} for {} ({} GiB usable)…",
-        moro_core::search::all_configs(&space).len(),
+        space.size(),
         model.id,
         target.display(),
         gib(caps.usable_bytes)
