@@ -1,10 +1,11 @@
 //! A training step as the allocator sees it: the ordered allocations and frees of named
 //! tensors, over loading and two optimizer steps ([`step::trace`]).
 //!
-//! Replaying a trace through [`crate::caching_allocator::CachingAllocator`] gives its allocated and reserved peaks
-//! ([`Trace::replay`]); `moro estimate --trace FILE` writes one as JSON lines
-//! ([`TraceEvent`]), and `crates/moro-core/tests/step_trace.rs` holds moro's traces to the
-//! allocation sequences of the real step recorded on fake CUDA tensors
+//! Replaying a trace through [`crate::caching_allocator::CachingAllocator`] gives its
+//! allocated and reserved peaks ([`Trace::replay`]); an estimate reads them while the step
+//! is traced and keeps no event ([`step::levels`]). `moro estimate --trace FILE` writes a
+//! trace as JSON lines ([`TraceEvent`]), and `crates/moro-core/tests/step_trace.rs` holds
+//! moro's traces to the allocation sequences of the real step recorded on fake CUDA tensors
 //! (`calibration/step_events.py`).
 
 mod chunked_nll;
@@ -18,9 +19,9 @@ pub mod step;
 use serde::Serialize;
 
 use crate::caching_allocator::round_size;
-
 use crate::job::{Job, JobError};
 use crate::model::ModelSpec;
+
 pub use levels::{PhasePeaks, Replayer};
 
 use super::{Component, DeviceProfile, Phase, PhaseBytes, Regime};
