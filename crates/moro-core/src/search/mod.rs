@@ -267,23 +267,38 @@ fn search_recipes(
     // each shape.
     let mut top: Vec<([u64; KEY_LEN], Config)> = Vec::new();
     for &seq_len in &space.seq_lens {
-        let mut rests: Vec<([u64; KEY_LEN], Config)> = space
-            .rests(seq_len)
-            .into_iter()
+        let rests = space.rests(seq_len);
+        // Each layout's largest micro batch: a handful of layouts for tens of thousands of
+        // rests.
+        let mut largest: Vec<(Layout, u64)> = Vec::new();
+        let uppers: Vec<[u64; KEY_LEN]> = rests
+            .iter()
             .map(|r| {
-                let largest = space.micro_batches(&r.layout).first().copied().unwrap_or(1);
-                let upper = key(
+                let b = match largest.iter().find(|l| l.0 == r.layout) {
+                    Some(l) => l.1,
+                    None => {
+                        let b = space.micro_batches(&r.layout).first().copied().unwrap_or(1);
+                        largest.push((r.layout, b));
+                        b
+                    }
+                };
+                key(
                     objective,
                     &Config {
-                        micro_batch: largest,
-                        ..r
+                        micro_batch: b,
+                        ..*r
                     },
-                );
-                (upper, r)
+                )
             })
             .collect();
-        rests.sort_by_key(|r| std::cmp::Reverse(r.0));
-        for (upper, rest) in rests {
+        // Best first; a stable sort of their indices keeps the enumeration's order among
+        // equals and moves four bytes a rest, not the key and the configuration.
+        let mut order: Vec<u32> = (0..u32::try_from(rests.len()).unwrap_or(u32::MAX)).collect();
+        order.sort_by(|&a, &b| uppers[b as usize].cmp(&uppers[a as usize]));
+        for (upper, rest) in order
+            .into_iter()
+            .map(|i| (uppers[i as usize], rests[i as usize]))
+        {
             if top.len() >= recipes && top.last().is_some_and(|(k, _)| upper < *k) {
                 break;
             }
