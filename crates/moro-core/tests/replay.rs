@@ -167,6 +167,11 @@ fn capped_micro_batches_replay_as_all_of_them() {
             let all = t.replay().reserved - t.peak().0;
             let capped = replay::step(&m, &job, &r, &device).map_or(0, |s| s.fragmentation);
             assert_eq!(capped, all, "{id} {method:?} checkpointing {ckpt}");
+            // Read as it is traced, keeping no event, the step gives the stored trace's
+            // levels.
+            let levels = step::levels(&m, &job, &r, &device, true).unwrap();
+            assert_eq!(levels.phases, t.phases(), "{id} {method:?} {ckpt}");
+            assert_eq!(levels.replayed, Some(t.replay()), "{id} {method:?} {ckpt}");
         }
     }
 }
