@@ -81,7 +81,7 @@ pub struct TraceEvent<'m> {
 }
 
 /// One allocation or free as the levels and the replay read it: [`TraceEvent`] without
-/// the names, a third of its size.
+/// the names ([`TraceEvent::lean`]), a third of its size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Event {
     /// Bytes requested.
@@ -98,14 +98,26 @@ pub struct Event {
     pub phase: Phase,
 }
 
+impl TraceEvent<'_> {
+    /// The event as the levels and the replay read it.
+    #[must_use]
+    pub const fn lean(&self) -> Event {
+        Event {
+            bytes: self.bytes,
+            tensor: self.tensor,
+            stream: self.stream,
+            op: self.op,
+            component: self.component,
+            phase: self.phase,
+        }
+    }
+}
+
 /// A step's events in order.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Trace<'m> {
     /// Allocations and frees with what they name.
     pub events: Vec<TraceEvent<'m>>,
-    /// The same allocations and frees as the levels and the replay read them.
-    #[serde(skip)]
-    pub lean: Vec<Event>,
     /// The decoder layers are traced op by op (LoRA or QLoRA on a Llama-style layer, `step`'s
     /// `decoder_layer`), not as their saved bytes cut into shapes.
     #[serde(skip)]
@@ -128,7 +140,7 @@ impl Trace<'_> {
     pub fn peak(&self) -> (u64, usize) {
         let mut live = 0u64;
         let mut peak = (0, 0);
-        for (i, e) in self.lean.iter().enumerate() {
+        for (i, e) in self.events.iter().enumerate() {
             match e.op {
                 Op::Alloc => {
                     live += round_size(e.bytes);
@@ -158,8 +170,8 @@ impl Trace<'_> {
     #[must_use]
     pub fn phases(&self) -> Vec<PhaseBytes> {
         let mut peaks = PhasePeaks::default();
-        for e in &self.lean {
-            peaks.on(e);
+        for e in &self.events {
+            peaks.on(&e.lean());
         }
         peaks.finish()
     }
@@ -167,9 +179,9 @@ impl Trace<'_> {
     /// Replays the trace through the allocator model ([`Replayer`]).
     #[must_use]
     pub fn replay(&self) -> Replayed {
-        let mut r = Replayer::with_capacity(self.lean.len() / 2 + 1);
-        for e in &self.lean {
-            r.on(e);
+        let mut r = Replayer::with_capacity(self.events.len() / 2 + 1);
+        for e in &self.events {
+            r.on(&e.lean());
         }
         r.peaks()
     }
@@ -198,7 +210,6 @@ struct Reading {
 #[derive(Debug, Default)]
 pub(crate) struct Builder<'m> {
     events: Vec<TraceEvent<'m>>,
-    lean: Vec<Event>,
     /// Where set, the events are read as they come ([`Self::reading`]) and not kept.
     reading: Option<Reading>,
     next: u32,
@@ -211,7 +222,6 @@ impl<'m> Builder<'m> {
     pub(crate) fn with_capacity(events: usize) -> Self {
         Self {
             events: Vec::with_capacity(events),
-            lean: Vec::with_capacity(events),
             ..Self::default()
         }
     }
@@ -290,22 +300,21 @@ impl<'m> Builder<'m> {
 
     fn push(&mut self, op: Op, t: &Tensor<'m>) {
         let phase = self.phase.unwrap_or(Phase::Load);
-        let e = Event {
-            bytes: t.bytes,
-            tensor: t.id,
-            stream: 0,
-            op,
-            component: t.component,
-            phase,
-        };
         if let Some(r) = &mut self.reading {
+            let e = Event {
+                bytes: t.bytes,
+                tensor: t.id,
+                stream: 0,
+                op,
+                component: t.component,
+                phase,
+            };
             r.peaks.on(&e);
             if let Some(replayer) = &mut r.replayer {
                 replayer.on(&e);
             }
             return;
         }
-        self.lean.push(e);
         self.events.push(TraceEvent {
             op,
             tensor: t.id,
@@ -332,7 +341,6 @@ impl<'m> Builder<'m> {
     pub(crate) fn finish(self) -> Trace<'m> {
         Trace {
             events: self.events,
-            lean: self.lean,
             op_by_op: false,
         }
     }
@@ -402,7 +410,7 @@ mod tests {
     #[test]
     fn reading_the_events_as_they_come_is_reading_the_trace() {
         let t = small_step(Builder::with_capacity(16)).finish();
-        assert_eq!(t.events.len(), t.lean.len());
+        assert_eq!(t.events.len(), 9, "every event kept, by hand");
         let (phases, replayed) = small_step(Builder::reading(true, 4)).finish_reading();
         assert_eq!(phases, t.phases());
         assert_eq!(replayed, Some(t.replay()));
