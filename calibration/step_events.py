@@ -456,26 +456,19 @@ def main():
 
         spec, argv = peft_trace.take_peft_argument(argv)
         peft_trace.install_config(dict(spec))
-    if argv == ["--matrix"]:
-        write_matrix(MATRIX, FIXTURE)
-        return
-    if argv == ["--matrix-dora"]:
-        write_matrix(DORA_MATRIX, DORA_FIXTURE)
-        return
-    if argv == ["--matrix-lora"]:
-        write_matrix(LORA_MATRIX, LORA_FIXTURE, compact_rows=True)
-        return
-    if argv == ["--matrix-qlora"]:
-        write_matrix(QLORA_MATRIX, QLORA_FIXTURE, compact_rows=True)
-        return
-    if argv == ["--matrix-full"]:
-        write_matrix(FULL_MATRIX, FULL_FIXTURE, compact_rows=True)
-        return
-    if argv == ["--matrix-flash"]:
-        write_matrix(FLASH_MATRIX, FLASH_FIXTURE, compact_rows=True)
-        return
-    if argv == ["--matrix-math"]:
-        write_matrix(MATH_MATRIX, MATH_FIXTURE, compact_rows=True)
+    # Each matrix flag: its jobs, its fixture, and whether the rows are compact.
+    matrices = {
+        "--matrix": (MATRIX, FIXTURE, False),
+        "--matrix-dora": (DORA_MATRIX, DORA_FIXTURE, False),
+        "--matrix-lora": (LORA_MATRIX, LORA_FIXTURE, True),
+        "--matrix-qlora": (QLORA_MATRIX, QLORA_FIXTURE, True),
+        "--matrix-full": (FULL_MATRIX, FULL_FIXTURE, True),
+        "--matrix-flash": (FLASH_MATRIX, FLASH_FIXTURE, True),
+        "--matrix-math": (MATH_MATRIX, MATH_FIXTURE, True),
+    }
+    if len(argv) == 1 and argv[0] in matrices:
+        jobs, fixture, compact_rows = matrices[argv[0]]
+        write_matrix(jobs, fixture, compact_rows=compact_rows)
         return
     descs = "--desc" in argv
     flash_attn = "--flash-attn" in argv

@@ -236,13 +236,13 @@ fn print(args: &EstimateArgs, setup: &crate::setup::JobSetup, est: &Estimate) ->
         _ => None,
     };
 
+    let math = setup.profile.sdpa_math_kernel(&model.spec, job);
     if args.json {
         let mut doc = to_json(model, job, est, memory);
         doc.suggestions = suggestions;
-        doc.sdpa_math_kernel = setup.profile.sdpa_math_kernel(&model.spec, job);
+        doc.sdpa_math_kernel = math;
         stdout(&json(&doc)?)?;
     } else {
-        let math = setup.profile.sdpa_math_kernel(&model.spec, job);
         let mut out = render(model, job, est, target, math);
         if let Some(s) = &suggestions {
             out.push_str(&crate::commands::suggest::text(s));
