@@ -6,9 +6,10 @@
 //! each other (a class per 1/64th of each power of two, as the small pool has one per 512
 //! bytes), each class in order, with a bitmap of the classes that hold any. A search looks
 //! in its own class, then jumps to the next class that holds a block. A class that grows
-//! past [`FEW`] blocks becomes a B-tree.
+//! past [`FEW`] blocks becomes a ring buffer: its blocks are mostly taken from the front
+//! (the lowest address of the smallest size) and returned at the back.
 
-use std::collections::BTreeSet;
+use std::collections::VecDeque;
 
 use super::{SMALL_SIZE, Stream};
 
@@ -30,16 +31,17 @@ const fn class(size: u64) -> usize {
 /// One entry: (size, address, block index).
 type Entry = (u64, u64, u32);
 
-/// Entries above which a class turns from a sorted vector into a B-tree: a class can hold
-/// thousands of blocks of one size (ZeRO-3's partitions), where a vector's moves grow with
-/// the class.
+/// Entries above which a class turns from a sorted vector into a sorted ring buffer: a class
+/// can hold thousands of blocks of one size (ZeRO-3's partitions), taken from the front and
+/// returned at the back, where a vector moves the whole class each time and a ring buffer
+/// moves nothing (in the middle it moves the shorter side).
 const FEW: usize = 128;
 
 /// One class's blocks by size, then address.
 #[derive(Debug, Clone)]
 enum Class {
     Few(Vec<Entry>),
-    Many(BTreeSet<Entry>),
+    Many(VecDeque<Entry>),
 }
 
 impl Default for Class {
@@ -56,12 +58,14 @@ impl Class {
                 v.insert(at, e);
             }
             Self::Few(v) => {
-                let mut tree: BTreeSet<Entry> = v.drain(..).collect();
-                tree.insert(e);
-                *self = Self::Many(tree);
+                let mut ring: VecDeque<Entry> = std::mem::take(v).into();
+                let at = ring.partition_point(|x| (x.0, x.1) < (e.0, e.1));
+                ring.insert(at, e);
+                *self = Self::Many(ring);
             }
-            Self::Many(tree) => {
-                tree.insert(e);
+            Self::Many(ring) => {
+                let at = ring.partition_point(|x| (x.0, x.1) < (e.0, e.1));
+                ring.insert(at, e);
             }
         }
     }
@@ -75,13 +79,12 @@ impl Class {
                 }
                 v.is_empty()
             }
-            Self::Many(tree) => {
-                let at = tree.range((size, addr, 0)..).next().copied();
-                if let Some(e) = at.filter(|e| (e.0, e.1) == (size, addr)) {
-                    tree.remove(&e);
+            Self::Many(ring) => {
+                if let Ok(at) = ring.binary_search_by(|x| (x.0, x.1).cmp(&(size, addr))) {
+                    ring.remove(at);
                 }
-                if tree.len() < FEW / 4 {
-                    *self = Self::Few(std::mem::take(tree).into_iter().collect());
+                if ring.len() < FEW / 4 {
+                    *self = Self::Few(std::mem::take(ring).into());
                 }
                 self.is_empty()
             }
@@ -91,7 +94,7 @@ impl Class {
     fn is_empty(&self) -> bool {
         match self {
             Self::Few(v) => v.is_empty(),
-            Self::Many(tree) => tree.is_empty(),
+            Self::Many(ring) => ring.is_empty(),
         }
     }
 
@@ -99,14 +102,14 @@ impl Class {
     fn at_least(&self, size: u64) -> Option<u32> {
         match self {
             Self::Few(v) => v.get(v.partition_point(|x| x.0 < size)).map(|x| x.2),
-            Self::Many(tree) => tree.range((size, 0, 0)..).next().map(|x| x.2),
+            Self::Many(ring) => ring.get(ring.partition_point(|x| x.0 < size)).map(|x| x.2),
         }
     }
 
     fn entries(&self) -> Box<dyn Iterator<Item = &Entry> + '_> {
         match self {
             Self::Few(v) => Box::new(v.iter()),
-            Self::Many(tree) => Box::new(tree.iter()),
+            Self::Many(ring) => Box::new(ring.iter()),
         }
     }
 }
@@ -260,7 +263,7 @@ mod tests {
     }
 
     /// Thousands of blocks of one size (ZeRO-3's partitions) are served lowest address
-    /// first, through a B-tree and back.
+    /// first, through a ring buffer and back.
     #[test]
     fn one_size_many_blocks() {
         let mut p = LargePool::new(Stream::COMPUTE);
