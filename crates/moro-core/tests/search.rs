@@ -349,6 +349,15 @@ fn check_brute_force(model_id: &str, hw: &str, request: &Request) {
     let caps = Caps::of_device(&dev);
     let space = Space::new(&spec, request, &caps).unwrap();
     let out = search(&spec, &space, &caps);
+    // On several threads the search estimates ahead of its order and reads the results in
+    // it: the same outcome, down to the configurations counted.
+    let mut threaded = space.clone();
+    threaded.workers = 3;
+    assert_eq!(
+        search(&spec, &threaded, &caps),
+        out,
+        "{model_id} on {hw}, 3 workers"
+    );
     let cmp = match request.objective {
         Objective::Quality => quality_cmp,
         Objective::Speed => speed_cmp,

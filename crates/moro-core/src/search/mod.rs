@@ -46,6 +46,7 @@ pub mod alternatives;
 mod judge;
 mod layout;
 mod margin;
+mod ordered;
 mod rank;
 mod space;
 
@@ -250,17 +251,6 @@ fn search_recipes(
 ) -> Outcome {
     let mut evaluated = 0usize;
     let mut closest: Option<Probe> = None;
-    let mut eval = |c: Config| -> Option<Probe> {
-        evaluated += 1;
-        let p = probe(model, space, caps, c, cache)?;
-        if closest
-            .as_ref()
-            .is_none_or(|x| (p.host_fits, p.headroom) > (x.host_fits, x.headroom))
-        {
-            closest = Some(p);
-        }
-        Some(p)
-    };
     let objective = space.objective;
     // The best configuration of each distinct recipe, best first, at most `recipes`:
     // the same selection as sorting every fitting configuration and keeping the first of
@@ -295,17 +285,37 @@ fn search_recipes(
         // equals and moves four bytes a rest, not the key and the configuration.
         let mut order: Vec<u32> = (0..u32::try_from(rests.len()).unwrap_or(u32::MAX)).collect();
         order.sort_by(|&a, &b| uppers[b as usize].cmp(&uppers[a as usize]));
-        for (upper, rest) in order
-            .into_iter()
-            .map(|i| (uppers[i as usize], rests[i as usize]))
-        {
-            if top.len() >= recipes && top.last().is_some_and(|(k, _)| upper < *k) {
-                break;
+        let visit = |i: usize| {
+            let rest = rests[order[i] as usize];
+            let mut visit = Visit {
+                upper: uppers[order[i] as usize],
+                best: None,
+                evaluated: 0,
+                closest: None,
+            };
+            visit.best = largest_fitting_batch(space, rest, &mut |c| {
+                visit.evaluated += 1;
+                let p = probe(model, space, caps, c, cache)?;
+                keep_closest(&mut visit.closest, p);
+                Some(p)
+            });
+            visit
+        };
+        // The rests are estimated ahead on `space.workers` threads and read in order, so the
+        // outcome is the one visit would give.
+        ordered::visit_in_order(order.len(), space.workers, visit, |v| {
+            if top.len() >= recipes && top.last().is_some_and(|(k, _)| v.upper < *k) {
+                return std::ops::ControlFlow::Break(());
             }
-            if let Some(c) = largest_fitting_batch(space, rest, &mut eval) {
+            evaluated += v.evaluated;
+            if let Some(p) = v.closest {
+                keep_closest(&mut closest, p);
+            }
+            if let Some(c) = v.best {
                 keep_top(&mut top, key(objective, &c), c, recipes);
             }
-        }
+            std::ops::ControlFlow::Continue(())
+        });
         // The sequence length is the first key of every objective.
         if !top.is_empty() {
             break;
@@ -325,6 +335,26 @@ fn search_recipes(
         runners_up: it.collect(),
         evaluated,
         usable_bytes: caps.usable_bytes,
+    }
+}
+
+/// One rest of configuration visited: its best key, its largest fitting configuration, the
+/// configurations estimated and the closest to fitting among them.
+struct Visit {
+    upper: [u64; KEY_LEN],
+    best: Option<Config>,
+    evaluated: usize,
+    closest: Option<Probe>,
+}
+
+/// Keeps `p` as the closest to fitting if it is closer than the one held (the first of
+/// equals stays).
+fn keep_closest(closest: &mut Option<Probe>, p: Probe) {
+    if closest
+        .as_ref()
+        .is_none_or(|x| (p.host_fits, p.headroom) > (x.host_fits, x.headroom))
+    {
+        *closest = Some(p);
     }
 }
 

@@ -196,6 +196,10 @@ pub struct Space {
     pub parallel: Parallel,
     /// Objective.
     pub objective: Objective,
+    /// Threads the search estimates configurations on (1 by default). The outcome is the
+    /// same with any number: they only estimate ahead of the order the search reads them in.
+    #[serde(skip)]
+    pub workers: usize,
     /// LoRA targets of the attention set, resolved onto this model.
     #[serde(skip)]
     attention_targets: Targets,
@@ -380,6 +384,7 @@ impl Space {
                 request.parallel.clone()
             },
             objective: request.objective,
+            workers: 1,
             attention_targets: crate::targets::resolve(
                 &crate::stack::as_built(model, request.stack.profile()),
                 &Targets::Names(names),

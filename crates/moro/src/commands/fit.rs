@@ -306,9 +306,7 @@ pub(crate) fn fit_rows(
     host_memory: Option<u64>,
 ) -> (Vec<FitRow>, Vec<String>) {
     let presets = moro_core::hardware::presets();
-    let threads = std::thread::available_parallelism()
-        .map_or(4, std::num::NonZeroUsize::get)
-        .clamp(1, 16);
+    let threads = super::workers();
     let chunk = presets.len().div_ceil(threads).max(1);
     // Every preset searches the same model and request: their estimates are shared.
     let cache = moro_core::search::EstimateCache::default();

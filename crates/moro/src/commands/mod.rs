@@ -14,3 +14,10 @@ pub(crate) mod run;
 pub(crate) mod suggest;
 pub(crate) mod tiers;
 pub(crate) mod validate;
+
+/// Threads a search may estimate on: this machine's cores, at most 16.
+pub(crate) fn workers() -> usize {
+    std::thread::available_parallelism()
+        .map_or(4, std::num::NonZeroUsize::get)
+        .clamp(1, 16)
+}

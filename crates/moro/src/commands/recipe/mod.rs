@@ -210,7 +210,9 @@ pub(crate) fn run_generate(args: &GenerateArgs) -> Result<ExitCode> {
             "drop it, and size --seq-len",
         ));
     }
-    let space = Space::new(&model.spec, &request, &caps).map_err(|e| crate::error::search(&e))?;
+    let mut space =
+        Space::new(&model.spec, &request, &caps).map_err(|e| crate::error::search(&e))?;
+    space.workers = super::workers();
     if let Some(out) = &args.output
         && out.exists()
         && !args.force
