@@ -24,6 +24,7 @@ pub mod formats;
 pub mod hardware;
 pub mod job;
 pub mod model;
+pub mod mps_allocator;
 pub mod search;
 pub mod stack;
 pub mod targets;
