@@ -64,6 +64,11 @@ LoRA on the 2-layer Llama-3.1-8B with and without checkpointing, Mistral-7B over
 tokens with dropout, Qwen3-8B; QLoRA on Llama-3.1-8B and Qwen2.5-7B over 512 tokens; full
 fine-tunes of Qwen2.5-7B and of Llama-3.1-8B with checkpointing.
 
+`--matrix-math-mha` writes `validation/oracle-traces/step-events-math-mha.jsonl` (compact):
+the same kernel on heads that are not grouped (the 2-layer Llama-2-7B: LoRA with
+checkpointing, LoRA over 2 x 256 tokens without, a full fine-tune with checkpointing), where
+k and v are not repeated; Apple's MPS runs this kernel for every model in training.
+
 `--matrix-dora` writes `validation/oracle-traces/step-events-dora.jsonl`: the 2-layer
 Llama-3.1-8B with PEFT's DoRA (no dropout with checkpointing; dropout 0.05 with and
 without), which `step_trace.rs` holds moro's DoRA trace to.
@@ -420,6 +425,14 @@ FLASH_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-f
 MATH_MATRIX = [with_attention(a, "math", ["--sdpa-backend", "math"])
                for a in attention_jobs(512) + (full_args(True),)]
 MATH_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-math.jsonl")
+
+# SDPA's math kernel on heads that are not grouped (Llama-2-7B), what Apple's MPS runs for
+# every model in training: k and v are not repeated.
+MATH_MHA_MATRIX = [with_attention(a, "math", ["--sdpa-backend", "math"]) for a in (
+    lora_args("bf16-mixed", 0.0, True, model="meta-llama--Llama-2-7b-hf"),
+    lora_args("bf16-mixed", 0.0, False, model="meta-llama--Llama-2-7b-hf", batch=2, seq=256),
+    full_args(True, model="meta-llama--Llama-2-7b-hf"))]
+MATH_MHA_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-math-mha.jsonl")
 DORA_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-dora.jsonl")
 
 
@@ -465,6 +478,7 @@ def main():
         "--matrix-full": (FULL_MATRIX, FULL_FIXTURE, True),
         "--matrix-flash": (FLASH_MATRIX, FLASH_FIXTURE, True),
         "--matrix-math": (MATH_MATRIX, MATH_FIXTURE, True),
+        "--matrix-math-mha": (MATH_MHA_MATRIX, MATH_MHA_FIXTURE, True),
     }
     if len(argv) == 1 and argv[0] in matrices:
         jobs, fixture, compact_rows = matrices[argv[0]]

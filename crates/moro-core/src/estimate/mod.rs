@@ -78,6 +78,24 @@ pub struct DeviceProfile {
     /// without GQA support), so a grouped-KV model's attention runs the math kernel.
     #[serde(default = "flash_sdpa_default")]
     pub flash_sdpa: bool,
+    /// The PyTorch backend the job runs on: its allocator, and what lies outside it.
+    #[serde(default)]
+    pub backend: Backend,
+}
+
+/// The PyTorch device backend of a job.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Backend {
+    /// CUDA, and ROCm, whose HIP caching allocator is CUDA's
+    /// ([`crate::caching_allocator`]).
+    #[default]
+    Cuda,
+    /// Apple's Metal Performance Shaders (`device="mps"`): heaps of PyTorch's MPS allocator
+    /// ([`crate::mps_allocator`]), no CUDA context, no cuBLAS workspace, no FlashAttention;
+    /// SDPA runs its math kernel in training (`_fused_sdp_choice` has no MPS kernel in torch
+    /// 2.15, and `_scaled_dot_product_attention_math_for_mps` has no backward).
+    Mps,
 }
 
 const fn flash_sdpa_default() -> bool {
@@ -91,14 +109,40 @@ impl Default for DeviceProfile {
 }
 
 impl DeviceProfile {
-    /// Whether `job`'s attention runs SDPA's math kernel here: SDPA without the flash
-    /// backend ([`Self::flash_sdpa`]) on grouped KV heads, which transformers 5.25 passes
-    /// with `enable_gqa` (`use_gqa_in_sdpa`, no mask) and the mem-efficient kernel refuses.
+    /// Whether `job`'s attention runs SDPA's math kernel here: SDPA on MPS, or without the
+    /// flash backend ([`Self::flash_sdpa`]) on grouped KV heads, which transformers 5.25
+    /// passes with `enable_gqa` (`use_gqa_in_sdpa`, no mask) and the mem-efficient kernel
+    /// refuses.
     #[must_use]
     pub fn sdpa_math_kernel(&self, model: &ModelSpec, job: &Job) -> bool {
         job.attention == crate::job::Attention::Sdpa
-            && !self.flash_sdpa
-            && model.num_kv_heads < model.num_heads
+            && (self.backend == Backend::Mps
+                || !self.flash_sdpa && model.num_kv_heads < model.num_heads)
+    }
+
+    /// Apple's MPS ([`Backend::Mps`]): the caching allocator's reserve ratio where no step is
+    /// replayed, and nothing outside PyTorch's allocator that moro knows the size of
+    /// (MPSGraph's own buffers are Metal's, counted by `driver_allocated_memory()` only).
+    #[must_use]
+    pub fn mps() -> Self {
+        Self {
+            cublas_workspace_bytes: 0,
+            cuda_context_bytes: 0,
+            nccl_bytes: 0,
+            flash_sdpa: false,
+            backend: Backend::Mps,
+            ..Self::default()
+        }
+    }
+
+    /// The profile of a device: [`Self::mps`] for an Apple GPU, else by compute capability.
+    #[must_use]
+    pub fn for_device(device: &crate::hardware::Device) -> Self {
+        if device.vendor == crate::hardware::Vendor::Apple {
+            Self::mps()
+        } else {
+            Self::for_compute_capability(device.compute_capability)
+        }
     }
 
     /// Defaults for a GPU of the given compute capability (`None`: unknown, treated as sm80).
@@ -117,6 +161,7 @@ impl DeviceProfile {
             nccl_bytes: 1024 * MIB,
             offset_bytes: 0,
             flash_sdpa: major >= 8,
+            backend: Backend::Cuda,
         }
     }
 }

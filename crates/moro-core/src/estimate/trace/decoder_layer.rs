@@ -669,11 +669,12 @@ fn rope_forward(tp: &mut Tape, w: u64, kind: Kind) -> usize {
 }
 
 /// SDPA's math kernel (`_scaled_dot_product_attention_math`, torch 2.15, with
-/// `allow_fp16_bf16_reduction_math_sdp` off as by default) on 16-bit q, k and v, causal, with
-/// grouped KV heads (`enable_gqa`): q, k and v upcast to fp32, q scaled by √scale, the causal
-/// mask built (`ones().tril()` as bools, then fp32 by `where`), k and v repeated to every
-/// head, k scaled, the fp32 scores, the mask added, the softmax, its 16-bit copy (returned
-/// and dropped), the product with v and its cast back; then transformers' contiguous
+/// `allow_fp16_bf16_reduction_math_sdp` off as by default) on 16-bit q, k and v, causal: q,
+/// k and v upcast to fp32, q scaled by √scale, the causal mask built (`ones().tril()` as
+/// bools, then fp32 by `where`), with grouped KV heads (`enable_gqa`) k and v repeated to
+/// every head (else the fp32 v is what the product with v saves), k scaled, the fp32
+/// scores, the mask added, the softmax, its 16-bit copy (returned and dropped), the product
+/// with v and its cast back; then transformers' contiguous
 /// transpose (of `o_input_kind`: `o_proj` saves it where its weight or a 4-bit `lora_A`
 /// reads it). On an fp32 stream autocast's 16-bit casts of q, k and v come first and go
 /// when the kernel returns. Returns what the backward reads and the output `o_proj` reads.
@@ -687,12 +688,19 @@ fn math_forward(tp: &mut Tape, d: &Dims, cast_qkv: bool, o_input_kind: Kind) -> 
             tp.temp(2 * t * d.kv, "v cast"),
         ]
     });
+    let grouped = d.kv < d.q;
+    // With more than one sequence `matmul` copies the scaled q to fold the batch into
+    // bmm's, and saves the copy; k and v too where they are not repeated (the repeats are
+    // contiguous, the projections' transposed views are not).
+    let batched = d.b > 1;
+    let copies = batched && !grouped;
     let q32 = tp.temp(4 * t * d.q, "q fp32");
     let k32 = tp.temp(4 * t * d.kv, "k fp32");
-    let v32 = tp.temp(4 * t * d.kv, "v fp32");
-    // With more than one sequence `matmul` copies the scaled q to fold the batch into
-    // bmm's, and saves the copy.
-    let batched = d.b > 1;
+    let v32 = if grouped || copies {
+        tp.temp(4 * t * d.kv, "v fp32")
+    } else {
+        tp.saved(4 * t * d.kv, "v fp32", None)
+    };
     let qs_kind = if batched { Kind::Temp } else { Kind::Saved };
     let qs = tp.alloc(4 * t * d.q, "q scaled", None, qs_kind);
     let ones = tp.temp(d.s * d.s, "causal ones");
@@ -704,29 +712,52 @@ fn math_forward(tp: &mut Tape, d: &Dims, cast_qkv: bool, o_input_kind: Kind) -> 
     tp.free(inf);
     tp.free(zero);
     tp.free(tril);
-    let k_rep = tp.temp(4 * t * d.q, "k repeated");
-    let v_rep = tp.saved(4 * t * d.q, "v repeated", None);
-    let ks = tp.saved(4 * t * d.q, "k scaled", None);
+    let k_rep = grouped.then(|| tp.temp(4 * t * d.q, "k repeated"));
+    let v_rep = if grouped {
+        tp.saved(4 * t * d.q, "v repeated", None)
+    } else {
+        v32
+    };
+    let ks = if copies {
+        tp.temp(4 * t * d.q, "k scaled")
+    } else {
+        tp.saved(4 * t * d.q, "k scaled", None)
+    };
     let q_copy = batched.then(|| tp.saved(4 * t * d.q, "q scaled (bmm copy)", None));
+    let k_copy = copies.then(|| tp.saved(4 * t * d.q, "k scaled (bmm copy)", None));
     let raw = tp.temp(4 * scores, "attention scores");
     if let Some(c) = q_copy {
         tp.release(c);
     }
-    tp.release(ks);
+    if let Some(c) = k_copy {
+        tp.free(ks);
+        tp.release(c);
+    } else {
+        tp.release(ks);
+    }
     let masked = tp.temp(4 * scores, "scores masked");
     tp.free(raw);
     let softmax = tp.saved(4 * scores, "softmax", None);
     tp.free(masked);
     let returned = tp.temp(2 * scores, "softmax returned");
+    let v_saved = if copies {
+        tp.saved(4 * t * d.q, "v (bmm copy)", None)
+    } else {
+        v_rep
+    };
     let out32 = tp.temp(4 * t * d.q, "attention output fp32");
     let out16 = tp.temp(2 * t * d.q, "attention output");
     tp.free(out32);
     tp.release(softmax);
-    tp.free(k_rep);
-    tp.release(v_rep);
+    if let Some(k) = k_rep {
+        tp.free(k);
+    }
+    tp.release(v_saved);
     tp.last_use(qs);
     for x in [mask, v32, k32, q32, returned] {
-        tp.free(x);
+        if x != v_saved {
+            tp.free(x);
+        }
     }
     for x in casts.into_iter().flatten() {
         tp.free(x);
@@ -741,8 +772,8 @@ fn math_forward(tp: &mut Tape, d: &Dims, cast_qkv: bool, o_input_kind: Kind) -> 
     (
         Attn::Math {
             qs: q_copy.unwrap_or(qs),
-            ks,
-            v_rep,
+            ks: k_copy.unwrap_or(ks),
+            v_rep: v_saved,
             softmax,
         },
         o_input,
@@ -1877,8 +1908,9 @@ impl<'m> Backward<'_, '_, 'm> {
     }
 
     /// SDPA's math kernel's backward from `g` (freed): the output's fp32 cast, v's and the
-    /// scores' gradients, the softmax's, q's and k's (scaled), `repeat_interleave`'s sums
-    /// back to the KV heads, and the casts back to 16 bits. Returns dq, dk and dv.
+    /// scores' gradients, the softmax's, q's and k's (scaled), with grouped KV heads
+    /// `repeat_interleave`'s sums back to them, and the casts back to 16 bits. Returns dq,
+    /// dk and dv.
     fn math(
         &mut self,
         g: Tensor<'m>,
@@ -1907,10 +1939,16 @@ impl<'m> Backward<'_, '_, 'm> {
         self.release(qs);
         let g_k_rep = self.temp(tq);
         self.free(g_ks);
-        let g_v = self.temp(4 * d.t * d.kv);
-        self.free(g_v_rep);
-        let g_k = self.temp(4 * d.t * d.kv);
-        self.free(g_k_rep);
+        // Without grouped heads nothing was repeated: no sums.
+        let (g_v, g_k) = if d.kv < d.q {
+            let g_v = self.temp(4 * d.t * d.kv);
+            self.free(g_v_rep);
+            let g_k = self.temp(4 * d.t * d.kv);
+            self.free(g_k_rep);
+            (g_v, g_k)
+        } else {
+            (g_v_rep, g_k_rep)
+        };
         let g_q = self.temp(tq);
         self.free(g_qs);
         let dv = self.cast(g_v, 2 * d.t * d.kv);
