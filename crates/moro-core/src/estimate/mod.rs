@@ -109,13 +109,14 @@ impl Default for DeviceProfile {
 }
 
 impl DeviceProfile {
-    /// Whether `job`'s attention runs SDPA's math kernel here: SDPA on MPS, or without the
+    /// Whether `job`'s attention runs PyTorch SDPA's math kernel here: SDPA on MPS, or without the
     /// flash backend ([`Self::flash_sdpa`]) on grouped KV heads, which transformers 5.25
     /// passes with `enable_gqa` (`use_gqa_in_sdpa`, no mask) and the mem-efficient kernel
     /// refuses.
     #[must_use]
     pub fn sdpa_math_kernel(&self, model: &ModelSpec, job: &Job) -> bool {
         job.attention == crate::job::Attention::Sdpa
+            && job.stack.profile().runtime != crate::stack::Runtime::Mlx
             && (self.backend == Backend::Mps
                 || !self.flash_sdpa && model.num_kv_heads < model.num_heads)
     }
@@ -133,6 +134,12 @@ impl DeviceProfile {
             backend: Backend::Mps,
             ..Self::default()
         }
+    }
+
+    /// Whether a job of `stack` runs on PyTorch's MPS here (MLX on the same GPU does not).
+    #[must_use]
+    pub fn runs_on_mps(&self, stack: crate::job::Stack) -> bool {
+        self.backend == Backend::Mps && stack.profile().runtime != crate::stack::Runtime::Mlx
     }
 
     /// The profile of a device: [`Self::mps`] for an Apple GPU, else by compute capability.

@@ -22,7 +22,7 @@ use crate::job::{Job, Method};
 use crate::model::ModelSpec;
 
 use super::trace::step;
-use super::{DeviceProfile, PhaseBytes, Regime};
+use super::{Backend, DeviceProfile, PhaseBytes, Regime};
 
 /// The micro-batches of a step [`step`] traces at most: PEFT, full fine-tuning.
 pub const REPLAYED_MICRO_BATCHES: [u64; 2] = [2, 4];
@@ -46,8 +46,8 @@ pub struct ReplayedStep {
     /// The replayed fragmentation, reserved peak − allocated peak, where [`models`] is
     /// true; else 0 (the reserve stays the ratio's).
     pub fragmentation: u64,
-    /// The trace follows the decoder layers op by op ([`super::trace::Trace::op_by_op`]):
-    /// the replay alone sets the reserve.
+    /// The replay alone sets the reserve: the trace follows the decoder layers op by op
+    /// ([`super::trace::Trace::op_by_op`]), or the job runs on MPS ([`replay_sets_reserve`]).
     pub op_by_op: bool,
 }
 
@@ -101,7 +101,7 @@ fn traced(
     } else {
         job
     };
-    let replay = replay && (step::op_by_op(model, job, r) || models(model, job, r));
+    let replay = replay && sets_reserve(model, job, r, device);
     let levels = step::levels(model, job, r, device, replay)?;
     // The allocated peak is the largest phase's ([`step::Levels::phases`]).
     let allocated = levels
@@ -116,6 +116,25 @@ fn traced(
     Some(ReplayedStep {
         phases: levels.phases,
         fragmentation,
-        op_by_op: levels.op_by_op,
+        op_by_op: levels.op_by_op || device.backend == Backend::Mps,
     })
+}
+
+/// Whether the replay of `job`'s step trace alone sets its reserve: where the layers are
+/// traced op by op, and on MPS for every job the trace models (no ratio of CUDA's cache
+/// describes its heaps).
+#[must_use]
+pub fn replay_sets_reserve(
+    model: &ModelSpec,
+    job: &Job,
+    r: &Regime,
+    device: &DeviceProfile,
+) -> bool {
+    step::op_by_op(model, job, r) || device.backend == Backend::Mps && step::models(model, job, r)
+}
+
+/// Whether [`step`] replays `job`: where the replay sets the reserve
+/// ([`replay_sets_reserve`]) or floors it ([`models`]).
+fn sets_reserve(model: &ModelSpec, job: &Job, r: &Regime, device: &DeviceProfile) -> bool {
+    replay_sets_reserve(model, job, r, device) || models(model, job, r)
 }

@@ -58,7 +58,7 @@ fn replayed(
 ) -> Option<ReplayedStep> {
     let replay = || replayed_step(est, model, job, &caps.profile);
     match cache {
-        Some(c) => c.step(config, caps.profile.cublas_workspace_bytes, replay),
+        Some(c) => c.step(config, TraceDevice::of(&caps.profile), replay),
         None => replay(),
     }
 }
@@ -72,12 +72,12 @@ struct Judged {
 }
 
 impl Judged {
-    /// [`Self::of`] an estimate before its step is replayed. Where the layers are traced op
-    /// by op the replay alone sets the reserve, which can be far under the formulas' ratio
+    /// [`Self::of`] an estimate before its step is replayed. Where the replay alone sets the
+    /// reserve (layers traced op by op, or MPS), which can be far under the formulas' ratio
     /// and floor: judged without a reserve, that estimate is never over the replayed one, so
     /// a configuration that does not fit then cannot fit at all.
-    fn before_replay(est: &Estimate, model: &ModelSpec, job: &Job) -> Self {
-        if !crate::estimate::trace::step::op_by_op(model, job, &est.regime) {
+    fn before_replay(est: &Estimate, model: &ModelSpec, job: &Job, device: &DeviceProfile) -> Self {
+        if !crate::estimate::replay::replay_sets_reserve(model, job, &est.regime, device) {
             return Self::of(est, job);
         }
         let reserve = est.component(crate::estimate::Component::AllocatorReserve);
@@ -119,10 +119,20 @@ struct CacheInner {
     /// The distinct device profiles seen, indexed by the keys.
     profiles: Vec<DeviceProfile>,
     entries: std::collections::HashMap<(Config, usize), Cached>,
-    /// The step trace of a configuration as the estimate reads it, by its cuBLAS workspace
-    /// (the only part of the device the trace reads): shared by the devices of one
-    /// architecture.
-    steps: std::collections::HashMap<(Config, u64), Option<ReplayedStep>>,
+    /// The step trace of a configuration as the estimate reads it, by the parts of the
+    /// device the trace reads: shared by the devices of one architecture.
+    steps: std::collections::HashMap<(Config, TraceDevice), Option<ReplayedStep>>,
+}
+
+/// What the step trace reads of a device: its cuBLAS workspace, whether SDPA has its flash
+/// kernel (without it grouped KV heads run the math kernel), and the backend (its allocator).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct TraceDevice(u64, bool, crate::estimate::Backend);
+
+impl TraceDevice {
+    const fn of(d: &DeviceProfile) -> Self {
+        Self(d.cublas_workspace_bytes, d.flash_sdpa, d.backend)
+    }
 }
 
 /// One configuration judged before the replayed steps (`None`: not a valid job), and with
@@ -155,15 +165,15 @@ impl EstimateCache {
         inner.entries.get(&key).copied()
     }
 
-    /// The step trace of `config` with `cublas` bytes of workspace as the estimate reads
-    /// it, computed by `replay` the first time.
+    /// The step trace of `config` on `device` as the estimate reads it, computed by
+    /// `replay` the first time.
     fn step(
         &self,
         config: Config,
-        cublas: u64,
+        device: TraceDevice,
         replay: impl FnOnce() -> Option<ReplayedStep>,
     ) -> Option<ReplayedStep> {
-        let key = (config, cublas);
+        let key = (config, device);
         let lock = || {
             self.inner
                 .lock()
@@ -218,7 +228,9 @@ pub(super) fn probe(
     let mut entry = cached.unwrap_or_else(|| {
         let j = space.job(&config);
         let est = estimate_without_replay(model, &j, &caps.profile).ok();
-        let base = est.as_ref().map(|e| Judged::before_replay(e, model, &j));
+        let base = est
+            .as_ref()
+            .map(|e| Judged::before_replay(e, model, &j, &caps.profile));
         job = Some(j);
         base_estimate = est;
         Cached {

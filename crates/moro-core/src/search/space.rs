@@ -143,7 +143,7 @@ impl Caps {
             usable_bytes: device.total_bytes,
             bf16: device.supports_bf16,
             flash_attention: device.supports_flash_attention,
-            profile: DeviceProfile::for_compute_capability(device.compute_capability),
+            profile: DeviceProfile::for_device(device),
             host_bytes: None,
             bitsandbytes: device.vendor != crate::hardware::Vendor::Apple,
             triton: device.vendor != crate::hardware::Vendor::Apple,

@@ -24,7 +24,7 @@ use crate::model::ModelSpec;
 
 pub use levels::{PhasePeaks, Replayer};
 
-use super::{Component, DeviceProfile, Phase, PhaseBytes, Regime};
+use super::{Backend, Component, DeviceProfile, Phase, PhaseBytes, Regime};
 
 /// The step trace of `job` on `model` ([`step::trace`]): `None` where the trace does not
 /// model the job yet ([`step::models`]).
@@ -176,10 +176,10 @@ impl Trace<'_> {
         peaks.finish()
     }
 
-    /// Replays the trace through the allocator model ([`Replayer`]).
+    /// Replays the trace through CUDA's caching allocator model ([`Replayer`]).
     #[must_use]
     pub fn replay(&self) -> Replayed {
-        let mut r = Replayer::with_capacity(self.events.len() / 2 + 1);
+        let mut r = Replayer::with_capacity(Backend::Cuda, self.events.len() / 2 + 1);
         for e in &self.events {
             r.on(&e.lean());
         }
@@ -227,12 +227,12 @@ impl<'m> Builder<'m> {
     }
 
     /// A builder that keeps no event but reads each as it comes: the phases' peaks, and the
-    /// replay where `replay`, with room for `tensors` tensors.
-    pub(crate) fn reading(replay: bool, tensors: usize) -> Self {
+    /// replay where `replay`, with room for `tensors` tensors, both as `backend` allocates.
+    pub(crate) fn reading(backend: Backend, replay: bool, tensors: usize) -> Self {
         Self {
             reading: Some(Reading {
-                peaks: PhasePeaks::default(),
-                replayer: replay.then(|| Replayer::with_capacity(tensors)),
+                peaks: PhasePeaks::on_backend(backend),
+                replayer: replay.then(|| Replayer::with_capacity(backend, tensors)),
             }),
             ..Self::default()
         }
@@ -411,10 +411,11 @@ mod tests {
     fn reading_the_events_as_they_come_is_reading_the_trace() {
         let t = small_step(Builder::with_capacity(16)).finish();
         assert_eq!(t.events.len(), 9, "every event kept, by hand");
-        let (phases, replayed) = small_step(Builder::reading(true, 4)).finish_reading();
+        let (phases, replayed) =
+            small_step(Builder::reading(Backend::Cuda, true, 4)).finish_reading();
         assert_eq!(phases, t.phases());
         assert_eq!(replayed, Some(t.replay()));
-        let (_, none) = small_step(Builder::reading(false, 4)).finish_reading();
+        let (_, none) = small_step(Builder::reading(Backend::Cuda, false, 4)).finish_reading();
         assert_eq!(none, None);
     }
 }

@@ -173,7 +173,7 @@ pub fn levels(
     replay: bool,
 ) -> Option<Levels> {
     let (b, op_by_op) = recorded(model, job, r, device, |events| {
-        Builder::reading(replay, events / 2)
+        Builder::reading(device.backend, replay, events / 2)
     })?;
     let (phases, replayed) = b.finish_reading();
     Some(Levels {
@@ -546,7 +546,8 @@ impl<'m, 'j> Step<'m, 'j> {
         b.at(Phase::ForwardEnd, step);
         let input_ids = b.alloc("input_ids", Component::Activations, t, 8);
         let labels = b.alloc("labels", Component::Activations, t, 8);
-        if held.cublas.is_empty() {
+        // No workspace where there is no cuBLAS (MPS, the oracle's fake tensors).
+        if held.cublas.is_empty() && self.cublas_bytes > 0 {
             held.cublas.push(b.alloc(
                 "cuBLAS workspace (forward)",
                 Component::Transients,
