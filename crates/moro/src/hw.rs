@@ -90,3 +90,47 @@ pub(crate) fn resolve(spec: Option<&str>, memory: Option<&str>) -> Result<Option
         }
     }
 }
+
+/// `--device`: the PyTorch backend the target runs on. `mps` makes a size (`--memory 24GiB`)
+/// an Apple GPU of that size and refuses another maker's GPU; `cuda` refuses an Apple GPU.
+pub(crate) fn on_device(target: Option<Target>, device: &str) -> Result<Target> {
+    use moro_core::hardware::{Device, Vendor};
+    let mps = match device.to_ascii_lowercase().as_str() {
+        "mps" => true,
+        "cuda" => false,
+        _ => {
+            return Err(anyhow::Error::new(
+                flag("--device", format!("`{device}` is not a device backend"))
+                    .hint("cuda (NVIDIA, and ROCm builds) or mps (Apple GPUs)"),
+            ));
+        }
+    };
+    let Some(mut target) = target else {
+        return Err(anyhow::Error::new(
+            flag("--device", "needs the GPU: its memory or its name")
+                .hint("e.g. --device mps --memory 24GiB, or --hardware apple-m4-24gb"),
+        ));
+    };
+    for d in &mut target.hardware.devices {
+        match (mps, d.vendor) {
+            (true, Vendor::Generic) => *d = Device::generic_apple(d.total_bytes),
+            (true, Vendor::Apple) | (false, Vendor::Nvidia | Vendor::Amd | Vendor::Generic) => {}
+            (true, _) => {
+                return Err(anyhow::Error::new(flag(
+                    "--device",
+                    format!("mps runs on Apple GPUs; {} is not one", d.name),
+                )));
+            }
+            (false, _) => {
+                return Err(anyhow::Error::new(
+                    flag(
+                        "--device",
+                        format!("{} is an Apple GPU: PyTorch runs on it through MPS", d.name),
+                    )
+                    .hint("--device mps, or --stack mlx"),
+                ));
+            }
+        }
+    }
+    Ok(target)
+}

@@ -185,7 +185,10 @@ pub(crate) fn machine_profile(device: Option<&Device>) -> (DeviceProfile, Option
     if let Some(hit) = seen.lock().ok().and_then(|m| m.get(&key).cloned()) {
         return hit;
     }
-    let mut profile = DeviceProfile::for_compute_capability(key.1);
+    let mut profile = device.map_or_else(
+        || DeviceProfile::for_compute_capability(None),
+        DeviceProfile::for_device,
+    );
     let notes = crate::profile::apply(&mut profile, key.0.as_deref());
     if let Ok(mut m) = seen.lock() {
         m.insert(key, (profile.clone(), notes.clone()));

@@ -1767,3 +1767,138 @@ fn a_gpu_without_flash_sdpa_runs_the_math_kernel() {
     // The math kernel's fp32 scores of 24 heads × 4,096² tokens are 1.5 GiB a layer.
     assert!(reserved("t4") > reserved("a10g") + (512 << 20));
 }
+
+/// PyTorch on an Apple GPU runs on MPS: no CUDA context, SDPA's math kernel in training,
+/// the levels of `torch.accelerator`, and the reserve of MPS heaps: at least the 1 GiB
+/// heap a Llama-2-7B layer's 64 MiB activations open (`mps_allocator`).
+#[test]
+fn an_apple_gpu_runs_pytorch_on_mps() {
+    let args = [
+        "estimate",
+        "--model",
+        "meta-llama/Llama-2-7b-hf",
+        "--method",
+        "lora",
+        "--seq-len",
+        "2048",
+        "--hardware",
+        "apple-m4-max-128gb",
+    ];
+    let o = run(&args);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    for want in [
+        "on Apple's MPS, training runs SDPA's math kernel",
+        "torch.accelerator.max_memory_allocated()",
+        "torch.mps.driver_allocated_memory()",
+        "PyTorch's MPS allocator",
+    ] {
+        assert!(o.stdout.contains(want), "{want}: {}", o.stdout);
+    }
+    assert!(!o.stdout.contains("cuda context"), "{}", o.stdout);
+    assert!(!o.stdout.contains("nvidia-smi"), "{}", o.stdout);
+    let mut a = args.to_vec();
+    a.push("--json");
+    let v = json(&a);
+    assert_eq!(v["backend"], "mps");
+    assert_eq!(v["components"]["cuda_context"], 0);
+    let reserve =
+        v["peak_reserved_bytes"].as_u64().unwrap() - v["peak_allocated_bytes"].as_u64().unwrap();
+    assert!(reserve > 0, "{v}");
+    // The same job named by its memory and `--device mps` is the same estimate.
+    let mut b = vec![
+        "estimate",
+        "--model",
+        "meta-llama/Llama-2-7b-hf",
+        "--method",
+        "lora",
+    ];
+    b.extend([
+        "--seq-len",
+        "2048",
+        "--device",
+        "mps",
+        "--memory",
+        "96GiB",
+        "--json",
+    ]);
+    assert_eq!(json(&b)["peak_device_bytes"], v["peak_device_bytes"]);
+    // On a CUDA GPU the same job keeps SDPA's flash kernel: far less.
+    let mut c = vec![
+        "estimate",
+        "--model",
+        "meta-llama/Llama-2-7b-hf",
+        "--method",
+        "lora",
+    ];
+    c.extend(["--seq-len", "2048", "--memory", "96GiB", "--json"]);
+    let cuda = json(&c);
+    assert!(cuda.get("backend").is_none());
+    // 32 layers × 32 heads × 2,048² fp32 probabilities kept for the backward: 16 GiB.
+    assert!(
+        v["peak_allocated_bytes"].as_u64().unwrap()
+            > cuda["peak_allocated_bytes"].as_u64().unwrap() + (16u64 << 30),
+        "{v} {cuda}"
+    );
+}
+
+/// What PyTorch cannot run on MPS is refused with the setting named, exit 2.
+#[test]
+fn mps_refuses_what_it_cannot_run() {
+    let base = [
+        "estimate",
+        "--model",
+        "Qwen/Qwen2.5-0.5B",
+        "--hardware",
+        "apple-m4-24gb",
+    ];
+    let refused = |extra: &[&str], field: &str| {
+        let mut a = base.to_vec();
+        a.extend_from_slice(extra);
+        let o = run(&a);
+        assert_eq!(o.code, 2, "{extra:?}: {}", o.stdout);
+        assert!(o.stderr.contains(field), "{extra:?}: {}", o.stderr);
+        assert_eq!(
+            o.stderr
+                .trim()
+                .lines()
+                .next()
+                .map(|l| l.starts_with("error:")),
+            Some(true)
+        );
+    };
+    refused(
+        &["--method", "lora", "--optimizer", "adamw_8bit"],
+        "`optimizer`",
+    );
+    refused(
+        &["--method", "lora", "--optimizer", "paged_adamw_32bit"],
+        "`optimizer`",
+    );
+    refused(&["--method", "qlora"], "`quantization`");
+    refused(&["--method", "lora", "--attention", "flash"], "`attention`");
+    refused(&["--method", "lora", "--device", "cuda"], "--device");
+    let o = run(&[
+        "estimate",
+        "--model",
+        "Qwen/Qwen2.5-0.5B",
+        "--device",
+        "mps",
+    ]);
+    assert_eq!(o.code, 2);
+    assert!(o.stderr.contains("--device"), "{}", o.stderr);
+    let o = run(&[
+        "estimate",
+        "--model",
+        "Qwen/Qwen2.5-0.5B",
+        "--device",
+        "mps",
+        "--hardware",
+        "rtx-4090",
+    ]);
+    assert_eq!(o.code, 2);
+    assert!(o.stderr.contains("--device"), "{}", o.stderr);
+    // MLX's own 4-bit base is not bitsandbytes': QLoRA on the MLX stack runs.
+    let mut a = base.to_vec();
+    a.extend(["--method", "qlora", "--stack", "mlx"]);
+    assert_eq!(run(&a).code, 0);
+}

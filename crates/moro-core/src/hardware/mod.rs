@@ -208,6 +208,18 @@ impl Device {
         }
     }
 
+    /// An Apple GPU known only by the memory it may use (`--device mps --memory 24GiB`):
+    /// unified memory, bf16, no FlashAttention.
+    #[must_use]
+    pub fn generic_apple(total_bytes: u64) -> Self {
+        Self {
+            name: format!("Apple GPU ({} usable, MPS)", format_gib(total_bytes)),
+            vendor: Vendor::Apple,
+            unified_memory: true,
+            ..Self::generic(total_bytes)
+        }
+    }
+
     /// Memory in use: the reported figure, else total − free.
     #[must_use]
     pub fn used(&self) -> Option<u64> {

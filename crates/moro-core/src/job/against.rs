@@ -11,8 +11,9 @@ use crate::model::ModelSpec;
 /// # Errors
 /// A setting the hardware cannot run: FlashAttention 2 below compute capability 8.0
 /// (flash-attn 2.x `csrc/flash_attn/flash_api.cpp`: "FlashAttention only supports Ampere GPUs
-/// or newer.") or on an Apple GPU; bitsandbytes quantization on an Apple GPU (bitsandbytes
-/// has no Metal backend); Liger's Triton kernels on an Apple GPU.
+/// or newer.") or on an Apple GPU; bitsandbytes quantization and optimizers on an Apple GPU
+/// (bitsandbytes 0.50's MPS backend has no 8-bit optimizers; its 4-bit path is not
+/// modelled); Liger's Triton kernels on an Apple GPU.
 pub fn check(
     job: &Job,
     model: &ModelSpec,
@@ -101,12 +102,28 @@ pub fn check(
             ),
         });
     }
-    if d.vendor == Vendor::Apple && job.quantization != Quantization::None {
+    if d.vendor == Vendor::Apple
+        && job.quantization != Quantization::None
+        && job.quantization.mlx().is_none()
+    {
         return Err(JobError {
             field: "quantization",
             message: format!(
-                "bitsandbytes and GPTQ kernels need CUDA or ROCm; {} is an Apple GPU (MLX \
-                 quantizes its own way)",
+                "{} is an Apple GPU: GPTQ's kernels need CUDA or ROCm, and bitsandbytes' 4-bit \
+                 path on MPS (0.50's `mps` backend, PyTorch ops where its Metal kernels are \
+                 missing) is not modelled; `--stack mlx` quantizes the MLX way",
+                d.name
+            ),
+        });
+    }
+    if d.vendor == Vendor::Apple && job.optimizer.is_bitsandbytes() {
+        return Err(JobError {
+            field: "optimizer",
+            message: format!(
+                "{} needs bitsandbytes' optimizer kernels, which do not run on MPS \
+                 (bitsandbytes 0.50: 8-bit optimizers not supported there; paged memory is \
+                 CUDA's); {} is an Apple GPU: use adamw_torch_fused",
+                job.optimizer.as_str(),
                 d.name
             ),
         });

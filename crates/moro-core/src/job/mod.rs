@@ -477,6 +477,19 @@ impl Optimizer {
     pub const fn is_paged(self) -> bool {
         matches!(self, Self::PagedAdamw8bit | Self::PagedAdamw32bit)
     }
+
+    /// Whether bitsandbytes implements it (its 8-bit, paged and Lion optimizers).
+    #[must_use]
+    pub const fn is_bitsandbytes(self) -> bool {
+        matches!(
+            self,
+            Self::Adamw8bit
+                | Self::PagedAdamw8bit
+                | Self::PagedAdamw32bit
+                | Self::Lion32bit
+                | Self::Lion8bit
+        )
+    }
 }
 
 /// Numeric precision of weights and compute.

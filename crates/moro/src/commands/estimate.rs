@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::Args;
 use moro_core::bound::Verdict;
-use moro_core::estimate::{Component, Estimate};
+use moro_core::estimate::{Backend, Component, DeviceProfile, Estimate};
 use moro_core::job::{Job, Method, Sharding};
 use serde::Serialize;
 
@@ -31,6 +31,10 @@ pub(crate) struct EstimateArgs {
     /// Hardware: `detect`, a preset (`rtx-4090`, `a100-sxm4-80gb`), a GPU name, `8xh100-sxm`.
     #[arg(long)]
     pub(crate) hardware: Option<String>,
+    /// PyTorch's device backend: cuda or mps (Apple GPUs; `--device mps --memory 24GiB` is
+    /// an Apple GPU that may use 24 GiB) [default: the hardware's]
+    #[arg(long, value_name = "BACKEND")]
+    pub(crate) device: Option<String>,
     /// Print one JSON object (sizes in bytes) instead of the table.
     #[arg(long)]
     pub(crate) json: bool,
@@ -98,6 +102,10 @@ pub(crate) struct EstimateJson<'a> {
     /// heads); absent otherwise.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub(crate) sdpa_math_kernel: bool,
+    /// The PyTorch backend where it is not CUDA's (`"mps"`: the levels are the MPS
+    /// allocator's, read by `torch.accelerator`); absent for CUDA.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) backend: Option<Backend>,
 }
 
 #[derive(Debug, Serialize)]
@@ -190,7 +198,12 @@ pub(crate) fn setup_of(
     loaded: Option<&crate::commands::recipe::LoadedRecipe>,
 ) -> Result<crate::setup::JobSetup> {
     let model_arg = model_arg(args, loaded);
-    let given = crate::hw::resolve(args.hardware.as_deref(), args.memory.as_deref())?;
+    let mut given = crate::hw::resolve(args.hardware.as_deref(), args.memory.as_deref())?;
+    if let Some(device) = &args.device {
+        let target =
+            given.or_else(|| loaded.and_then(crate::commands::recipe::LoadedRecipe::target));
+        given = Some(crate::hw::on_device(target, device)?);
+    }
     let mut flags = args.job.settings();
     if let Some(path) = &args.dataset {
         let model = model_arg.ok_or_else(|| {
@@ -241,9 +254,10 @@ fn print(args: &EstimateArgs, setup: &crate::setup::JobSetup, est: &Estimate) ->
         let mut doc = to_json(model, job, est, memory);
         doc.suggestions = suggestions;
         doc.sdpa_math_kernel = math;
+        doc.backend = setup.profile.runs_on_mps(job.stack).then_some(Backend::Mps);
         stdout(&json(&doc)?)?;
     } else {
-        let mut out = render(model, job, est, target, math);
+        let mut out = render(model, job, est, target, &setup.profile);
         if let Some(s) = &suggestions {
             out.push_str(&crate::commands::suggest::text(s));
         }
@@ -301,6 +315,7 @@ pub(crate) fn to_json<'a>(
         headroom_bytes: memory.map(|m| headroom(est, m)),
         suggestions: None,
         sdpa_math_kernel: false,
+        backend: None,
     }
 }
 
@@ -405,15 +420,17 @@ fn describe(job: &Job, adapter_bytes: u64) -> String {
     s
 }
 
-/// `math_kernel`: the job's attention runs SDPA's math kernel on the target
-/// ([`moro_core::estimate::DeviceProfile::sdpa_math_kernel`]).
+/// `profile`: the target's device profile (its backend, whether the job's attention runs
+/// SDPA's math kernel there: [`DeviceProfile::sdpa_math_kernel`]).
 pub(crate) fn render(
     model: &resolve::Resolved,
     job: &Job,
     est: &Estimate,
     target: Option<&crate::hw::Target>,
-    math_kernel: bool,
+    profile: &DeviceProfile,
 ) -> String {
+    let math_kernel = profile.sdpa_math_kernel(&model.spec, job);
+    let mps = profile.runs_on_mps(job.stack);
     let mut out = String::new();
     #[allow(clippy::cast_precision_loss)]
     let params_b = model.spec.total_params() as f64 / 1e9;
@@ -429,14 +446,19 @@ pub(crate) fn render(
         describe(job, est.regime.adapter_bytes)
     ));
     if math_kernel {
-        out.push_str(if est.reserve_from_replay {
-            "note    this GPU has no SDPA flash kernel: the attention runs SDPA's math kernel \
-             (fp32 scores and softmax), traced op by op\n"
+        let why = if mps {
+            "on Apple's MPS, training runs SDPA's math kernel"
         } else {
-            "note    this GPU has no SDPA flash kernel: the attention runs SDPA's math kernel \
-             (fp32 scores and softmax), which this estimate leaves out for this job: expect \
-             more\n"
-        });
+            "this GPU has no SDPA flash kernel: the attention runs SDPA's math kernel"
+        };
+        let traced = if moro_core::estimate::trace::step::op_by_op(&model.spec, job, &est.regime) {
+            "traced op by op"
+        } else {
+            "which this estimate leaves out for this job: expect more"
+        };
+        out.push_str(&format!(
+            "note    {why} (fp32 scores and softmax), {traced}\n"
+        ));
     }
     if let Some(images) = describe_images(&model.spec, job) {
         out.push_str(&format!("images  {images}\n"));
@@ -497,23 +519,38 @@ pub(crate) fn render(
             "mx.get_peak_memory() (mlx_lm's \"Peak mem\", in GB of 10^9)".into(),
         ]);
     } else {
+        // torch 2.15 has no peak counters under `torch.mps`; `torch.accelerator` reads the
+        // MPS allocator's.
+        let [allocated, reserved, device] = if mps {
+            [
+                "torch.accelerator.max_memory_allocated()",
+                "torch.accelerator.max_memory_reserved()",
+                "torch.mps.driver_allocated_memory() (with Metal's own buffers)",
+            ]
+        } else {
+            [
+                "torch.cuda.max_memory_allocated()",
+                "torch.cuda.max_memory_reserved()",
+                "nvidia-smi",
+            ]
+        };
         lv.row(vec![
             "allocated".into(),
             gib(est.peak_allocated_bytes),
             gib(judged.upper.allocated),
-            "torch.cuda.max_memory_allocated()".into(),
+            allocated.into(),
         ]);
         lv.row(vec![
             "reserved".into(),
             gib(est.peak_reserved_bytes),
             gib(judged.upper.reserved),
-            "torch.cuda.max_memory_reserved()".into(),
+            reserved.into(),
         ]);
         lv.row(vec![
             "device".into(),
             gib(est.peak_device_bytes),
             gib(judged.upper.device),
-            "nvidia-smi".into(),
+            device.into(),
         ]);
     }
     out.push_str(&lv.render());
@@ -521,6 +558,12 @@ pub(crate) fn render(
         "at most: the bound on each level, at or above {}\n",
         band_text(&judged.band)
     ));
+    if mps {
+        out.push_str(
+            "         (runs on CUDA GPUs: no published run on MPS states its peak with its \
+             settings)\n",
+        );
+    }
     if let Some(rank) = &est.rank {
         out.push_str(&render_rank(rank, est));
     }
@@ -544,7 +587,14 @@ pub(crate) fn render(
     let replay_sets_reserve = est.replayed_fragmentation_bytes > 0
         && est.replayed_fragmentation_bytes + (2 << 20)
             >= est.component(Component::AllocatorReserve);
-    if replay_sets_reserve {
+    if replay_sets_reserve && mps {
+        out.push_str(&format!(
+            "\nnote: the reserve is {}: two training steps replayed through PyTorch's MPS \
+             allocator, which places tensors in Metal heaps of 8 MiB, 32 MiB and 1 GiB (a \
+             tensor of 512 MiB or more in one of its own) and keeps them\n",
+            size(est.replayed_fragmentation_bytes)
+        ));
+    } else if replay_sets_reserve {
         let why = if est.reserve_from_replay {
             "the layers, traced op by op, free temporaries whose blocks later tensors split"
         } else if job.method == Method::Full {

@@ -199,8 +199,7 @@ fn explain(text: &str, id: &str, as_json: bool) -> Result<ExitCode> {
         spec: x.model,
         stored: None,
     };
-    let math = x.profile.sdpa_math_kernel(&model.spec, &x.job);
-    let mut out = crate::commands::estimate::render(&model, &x.job, &x.estimate, None, math);
+    let mut out = crate::commands::estimate::render(&model, &x.job, &x.estimate, None, &x.profile);
     let level = x.row.metric.as_str();
     match error {
         Some(e) => out.push_str(&format!(
