@@ -1844,61 +1844,49 @@ fn an_apple_gpu_runs_pytorch_on_mps() {
 /// What PyTorch cannot run on MPS is refused with the setting named, exit 2.
 #[test]
 fn mps_refuses_what_it_cannot_run() {
-    let base = [
-        "estimate",
-        "--model",
-        "Qwen/Qwen2.5-0.5B",
+    let refused = |args: &[&str], field: &str| {
+        let a = [&["estimate", "--model", "Qwen/Qwen2.5-0.5B"][..], args].concat();
+        let o = run(&a);
+        assert_eq!(o.code, 2, "{args:?}: {}", o.stdout);
+        assert!(o.stderr.contains(field), "{args:?}: {}", o.stderr);
+        assert!(o.stderr.starts_with("error:"), "{args:?}: {}", o.stderr);
+    };
+    let mac = ["--hardware", "apple-m4-24gb"];
+    for (setting, field) in [
+        (&["--optimizer", "adamw_8bit"][..], "`optimizer`"),
+        (&["--optimizer", "paged_adamw_32bit"], "`optimizer`"),
+        (&["--method", "qlora"], "`quantization`"),
+        (&["--attention", "flash"], "`attention`"),
+        (&["--device", "cuda"], "--device"),
+    ] {
+        refused(&[setting, &mac].concat(), field);
+    }
+    refused(&["--device", "mps"], "--device");
+    refused(&["--device", "mps", "--hardware", "rtx-4090"], "--device");
+    // MLX's own 4-bit base is not bitsandbytes': QLoRA on the MLX stack runs.
+    refused(
+        &[
+            "--method",
+            "qlora",
+            "--stack",
+            "hf",
+            "--hardware",
+            "apple-m4-24gb",
+        ],
+        "`quantization`",
+    );
+    let qlora_mlx = [
+        "--method",
+        "qlora",
+        "--stack",
+        "mlx",
         "--hardware",
         "apple-m4-24gb",
     ];
-    let refused = |extra: &[&str], field: &str| {
-        let mut a = base.to_vec();
-        a.extend_from_slice(extra);
-        let o = run(&a);
-        assert_eq!(o.code, 2, "{extra:?}: {}", o.stdout);
-        assert!(o.stderr.contains(field), "{extra:?}: {}", o.stderr);
-        assert_eq!(
-            o.stderr
-                .trim()
-                .lines()
-                .next()
-                .map(|l| l.starts_with("error:")),
-            Some(true)
-        );
-    };
-    refused(
-        &["--method", "lora", "--optimizer", "adamw_8bit"],
-        "`optimizer`",
-    );
-    refused(
-        &["--method", "lora", "--optimizer", "paged_adamw_32bit"],
-        "`optimizer`",
-    );
-    refused(&["--method", "qlora"], "`quantization`");
-    refused(&["--method", "lora", "--attention", "flash"], "`attention`");
-    refused(&["--method", "lora", "--device", "cuda"], "--device");
-    let o = run(&[
-        "estimate",
-        "--model",
-        "Qwen/Qwen2.5-0.5B",
-        "--device",
-        "mps",
-    ]);
-    assert_eq!(o.code, 2);
-    assert!(o.stderr.contains("--device"), "{}", o.stderr);
-    let o = run(&[
-        "estimate",
-        "--model",
-        "Qwen/Qwen2.5-0.5B",
-        "--device",
-        "mps",
-        "--hardware",
-        "rtx-4090",
-    ]);
-    assert_eq!(o.code, 2);
-    assert!(o.stderr.contains("--device"), "{}", o.stderr);
-    // MLX's own 4-bit base is not bitsandbytes': QLoRA on the MLX stack runs.
-    let mut a = base.to_vec();
-    a.extend(["--method", "qlora", "--stack", "mlx"]);
+    let a = [
+        &["estimate", "--model", "Qwen/Qwen2.5-0.5B"][..],
+        &qlora_mlx,
+    ]
+    .concat();
     assert_eq!(run(&a).code, 0);
 }
