@@ -288,7 +288,6 @@ fn search_recipes(
         let visit = |i: usize| {
             let rest = rests[order[i] as usize];
             let mut visit = Visit {
-                upper: uppers[order[i] as usize],
                 best: None,
                 evaluated: 0,
                 closest: None,
@@ -303,10 +302,18 @@ fn search_recipes(
         };
         // The rests are estimated ahead on `space.workers` threads and read in order, so the
         // outcome is the one visit would give.
-        ordered::visit_in_order(order.len(), space.workers, visit, |v| {
-            if top.len() >= recipes && top.last().is_some_and(|(k, _)| v.upper < *k) {
-                return std::ops::ControlFlow::Break(());
-            }
+        ordered::visit_in_order(order.len(), space.workers, visit, |turn| {
+            let v = match turn {
+                ordered::Turn::Next(i) => {
+                    let upper = uppers[order[i] as usize];
+                    return if top.len() >= recipes && top.last().is_some_and(|(k, _)| upper < *k) {
+                        std::ops::ControlFlow::Break(())
+                    } else {
+                        std::ops::ControlFlow::Continue(())
+                    };
+                }
+                ordered::Turn::Done(v) => v,
+            };
             evaluated += v.evaluated;
             if let Some(p) = v.closest {
                 keep_closest(&mut closest, p);
@@ -338,10 +345,9 @@ fn search_recipes(
     }
 }
 
-/// One rest of configuration visited: its best key, its largest fitting configuration, the
+/// One rest of configuration visited: its largest fitting configuration, the
 /// configurations estimated and the closest to fitting among them.
 struct Visit {
-    upper: [u64; KEY_LEN],
     best: Option<Config>,
     evaluated: usize,
     closest: Option<Probe>,

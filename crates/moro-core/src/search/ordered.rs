@@ -7,23 +7,33 @@ use std::sync::{Condvar, Mutex, PoisonError};
 /// How far past the item being read the workers may go, in items per worker.
 const AHEAD_PER_WORKER: usize = 32;
 
+/// What the fold of [`visit_in_order`] is handed, in order: whether to go on to item `i`,
+/// then, if it does, the item's result.
+pub(super) enum Turn<R> {
+    /// Item `i` is next: break to stop before it.
+    Next(usize),
+    /// The result of the item just announced.
+    Done(R),
+}
+
 /// Computes `work(i)` for `i` in `0..n` on `workers` threads and hands the results to `fold`
-/// in index order, stopping at the first `fold` that breaks.
+/// in index order, each announced first ([`Turn::Next`]), stopping at the first turn `fold`
+/// breaks.
 ///
 /// `fold` sees the same sequence whatever the number of workers, so what it builds does not
 /// depend on it. The workers run at most [`AHEAD_PER_WORKER`] items each past the one `fold`
 /// waits for; once it breaks no item is started (the ones already started are finished and
 /// dropped). With one worker (or one item) nothing runs ahead: `work(i)` is called only for
-/// the items `fold` reads.
+/// the items `fold` goes on to.
 pub(super) fn visit_in_order<R: Send>(
     n: usize,
     workers: usize,
     work: impl Fn(usize) -> R + Sync,
-    mut fold: impl FnMut(R) -> ControlFlow<()> + Send,
+    mut fold: impl FnMut(Turn<R>) -> ControlFlow<()> + Send,
 ) {
     if workers <= 1 || n <= 1 {
         for i in 0..n {
-            if fold(work(i)).is_break() {
+            if fold(Turn::Next(i)).is_break() || fold(Turn::Done(work(i))).is_break() {
                 return;
             }
         }
@@ -83,14 +93,15 @@ struct Visit<'f, R, F> {
     fold: &'f mut F,
 }
 
-impl<R, F: FnMut(R) -> ControlFlow<()>> Visit<'_, R, F> {
+impl<R, F: FnMut(Turn<R>) -> ControlFlow<()>> Visit<'_, R, F> {
     /// Folds the results whose turn has come, in order.
     fn fold_ready(&mut self) {
         while !self.stopped
             && let Some(r) = self.early.remove(&self.turn)
         {
+            self.stopped = (self.fold)(Turn::Next(self.turn)).is_break()
+                || (self.fold)(Turn::Done(r)).is_break();
             self.turn += 1;
-            self.stopped = (self.fold)(r).is_break();
         }
     }
 }
@@ -113,11 +124,11 @@ mod tests {
                     std::thread::sleep(std::time::Duration::from_micros(((50 - i) * 20) as u64));
                     i * i
                 },
-                |r| {
-                    seen.push(r);
-                    if r >= 30 * 30 {
-                        ControlFlow::Break(())
-                    } else {
+                |t| match t {
+                    Turn::Next(i) if i > 30 => ControlFlow::Break(()),
+                    Turn::Next(_) => ControlFlow::Continue(()),
+                    Turn::Done(r) => {
+                        seen.push(r);
                         ControlFlow::Continue(())
                     }
                 },
@@ -127,7 +138,8 @@ mod tests {
         }
     }
 
-    /// Without a break every item is folded once.
+    /// Without a break every item is folded once; with one worker no item past a break is
+    /// worked on.
     #[test]
     fn folds_every_item_without_a_break() {
         let mut sum = 0;
@@ -135,11 +147,24 @@ mod tests {
             1000,
             4,
             |i| i,
-            |r| {
-                sum += r;
+            |t| {
+                if let Turn::Done(r) = t {
+                    sum += r;
+                }
                 ControlFlow::Continue(())
             },
         );
         assert_eq!(sum, 999 * 1000 / 2);
+        let worked = std::sync::atomic::AtomicUsize::new(0);
+        visit_in_order(
+            100,
+            1,
+            |_| worked.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            |t| match t {
+                Turn::Next(i) if i == 10 => ControlFlow::Break(()),
+                _ => ControlFlow::Continue(()),
+            },
+        );
+        assert_eq!(worked.into_inner(), 10);
     }
 }

@@ -32,8 +32,8 @@ pub struct PhasePeaks {
     peaks: Vec<(Phase, u64, [u64; SLOTS])>,
     /// Each phase's index in `peaks`.
     index: [u8; SLOTS],
-    /// The bytes a request occupies.
-    round: fn(u64) -> u64,
+    /// Requests are rounded as the MPS allocator rounds them, else as CUDA's.
+    mps: bool,
 }
 
 impl Default for PhasePeaks {
@@ -52,16 +52,17 @@ impl PhasePeaks {
             order: Vec::new(),
             peaks: Vec::new(),
             index: [UNSEEN; SLOTS],
-            round: match backend {
-                Backend::Cuda => crate::caching_allocator::round_size,
-                Backend::Mps => crate::mps_allocator::round_size,
-            },
+            mps: backend == Backend::Mps,
         }
     }
 
     /// Counts one event.
     pub fn on(&mut self, e: &Event) {
-        let b = (self.round)(e.bytes);
+        let b = if self.mps {
+            crate::mps_allocator::round_size(e.bytes)
+        } else {
+            crate::caching_allocator::round_size(e.bytes)
+        };
         let c = e.component as usize;
         if e.op == Op::Free {
             self.live[c] -= b;
@@ -103,47 +104,71 @@ impl PhasePeaks {
     }
 }
 
-/// Events replayed through the backend's allocator model as they go by.
-#[derive(Debug, Clone)]
-pub struct Replayer {
-    allocator: Model,
-    /// Each live tensor's block, by tensor number.
-    handles: Vec<Option<Block>>,
+/// An allocator model a step replays through: CUDA's caching allocator, or PyTorch's MPS
+/// heaps.
+pub trait AllocatorModel: Default {
+    /// What an allocation returns and its free takes.
+    type Handle: Copy;
+    /// Allocates `bytes` on `stream`.
+    fn alloc(&mut self, stream: Stream, bytes: u64) -> Self::Handle;
+    /// Frees an allocation.
+    fn release(&mut self, h: Self::Handle);
+    /// The peaks so far.
+    fn peaks(&self) -> Replayed;
 }
 
-/// The allocator a backend replays through.
-#[derive(Debug, Clone)]
-enum Model {
-    Cuda(CachingAllocator),
-    Mps(MpsAllocator),
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Block {
-    Cuda(Handle),
-    Mps(MpsHandle),
-}
-
-impl Default for Replayer {
-    fn default() -> Self {
-        Self::with_capacity(Backend::Cuda, 0)
+impl AllocatorModel for CachingAllocator {
+    type Handle = Handle;
+    fn alloc(&mut self, stream: Stream, bytes: u64) -> Handle {
+        self.malloc_on(stream, bytes)
+    }
+    fn release(&mut self, h: Handle) {
+        self.free(h);
+    }
+    fn peaks(&self) -> Replayed {
+        Replayed {
+            allocated: self.peak_allocated(),
+            reserved: self.peak_reserved(),
+        }
     }
 }
 
-impl Replayer {
-    /// A replayer through `backend`'s allocator with room for `tensors` tensors.
+/// MPS has one stream: the event's is not read.
+impl AllocatorModel for MpsAllocator {
+    type Handle = MpsHandle;
+    fn alloc(&mut self, _: Stream, bytes: u64) -> MpsHandle {
+        self.malloc(bytes)
+    }
+    fn release(&mut self, h: MpsHandle) {
+        self.free(h);
+    }
+    fn peaks(&self) -> Replayed {
+        Replayed {
+            allocated: self.peak_allocated(),
+            reserved: self.peak_reserved(),
+        }
+    }
+}
+
+/// Events replayed through an allocator model as they go by.
+#[derive(Debug, Clone, Default)]
+pub struct Replayer<A: AllocatorModel = CachingAllocator> {
+    allocator: A,
+    /// Each live tensor's block, by tensor number.
+    handles: Vec<Option<A::Handle>>,
+}
+
+impl<A: AllocatorModel> Replayer<A> {
+    /// A replayer with room for `tensors` tensors.
     #[must_use]
-    pub fn with_capacity(backend: Backend, tensors: usize) -> Self {
+    pub fn with_capacity(tensors: usize) -> Self {
         Self {
-            allocator: match backend {
-                Backend::Cuda => Model::Cuda(CachingAllocator::new()),
-                Backend::Mps => Model::Mps(MpsAllocator::new()),
-            },
+            allocator: A::default(),
             handles: Vec::with_capacity(tensors),
         }
     }
 
-    /// Replays one event (MPS has one stream: the event's is not read there).
+    /// Replays one event.
     pub fn on(&mut self, e: &Event) {
         let i = e.tensor as usize;
         match e.op {
@@ -151,34 +176,57 @@ impl Replayer {
                 if self.handles.len() <= i {
                     self.handles.resize(i + 1, None);
                 }
-                self.handles[i] = Some(match &mut self.allocator {
-                    Model::Cuda(a) => Block::Cuda(a.malloc_on(Stream(e.stream), e.bytes)),
-                    Model::Mps(a) => Block::Mps(a.malloc(e.bytes)),
-                });
+                self.handles[i] = Some(self.allocator.alloc(Stream(e.stream), e.bytes));
             }
-            Op::Free => match (
-                &mut self.allocator,
-                self.handles.get_mut(i).and_then(Option::take),
-            ) {
-                (Model::Cuda(a), Some(Block::Cuda(h))) => a.free(h),
-                (Model::Mps(a), Some(Block::Mps(h))) => a.free(h),
-                _ => {}
-            },
+            Op::Free => {
+                if let Some(h) = self.handles.get_mut(i).and_then(Option::take) {
+                    self.allocator.release(h);
+                }
+            }
         }
     }
 
     /// The peaks so far.
     #[must_use]
-    pub const fn peaks(&self) -> Replayed {
-        match &self.allocator {
-            Model::Cuda(a) => Replayed {
-                allocated: a.peak_allocated(),
-                reserved: a.peak_reserved(),
-            },
-            Model::Mps(a) => Replayed {
-                allocated: a.peak_allocated(),
-                reserved: a.peak_reserved(),
-            },
+    pub fn peaks(&self) -> Replayed {
+        self.allocator.peaks()
+    }
+}
+
+/// A replay through the job's backend's allocator ([`Backend`]).
+#[derive(Debug, Clone)]
+pub enum BackendReplayer {
+    /// CUDA's caching allocator.
+    Cuda(Replayer<CachingAllocator>),
+    /// PyTorch's MPS heaps.
+    Mps(Replayer<MpsAllocator>),
+}
+
+impl BackendReplayer {
+    /// A replayer through `backend`'s allocator with room for `tensors` tensors.
+    #[must_use]
+    pub fn with_capacity(backend: Backend, tensors: usize) -> Self {
+        match backend {
+            Backend::Cuda => Self::Cuda(Replayer::with_capacity(tensors)),
+            Backend::Mps => Self::Mps(Replayer::with_capacity(tensors)),
+        }
+    }
+
+    /// Replays one event.
+    #[inline]
+    pub fn on(&mut self, e: &Event) {
+        match self {
+            Self::Cuda(r) => r.on(e),
+            Self::Mps(r) => r.on(e),
+        }
+    }
+
+    /// The peaks so far.
+    #[must_use]
+    pub fn peaks(&self) -> Replayed {
+        match self {
+            Self::Cuda(r) => r.peaks(),
+            Self::Mps(r) => r.peaks(),
         }
     }
 }

@@ -22,7 +22,7 @@ use crate::caching_allocator::round_size;
 use crate::job::{Job, JobError};
 use crate::model::ModelSpec;
 
-pub use levels::{PhasePeaks, Replayer};
+pub use levels::{AllocatorModel, BackendReplayer, PhasePeaks, Replayer};
 
 use super::{Backend, Component, DeviceProfile, Phase, PhaseBytes, Regime};
 
@@ -179,7 +179,9 @@ impl Trace<'_> {
     /// Replays the trace through CUDA's caching allocator model ([`Replayer`]).
     #[must_use]
     pub fn replay(&self) -> Replayed {
-        let mut r = Replayer::with_capacity(Backend::Cuda, self.events.len() / 2 + 1);
+        let mut r = Replayer::<crate::caching_allocator::CachingAllocator>::with_capacity(
+            self.events.len() / 2 + 1,
+        );
         for e in &self.events {
             r.on(&e.lean());
         }
@@ -203,7 +205,7 @@ pub(crate) struct Tensor<'m> {
 #[derive(Debug)]
 struct Reading {
     peaks: PhasePeaks,
-    replayer: Option<Replayer>,
+    replayer: Option<BackendReplayer>,
 }
 
 /// Writes a trace: the current phase and step, and numbered tensors.
@@ -232,7 +234,7 @@ impl<'m> Builder<'m> {
         Self {
             reading: Some(Reading {
                 peaks: PhasePeaks::on_backend(backend),
-                replayer: replay.then(|| Replayer::with_capacity(backend, tensors)),
+                replayer: replay.then(|| BackendReplayer::with_capacity(backend, tensors)),
             }),
             ..Self::default()
         }
