@@ -98,8 +98,8 @@ pub(crate) struct EstimateJson<'a> {
     /// When the job does not fit or is uncertain: what would fit instead.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) suggestions: Option<crate::commands::suggest::Suggestions>,
-    /// The attention runs SDPA's math kernel on the target (no flash backend, grouped KV
-    /// heads); absent otherwise.
+    /// The attention runs SDPA's math kernel on the target (no flash backend and grouped KV
+    /// heads, or MPS); absent otherwise.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub(crate) sdpa_math_kernel: bool,
     /// The PyTorch backend where it is not CUDA's (`"mps"`: the levels are the MPS
