@@ -640,6 +640,11 @@ pub struct HardwareSection {
     /// Whether it was detected on the machine (true) or named by hand (false). Default: false.
     #[serde(default)]
     pub detected: bool,
+    /// PyTorch's device backend, `cuda` or `mps`, where the preset does not say it: `mps`
+    /// makes a GPU named by its memory alone an Apple GPU. Default: the preset's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(regex(pattern = "^(cuda|mps)$")))]
+    pub device: Option<String>,
 }
 
 impl Default for HardwareSection {
@@ -650,6 +655,7 @@ impl Default for HardwareSection {
             memory_bytes: None,
             count: 1,
             detected: false,
+            device: None,
         }
     }
 }

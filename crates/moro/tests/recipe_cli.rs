@@ -829,3 +829,64 @@ fn a_mac_is_planned_on_mlx_by_default() {
     let hf = run(&["--stack", "hf"]);
     assert_eq!(hf["fits"], false, "{hf}");
 }
+
+/// `--device mps` with a size is an Apple GPU of that size: the recipe says so
+/// (`hardware.device: mps`), and `recipe check`, `estimate FILE` and the flags read it back
+/// as the same MPS job; a device the recipe cannot mean is an error naming the field and
+/// its line.
+#[test]
+fn a_recipe_for_mps_keeps_its_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let model = [
+        "--model",
+        "Qwen/Qwen2.5-0.5B",
+        "--method",
+        "lora",
+        "--seq-len",
+        "1024",
+    ];
+    let generate = [
+        "recipe",
+        "generate",
+        "--hardware",
+        "24GiB",
+        "--device",
+        "mps",
+    ];
+    let file = ["--stack", "hf", "-o", "moro.yaml"];
+    stdout_of(d, &[&generate[..], &model, &file].concat(), 0);
+    let text = std::fs::read_to_string(d.join("moro.yaml")).unwrap();
+    assert!(text.contains("device: mps"), "{text}");
+    let from_file = json_of(&stdout_of(d, &["estimate", "moro.yaml", "--json"], 0));
+    assert_eq!(from_file["backend"], "mps", "{from_file}");
+    let predicted = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("peak_device_bytes: "))
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap();
+    assert_eq!(from_file["peak_device_bytes"], predicted);
+    stdout_of(d, &["recipe", "check", "moro.yaml"], 0);
+    // Flags: the same backend from `--device mps --memory`, a CUDA GPU without it.
+    let flags = |device: &[&str]| {
+        let base = ["estimate", "--memory", "24GiB", "--json"];
+        json_of(&stdout_of(d, &[&base[..], &model, device].concat(), 0))
+    };
+    assert_eq!(flags(&["--device", "mps"])["backend"], "mps");
+    assert!(flags(&[]).get("backend").is_none());
+    std::fs::write(
+        d.join("bad.yaml"),
+        text.replace("device: mps", "device: tpu"),
+    )
+    .unwrap();
+    let out = moro(d)
+        .args(["recipe", "check", "bad.yaml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("hardware.device") && err.contains("bad.yaml:"),
+        "{err}"
+    );
+}

@@ -33,6 +33,12 @@ pub(crate) fn build_recipe(
         memory_bytes: target.memory_bytes(),
         count: target.hardware.devices.len().max(1) as u64,
         detected: target.detected,
+        // A preset says its maker; an Apple GPU named by its memory needs saying.
+        device: first
+            .filter(|d| {
+                d.vendor == moro_core::hardware::Vendor::Apple && preset_of(target).is_none()
+            })
+            .map(|_| "mps".to_owned()),
     });
     recipe.prediction = Some(prediction_section(
         &cand.estimate,

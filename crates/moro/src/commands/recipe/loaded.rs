@@ -60,7 +60,8 @@ impl LoadedRecipe {
     }
 
     /// The hardware the recipe was made for, from its `hardware:` section: the preset (with
-    /// the GPU count), else a generic GPU of `memory_bytes`. `None` without either.
+    /// the GPU count), else a GPU of `memory_bytes` (an Apple one with `device: mps`). `None`
+    /// without either.
     pub(crate) fn target(&self) -> Option<Target> {
         let h = self.recipe.hardware.as_ref()?;
         let count = h.count.max(1);
@@ -79,7 +80,11 @@ impl LoadedRecipe {
             }
         }
         let bytes = h.memory_bytes?;
-        let mut d = Device::generic(bytes);
+        let mut d = if h.device.as_deref() == Some("mps") {
+            Device::generic_apple(bytes)
+        } else {
+            Device::generic(bytes)
+        };
         if let Some(n) = &h.name {
             d.name.clone_from(n);
         }

@@ -91,6 +91,10 @@ pub(crate) struct GenerateArgs {
     /// fits.
     #[arg(long, default_value = "detect")]
     pub(crate) hardware: String,
+    /// PyTorch's device backend: cuda or mps (Apple GPUs; `--device mps --hardware 24GiB` is
+    /// an Apple GPU that may use 24 GiB) [default: the hardware's]
+    #[arg(long, value_name = "BACKEND")]
+    pub(crate) device: Option<String>,
     /// Write the recipe here (atomically); without it the YAML goes to stdout.
     #[arg(long, short)]
     pub(crate) output: Option<PathBuf>,
@@ -152,6 +156,9 @@ pub(crate) struct CheckArgs {
     /// Hardware to check against [default: the recipe's `hardware:` section].
     #[arg(long)]
     pub(crate) hardware: Option<String>,
+    /// PyTorch's device backend: cuda or mps [default: the hardware's].
+    #[arg(long, value_name = "BACKEND")]
+    pub(crate) device: Option<String>,
     /// Print one JSON object (sizes in bytes) instead of text.
     #[arg(long)]
     pub(crate) json: bool,
@@ -159,7 +166,10 @@ pub(crate) struct CheckArgs {
 
 pub(crate) fn run_generate(args: &GenerateArgs) -> Result<ExitCode> {
     let model = resolve::model(&args.model)?;
-    let (target, cluster) = resolve_target(&args.hardware)?;
+    let (mut target, cluster) = resolve_target(&args.hardware)?;
+    if let Some(device) = &args.device {
+        target = crate::hw::on_device(Some(target), device)?;
+    }
     let mut caps = caps_of(&target).ok_or_else(|| user("--hardware: no GPU"))?;
     caps.host_bytes = args.host_memory;
     if let Some(n) = crate::setup::machine_profile(target.hardware.devices.first()).1 {
@@ -343,10 +353,16 @@ fn nothing_fits(
 
 pub(crate) fn run_check(args: &CheckArgs) -> Result<ExitCode> {
     let loaded = load(&args.file)?;
-    let given = match args.hardware.as_deref() {
+    let mut given = match args.hardware.as_deref() {
         Some(h) => crate::hw::resolve(Some(h), None)?,
         None => None,
     };
+    if let Some(device) = &args.device {
+        given = Some(crate::hw::on_device(
+            given.or_else(|| loaded.target()),
+            device,
+        )?);
+    }
     let setup = crate::setup::resolve(crate::setup::JobInputs {
         recipe: Some(&loaded),
         model: None,
