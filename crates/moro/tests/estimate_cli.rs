@@ -1833,6 +1833,24 @@ fn an_apple_gpu_runs_pytorch_on_mps() {
     c.extend(["--seq-len", "2048", "--memory", "96GiB", "--json"]);
     let cuda = json(&c);
     assert!(cuda.get("backend").is_none());
+    // Without grad MPS has an SDPA kernel of its own: inference keeps it.
+    let mut i = vec![
+        "estimate",
+        "--model",
+        "meta-llama/Llama-2-7b-hf",
+        "--method",
+    ];
+    i.extend([
+        "inference",
+        "--device",
+        "mps",
+        "--memory",
+        "96GiB",
+        "--json",
+    ]);
+    let inference = json(&i);
+    assert_eq!(inference["backend"], "mps");
+    assert!(inference.get("sdpa_math_kernel").is_none(), "{inference}");
     // 32 layers × 32 heads × 2,048² fp32 probabilities kept for the backward: 16 GiB.
     assert!(
         v["peak_allocated_bytes"].as_u64().unwrap()

@@ -109,7 +109,8 @@ impl Default for DeviceProfile {
 }
 
 impl DeviceProfile {
-    /// Whether `job`'s attention runs PyTorch SDPA's math kernel here: SDPA on MPS, or without the
+    /// Whether `job`'s attention runs PyTorch SDPA's math kernel here: SDPA in training on
+    /// MPS (without grad MPS has a kernel of its own), or without the
     /// flash backend ([`Self::flash_sdpa`]) on grouped KV heads, which transformers 5.25
     /// passes with `enable_gqa` (`use_gqa_in_sdpa`, no mask) and the mem-efficient kernel
     /// refuses.
@@ -117,8 +118,10 @@ impl DeviceProfile {
     pub fn sdpa_math_kernel(&self, model: &ModelSpec, job: &Job) -> bool {
         job.attention == crate::job::Attention::Sdpa
             && job.stack.profile().runtime != crate::stack::Runtime::Mlx
-            && (self.backend == Backend::Mps
-                || !self.flash_sdpa && model.num_kv_heads < model.num_heads)
+            && match self.backend {
+                Backend::Mps => job.method != Method::Inference,
+                Backend::Cuda => !self.flash_sdpa && model.num_kv_heads < model.num_heads,
+            }
     }
 
     /// Apple's MPS ([`Backend::Mps`]): the caching allocator's reserve ratio where no step is
