@@ -161,7 +161,7 @@ mod tests {
             1,
             |_| worked.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             |t| match t {
-                Turn::Next(i) if i == 10 => ControlFlow::Break(()),
+                Turn::Next(10) => ControlFlow::Break(()),
                 _ => ControlFlow::Continue(()),
             },
         );
