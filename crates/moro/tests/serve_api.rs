@@ -476,3 +476,40 @@ fn a_target_length_is_one_setting_everywhere() {
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("training.target_len"), "{body}");
 }
+
+/// An MPS job on the API is the CLI's, `backend` included, and the page names the counters
+/// MPS has (the page switches its labels on `backend`).
+#[test]
+fn an_mps_estimate_is_the_clis_and_the_page_can_say_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Server::start(dir.path(), &[]);
+    let (status, _, body) = s.post(
+        "/api/estimate",
+        r#"{"model": "Qwen/Qwen2.5-0.5B", "method": "lora", "seq_len": 1024,
+            "device": "mps", "memory": "16GiB"}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    let cli = stdout_of(
+        dir.path(),
+        &[
+            "estimate",
+            "--model",
+            "Qwen/Qwen2.5-0.5B",
+            "--method",
+            "lora",
+            "--seq-len",
+            "1024",
+            "--device",
+            "mps",
+            "--memory",
+            "16GiB",
+            "--json",
+        ],
+        0,
+    );
+    assert_eq!(body, String::from_utf8(cli).unwrap());
+    assert_eq!(json_of(body.as_bytes())["backend"], "mps");
+    let page = include_str!("../src/serve/page/app.js");
+    assert!(page.contains("torch.accelerator.max_memory_allocated()"));
+    assert!(page.contains("d.backend === \"mps\""));
+}

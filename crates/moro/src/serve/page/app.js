@@ -151,6 +151,11 @@ async function refreshEstimate(v) {
     $("out-allocated-max").textContent = gib(d.upper.allocated);
     $("out-reserved-max").textContent = gib(d.upper.reserved);
     $("out-device-max").textContent = gib(d.upper.device);
+    // PyTorch on an Apple GPU: the MPS allocator's counters (torch.mps has no peaks).
+    const mps = d.backend === "mps";
+    $("out-allocated-by").textContent = mps ? "torch.accelerator.max_memory_allocated()" : "torch.cuda.max_memory_allocated()";
+    $("out-reserved-by").textContent = mps ? "torch.accelerator.max_memory_reserved()" : "max_memory_reserved()";
+    $("out-device-by").textContent = mps ? "torch.mps.driver_allocated_memory()" : "nvidia-smi";
     $("estimate-chart").innerHTML = got[1];
     $("notes").textContent = (lastNotes["/api/estimate"] || []).join("\n");
     if (d.memory_bytes == null) {
