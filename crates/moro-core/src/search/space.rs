@@ -96,6 +96,9 @@ pub struct Request {
     pub objective: Objective,
     /// An encoder-decoder model's target tokens per sample ([`Job::target_len`]).
     pub target_len: Option<u64>,
+    /// Threads to search on ([`Space::workers`]; 1 by default): how, not what.
+    #[serde(skip)]
+    pub workers: usize,
 }
 
 impl Default for Request {
@@ -109,6 +112,7 @@ impl Default for Request {
             cluster: None,
             objective: Objective::Quality,
             target_len: None,
+            workers: 1,
         }
     }
 }
@@ -196,8 +200,9 @@ pub struct Space {
     pub parallel: Parallel,
     /// Objective.
     pub objective: Objective,
-    /// Threads the search estimates configurations on (1 by default). The outcome is the
-    /// same with any number: they only estimate ahead of the order the search reads them in.
+    /// Threads the search estimates configurations on ([`Request::workers`]). The outcome is
+    /// the same with any number: they only estimate ahead of the order the search reads them
+    /// in.
     #[serde(skip)]
     pub workers: usize,
     /// LoRA targets of the attention set, resolved onto this model.
@@ -384,7 +389,7 @@ impl Space {
                 request.parallel.clone()
             },
             objective: request.objective,
-            workers: 1,
+            workers: request.workers.max(1),
             attention_targets: crate::targets::resolve(
                 &crate::stack::as_built(model, request.stack.profile()),
                 &Targets::Names(names),

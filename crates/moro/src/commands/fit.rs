@@ -420,6 +420,8 @@ pub(crate) fn find(args: &FitArgs) -> Result<Found> {
         cluster: None,
         objective: Objective::Quality,
         target_len: None,
+        // The catalog's GPUs are searched in parallel, each search on one thread.
+        workers: 1,
     };
     if args.method == MethodChoice::Only(moro_core::job::Method::Inference) {
         let (mut fits, not) = crate::commands::fit_inference::rows(&spec, args.seq_len, args.stack);

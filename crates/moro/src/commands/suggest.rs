@@ -62,6 +62,7 @@ pub(crate) fn suggest(
         stack: job.stack,
         parallel: job.parallel.clone(),
         cluster: None,
+        workers: super::workers(),
         ..Request::default()
     };
     let outcome = run_search(spec, &request, &caps)?;

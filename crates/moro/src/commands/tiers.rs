@@ -133,6 +133,7 @@ fn cell(
     let request = Request {
         stack,
         method,
+        workers: super::workers(),
         ..Request::default()
     };
     let found: Option<(&'static str, u64, Candidate)> = models.iter().find_map(|(id, spec)| {

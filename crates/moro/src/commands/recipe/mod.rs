@@ -209,6 +209,7 @@ pub(crate) fn run_generate(args: &GenerateArgs) -> Result<ExitCode> {
         cluster,
         objective: args.objective,
         target_len: args.target_len,
+        workers: super::workers(),
     };
     if args.target_len.is_some() && model.spec.seq2seq.is_none() {
         return Err(user_hint(
@@ -220,9 +221,7 @@ pub(crate) fn run_generate(args: &GenerateArgs) -> Result<ExitCode> {
             "drop it, and size --seq-len",
         ));
     }
-    let mut space =
-        Space::new(&model.spec, &request, &caps).map_err(|e| crate::error::search(&e))?;
-    space.workers = super::workers();
+    let space = Space::new(&model.spec, &request, &caps).map_err(|e| crate::error::search(&e))?;
     if let Some(out) = &args.output
         && out.exists()
         && !args.force
