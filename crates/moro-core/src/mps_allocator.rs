@@ -405,6 +405,103 @@ mod tests {
         assert_eq!(a.peak_allocated(), 1012 * MIB);
     }
 
+    /// Thousands of random allocations and frees of sizes from bytes to a gigabyte: each
+    /// heap's blocks tile it exactly, in offset order; the free sets hold exactly the free
+    /// blocks (the cached set those with a buffer); the allocated bytes are the blocks in
+    /// use, each at least its rounded request; the reserved bytes are the heaps.
+    #[test]
+    fn random_traffic_keeps_the_books() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut a = MpsAllocator::new();
+        let mut live: Vec<(MpsHandle, u64)> = Vec::new();
+        for step in 0..4000 {
+            if live.len() > 40 || (!live.is_empty() && next() % 3 == 0) {
+                let i = (next() % live.len() as u64) as usize;
+                let (h, _) = live.swap_remove(i);
+                a.free(h);
+            } else {
+                // Sizes spread over every tier: up to 2^30 bytes, log-uniform.
+                let bits = next() % 31;
+                let n = (next() % (1 << bits)).max(1);
+                let h = a.malloc(n);
+                assert!(a.blocks[h.0 as usize].size >= round_size(n), "step {step}");
+                live.push((h, n));
+            }
+            check(&a, step);
+        }
+    }
+
+    fn check(a: &MpsAllocator, step: usize) {
+        let mut in_use = 0;
+        let mut heaps = 0;
+        for (h, heap) in a.heaps.iter().enumerate() {
+            let total = heap_size_of(a, h);
+            heaps += total;
+            let mut offset = 0;
+            let mut at = Some(heap.first);
+            let mut prev = None;
+            while let Some(i) = at {
+                let b = &a.blocks[i as usize];
+                assert_eq!(b.heap as usize, h, "step {step}");
+                assert_eq!(b.offset, offset, "step {step}: blocks tile the heap");
+                assert_eq!(b.prev, prev, "step {step}");
+                let pool = usize::from(!heap.small);
+                let k = (b.size, b.heap, b.offset, i);
+                assert_eq!(a.free[pool].contains(&k), !b.in_use, "step {step}");
+                assert_eq!(
+                    a.cached[pool].contains(&k),
+                    !b.in_use && b.buffer,
+                    "step {step}"
+                );
+                if b.in_use {
+                    in_use += b.size;
+                }
+                offset += b.size;
+                prev = Some(i);
+                at = b.next;
+            }
+            assert!(
+                total.is_multiple_of(ROUND_LARGE) && total >= 8 * MIB,
+                "step {step}: heap {h} of {total} bytes"
+            );
+        }
+        let free_blocks: usize = a.free.iter().map(BTreeSet::len).sum();
+        let tiled_free = a
+            .heaps
+            .iter()
+            .map(|heap| {
+                let mut n = 0;
+                let mut at = Some(heap.first);
+                while let Some(i) = at {
+                    n += usize::from(!a.blocks[i as usize].in_use);
+                    at = a.blocks[i as usize].next;
+                }
+                n
+            })
+            .sum::<usize>();
+        assert_eq!(free_blocks, tiled_free, "step {step}: no stray free entry");
+        assert_eq!(a.allocated(), in_use, "step {step}");
+        assert_eq!(a.reserved(), heaps, "step {step}");
+        assert!(a.peak_reserved() >= a.reserved() && a.peak_allocated() >= a.allocated());
+    }
+
+    /// A heap's size as its blocks tile it.
+    fn heap_size_of(a: &MpsAllocator, h: usize) -> u64 {
+        let mut total = 0;
+        let mut at = Some(a.heaps[h].first);
+        while let Some(i) = at {
+            total += a.blocks[i as usize].size;
+            at = a.blocks[i as usize].next;
+        }
+        total
+    }
+
     /// Free neighbours merge only when no single free block is large enough: two adjacent
     /// freed 256 MiB blocks serve a 500 MiB request (504 MiB rounded) in the same heap.
     #[test]

@@ -80,7 +80,7 @@ fn the_reserved_level_is_the_mps_heaps() {
                 "{what}: an empty allocation"
             );
             // Heaps are 8 MiB, 32 MiB, 1 GiB or a tensor's own rounded to 2 MiB.
-            assert_eq!(reserved % (2 << 20), 0, "{what}");
+            assert!(reserved.is_multiple_of(2 << 20), "{what}");
         }
     }
 }
