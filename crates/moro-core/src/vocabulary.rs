@@ -296,6 +296,16 @@ choice! {
 }
 
 choice! {
+    /// PyTorch's device backend (`hardware.device`, `--device`).
+    Backend => crate::estimate::Backend {
+        /// CUDA (ROCm builds name their GPUs `cuda` too).
+        Cuda = "cuda" => Cuda,
+        /// Apple's Metal Performance Shaders (`device="mps"`).
+        Mps = "mps" => Mps,
+    }
+}
+
+choice! {
     /// Sharding strategy over the data-parallel GPUs (`parallel.strategy`).
     Strategy => core::Sharding {
         /// Plain DDP (or one GPU).

@@ -12,8 +12,8 @@ use serde::de::{self, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::choices::{
-    Attention, KvCacheDtype, Loss, LrScheduler, Method, Offload, Optimizer, Peft, Precision,
-    Quantization, Stack, Strategy, Vision,
+    Attention, Backend, KvCacheDtype, Loss, LrScheduler, Method, Offload, Optimizer, Peft,
+    Precision, Quantization, Stack, Strategy, Vision,
 };
 use crate::error::RecipeError;
 
@@ -640,11 +640,10 @@ pub struct HardwareSection {
     /// Whether it was detected on the machine (true) or named by hand (false). Default: false.
     #[serde(default)]
     pub detected: bool,
-    /// PyTorch's device backend, `cuda` or `mps`, where the preset does not say it: `mps`
-    /// makes a GPU named by its memory alone an Apple GPU. Default: the preset's.
+    /// PyTorch's device backend where the preset does not say it: `mps` makes a GPU named
+    /// by its memory alone an Apple GPU. Default: the preset's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "schema", schemars(regex(pattern = "^(cuda|mps)$")))]
-    pub device: Option<String>,
+    pub device: Option<Backend>,
 }
 
 impl Default for HardwareSection {

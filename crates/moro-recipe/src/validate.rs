@@ -250,15 +250,6 @@ impl Recipe {
             if let Some(p) = &h.preset {
                 preset(p)?;
             }
-            if let Some(d) = &h.device
-                && d != "cuda"
-                && d != "mps"
-            {
-                return Err(RecipeError::value(
-                    "hardware.device",
-                    format!("`{d}` is not a device backend: cuda or mps"),
-                ));
-            }
         }
         if let Some(d) = &self.data {
             if !(d.percentile > 0.0 && d.percentile <= 100.0) {

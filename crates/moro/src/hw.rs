@@ -2,6 +2,7 @@
 //! machine (moro-gpu).
 
 use anyhow::Result;
+use moro_core::estimate::Backend;
 use moro_core::hardware::{Hardware, HardwareSpec, parse_hardware_spec};
 
 use crate::error::{flag, user, user_hint};
@@ -93,18 +94,9 @@ pub(crate) fn resolve(spec: Option<&str>, memory: Option<&str>) -> Result<Option
 
 /// `--device`: the PyTorch backend the target runs on. `mps` makes a size (`--memory 24GiB`)
 /// an Apple GPU of that size and refuses another maker's GPU; `cuda` refuses an Apple GPU.
-pub(crate) fn on_device(target: Option<Target>, device: &str) -> Result<Target> {
+pub(crate) fn on_device(target: Option<Target>, backend: Backend) -> Result<Target> {
     use moro_core::hardware::{Device, Vendor};
-    let mps = match device.to_ascii_lowercase().as_str() {
-        "mps" => true,
-        "cuda" => false,
-        _ => {
-            return Err(anyhow::Error::new(
-                flag("--device", format!("`{device}` is not a device backend"))
-                    .hint("cuda (NVIDIA, and ROCm builds) or mps (Apple GPUs)"),
-            ));
-        }
-    };
+    let mps = backend == Backend::Mps;
     let Some(mut target) = target else {
         return Err(anyhow::Error::new(
             flag("--device", "needs the GPU: its memory or its name")

@@ -51,6 +51,7 @@ choice_parser!(pub(crate) fn parse_loss("loss") -> Loss => LossImpl);
 choice_parser!(pub(crate) fn parse_sharding("strategy") -> Strategy => Sharding);
 choice_parser!(fn parse_offload("offload") -> Offload => Offload);
 choice_parser!(fn parse_vision("vision setting") -> Vision => VisionTraining);
+choice_parser!(pub(crate) fn parse_backend("device backend") -> Backend => moro_core::estimate::Backend);
 
 fn parse_whole(s: &str) -> Result<u64, String> {
     let v: i128 = s

@@ -33,8 +33,8 @@ pub(crate) struct EstimateArgs {
     pub(crate) hardware: Option<String>,
     /// PyTorch's device backend: cuda or mps (Apple GPUs; `--device mps --memory 24GiB` is
     /// an Apple GPU that may use 24 GiB) [default: the hardware's]
-    #[arg(long, value_name = "BACKEND")]
-    pub(crate) device: Option<String>,
+    #[arg(long, value_name = "BACKEND", value_parser = crate::jobargs::parse_backend)]
+    pub(crate) device: Option<Backend>,
     /// Print one JSON object (sizes in bytes) instead of the table.
     #[arg(long)]
     pub(crate) json: bool,
@@ -202,7 +202,7 @@ pub(crate) fn setup_of(
     if let Some(device) = &args.device {
         let target =
             given.or_else(|| loaded.and_then(crate::commands::recipe::LoadedRecipe::target));
-        given = Some(crate::hw::on_device(target, device)?);
+        given = Some(crate::hw::on_device(target, *device)?);
     }
     let mut flags = args.job.settings();
     if let Some(path) = &args.dataset {

@@ -38,7 +38,7 @@ pub(crate) fn build_recipe(
             .filter(|d| {
                 d.vendor == moro_core::hardware::Vendor::Apple && preset_of(target).is_none()
             })
-            .map(|_| "mps".to_owned()),
+            .map(|_| moro_recipe::choices::Backend::Mps),
     });
     recipe.prediction = Some(prediction_section(
         &cand.estimate,

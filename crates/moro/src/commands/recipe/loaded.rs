@@ -80,7 +80,7 @@ impl LoadedRecipe {
             }
         }
         let bytes = h.memory_bytes?;
-        let mut d = if h.device.as_deref() == Some("mps") {
+        let mut d = if h.device == Some(moro_recipe::choices::Backend::Mps) {
             Device::generic_apple(bytes)
         } else {
             Device::generic(bytes)

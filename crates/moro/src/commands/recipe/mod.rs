@@ -93,8 +93,8 @@ pub(crate) struct GenerateArgs {
     pub(crate) hardware: String,
     /// PyTorch's device backend: cuda or mps (Apple GPUs; `--device mps --hardware 24GiB` is
     /// an Apple GPU that may use 24 GiB) [default: the hardware's]
-    #[arg(long, value_name = "BACKEND")]
-    pub(crate) device: Option<String>,
+    #[arg(long, value_name = "BACKEND", value_parser = crate::jobargs::parse_backend)]
+    pub(crate) device: Option<moro_core::estimate::Backend>,
     /// Write the recipe here (atomically); without it the YAML goes to stdout.
     #[arg(long, short)]
     pub(crate) output: Option<PathBuf>,
@@ -157,8 +157,8 @@ pub(crate) struct CheckArgs {
     #[arg(long)]
     pub(crate) hardware: Option<String>,
     /// PyTorch's device backend: cuda or mps [default: the hardware's].
-    #[arg(long, value_name = "BACKEND")]
-    pub(crate) device: Option<String>,
+    #[arg(long, value_name = "BACKEND", value_parser = crate::jobargs::parse_backend)]
+    pub(crate) device: Option<moro_core::estimate::Backend>,
     /// Print one JSON object (sizes in bytes) instead of text.
     #[arg(long)]
     pub(crate) json: bool,
@@ -168,7 +168,7 @@ pub(crate) fn run_generate(args: &GenerateArgs) -> Result<ExitCode> {
     let model = resolve::model(&args.model)?;
     let (mut target, cluster) = resolve_target(&args.hardware)?;
     if let Some(device) = &args.device {
-        target = crate::hw::on_device(Some(target), device)?;
+        target = crate::hw::on_device(Some(target), *device)?;
     }
     let mut caps = caps_of(&target).ok_or_else(|| user("--hardware: no GPU"))?;
     caps.host_bytes = args.host_memory;
@@ -359,7 +359,7 @@ pub(crate) fn run_check(args: &CheckArgs) -> Result<ExitCode> {
     if let Some(device) = &args.device {
         given = Some(crate::hw::on_device(
             given.or_else(|| loaded.target()),
-            device,
+            *device,
         )?);
     }
     let setup = crate::setup::resolve(crate::setup::JobInputs {
