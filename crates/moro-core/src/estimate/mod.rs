@@ -117,9 +117,8 @@ impl DeviceProfile {
     #[must_use]
     pub fn sdpa_math_kernel(&self, model: &ModelSpec, job: &Job) -> bool {
         job.attention == crate::job::Attention::Sdpa
-            && job.stack.profile().runtime != crate::stack::Runtime::Mlx
             && match self.backend {
-                Backend::Mps => job.method != Method::Inference,
+                Backend::Mps => self.runs_on_mps(job.stack) && job.method != Method::Inference,
                 Backend::Cuda => !self.flash_sdpa && model.num_kv_heads < model.num_heads,
             }
     }
@@ -471,6 +470,18 @@ fn traced_step(
     read(model, &with_images, &est.regime, device)
 }
 
+/// Whether the step trace follows `job`'s decoder layers op by op
+/// ([`trace::step::op_by_op`]), on the model and job as the estimate traces them.
+#[must_use]
+pub fn layers_op_by_op(model: &ModelSpec, job: &Job, regime: &Regime) -> bool {
+    if job.stack.profile().runtime == crate::stack::Runtime::Mlx {
+        return false;
+    }
+    let (built, job) = crate::stack::with_job(model, job);
+    let (model, job) = (built.as_ref(), job.as_ref());
+    trace::step::op_by_op(model, &vision::with_image_tokens(model, job), regime)
+}
+
 /// Re-levels `est` from its step trace ([`replayed_step`]): the trace's phases replace the
 /// formulas', and its replayed fragmentation floors the reserve. No change for `None`.
 pub fn add_replayed_step(
@@ -483,7 +494,7 @@ pub fn add_replayed_step(
     };
     est.phases.clone_from(&step.phases);
     est.replayed_fragmentation_bytes = step.fragmentation;
-    est.reserve_from_replay = step.op_by_op;
+    est.reserve_from_replay = step.reserve_from_replay;
     let outside = est.component(Component::OutsideAllocator);
     let context = est.component(Component::CudaContext);
     set_levels(est, device, outside, context);

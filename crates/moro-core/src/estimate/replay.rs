@@ -46,9 +46,8 @@ pub struct ReplayedStep {
     /// The replayed fragmentation, reserved peak − allocated peak, where [`models`] is
     /// true; else 0 (the reserve stays the ratio's).
     pub fragmentation: u64,
-    /// The replay alone sets the reserve: the trace follows the decoder layers op by op
-    /// ([`super::trace::Trace::op_by_op`]), or the job runs on MPS ([`replay_sets_reserve`]).
-    pub op_by_op: bool,
+    /// The replay alone sets the reserve ([`replay_sets_reserve`]).
+    pub reserve_from_replay: bool,
 }
 
 /// The trace of two training steps of `job` on one GPU ([`step::trace`]): its phases, and
@@ -101,7 +100,8 @@ fn traced(
     } else {
         job
     };
-    let replay = replay && sets_reserve(model, job, r, device);
+    let reserve_from_replay = replay_sets_reserve(model, job, r, device);
+    let replay = replay && (reserve_from_replay || models(model, job, r));
     let levels = step::levels(model, job, r, device, replay)?;
     // The allocated peak is the largest phase's ([`step::Levels::phases`]).
     let allocated = levels
@@ -116,7 +116,7 @@ fn traced(
     Some(ReplayedStep {
         phases: levels.phases,
         fragmentation,
-        op_by_op: levels.op_by_op || device.backend == Backend::Mps,
+        reserve_from_replay,
     })
 }
 
@@ -131,10 +131,4 @@ pub fn replay_sets_reserve(
     device: &DeviceProfile,
 ) -> bool {
     step::op_by_op(model, job, r) || device.backend == Backend::Mps && step::models(model, job, r)
-}
-
-/// Whether [`step`] replays `job`: where the replay sets the reserve
-/// ([`replay_sets_reserve`]) or floors it ([`models`]).
-fn sets_reserve(model: &ModelSpec, job: &Job, r: &Regime, device: &DeviceProfile) -> bool {
-    replay_sets_reserve(model, job, r, device) || models(model, job, r)
 }

@@ -287,18 +287,18 @@ fn search_recipes(
         order.sort_by(|&a, &b| uppers[b as usize].cmp(&uppers[a as usize]));
         let visit = |i: usize| {
             let rest = rests[order[i] as usize];
-            let mut visit = Visit {
+            let mut v = Visit {
                 best: None,
                 evaluated: 0,
                 closest: None,
             };
-            visit.best = largest_fitting_batch(space, rest, &mut |c| {
-                visit.evaluated += 1;
+            v.best = largest_fitting_batch(space, rest, &mut |c| {
+                v.evaluated += 1;
                 let p = probe(model, space, caps, c, cache)?;
-                keep_closest(&mut visit.closest, p);
+                keep_closest(&mut v.closest, p);
                 Some(p)
             });
-            visit
+            v
         };
         // The rests are estimated ahead on `space.workers` threads and read in order, so the
         // outcome is the one visit would give.

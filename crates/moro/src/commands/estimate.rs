@@ -451,7 +451,7 @@ pub(crate) fn render(
         } else {
             "this GPU has no SDPA flash kernel: the attention runs SDPA's math kernel"
         };
-        let traced = if moro_core::estimate::trace::step::op_by_op(&model.spec, job, &est.regime) {
+        let traced = if moro_core::estimate::layers_op_by_op(&model.spec, job, &est.regime) {
             "traced op by op"
         } else {
             "which this estimate leaves out for this job: expect more"

@@ -158,8 +158,6 @@ pub struct Levels {
     pub phases: Vec<PhaseBytes>,
     /// [`Trace::replay`], where asked for.
     pub replayed: Option<Replayed>,
-    /// [`Trace::op_by_op`].
-    pub op_by_op: bool,
 }
 
 /// The [`Levels`] of the step [`trace`] gives, replayed where `replay`, read as its events
@@ -172,15 +170,11 @@ pub fn levels(
     device: &DeviceProfile,
     replay: bool,
 ) -> Option<Levels> {
-    let (b, op_by_op) = recorded(model, job, r, device, |events| {
+    let (b, _) = recorded(model, job, r, device, |events| {
         Builder::reading(device.backend, replay, events / 2)
     })?;
     let (phases, replayed) = b.finish_reading();
-    Some(Levels {
-        phases,
-        replayed,
-        op_by_op,
-    })
+    Some(Levels { phases, replayed })
 }
 
 /// Records the step into the builder `make` gives for about so many events; whether the
