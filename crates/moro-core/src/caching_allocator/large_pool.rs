@@ -52,16 +52,15 @@ impl Default for Class {
 
 impl Class {
     fn insert(&mut self, e: Entry) {
+        if let Self::Few(v) = self
+            && v.len() >= FEW
+        {
+            *self = Self::Many(std::mem::take(v).into());
+        }
         match self {
-            Self::Few(v) if v.len() < FEW => {
+            Self::Few(v) => {
                 let at = v.partition_point(|x| (x.0, x.1) < (e.0, e.1));
                 v.insert(at, e);
-            }
-            Self::Few(v) => {
-                let mut ring: VecDeque<Entry> = std::mem::take(v).into();
-                let at = ring.partition_point(|x| (x.0, x.1) < (e.0, e.1));
-                ring.insert(at, e);
-                *self = Self::Many(ring);
             }
             Self::Many(ring) => {
                 let at = ring.partition_point(|x| (x.0, x.1) < (e.0, e.1));
