@@ -116,6 +116,10 @@ pub struct CachingAllocator {
     reserved: u64,
     peak_allocated: u64,
     peak_reserved: u64,
+    /// Bytes in segments that are wholly free now ([`Self::peak_needed`]).
+    idle: u64,
+    /// The most bytes in segments that hold an allocated block.
+    peak_needed: u64,
     /// Bytes in segments per stream now, and each stream's peak.
     by_stream: Vec<(Stream, u64, u64)>,
 }
@@ -149,6 +153,16 @@ impl CachingAllocator {
     #[must_use]
     pub const fn peak_reserved(&self) -> u64 {
         self.peak_reserved
+    }
+
+    /// The most bytes at once in segments that hold an allocated block: the reserved peak
+    /// of a GPU only just large enough, where every `cudaMalloc` that fails first returns
+    /// the wholly free segments and tries again (`release_cached_blocks`,
+    /// CUDACachingAllocator.cpp `alloc_block`). A larger GPU keeps those cached:
+    /// [`Self::peak_reserved`].
+    #[must_use]
+    pub const fn peak_needed(&self) -> u64 {
+        self.peak_needed
     }
 
     /// The most bytes `stream`'s segments held at once (since the start).
@@ -247,6 +261,9 @@ impl CachingAllocator {
         };
         let i = if let Some(i) = found {
             self.uncache(i);
+            if self.is_whole(i) {
+                self.idle -= self.blocks[i].size;
+            }
             i
         } else {
             let seg = segment_size(size);
@@ -286,6 +303,7 @@ impl CachingAllocator {
         self.blocks[i].free = false;
         self.allocated += self.blocks[i].size;
         self.peak_allocated = self.peak_allocated.max(self.allocated);
+        self.peak_needed = self.peak_needed.max(self.reserved - self.idle);
         Handle(i)
     }
 
@@ -359,7 +377,15 @@ impl CachingAllocator {
             self.uncache(n);
             self.join(i, n);
         }
+        if self.is_whole(i) {
+            self.idle += self.blocks[i].size;
+        }
         self.cache(i);
+    }
+
+    /// Block `i` is its whole segment.
+    fn is_whole(&self, i: usize) -> bool {
+        self.blocks[i].prev.is_none() && self.blocks[i].next.is_none()
     }
 
     /// Merges block `right` into `left`, its neighbour in the same segment.
@@ -398,11 +424,12 @@ impl CachingAllocator {
         });
         let whole: Vec<FreeKey> = small
             .chain(large)
-            .filter(|&(_, _, _, i)| self.blocks[i].prev.is_none() && self.blocks[i].next.is_none())
+            .filter(|&(_, _, _, i)| self.is_whole(i))
             .collect();
         for (stream, size, _, i) in whole {
             self.uncache(i);
             self.reserved -= size;
+            self.idle -= size;
             if let Some(s) = self.by_stream.iter_mut().find(|s| s.0 == stream) {
                 s.1 -= size;
             }
@@ -413,6 +440,7 @@ impl CachingAllocator {
     pub const fn reset_peaks(&mut self) {
         self.peak_allocated = self.allocated;
         self.peak_reserved = self.reserved;
+        self.peak_needed = self.reserved - self.idle;
     }
 }
 
@@ -469,6 +497,36 @@ mod tests {
         // Now the first segment is whole again and empty_cache returns both.
         a.empty_cache();
         assert_eq!(a.reserved(), 0);
+    }
+
+    /// A tensor that grows by copying (a KV cache's `torch.cat`) leaves each old block
+    /// behind once the new size outgrows its segment: cached, reserved, but wholly free, so
+    /// a GPU short of memory would return it rather than fail.
+    #[test]
+    fn wholly_free_segments_are_not_needed() {
+        let mut a = CachingAllocator::new();
+        let first = a.malloc(11 * MIB);
+        // 12 MiB segment, 1 MiB tail not split off (a rest of at most 1 MiB stays).
+        let second = a.malloc(13 * MIB);
+        a.free(first);
+        let third = a.malloc(15 * MIB);
+        a.free(second);
+        // Segments of 12, 14 and 16 MiB; the first two wholly free.
+        assert_eq!(a.reserved(), 42 * MIB);
+        assert_eq!(a.peak_reserved(), 42 * MIB);
+        // At the third request the second and third segments held blocks.
+        assert_eq!(a.peak_needed(), 14 * MIB + 16 * MIB);
+        // Reusing a wholly free segment makes it needed again: 12 + 16 MiB now.
+        let small = a.malloc(11 * MIB);
+        assert_eq!(a.reserved(), 42 * MIB);
+        assert_eq!(a.peak_needed(), 30 * MIB);
+        a.free(third);
+        a.free(small);
+        a.empty_cache();
+        assert_eq!(a.reserved(), 0);
+        let again = a.malloc(3 * MIB);
+        assert_eq!(a.reserved(), 20 * MIB);
+        a.free(again);
     }
 
     /// Small and large requests never share a segment.
