@@ -118,6 +118,7 @@ impl Recipe {
             vision: (job.vision != moro_core::job::VisionTraining::Frozen)
                 .then(|| job.vision.into()),
             target_len: job.target_len,
+            max_new_tokens: job.new_tokens,
         };
         let p = &job.parallel;
         let parallel = (*p != Parallel::single()).then(|| ParallelSection {
@@ -241,6 +242,7 @@ impl Recipe {
             activation_offload: t.activation_offload,
             adapted_layers: t.num_layers.map(LayerCount::layers),
             target_len: t.target_len,
+            new_tokens: t.max_new_tokens,
         })
     }
 
@@ -282,7 +284,8 @@ pub fn job_field_path(field: &str) -> String {
         | "compile"
         | "activation_offload"
         | "num_layers"
-        | "target_len" => {
+        | "target_len"
+        | "max_new_tokens" => {
             format!("training.{field}")
         }
         "lora_rank"

@@ -350,6 +350,12 @@ pub struct TrainingSection {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 16_777_216)))]
     pub target_len: Option<u64>,
+    /// Tokens an inference job generates one at a time (transformers' `max_new_tokens`),
+    /// the last of `max_seq_length`: the prompt is the rest. Default: none, the whole
+    /// context prefilled at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 16_777_216)))]
+    pub max_new_tokens: Option<u64>,
 }
 
 /// `training.num_layers`: a count, or `all`.
@@ -556,6 +562,7 @@ impl Default for TrainingSection {
             pan_and_scan: false,
             vision: None,
             target_len: None,
+            max_new_tokens: None,
         }
     }
 }

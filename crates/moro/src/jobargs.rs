@@ -150,6 +150,10 @@ pub(crate) struct JobArgs {
     /// --seq-len is the encoder's [default: --seq-len].
     #[arg(long, visible_alias = "max-target-length", value_parser = parse_count, help_heading = "Shape")]
     pub(crate) target_len: Option<u64>,
+    /// Inference: of --seq-len, the tokens generated one at a time after the prompt
+    /// (transformers' `max_new_tokens`) [default: none, the whole context prefilled at once].
+    #[arg(long, visible_alias = "new-tokens", value_parser = parse_count, help_heading = "Shape")]
+    pub(crate) max_new_tokens: Option<u64>,
     /// Images per sample, vision-language models [default: 1 there, else 0].
     #[arg(long, value_parser = parse_whole, help_heading = "Shape")]
     pub(crate) images_per_sample: Option<u64>,
@@ -302,6 +306,7 @@ impl JobArgs {
             activation_offload: self.activation_offload,
             adapted_layers: self.num_layers.map(|n| n.0),
             target_len: self.target_len,
+            new_tokens: self.max_new_tokens,
         }
     }
 }

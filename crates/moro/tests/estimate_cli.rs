@@ -231,6 +231,63 @@ fn bad_input_is_a_clear_error() {
         &with(&["--method", "inference", "--gradient-checkpointing"]),
         "gradient_checkpointing",
     );
+    bad(
+        &with(&["--method", "lora", "--max-new-tokens", "64"]),
+        "training.max_new_tokens",
+    );
+    bad(
+        &with(&[
+            "--method",
+            "inference",
+            "--seq-len",
+            "512",
+            "--max-new-tokens",
+            "512",
+        ]),
+        "training.max_new_tokens",
+    );
+}
+
+/// A generation's prompt is prefilled and its tokens decoded one at a time: the job line
+/// says so, the cache at the peak is the whole context's, and the keys and values that
+/// outgrew their blocks are reported apart from the reserve. By hand: Llama-3.1-8B keeps
+/// 2 × 8 heads × 128 × 2 B = 4 KiB a layer, token and sequence. The last forward feeds
+/// token 4,607 (the last one generated is never fed back), and the peak is its last
+/// layer's values made while the old ones, a token shorter, still exist: 8 sequences ×
+/// (64 tensors × 4,607 + 4,606) tokens × 2 KiB.
+#[test]
+fn a_generation_is_prefilled_then_decoded() {
+    let args = [
+        "estimate",
+        "--model",
+        "meta-llama/Llama-3.1-8B",
+        "--method",
+        "inference",
+        "--micro-batch-size",
+        "8",
+        "--seq-len",
+        "4608",
+        "--max-new-tokens",
+        "4096",
+    ];
+    let text = run(&args).stdout;
+    assert!(
+        text.contains("context 4608 (512 prompt + 4096 generated)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("returns them when memory runs short"),
+        "{text}"
+    );
+    let mut with_json = args.to_vec();
+    with_json.push("--json");
+    let v = json(&with_json);
+    assert_eq!(v["peak_phase"], "decode");
+    assert_eq!(
+        v["components"]["kv_cache"].as_u64(),
+        Some(8 * (64 * 4607 + 4606) * 2048)
+    );
+    assert!(v["idle_cache_bytes"].as_u64().unwrap() > 1 << 30, "{v}");
 }
 
 /// Under `--json` an error is a JSON object on stdout (nothing else there), exit 2.

@@ -69,6 +69,11 @@ const SETTINGS: &[Setting] = &[
         key: "training.max_seq_length",
     },
     Setting {
+        name: "new",
+        flag: "--max-new-tokens",
+        key: "training.max_new_tokens",
+    },
+    Setting {
         name: "accum",
         flag: "--grad-accum",
         key: "training.gradient_accumulation_steps",
@@ -187,6 +192,11 @@ const CASES: &[Case] = &[
     case(QWEN7, &[]),
     case(QWEN7, &["method=lora"]),
     case(QWEN7, &["method=inference", "seq=8192", "mbs=4"]),
+    case(
+        QWEN7,
+        &["method=inference", "seq=4096", "mbs=8", "new=3584"],
+    ),
+    case(LLAMA8, &["method=inference", "seq=768", "new=256"]),
     case(QWEN7, &["quant=nf4"]),
     case(QWEN7, &["quant=int8"]),
     case(QWEN7, &["quant=fp4-dq"]),

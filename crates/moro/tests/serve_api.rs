@@ -477,6 +477,48 @@ fn a_target_length_is_one_setting_everywhere() {
     assert!(body.contains("training.target_len"), "{body}");
 }
 
+/// The generated tokens of an inference job are one setting on the command line and the
+/// API: the same estimate, the idle cache included; a training job refuses them by name.
+#[test]
+fn generated_tokens_are_one_setting_everywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let flags = [
+        "estimate",
+        "--model",
+        "meta-llama/Llama-3.1-8B",
+        "--method",
+        "inference",
+        "--seq-len",
+        "2304",
+        "--max-new-tokens",
+        "2048",
+        "--micro-batch-size",
+        "16",
+        "--hardware",
+        "80GiB",
+        "--json",
+    ];
+    let cli = json_of(&stdout_of(dir.path(), &flags, 0));
+    assert_eq!(cli["job"]["new_tokens"], 2048);
+    let s = Server::start(dir.path(), &[]);
+    let (status, _, body) = s.post(
+        "/api/estimate",
+        r#"{"model": "meta-llama/Llama-3.1-8B", "method": "inference", "seq_len": 2304,
+            "max_new_tokens": 2048, "micro_batch_size": 16, "hardware": "80GiB"}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    let api = json_of(body.as_bytes());
+    for field in ["peak_device_bytes", "idle_cache_bytes"] {
+        assert_eq!(api[field], cli[field], "{field}");
+    }
+    let (status, _, body) = s.post(
+        "/api/estimate",
+        r#"{"model": "Qwen/Qwen2.5-0.5B", "method": "lora", "max_new_tokens": 128}"#,
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("training.max_new_tokens"), "{body}");
+}
+
 /// An MPS job on the API is the CLI's, `backend` included, and the page names the counters
 /// MPS has (the page switches its labels on `backend`).
 #[test]

@@ -178,13 +178,26 @@ pub(super) fn phases(
     let tp = sh.tp;
     let pp = job.parallel.pipeline.max(1);
     let b = job.micro_batch_size;
-    let s = job.seq_len;
+    // The prefill runs the prompt (the whole context where no tokens are generated one at
+    // a time); the cache then holds the whole context.
+    let s = job.prompt_tokens();
     let t = b * s;
-    let kv = if job.stack.profile().kv_cache == crate::stack::KvCacheLayout::Litgpt {
-        litgpt_kv_cache_bytes(model, b, s, job.kv_dtype, tp)
-    } else {
-        kv_cache_bytes(model, b, s, job.kv_dtype, tp)
-    } / pp;
+    let layout = job.stack.profile().kv_cache;
+    let static_cache = layout != crate::stack::KvCacheLayout::Transformers;
+    let kv_at = |tokens| {
+        let bytes = if layout == crate::stack::KvCacheLayout::Litgpt {
+            litgpt_kv_cache_bytes(model, b, tokens, job.kv_dtype, tp)
+        } else {
+            kv_cache_bytes(model, b, tokens, job.kv_dtype, tp)
+        };
+        bytes / pp
+    };
+    // litgpt's and torchtune's caches are allocated whole before the prefill (over
+    // `max_seq_length`); transformers' `DynamicCache` grows a token a step.
+    let (kv, kv_prefill) = (
+        kv_at(job.seq_len),
+        kv_at(if static_cache { job.seq_len } else { s }),
+    );
     let cb = r.compute_bytes;
     let h = model.hidden_size;
     let ad = model.q_width() / tp;
@@ -216,9 +229,9 @@ pub(super) fn phases(
         let i_max = model.intermediate_size / tp;
         prefill = t * cb * (4 * i_max + 2 * g.altup * h + 12 * h + 4 * g.ple) + b * s * s;
     }
-    let kv = kv
-        + super::recurrent::state_bytes(model, b, cb, tp) / pp
-        + cross_cache(model, job, tp) / pp;
+    let state =
+        super::recurrent::state_bytes(model, b, cb, tp) / pp + cross_cache(model, job, tp) / pp;
+    let (kv, kv_prefill) = (kv + state, kv_prefill + state);
     // Logits: `generate` keeps only the last position (`logits_to_keep=1`), upcast to fp32.
     let logits = b * model.vocab_size / tp * 4 * 2;
     let dequant = super::weights::dequant_transient(model, job, r);
@@ -257,7 +270,7 @@ pub(super) fn phases(
             phase: Phase::Prefill,
             components: vec![
                 (Component::Weights, weights),
-                (Component::KvCache, kv),
+                (Component::KvCache, kv_prefill),
                 (
                     Component::Activations,
                     prefill / pp + autocast_cache + tower,

@@ -357,6 +357,12 @@ pub struct Estimate {
     /// fragmentation alone is the reserve, with no ratio or largest-freed-block floor.
     #[serde(default)]
     pub reserve_from_replay: bool,
+    /// Cached segments a generation leaves wholly free beyond what it needs (its keys and
+    /// values outgrow their blocks a token at a time): on top of the reserved level where
+    /// the GPU has room for them, returned by PyTorch where it runs short
+    /// ([`replay::ReplayedStep::idle_cache`]).
+    #[serde(default)]
+    pub idle_cache_bytes: u64,
     /// Bytes of new segments the optimizer step's temporaries need because no block the
     /// forward and backward left in the cache holds them ([`step_segments`]): added to the
     /// forward and backward's reserved level, a floor under the reserved level.
@@ -495,6 +501,7 @@ pub fn add_replayed_step(
     est.phases.clone_from(&step.phases);
     est.replayed_fragmentation_bytes = step.fragmentation;
     est.reserve_from_replay = step.reserve_from_replay;
+    est.idle_cache_bytes = step.idle_cache;
     let outside = est.component(Component::OutsideAllocator);
     let context = est.component(Component::CudaContext);
     set_levels(est, device, outside, context);
@@ -1163,6 +1170,7 @@ fn finish(
         load_reserved_bytes: load::load_reserved_bytes(model, job, regime, &churn),
         replayed_fragmentation_bytes: 0,
         reserve_from_replay: false,
+        idle_cache_bytes: 0,
         step_segments_bytes: step_segments,
         stream_cached,
         rank: rank::parts(
@@ -1214,6 +1222,7 @@ fn finish_mlx(model: &ModelSpec, regime: &Regime, phases: Vec<PhaseBytes>) -> Es
         load_reserved_bytes: 0,
         replayed_fragmentation_bytes: 0,
         reserve_from_replay: false,
+        idle_cache_bytes: 0,
         step_segments_bytes: 0,
         stream_cached: Vec::new(),
         rank: None,

@@ -21,7 +21,7 @@
 use crate::job::{Job, Method};
 use crate::model::ModelSpec;
 
-use super::trace::step;
+use super::trace::{generate, step};
 use super::{Backend, DeviceProfile, PhaseBytes, Regime};
 
 /// The micro-batches of a step [`step`] traces at most: PEFT, full fine-tuning.
@@ -48,6 +48,10 @@ pub struct ReplayedStep {
     pub fragmentation: u64,
     /// The replay alone sets the reserve ([`replay_sets_reserve`]).
     pub reserve_from_replay: bool,
+    /// Wholly free segments the replay leaves cached at its reserved peak beyond what the
+    /// job needs ([`super::trace::Replayed::needed`]): a generation's outgrown cache
+    /// blocks, which PyTorch returns only when memory runs short.
+    pub idle_cache: u64,
 }
 
 /// The trace of two training steps of `job` on one GPU ([`step::trace`]): its phases, and
@@ -89,6 +93,9 @@ fn traced(
     device: &DeviceProfile,
     replay: bool,
 ) -> Option<ReplayedStep> {
+    if generate::models(model, job, r, device) {
+        return generation(model, job, r, device, replay);
+    }
     let cap = REPLAYED_MICRO_BATCHES[usize::from(job.method == Method::Full)];
     let capped;
     let job = if job.grad_accum > cap {
@@ -117,6 +124,33 @@ fn traced(
         phases: levels.phases,
         fragmentation,
         reserve_from_replay,
+        idle_cache: 0,
+    })
+}
+
+/// A generation's phases off its trace ([`generate`]), and where `replay` the reserve it
+/// needs (the segments holding a block at the replay's worst moment) and the wholly free
+/// ones a GPU with room to spare keeps beyond that: the replay alone sets the reserve.
+fn generation(
+    model: &ModelSpec,
+    job: &Job,
+    r: &Regime,
+    device: &DeviceProfile,
+    replay: bool,
+) -> Option<ReplayedStep> {
+    let (phases, replayed) = generate::levels(model, job, r, device, replay)?;
+    let allocated = phases.iter().map(PhaseBytes::total).max().unwrap_or(0);
+    let (fragmentation, idle_cache) = replayed.map_or((0, 0), |x| {
+        (
+            x.needed.saturating_sub(allocated),
+            x.reserved.saturating_sub(x.needed),
+        )
+    });
+    Some(ReplayedStep {
+        phases,
+        fragmentation,
+        reserve_from_replay: true,
+        idle_cache,
     })
 }
 

@@ -1050,6 +1050,11 @@ pub struct Job {
     /// `None`: as many as `seq_len` ([`Job::target_tokens`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_len: Option<u64>,
+    /// The tokens an inference job generates one at a time, the last of `seq_len`
+    /// (transformers' `max_new_tokens`; the prompt is the rest). `None`: the whole context
+    /// is prefilled at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_tokens: Option<u64>,
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
@@ -1101,6 +1106,7 @@ impl Default for Job {
             activation_offload: false,
             adapted_layers: None,
             target_len: None,
+            new_tokens: None,
         }
     }
 }
@@ -1129,14 +1135,25 @@ impl Job {
         self.target_len.unwrap_or(self.seq_len)
     }
 
-    /// The tokens per sample in words: `seq_len`, or `seq_len → target_len` for an
-    /// encoder-decoder's two sequences.
+    /// The tokens per sample in words: `seq_len`, `seq_len → target_len` for an
+    /// encoder-decoder's two sequences, or the prompt and the generated tokens.
     #[must_use]
     pub fn tokens_in_words(&self) -> String {
-        match self.target_len {
-            Some(t) => format!("{} → {t}", self.seq_len),
-            None => self.seq_len.to_string(),
+        match (self.target_len, self.new_tokens) {
+            (Some(t), _) => format!("{} → {t}", self.seq_len),
+            (None, Some(n)) => format!(
+                "{} ({} prompt + {n} generated)",
+                self.seq_len,
+                self.seq_len.saturating_sub(n)
+            ),
+            (None, None) => self.seq_len.to_string(),
         }
+    }
+
+    /// The prompt of an inference job: `seq_len` less the generated tokens.
+    #[must_use]
+    pub fn prompt_tokens(&self) -> u64 {
+        self.seq_len.saturating_sub(self.new_tokens.unwrap_or(0))
     }
 
     /// Whether PEFT puts an adapter on `l`: a targeted `nn.Linear` module with this job's

@@ -104,6 +104,9 @@ pub struct JobSettings {
     /// `training.target_len`: an encoder-decoder model's target tokens per sample.
     /// Default: `seq_len`.
     pub target_len: Option<u64>,
+    /// `training.max_new_tokens`: the tokens an inference job generates, the last of
+    /// `max_seq_length`.
+    pub new_tokens: Option<u64>,
 }
 
 /// Takes `a`, else `b`, field by field.
@@ -160,6 +163,7 @@ impl JobSettings {
             activation_offload: Some(job.activation_offload),
             adapted_layers: Some(job.adapted_layers),
             target_len: job.target_len,
+            new_tokens: job.new_tokens,
         }
     }
 
@@ -176,6 +180,7 @@ impl JobSettings {
             precision, stack, loss, kv_dtype, gpus, tensor_parallel, pipeline_parallel,
             sharding, offload, nodes, reduce_bucket, fsdp_version, versions, images_per_sample, image_size,
             pan_and_scan, vision, liger, compile, activation_offload, adapted_layers, target_len,
+            new_tokens,
         )
     }
 
@@ -372,6 +377,7 @@ impl JobSettings {
                 .adapted_layers
                 .unwrap_or(profile.default_adapted_layers),
             target_len: self.target_len,
+            new_tokens: self.new_tokens,
         })
     }
 

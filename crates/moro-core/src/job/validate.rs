@@ -4,6 +4,40 @@ use super::*;
 use crate::stack::CompileScope;
 
 impl Job {
+    /// The generated tokens of an inference job: at least one, and a prompt of at least
+    /// one token before them.
+    fn validate_generation(&self, model: &ModelSpec) -> Result<(), JobError> {
+        let Some(n) = self.new_tokens else {
+            return Ok(());
+        };
+        let err = |message: String| {
+            Err(JobError {
+                field: "training.max_new_tokens",
+                message,
+            })
+        };
+        if self.method != Method::Inference {
+            return err(format!(
+                "applies to inference; a {} job trains on whole sequences: drop it",
+                self.method.as_str()
+            ));
+        }
+        if model.seq2seq.is_some() {
+            return err(format!(
+                "`{}` is an encoder-decoder: its generated tokens are training.target_len",
+                model.model_type
+            ));
+        }
+        if n == 0 || n >= self.seq_len {
+            return err(format!(
+                "must be between 1 and max_seq_length − 1 = {} (the prompt takes the rest of \
+                 max_seq_length), got {n}",
+                self.seq_len.saturating_sub(1)
+            ));
+        }
+        Ok(())
+    }
+
     /// An encoder-decoder model's settings, and what moro models of it: transformers' own
     /// loop (`Seq2SeqTrainer`, `generate`; the HF stack) with SDPA, LoRA adapters (not
     /// DoRA) or a full fine-tune, bf16 or fp32 weights, whole layers on each GPU
@@ -269,6 +303,7 @@ impl Job {
         self.validate_gemma3n(model)?;
         self.validate_images(model)?;
         self.validate_seq2seq(model)?;
+        self.validate_generation(model)?;
         self.validate_recurrent(model)?;
         self.validate_unsloth(model)?;
         self.validate_mlx(model)?;

@@ -329,8 +329,12 @@ pub enum CompileScope {
 /// Layout of the inference KV cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KvCacheLayout {
-    /// transformers' `DynamicCache`.
+    /// transformers' `DynamicCache`: every layer's KV heads, grown a token a step by
+    /// `torch.cat` (`DynamicLayer.update`).
     Transformers,
+    /// torchtune's `KVCache` (`modules/kv_cache.py`): the KV heads over the whole context,
+    /// allocated before the prefill (`setup_caches`).
+    Preallocated,
     /// litgpt's preallocated `KVCache`.
     Litgpt,
 }

@@ -27,7 +27,7 @@ pub(super) const PROFILE: StackProfile = StackProfile {
     ddp_bucket_copy: false,
     peft_input_grads: false,
     step_replay: false,
-    kv_cache: KvCacheLayout::Transformers,
+    kv_cache: KvCacheLayout::Preallocated,
     tp_replicates_embeddings: false,
     fsdp_api: crate::job::FsdpApi::Fsdp2,
     fsdp: FsdpWrap::PerUnit,

@@ -259,7 +259,7 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
 
     // Shape.
     let inference = v.get("inference").filter(|i| !i.is_null());
-    let (micro_batch_size, seq_len) = if method == Method::Inference {
+    let (micro_batch_size, seq_len, new_tokens) = if method == Method::Inference {
         let inf = inference.ok_or("inference row without an `inference` object")?;
         let new = num(inf, "max_new_tokens").unwrap_or(0);
         let prompt = num(inf, "prompt_tokens_approx").or_else(|| {
@@ -283,11 +283,15 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
                 ));
             }
         };
-        (num(inf, "batch_size").unwrap_or(1), prompt + new)
+        (
+            num(inf, "batch_size").unwrap_or(1),
+            prompt + new,
+            (new > 0 && prompt > 0).then_some(new),
+        )
     } else {
         let b = num(v, "micro_batch_size").ok_or("no micro_batch_size")?;
         let s = num(v, "seq_len").ok_or("no seq_len")?;
-        (b, s)
+        (b, s, None)
     };
     if micro_batch_size == 0 || seq_len == 0 {
         return Err("zero batch or sequence length".into());
@@ -606,6 +610,7 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         },
         // An encoder-decoder row's target tokens per sample.
         target_len: num(v, "target_len"),
+        new_tokens,
     };
     // FSDP2 where the row says so (`fully_shard`), else the stack's.
     let mut job = job;

@@ -13,6 +13,13 @@ use serde_json::Value;
 /// (the harness's reset after loading), `<i>` allocates `sizes[i]` bytes, `-<k>` frees the
 /// allocation made `k` allocations earlier.
 pub fn replay_compact(row: &Value) -> (u64, u64) {
+    let (allocated, reserved, _) = replay_compact_needed(row);
+    (allocated, reserved)
+}
+
+/// [`replay_compact`]'s peaks and the reserved bytes the sequence needs
+/// ([`moro_core::caching_allocator::CachingAllocator::peak_needed`]).
+pub fn replay_compact_needed(row: &Value) -> (u64, u64, u64) {
     use moro_core::caching_allocator::{CachingAllocator, Handle};
     let sizes: Vec<u64> = row["sizes"]
         .as_array()
@@ -34,7 +41,7 @@ pub fn replay_compact(row: &Value) -> (u64, u64) {
             made.push(Some(a.malloc(sizes[i])));
         }
     }
-    (a.peak_allocated(), a.peak_reserved())
+    (a.peak_allocated(), a.peak_reserved(), a.peak_needed())
 }
 
 /// The oracle's device: no cuBLAS workspace (the fake tensors never allocate one).

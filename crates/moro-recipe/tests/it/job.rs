@@ -141,8 +141,15 @@ fn jobs() -> Vec<Job> {
         activation_offload: true,
         adapted_layers: None,
         target_len: Some(512),
+        new_tokens: Some(1000),
     };
     v.push(all);
+    // A generation: its prompt and the tokens it generates.
+    v.push(Job {
+        method: Method::Inference,
+        new_tokens: Some(1536),
+        ..d.clone()
+    });
     // MLX's own settings: its quantized storage and the last layers that train.
     v.push(Job {
         method: Method::QuantizedAdapters,

@@ -57,7 +57,8 @@ pub(crate) struct EstimateArgs {
     /// Also write the step's allocations and frees, in order, into FILE as JSON lines
     /// (written atomically): loading and two optimizer steps, each tensor named with its
     /// module, layer, component, phase and bytes. One-GPU full fine-tuning, LoRA and QLoRA
-    /// of dense models on the hf and trl stacks.
+    /// of dense models on the hf and trl stacks, and generation (--max-new-tokens) with
+    /// transformers' cache.
     #[arg(long, value_name = "FILE")]
     pub(crate) trace: Option<std::path::PathBuf>,
 }
@@ -84,6 +85,10 @@ pub(crate) struct EstimateJson<'a> {
     /// New segments the optimizer step's temporaries need on top of the forward and
     /// backward's reserved level.
     pub(crate) step_segments_bytes: u64,
+    /// Wholly free segments a generation leaves cached beyond the reserved level, where the
+    /// GPU has room for them.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub(crate) idle_cache_bytes: u64,
     /// A sharded job's rank, its bytes by part.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) rank: Option<moro_core::estimate::rank::RankParts>,
@@ -123,6 +128,11 @@ pub(crate) struct ModelJson<'a> {
 pub(crate) struct PhaseJson {
     pub(crate) phase: &'static str,
     pub(crate) allocated_bytes: u64,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+const fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Headroom of `est` on a GPU of `memory` bytes (negative: does not fit).
@@ -308,6 +318,7 @@ pub(crate) fn to_json<'a>(
         load_reserved_bytes: est.load_reserved_bytes,
         replayed_fragmentation_bytes: est.replayed_fragmentation_bytes,
         step_segments_bytes: est.step_segments_bytes,
+        idle_cache_bytes: est.idle_cache_bytes,
         rank: est.rank,
         fits: judged.verdict.map(|v| v == Verdict::Fits),
         bound: judged,
@@ -384,7 +395,8 @@ fn describe(job: &Job, adapter_bytes: u64) -> String {
             )),
             None => s.push_str(&format!(
                 ", batch {}, context {}",
-                job.micro_batch_size, job.seq_len
+                job.micro_batch_size,
+                job.tokens_in_words()
             )),
         }
     } else {
@@ -594,6 +606,13 @@ pub(crate) fn render(
              tensor of 512 MiB or more in one of its own) and keeps them\n",
             size(est.replayed_fragmentation_bytes)
         ));
+    } else if replay_sets_reserve && job.new_tokens.is_some() {
+        out.push_str(&format!(
+            "\nnote: the reserve is {}: the prefill and every decode step replayed through \
+             PyTorch's caching allocator, each layer's keys and values grown a token a step by \
+             `torch.cat`\n",
+            size(est.replayed_fragmentation_bytes)
+        ));
     } else if replay_sets_reserve {
         let why = if est.reserve_from_replay {
             "the layers, traced op by op, free temporaries whose blocks later tensors split"
@@ -625,6 +644,21 @@ pub(crate) fn render(
             "\nnote: full fine-tunes fragment PyTorch's cache more than this reserve shows \
              (up to 15 % more reserved on an H200); keep headroom, or `moro calibrate`\n",
         );
+    }
+    if est.idle_cache_bytes >= 64 << 20 {
+        // On a known GPU the cache can keep them only up to its memory.
+        let room = target
+            .and_then(crate::hw::Target::memory_bytes)
+            .map(|m| m.saturating_sub(est.peak_device_bytes));
+        let shown = room.map_or(est.idle_cache_bytes, |r| r.min(est.idle_cache_bytes));
+        let on = if room.is_some() { " on this GPU" } else { "" };
+        out.push_str(&format!(
+            "\nnote: the growing keys and values leave {} of old blocks wholly free; PyTorch keeps \
+             them cached while the GPU has room (max_memory_reserved and nvidia-smi then show up \
+             to {} more{on}) and returns them when memory runs short\n",
+            size(est.idle_cache_bytes),
+            size(shown)
+        ));
     }
     if est.step_segments_bytes > 0 {
         out.push_str(&format!(

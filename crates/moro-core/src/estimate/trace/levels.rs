@@ -129,6 +129,7 @@ impl AllocatorModel for CachingAllocator {
         Replayed {
             allocated: self.peak_allocated(),
             reserved: self.peak_reserved(),
+            needed: self.peak_needed(),
         }
     }
 }
@@ -143,9 +144,11 @@ impl AllocatorModel for MpsAllocator {
         self.free(h);
     }
     fn peaks(&self) -> Replayed {
+        // No release of idle heaps is modelled: every reserved byte counts as needed.
         Replayed {
             allocated: self.peak_allocated(),
             reserved: self.peak_reserved(),
+            needed: self.peak_reserved(),
         }
     }
 }

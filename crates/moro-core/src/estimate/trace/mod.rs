@@ -11,6 +11,7 @@
 mod chunked_nll;
 mod decoder_layer;
 mod dora;
+pub mod generate;
 mod levels;
 mod params;
 mod shapes;
@@ -26,8 +27,8 @@ pub use levels::{AllocatorModel, BackendReplayer, PhasePeaks, Replayer};
 
 use super::{Backend, Component, DeviceProfile, Phase, PhaseBytes, Regime};
 
-/// The step trace of `job` on `model` ([`step::trace`]): `None` where the trace does not
-/// model the job yet ([`step::models`]).
+/// The step trace of `job` on `model` ([`step::trace`]), or its generation's
+/// ([`generate::trace`]): `None` where neither models the job yet.
 ///
 /// # Errors
 /// The job is invalid for the model ([`Job::validate`]).
@@ -38,6 +39,9 @@ pub fn for_job<'m>(
 ) -> Result<Option<Trace<'m>>, JobError> {
     job.validate(model)?;
     let regime = Regime::resolve(model, job);
+    if generate::models(model, job, &regime, device) {
+        return Ok(generate::trace(model, job, &regime, device));
+    }
     Ok(step::trace(model, job, &regime, device))
 }
 
@@ -131,6 +135,10 @@ pub struct Replayed {
     pub allocated: u64,
     /// The largest total of `cudaMalloc`ed segments.
     pub reserved: u64,
+    /// The largest total of segments holding an allocated block: the reserved peak where
+    /// memory runs short and wholly free segments are returned
+    /// ([`crate::caching_allocator::CachingAllocator::peak_needed`]).
+    pub needed: u64,
 }
 
 impl Trace<'_> {

@@ -5,9 +5,10 @@
 const $ = (id) => document.getElementById(id);
 const FIELDS = ["model", "method", "seq_len", "hardware", "micro_batch_size", "grad_accum",
   "optimizer", "gradient_checkpointing", "attention", "precision", "lora_rank", "target_len",
-  "stack", "liger", "compile", "activation_offload", "dataset"];
+  "max_new_tokens", "stack", "liger", "compile", "activation_offload", "dataset"];
 const SWITCHES = new Set(["gradient_checkpointing", "liger", "compile", "activation_offload"]);
-const NUMBERS = new Set(["seq_len", "micro_batch_size", "grad_accum", "lora_rank", "target_len"]);
+const NUMBERS = new Set(["seq_len", "micro_batch_size", "grad_accum", "lora_rank", "target_len",
+  "max_new_tokens"]);
 const SIZE = /^\s*\d+(\.\d+)?\s*[bBmM]\s*$/;
 const GIB = 1024 ** 3;
 const gib = (b) => (b / GIB).toFixed(2);

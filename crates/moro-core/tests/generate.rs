@@ -1,0 +1,109 @@
+//! Generation traced token by token (`estimate/trace/generate.rs`) against the sequences
+//! transformers' model and `generate`'s own tensors make on fake CUDA tensors
+//! (`calibration/generate_events.py --matrix`): each replayed through the same allocator
+//! model from the reset after loading.
+
+mod support;
+
+use moro_core::caching_allocator::{CachingAllocator, Handle};
+use moro_core::estimate::Regime;
+use moro_core::estimate::trace::{Op, Trace, generate};
+use moro_core::job::{Attention, Job, JobSettings, Method, Precision, Stack};
+use moro_core::model::ModelSpec;
+use serde_json::Value;
+use support::{oracle_device, replay_compact_needed};
+
+const EVENTS: &str = include_str!("../../../validation/oracle-traces/generate-events.jsonl");
+
+fn job_of(v: &Value) -> (ModelSpec, Job) {
+    let m = moro_core::arch::parse_config(v["config"].to_string().as_bytes()).expect("parses");
+    let (prompt, new) = (
+        v["prompt"].as_u64().unwrap(),
+        v["new_tokens"].as_u64().unwrap(),
+    );
+    let settings = JobSettings {
+        method: Some(Method::Inference),
+        precision: Some(Precision::Bf16),
+        stack: Some(Stack::Hf),
+        attention: Some(Attention::Sdpa),
+        micro_batch_size: v["batch"].as_u64(),
+        seq_len: Some(prompt + new),
+        new_tokens: Some(new),
+        ..JobSettings::default()
+    };
+    let job = settings.resolve_for(&m).expect("resolves");
+    (m, job)
+}
+
+/// Allocated, reserved and needed peaks of `t` from the reset after loading.
+fn replay_after_load(t: &Trace) -> (u64, u64, u64) {
+    let mut a = CachingAllocator::new();
+    let mut handles: Vec<Option<Handle>> = Vec::new();
+    let mut reset = false;
+    for e in &t.events {
+        if !reset && e.step > 0 {
+            a.empty_cache();
+            a.reset_peaks();
+            reset = true;
+        }
+        let i = e.tensor as usize;
+        match e.op {
+            Op::Alloc => {
+                if handles.len() <= i {
+                    handles.resize(i + 1, None);
+                }
+                handles[i] = Some(a.malloc(e.bytes));
+            }
+            Op::Free => {
+                if let Some(h) = handles[i].take() {
+                    a.free(h);
+                }
+            }
+        }
+    }
+    (a.peak_allocated(), a.peak_reserved(), a.peak_needed())
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn rel(a: u64, b: u64) -> f64 {
+    a as f64 / b as f64 - 1.0
+}
+
+/// Every recorded generation: moro's trace, replayed, within 0.5 % of the recorded one's
+/// allocated peak and within 2 % of its reserved and needed peaks.
+#[test]
+fn generation_traces_match_the_recorded_ones() {
+    let mut checked = 0;
+    for line in EVENTS.lines() {
+        let v: Value = serde_json::from_str(line).unwrap();
+        let label = v["label"].as_str().unwrap();
+        let (m, job) = job_of(&v);
+        let device = oracle_device();
+        let regime = Regime::resolve(&m, &job);
+        let trace = generate::trace(&m, &job, &regime, &device).expect("generation is traced");
+        let ours = replay_after_load(&trace);
+        let theirs = replay_compact_needed(&v);
+        let errs = [
+            rel(ours.0, theirs.0),
+            rel(ours.1, theirs.1),
+            rel(ours.2, theirs.2),
+        ];
+        eprintln!(
+            "{label}: allocated {:+.3} %, reserved {:+.3} %, needed {:+.3} % \
+             (oracle {} / {} / {} MiB)",
+            errs[0] * 100.0,
+            errs[1] * 100.0,
+            errs[2] * 100.0,
+            theirs.0 >> 20,
+            theirs.1 >> 20,
+            theirs.2 >> 20
+        );
+        assert!(errs[0].abs() <= 0.005, "{label}: allocated {errs:?}");
+        assert!(
+            errs[1].abs() <= 0.02 && errs[2].abs() <= 0.02,
+            "{label}: {errs:?}"
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 5);
+}
