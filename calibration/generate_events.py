@@ -63,19 +63,10 @@ def trace(argv: list[str]) -> dict:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
     from transformers.cache_utils import DynamicCache
 
-    with open(args.config) as f:
-        d = json.load(f)
-    overrides = {}
-    for kv in args.set:
-        k, v = kv.split("=", 1)
-        overrides[k] = json.loads(v)
-    d.update(overrides)
-    model_type = d.pop("model_type")
-    cfg = AutoConfig.for_model(model_type, **d)
-    cfg._attn_implementation = "sdpa"
+    cfg, d, model_type, overrides = prefill_trace.load_config(args.config, args.set)
     b, prompt = args.batch, args.prompt
     with FakeTensorMode(allow_non_fake_inputs=True):
         with torch.device("cuda"):

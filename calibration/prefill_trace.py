@@ -47,6 +47,25 @@ def fake_inference_setup():
     return oracle, LiveStorageTracker("cuda")
 
 
+def load_config(path, sets):
+    """A config.json with `KEY=JSON` overrides as transformers builds it, SDPA its attention:
+    the config, its keys (overrides applied, `model_type` taken out), the model type and
+    the overrides."""
+    from transformers import AutoConfig
+
+    with open(path) as f:
+        d = json.load(f)
+    overrides = {}
+    for kv in sets:
+        k, v = kv.split("=", 1)
+        overrides[k] = json.loads(v)
+    d.update(overrides)
+    model_type = d.pop("model_type")
+    cfg = AutoConfig.for_model(model_type, **d)
+    cfg._attn_implementation = "sdpa"
+    return cfg, d, model_type, overrides
+
+
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", required=True)
@@ -62,18 +81,9 @@ def main(argv):
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    with open(args.config) as f:
-        d = json.load(f)
-    overrides = {}
-    for kv in args.set:
-        k, v = kv.split("=", 1)
-        overrides[k] = json.loads(v)
-    d.update(overrides)
-    model_type = d.pop("model_type")
-    cfg = AutoConfig.for_model(model_type, **d)
-    cfg._attn_implementation = "sdpa"
+    cfg, d, model_type, overrides = load_config(args.config, args.set)
     with FakeTensorMode(allow_non_fake_inputs=True):
         with torch.device("cuda"):
             model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)

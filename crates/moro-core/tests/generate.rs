@@ -5,13 +5,12 @@
 
 mod support;
 
-use moro_core::caching_allocator::{CachingAllocator, Handle};
 use moro_core::estimate::Regime;
-use moro_core::estimate::trace::{Op, Trace, generate};
+use moro_core::estimate::trace::generate;
 use moro_core::job::{Attention, Job, JobSettings, Method, Precision, Stack};
 use moro_core::model::ModelSpec;
 use serde_json::Value;
-use support::{oracle_device, replay_compact_needed};
+use support::{oracle_device, replay_compact_needed, replay_trace_after_load};
 
 const EVENTS: &str = include_str!("../../../validation/oracle-traces/generate-events.jsonl");
 
@@ -35,35 +34,6 @@ fn job_of(v: &Value) -> (ModelSpec, Job) {
     (m, job)
 }
 
-/// Allocated, reserved and needed peaks of `t` from the reset after loading.
-fn replay_after_load(t: &Trace) -> (u64, u64, u64) {
-    let mut a = CachingAllocator::new();
-    let mut handles: Vec<Option<Handle>> = Vec::new();
-    let mut reset = false;
-    for e in &t.events {
-        if !reset && e.step > 0 {
-            a.empty_cache();
-            a.reset_peaks();
-            reset = true;
-        }
-        let i = e.tensor as usize;
-        match e.op {
-            Op::Alloc => {
-                if handles.len() <= i {
-                    handles.resize(i + 1, None);
-                }
-                handles[i] = Some(a.malloc(e.bytes));
-            }
-            Op::Free => {
-                if let Some(h) = handles[i].take() {
-                    a.free(h);
-                }
-            }
-        }
-    }
-    (a.peak_allocated(), a.peak_reserved(), a.peak_needed())
-}
-
 #[allow(clippy::cast_precision_loss)]
 fn rel(a: u64, b: u64) -> f64 {
     a as f64 / b as f64 - 1.0
@@ -81,7 +51,7 @@ fn generation_traces_match_the_recorded_ones() {
         let device = oracle_device();
         let regime = Regime::resolve(&m, &job);
         let trace = generate::trace(&m, &job, &regime, &device).expect("generation is traced");
-        let ours = replay_after_load(&trace);
+        let ours = replay_trace_after_load(&trace);
         let theirs = replay_compact_needed(&v);
         let errs = [
             rel(ours.0, theirs.0),

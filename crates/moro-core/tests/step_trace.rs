@@ -550,31 +550,8 @@ fn liger_runs_are_read_off_their_traces() {
 /// moro's trace replayed as the harness measures: the cache emptied and the peaks reset
 /// once the model is loaded.
 fn replay_after_load(t: &Trace) -> (u64, u64) {
-    let mut a = CachingAllocator::new();
-    let mut handles: Vec<Option<Handle>> = Vec::new();
-    let mut reset = false;
-    for e in &t.events {
-        if !reset && e.step > 0 {
-            a.empty_cache();
-            a.reset_peaks();
-            reset = true;
-        }
-        let i = e.tensor as usize;
-        match e.op {
-            Op::Alloc => {
-                if handles.len() <= i {
-                    handles.resize(i + 1, None);
-                }
-                handles[i] = Some(a.malloc(e.bytes));
-            }
-            Op::Free => {
-                if let Some(h) = handles[i].take() {
-                    a.free(h);
-                }
-            }
-        }
-    }
-    (a.peak_allocated(), a.peak_reserved())
+    let (allocated, reserved, _) = support::replay_trace_after_load(t);
+    (allocated, reserved)
 }
 
 /// LoRA under bf16 autocast on a Llama-style layer is traced op by op

@@ -44,6 +44,39 @@ pub fn replay_compact_needed(row: &Value) -> (u64, u64, u64) {
     (a.peak_allocated(), a.peak_reserved(), a.peak_needed())
 }
 
+/// The allocated, reserved and needed peaks of moro's trace `t` replayed through the
+/// allocator model from the reset after loading (the first event of step 1), as the
+/// harness and the oracle's compact rows reset.
+pub fn replay_trace_after_load(t: &moro_core::estimate::trace::Trace) -> (u64, u64, u64) {
+    use moro_core::caching_allocator::{CachingAllocator, Handle};
+    use moro_core::estimate::trace::Op;
+    let mut a = CachingAllocator::new();
+    let mut handles: Vec<Option<Handle>> = Vec::new();
+    let mut reset = false;
+    for e in &t.events {
+        if !reset && e.step > 0 {
+            a.empty_cache();
+            a.reset_peaks();
+            reset = true;
+        }
+        let i = e.tensor as usize;
+        match e.op {
+            Op::Alloc => {
+                if handles.len() <= i {
+                    handles.resize(i + 1, None);
+                }
+                handles[i] = Some(a.malloc(e.bytes));
+            }
+            Op::Free => {
+                if let Some(h) = handles[i].take() {
+                    a.free(h);
+                }
+            }
+        }
+    }
+    (a.peak_allocated(), a.peak_reserved(), a.peak_needed())
+}
+
 /// The oracle's device: no cuBLAS workspace (the fake tensors never allocate one).
 pub fn oracle_device() -> DeviceProfile {
     DeviceProfile {

@@ -117,14 +117,19 @@ pub(super) fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
         && !job.liger.rms_norm
         && !job.liger.glu
         && !job.liger.rope
-        // transformers' Llama, Mistral and Qwen2 decoder layers run these ops; OLMo-2's
-        // post-norms and whole-width q/k norms, Granite's multipliers and SmolLM3's layers
-        // without RoPE do not.
-        && matches!(
-            model.model_type.as_str(),
-            "llama" | "mistral" | "qwen2" | "qwen3"
-        )
-        && model.norm == NormKind::RmsNorm
+        && llama_style(model)
+}
+
+/// Whether `model`'s decoder layers are transformers' Llama, Mistral, Qwen2 or Qwen3 layer:
+/// RMSNorm, the seven projections one Linear each, RoPE by halves, dense, full or sliding
+/// attention. OLMo-2's post-norms and whole-width q/k norms, Granite's multipliers and
+/// SmolLM3's layers without RoPE run other ops.
+#[must_use]
+pub(super) fn llama_style(model: &ModelSpec) -> bool {
+    matches!(
+        model.model_type.as_str(),
+        "llama" | "mistral" | "qwen2" | "qwen3"
+    ) && model.norm == NormKind::RmsNorm
         && model.gated_mlp
         && !model.rope_by_concat
         && !model.fp32_norms

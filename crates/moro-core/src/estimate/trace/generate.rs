@@ -17,9 +17,10 @@
 
 use crate::caching_allocator::round_size;
 use crate::job::{Attention, Job, Method, Quantization};
-use crate::model::{AttentionKind, ModelSpec, NormKind};
+use crate::model::{AttentionKind, ModelSpec};
 
 use super::super::{Backend, Component, DeviceProfile, Phase, PhaseBytes, Regime};
+use super::decoder_layer;
 use super::params::{Param, params};
 use super::{Builder, Replayed, Tensor, Trace};
 
@@ -45,26 +46,18 @@ pub fn models(model: &ModelSpec, job: &Job, r: &Regime, device: &DeviceProfile) 
         && r.compute_bytes == 2
         && r.frozen_bytes == 2
         && job.kv_dtype.bytes() == r.compute_bytes
-        && matches!(model.model_type.as_str(), "llama" | "mistral" | "qwen2")
-        && model.norm == NormKind::RmsNorm
-        && model.gated_mlp
-        && !model.rope_by_concat
-        && !model.fp32_norms
-        && !model.attention_output_gate
-        && !model.attn_softcapping
-        && !model.attention_sinks
-        && model.mla.is_none()
-        && model.moe.is_none()
+        // Qwen3's per-head q and k norms are ops this trace does not make.
+        && decoder_layer::llama_style(model)
+        && model.model_type != "qwen3"
         && model.vision.is_none()
         && model.seq2seq.is_none()
         && model.encoder.is_none()
         && model.gemma3n.is_none()
         && !model.has_recurrent_mixer()
-        && model.num_heads.is_multiple_of(model.num_kv_heads.max(1))
         && model
             .layers
             .iter()
-            .all(|g| !g.moe && g.attention == AttentionKind::Full)
+            .all(|g| g.attention == AttentionKind::Full)
 }
 
 /// The generation's events with their names.
