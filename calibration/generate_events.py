@@ -131,13 +131,15 @@ def trace(argv: list[str]) -> dict:
 # (config, batch, prompt tokens, new tokens): each model cut to 2 layers. One layer's keys
 # stay in the small pool (the first), move through the 20 MiB segments that requests under
 # 10 MiB share (the second and fourth), or outgrow them into segments of their own (the
-# third and fifth); in the third the decode, not the prefill, sets the reserved peak.
+# third and fifth); in the third the decode, not the prefill, sets the reserved peak. Qwen3
+# adds its per-head q and k norms, and the 4B ties its embedding to the head.
 MATRIX = [
     ("meta-llama--Llama-3.1-8B", 1, 512, 32),
     ("meta-llama--Llama-3.1-8B", 16, 256, 96),
     ("meta-llama--Llama-3.1-8B", 20, 32, 384),
     ("Qwen--Qwen2.5-7B", 8, 512, 32),
     ("mistralai--Mistral-7B-v0.3", 32, 128, 48),
+    ("Qwen--Qwen3-4B", 8, 128, 32),
 ]
 
 

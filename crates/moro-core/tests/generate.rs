@@ -75,5 +75,5 @@ fn generation_traces_match_the_recorded_ones() {
         );
         checked += 1;
     }
-    assert_eq!(checked, 5);
+    assert_eq!(checked, 6);
 }

@@ -30,8 +30,8 @@ const SMALL_SIZE: u64 = 1 << 20;
 
 /// Whether [`trace`] models `job` on `model`: an inference job that generates tokens one
 /// at a time ([`Job::new_tokens`]) on one CUDA GPU with SDPA's flash kernel, a bf16 or fp16
-/// Llama, Mistral or Qwen2 model without sliding windows, unquantized, its cache in the
-/// compute dtype, on a stack whose cache is transformers' `DynamicCache`.
+/// Llama, Mistral, Qwen2 or Qwen3 model without sliding windows, unquantized, its cache in
+/// the compute dtype, on a stack whose cache is transformers' `DynamicCache`.
 #[must_use]
 pub fn models(model: &ModelSpec, job: &Job, r: &Regime, device: &DeviceProfile) -> bool {
     job.method == Method::Inference
@@ -46,9 +46,7 @@ pub fn models(model: &ModelSpec, job: &Job, r: &Regime, device: &DeviceProfile) 
         && r.compute_bytes == 2
         && r.frozen_bytes == 2
         && job.kv_dtype.bytes() == r.compute_bytes
-        // Qwen3's per-head q and k norms are ops this trace does not make.
         && decoder_layer::llama_style(model)
-        && model.model_type != "qwen3"
         && model.vision.is_none()
         && model.seq2seq.is_none()
         && model.encoder.is_none()
@@ -60,7 +58,7 @@ pub fn models(model: &ModelSpec, job: &Job, r: &Regime, device: &DeviceProfile) 
             .all(|g| g.attention == AttentionKind::Full)
 }
 
-/// The generation's events with their names.
+/// The generation's events with their names, every decode step whole.
 #[must_use]
 pub fn trace<'m>(
     model: &'m ModelSpec,
@@ -71,7 +69,11 @@ pub fn trace<'m>(
     if !models(model, job, r, device) {
         return None;
     }
-    let g = Generation::new(model, job, r, device);
+    // Every step whole: the named trace is read event by event.
+    let g = Generation {
+        lean_steps: false,
+        ..Generation::new(model, job, r, device)
+    };
     let mut b = Builder::with_capacity(g.events_hint());
     g.record(&mut b);
     Some(b.finish())
@@ -106,7 +108,10 @@ struct Generation<'m> {
     kv: u64,
     inter: u64,
     heads: u64,
+    kv_heads: u64,
     head_dim: u64,
+    /// Qwen3's RMSNorm over each head of q and of k before RoPE.
+    qk_norm: bool,
     vocab: u64,
     layers: u64,
     cb: u64,
@@ -131,7 +136,9 @@ impl<'m> Generation<'m> {
             kv: model.kv_width(),
             inter: model.intermediate_size,
             heads: model.num_heads,
+            kv_heads: model.num_kv_heads,
             head_dim: model.head_dim,
+            qk_norm: model.qk_norm,
             vocab: model.vocab_size,
             layers: model.num_layers,
             cb: r.compute_bytes,
@@ -140,9 +147,9 @@ impl<'m> Generation<'m> {
         }
     }
 
-    /// About how many events a trace keeps (each lean step's cache and ids).
+    /// About how many events a trace of whole steps keeps.
     fn events_hint(&self) -> usize {
-        let per_step = 4 * self.layers + 16;
+        let per_step = 100 * self.layers + 40;
         usize::try_from(self.ps.len() as u64 + 200 * self.layers + self.new_tokens * per_step)
             .unwrap_or(usize::MAX)
     }
@@ -311,7 +318,7 @@ impl<'m> Generation<'m> {
             x = out;
             x_is_emb = false;
         }
-        let normed = self.norm(b, tokens, lean);
+        let normed = self.norm(b, tokens, self.h, lean);
         self.drop(b, x);
         self.drop(b, emb);
         self.drop(b, sin16);
@@ -323,27 +330,46 @@ impl<'m> Generation<'m> {
         logits
     }
 
-    /// `LlamaRMSNorm.forward` on `tokens` rows: the fp32 upcast, its square, their mean,
-    /// `+ eps`, `rsqrt`, the normalized fp32 product, its 16-bit cast and the weight's
+    /// `LlamaRMSNorm.forward` on `rows` rows of `width`: the fp32 upcast, its square, their
+    /// mean, `+ eps`, `rsqrt`, the normalized fp32 product, its 16-bit cast and the weight's
     /// product, which it returns.
-    fn norm(&self, b: &mut Builder<'m>, tokens: u64, lean: bool) -> Option<Tensor<'m>> {
-        let wide = tokens * self.h * 4;
+    fn norm(&self, b: &mut Builder<'m>, rows: u64, width: u64, lean: bool) -> Option<Tensor<'m>> {
+        let wide = rows * width * 4;
         let up = self.tmp(b, "norm upcast", wide, lean);
         let sq = self.tmp(b, "norm pow", wide, lean);
-        let mean = self.tmp(b, "norm mean", tokens * 4, lean);
+        let mean = self.tmp(b, "norm mean", rows * 4, lean);
         self.drop(b, sq);
-        let eps = self.tmp(b, "norm + eps", tokens * 4, lean);
-        let rs = self.tmp(b, "norm rsqrt", tokens * 4, lean);
+        let eps = self.tmp(b, "norm + eps", rows * 4, lean);
+        let rs = self.tmp(b, "norm rsqrt", rows * 4, lean);
         self.drop(b, eps);
         let prod = self.tmp(b, "norm product", wide, lean);
         self.drop(b, rs);
         self.drop(b, up);
-        let cast = self.tmp(b, "norm cast", tokens * self.h * self.cb, lean);
-        let out = self.tmp(b, "normed", tokens * self.h * self.cb, lean);
+        let cast = self.tmp(b, "norm cast", rows * width * self.cb, lean);
+        let out = self.tmp(b, "normed", rows * width * self.cb, lean);
         self.drop(b, cast);
         self.drop(b, prod);
         self.drop(b, mean);
         out
+    }
+
+    /// A projection of `heads` heads, through Qwen3's per-head norm where the model has it
+    /// (the raw projection freed once normed).
+    fn head_projection(
+        &self,
+        b: &mut Builder<'m>,
+        name: &'static str,
+        tokens: u64,
+        heads: u64,
+        lean: bool,
+    ) -> Option<Tensor<'m>> {
+        let raw = self.tmp(b, name, tokens * heads * self.head_dim * self.cb, lean);
+        if !self.qk_norm {
+            return raw;
+        }
+        let normed = self.norm(b, tokens * heads, self.head_dim, lean);
+        self.drop(b, raw);
+        normed
     }
 
     /// `apply_rotary_pos_emb` on a `width`-wide projection: `x·cos`, `rotate_half` (the
@@ -377,9 +403,9 @@ impl<'m> Generation<'m> {
     ) -> Option<Tensor<'m>> {
         let tokens = self.b * n;
         let cb = self.cb;
-        let normed = self.norm(b, tokens, lean);
-        let q = self.tmp(b, "q_proj", tokens * self.q * cb, lean);
-        let k = self.tmp(b, "k_proj", tokens * self.kv * cb, lean);
+        let normed = self.norm(b, tokens, self.h, lean);
+        let q = self.head_projection(b, "q_proj", tokens, self.heads, lean);
+        let k = self.head_projection(b, "k_proj", tokens, self.kv_heads, lean);
         let v = self.tmp(b, "v_proj", tokens * self.kv * cb, lean);
         let qr = self.rope(b, tokens, self.q, lean);
         let kr = self.rope(b, tokens, self.kv, lean);
@@ -414,7 +440,7 @@ impl<'m> Generation<'m> {
         self.drop(b, normed);
         let r1 = self.tmp(b, "residual", tokens * self.h * cb, lean);
         self.drop(b, o);
-        let normed = self.norm(b, tokens, lean);
+        let normed = self.norm(b, tokens, self.h, lean);
         let wide = tokens * self.inter * cb;
         let gate = self.tmp(b, "gate_proj", wide, lean);
         let act = self.tmp(b, "silu", wide, lean);

@@ -22,7 +22,8 @@ pub(super) struct Param<'m> {
 
 /// The model's parameters in `named_parameters` order: the embedding (and an encoder's
 /// position and token-type tables and their LayerNorm), each layer's Linears (PEFT: the
-/// base weight, then `lora_A` and `lora_B`) and then its norms, the final norm, lm_head
+/// base weight, then `lora_A` and `lora_B`; Qwen3's q and k norms after `o_proj`) and then
+/// its norms, the final norm, lm_head
 /// when untied (an encoder's pooler and classifier instead). A 4-bit base weight is its
 /// packed `uint8` storage followed by its quantization state (absmax and, double quantized,
 /// their own codes).
@@ -69,12 +70,22 @@ pub(super) fn params<'m>(model: &'m ModelSpec, job: &Job, r: &Regime) -> Vec<Par
     let mut index = 0;
     for g in &model.layers {
         for _ in 0..g.count {
+            // Qwen3's per-head q and k norms follow `o_proj` (`self_attn`'s parameters).
+            let qk_norms = if model.qk_norm { 2 * model.head_dim } else { 0 };
             for l in &g.linears {
                 for _ in 0..l.count {
                     push_linear(&mut out, job, r, l, index, quantized, frozen, plain);
                 }
+                if qk_norms > 0 && l.name == "o_proj" {
+                    for name in ["q_norm", "k_norm"] {
+                        out.push(Param {
+                            layer: Some(index),
+                            ..outside(name, model.head_dim, false)
+                        });
+                    }
+                }
             }
-            let norms = g.other_params / h.max(1);
+            let norms = g.other_params.saturating_sub(qk_norms) / h.max(1);
             for _ in 0..norms {
                 out.push(Param {
                     layer: Some(index),
