@@ -30,6 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, ".."))
 MODELS_DIR = os.path.normpath(os.path.join(ROOT, "..", "shared", "models"))
 FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "generate-events.jsonl")
+MOE_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "generate-moe.jsonl")
 
 
 def trace(argv: list[str]) -> dict:
@@ -95,6 +96,12 @@ def trace(argv: list[str]) -> dict:
             cache = DynamicCache(config=cfg)
             out = model(input_ids=ids.clone(), position_ids=pos, past_key_values=cache,
                         use_cache=True, logits_to_keep=1)
+            # `_optimize_model_for_decode`: on a GPU, stacked experts decode with
+            # `batched_mm` instead of `grouped_mm`.
+            experts = model.get_experts_implementation()
+            if "grouped_mm" in experts.values():
+                model.set_experts_implementation(
+                    {k: "batched_mm" if v == "grouped_mm" else v for k, v in experts.items()})
             for step in range(args.new_tokens):
                 pos = torch.cat([pos, torch.arange(1, device="cuda") + pos[..., -1:]], dim=-1)
                 logits = out.logits[:, -1].to(copy=True, dtype=torch.float32)
@@ -143,6 +150,36 @@ MATRIX = [
 ]
 
 
+# MoE models cut to 2 layers, decoding where the experts' gathered weights outweigh the
+# prompt's prefill (`--matrix-moe`: peaks only, the estimate's formulas are held to them).
+MOE_MATRIX = [
+    ("Qwen--Qwen3-30B-A3B", 16, 32, 4),
+    ("mistralai--Mixtral-8x7B-v0.1", 8, 32, 4),
+    ("deepseek-ai--DeepSeek-V2-Lite", 8, 32, 4),
+]
+
+
+def run_moe_matrix() -> None:
+    rows = []
+    for name, batch, prompt, new in MOE_MATRIX:
+        label = "%s-L2-b%d-p%d-n%d" % (name, batch, prompt, new)
+        a = ["--config", os.path.join(MODELS_DIR, name + ".json"), "--set", "num_hidden_layers=2",
+             "--batch", str(batch), "--prompt", str(prompt), "--new-tokens", str(new),
+             "--label", label]
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__)] + a,
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.stderr.write(proc.stderr[-4000:])
+            sys.exit(1)
+        sys.stderr.write(label + "\n")
+        row = json.loads(proc.stdout)
+        rows.append(json.dumps({k: row[k] for k in ("tracer", "label", "config", "overrides",
+                    "batch", "prompt", "new_tokens", "env", "peak_allocated_bytes")},
+                    separators=(",", ":")))
+    with open(MOE_FIXTURE, "w") as f:
+        f.write("\n".join(rows) + "\n")
+
+
 def run_matrix() -> None:
     rows = []
     for name, batch, prompt, new in MATRIX:
@@ -164,6 +201,9 @@ def run_matrix() -> None:
 def main() -> None:
     if sys.argv[1:] == ["--matrix"]:
         run_matrix()
+        return
+    if sys.argv[1:] == ["--matrix-moe"]:
+        run_moe_matrix()
         return
     row = trace(sys.argv[1:])
     row.pop("h200_row", None)

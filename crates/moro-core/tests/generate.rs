@@ -77,3 +77,30 @@ fn generation_traces_match_the_recorded_ones() {
     }
     assert_eq!(checked, 6);
 }
+
+const MOE: &str = include_str!("../../../validation/oracle-traces/generate-moe.jsonl");
+
+/// A MoE model decoding a batch (`calibration/generate_events.py --matrix-moe`): the
+/// estimate's allocated level, from its formulas, within 1 % of the recorded peak, which is
+/// the decode step's gathered expert weights (`batched_mm`) on top of the weights and cache.
+#[test]
+fn moe_decoding_gathers_each_tokens_experts() {
+    let mut checked = 0;
+    for line in MOE.lines() {
+        let v: Value = serde_json::from_str(line).unwrap();
+        let label = v["label"].as_str().unwrap();
+        let (m, job) = job_of(&v);
+        let e = moro_core::estimate::estimate(&m, &job, &oracle_device()).expect("estimates");
+        let want = v["peak_allocated_bytes"].as_u64().unwrap();
+        let err = rel(e.peak_allocated_bytes, want);
+        eprintln!(
+            "{label}: {:+.3} % at {} (oracle {} MiB)",
+            err * 100.0,
+            e.peak_phase.as_str(),
+            want >> 20
+        );
+        assert!(err.abs() <= 0.01, "{label}: {err:+.4}");
+        checked += 1;
+    }
+    assert_eq!(checked, 3);
+}

@@ -164,6 +164,53 @@ fn seq2seq_phases(
     ]
 }
 
+/// The widest moment of a decode step's MoE layer: transformers 5.25's `generate` decodes
+/// stacked experts with `batched_mm` on a GPU (`_optimize_model_for_decode` switches from
+/// `grouped_mm`; `integrations/moe.py` `batched_mm_experts_forward`), which gathers each
+/// routed token's experts' weights, `gate_up_proj[expert_ids]` and then, while that still
+/// exists, `down_proj[expert_ids]`: `b · top_k` copies of one expert's weights (traced,
+/// `calibration/generate_events.py` on Qwen3-30B-A3B). Experts held as modules (transformers
+/// 4, litgpt, torchtune), quantized to MXFP4 (their own kernels) or every token through
+/// every expert (Llama 4) gather nothing; nor does MPS, which keeps `grouped_mm`.
+fn moe_decode_gather(
+    model: &ModelSpec,
+    job: &Job,
+    r: &Regime,
+    device: &DeviceProfile,
+    tp: u64,
+) -> u64 {
+    if model.moe.is_none()
+        || model.experts_see_every_token
+        || device.backend != super::Backend::Cuda
+        || job.quantization == crate::job::Quantization::Mxfp4
+    {
+        return 0;
+    }
+    let routed =
+        |l: &&crate::model::Linear| l.role == crate::model::LinearRole::Expert && !job.is_module(l);
+    model
+        .layers
+        .iter()
+        .map(|g| {
+            let top_k = g
+                .linears
+                .iter()
+                .filter(routed)
+                .map(|l| l.active)
+                .max()
+                .unwrap_or(0);
+            let one_expert: u64 = g
+                .linears
+                .iter()
+                .filter(routed)
+                .map(|l| l.weight_numel())
+                .sum();
+            job.micro_batch_size * top_k * one_expert / tp * r.frozen_bytes
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 /// Phases of an inference job.
 pub(super) fn phases(
     model: &ModelSpec,
@@ -284,7 +331,11 @@ pub(super) fn phases(
             components: vec![
                 (Component::Weights, weights),
                 (Component::KvCache, kv),
-                (Component::Activations, autocast_cache),
+                (
+                    Component::Activations,
+                    // One layer's gather at a time, on every pipeline stage.
+                    autocast_cache + moe_decode_gather(model, job, r, device, tp),
+                ),
                 (Component::LogitsLoss, logits),
                 (Component::Transients, cublas + dequant),
             ],
