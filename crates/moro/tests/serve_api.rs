@@ -511,6 +511,9 @@ fn generated_tokens_are_one_setting_everywhere() {
     for field in ["peak_device_bytes", "idle_cache_bytes"] {
         assert_eq!(api[field], cli[field], "{field}");
     }
+    // The page says what the idle blocks are when the API reports them.
+    let page = include_str!("../src/serve/page/app.js");
+    assert!(page.contains("d.idle_cache_bytes"));
     let (status, _, body) = s.post(
         "/api/estimate",
         r#"{"model": "Qwen/Qwen2.5-0.5B", "method": "lora", "max_new_tokens": 128}"#,

@@ -158,7 +158,12 @@ async function refreshEstimate(v) {
     $("out-reserved-by").textContent = mps ? "torch.accelerator.max_memory_reserved()" : "max_memory_reserved()";
     $("out-device-by").textContent = mps ? "torch.mps.driver_allocated_memory()" : "nvidia-smi";
     $("estimate-chart").innerHTML = got[1];
-    $("notes").textContent = (lastNotes["/api/estimate"] || []).join("\n");
+    const notes = (lastNotes["/api/estimate"] || []).slice();
+    // A generation's outgrown cache blocks: kept while the GPU has room, returned when short.
+    if (d.idle_cache_bytes) {
+      notes.push(`generating, the keys and values leave ${gib(d.idle_cache_bytes)} GiB of old blocks that PyTorch keeps cached while the GPU has room (max_memory_reserved and nvidia-smi count them) and returns when memory runs short`);
+    }
+    $("notes").textContent = notes.join("\n");
     if (d.memory_bytes == null) {
       status(el, `peak ${gib(d.peak_device_bytes)} GiB at ${d.peak_phase}; choose a GPU to see whether it fits.`);
     } else if (d.verdict === "fits") {
