@@ -159,43 +159,38 @@ MOE_MATRIX = [
 ]
 
 
-def run_moe_matrix() -> None:
-    rows = []
-    for name, batch, prompt, new in MOE_MATRIX:
-        label = "%s-L2-b%d-p%d-n%d" % (name, batch, prompt, new)
-        a = ["--config", os.path.join(MODELS_DIR, name + ".json"), "--set", "num_hidden_layers=2",
-             "--batch", str(batch), "--prompt", str(prompt), "--new-tokens", str(new),
-             "--label", label]
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__)] + a,
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            sys.stderr.write(proc.stderr[-4000:])
-            sys.exit(1)
-        sys.stderr.write(label + "\n")
-        row = json.loads(proc.stdout)
-        rows.append(json.dumps({k: row[k] for k in ("tracer", "label", "config", "overrides",
-                    "batch", "prompt", "new_tokens", "env", "peak_allocated_bytes")},
-                    separators=(",", ":")))
-    with open(MOE_FIXTURE, "w") as f:
+def run_case(name: str, batch: int, prompt: int, new: int) -> str:
+    """One matrix job, 2 layers of `name`, traced in its own process: its row as printed."""
+    label = "%s-L2-b%d-p%d-n%d" % (name, batch, prompt, new)
+    a = ["--config", os.path.join(MODELS_DIR, name + ".json"), "--set", "num_hidden_layers=2",
+         "--batch", str(batch), "--prompt", str(prompt), "--new-tokens", str(new),
+         "--label", label]
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__)] + a,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-4000:])
+        sys.exit(1)
+    sys.stderr.write(label + "\n")
+    return proc.stdout.strip()
+
+
+def write_rows(path: str, rows: list[str]) -> None:
+    with open(path, "w") as f:
         f.write("\n".join(rows) + "\n")
+
+
+def run_moe_matrix() -> None:
+    keep = ("tracer", "label", "config", "overrides", "batch", "prompt", "new_tokens", "env",
+            "peak_allocated_bytes")
+    rows = []
+    for case in MOE_MATRIX:
+        row = json.loads(run_case(*case))
+        rows.append(json.dumps({k: row[k] for k in keep}, separators=(",", ":")))
+    write_rows(MOE_FIXTURE, rows)
 
 
 def run_matrix() -> None:
-    rows = []
-    for name, batch, prompt, new in MATRIX:
-        label = "%s-L2-b%d-p%d-n%d" % (name, batch, prompt, new)
-        a = ["--config", os.path.join(MODELS_DIR, name + ".json"), "--set", "num_hidden_layers=2",
-             "--batch", str(batch), "--prompt", str(prompt), "--new-tokens", str(new),
-             "--label", label]
-        proc = subprocess.run([sys.executable, os.path.abspath(__file__)] + a,
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            sys.stderr.write(proc.stderr[-4000:])
-            sys.exit(1)
-        sys.stderr.write(label + "\n")
-        rows.append(proc.stdout.strip())
-    with open(FIXTURE, "w") as f:
-        f.write("\n".join(rows) + "\n")
+    write_rows(FIXTURE, [run_case(*case) for case in MATRIX])
 
 
 def main() -> None:
