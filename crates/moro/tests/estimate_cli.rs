@@ -288,6 +288,25 @@ fn a_generation_is_prefilled_then_decoded() {
         Some(8 * (64 * 4607 + 4606) * 2048)
     );
     assert!(v["idle_cache_bytes"].as_u64().unwrap() > 1 << 30, "{v}");
+    // Past the replay's budget (32 layers × 190,000 tokens) the formulas answer, and say
+    // what they leave out.
+    let long = run(&[
+        "estimate",
+        "--model",
+        "meta-llama/Llama-3.1-8B",
+        "--method",
+        "inference",
+        "--seq-len",
+        "200000",
+        "--max-new-tokens",
+        "190000",
+    ]);
+    assert_eq!(long.code, 0, "{}", long.stderr);
+    assert!(
+        long.stdout.contains("summed by formulas, not replayed"),
+        "{}",
+        long.stdout
+    );
 }
 
 /// Under `--json` an error is a JSON object on stdout (nothing else there), exit 2.

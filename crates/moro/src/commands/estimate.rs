@@ -645,6 +645,16 @@ pub(crate) fn render(
              (up to 15 % more reserved on an H200); keep headroom, or `moro calibrate`\n",
         );
     }
+    let grown_cache = job.stack.profile().kv_cache == moro_core::stack::KvCacheLayout::Transformers
+        && job.stack.profile().runtime == moro_core::stack::Runtime::Torch;
+    if job.new_tokens.is_some() && grown_cache && !est.reserve_from_replay && !mps {
+        out.push_str(
+            "\nnote: the decode steps are summed by formulas, not replayed (the generation trace \
+             follows Llama, Mistral and Qwen2/3 models on one GPU with transformers' cache, up \
+             to 2,097,152 layers × generated tokens): blocks the growing keys and values leave \
+             in PyTorch's cache are not counted\n",
+        );
+    }
     if est.idle_cache_bytes >= 64 << 20 {
         // On a known GPU the cache can keep them only up to its memory.
         let room = target

@@ -28,14 +28,21 @@ use super::{Builder, Replayed, Tensor, Trace};
 /// pool's (`kSmallSize`, CUDACachingAllocator.cpp).
 const SMALL_SIZE: u64 = 1 << 20;
 
+/// The most decode steps × layers a generation's replay follows: about 8 million events,
+/// half a second on one core. Longer generations are estimated by the formulas.
+pub const MAX_LAYER_STEPS: u64 = 1 << 21;
+
 /// Whether [`trace`] models `job` on `model`: an inference job that generates tokens one
-/// at a time ([`Job::new_tokens`]) on one CUDA GPU with SDPA's flash kernel, a bf16 or fp16
-/// Llama, Mistral, Qwen2 or Qwen3 model without sliding windows, unquantized, its cache in
-/// the compute dtype, on a stack whose cache is transformers' `DynamicCache`.
+/// at a time ([`Job::new_tokens`], at most [`MAX_LAYER_STEPS`] layer-steps) on one CUDA GPU
+/// with SDPA's flash kernel, a bf16 or fp16 Llama, Mistral, Qwen2 or Qwen3 model without
+/// sliding windows, unquantized, its cache in the compute dtype, on a stack whose cache is
+/// transformers' `DynamicCache`.
 #[must_use]
 pub fn models(model: &ModelSpec, job: &Job, r: &Regime, device: &DeviceProfile) -> bool {
     job.method == Method::Inference
-        && job.new_tokens.is_some_and(|n| n > 0 && n < job.seq_len)
+        && job.new_tokens.is_some_and(|n| {
+            n > 0 && n < job.seq_len && n.saturating_mul(model.num_layers) <= MAX_LAYER_STEPS
+        })
         && job.stack.profile().kv_cache == crate::stack::KvCacheLayout::Transformers
         && job.stack.profile().runtime == crate::stack::Runtime::Torch
         && device.backend == Backend::Cuda
