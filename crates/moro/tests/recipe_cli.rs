@@ -278,6 +278,36 @@ fn bad_input_exits_2_naming_the_field() {
         .code(2);
 }
 
+/// `recipe check` of an inference recipe describes what serves the sequences: the prompt
+/// and generated tokens, the batch, the GPUs' split; no optimizer or accumulation.
+#[test]
+fn check_describes_a_generation_without_training_words() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("gen.yaml"),
+        "model:\n  base: meta-llama/Llama-3.1-70B\n  method: inference\ntraining:\n  \
+         max_seq_length: 4608\n  max_new_tokens: 4096\n  micro_batch_size: 8\nparallel:\n  \
+         gpus: 4\n  tensor_parallel: 4\n",
+    )
+    .unwrap();
+    let out = String::from_utf8(stdout_of(
+        d,
+        &["recipe", "check", "gen.yaml", "--hardware", "4xh100-sxm"],
+        0,
+    ))
+    .unwrap();
+    let job = out
+        .lines()
+        .find(|l| l.starts_with("job"))
+        .expect("a job line");
+    assert_eq!(
+        job,
+        "job     inference, 4608 (512 prompt + 4096 generated) tokens, batch 8, bf16, sdpa, \
+         4 GPUs: tensor parallel 4"
+    );
+}
+
 #[test]
 fn check_reports_unknown_keys_with_line_and_column() {
     let dir = tempfile::tempdir().unwrap();

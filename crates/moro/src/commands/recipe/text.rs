@@ -115,6 +115,30 @@ pub(crate) fn describe(job: &Job) -> String {
         s.push_str(&format!(" ({})", job.quantization.as_str()));
     }
     let tokens = job.tokens_in_words();
+    if job.method == Method::Inference {
+        // No optimizer, accumulation or checkpointing: what serves the sequences.
+        s.push_str(&format!(
+            ", {tokens} tokens, batch {}, {}, {}",
+            job.micro_batch_size,
+            job.precision.as_str(),
+            job.attention.as_str()
+        ));
+        let p = &job.parallel;
+        if p.gpus() > 1 {
+            let mut how = Vec::new();
+            if p.tensor_parallel > 1 {
+                how.push(format!("tensor parallel {}", p.tensor_parallel));
+            }
+            if p.pipeline > 1 {
+                how.push(format!("{} pipeline stages", p.pipeline));
+            }
+            if p.data_parallel > 1 {
+                how.push(format!("{} replicas", p.data_parallel));
+            }
+            s.push_str(&format!(", {} GPUs: {}", p.gpus(), how.join(" × ")));
+        }
+        return s;
+    }
     s.push_str(&format!(
         ", {tokens} tokens, micro-batch {} × accum {}, {}, {}, {}{}",
         job.micro_batch_size,
