@@ -306,6 +306,28 @@ fn check_describes_a_generation_without_training_words() {
         "job     inference, 4608 (512 prompt + 4096 generated) tokens, batch 8, bf16, sdpa, \
          4 GPUs: tensor parallel 4"
     );
+    // A fine-tune split by tensor parallelism names it, and the data parallelism over the
+    // groups.
+    std::fs::write(
+        d.join("tp.yaml"),
+        "model:\n  base: meta-llama/Llama-3.1-70B\n  method: lora\ntraining:\n  \
+         max_seq_length: 4096\n  gradient_checkpointing: true\nparallel:\n  gpus: 8\n  \
+         tensor_parallel: 2\n",
+    )
+    .unwrap();
+    let check = moro(d)
+        .args(["recipe", "check", "tp.yaml", "--hardware", "8xh100-sxm"])
+        .output()
+        .unwrap();
+    let out = String::from_utf8(check.stdout).unwrap();
+    let job = out
+        .lines()
+        .find(|l| l.starts_with("job"))
+        .expect("a job line");
+    assert!(
+        job.ends_with("8 GPUs: tensor parallel 2 × DDP over 4"),
+        "{job}"
+    );
 }
 
 #[test]

@@ -125,13 +125,7 @@ pub(crate) fn describe(job: &Job) -> String {
         ));
         let p = &job.parallel;
         if p.gpus() > 1 {
-            let mut how = Vec::new();
-            if p.tensor_parallel > 1 {
-                how.push(format!("tensor parallel {}", p.tensor_parallel));
-            }
-            if p.pipeline > 1 {
-                how.push(format!("{} pipeline stages", p.pipeline));
-            }
+            let mut how = model_split(p);
             if p.data_parallel > 1 {
                 how.push(format!("{} replicas", p.data_parallel));
             }
@@ -151,14 +145,33 @@ pub(crate) fn describe(job: &Job) -> String {
     if job.liger.any() {
         s.push_str(", Liger");
     }
-    if job.parallel.gpus() > 1 {
-        s.push_str(&format!(
-            ", {} GPUs {}",
-            job.parallel.gpus(),
-            layout_of(job).strategy_text()
-        ));
+    let p = &job.parallel;
+    if p.gpus() > 1 {
+        let strategy = layout_of(job).strategy_text();
+        let mut how = model_split(p);
+        if how.is_empty() {
+            s.push_str(&format!(", {} GPUs {strategy}", p.gpus()));
+        } else {
+            if p.data_parallel > 1 {
+                how.push(format!("{strategy} over {}", p.data_parallel));
+            }
+            s.push_str(&format!(", {} GPUs: {}", p.gpus(), how.join(" × ")));
+        }
     }
     s
+}
+
+/// How the model itself is split across GPUs, in words: tensor parallelism and pipeline
+/// stages (empty where each GPU holds the whole model).
+fn model_split(p: &moro_core::job::Parallel) -> Vec<String> {
+    let mut how = Vec::new();
+    if p.tensor_parallel > 1 {
+        how.push(format!("tensor parallel {}", p.tensor_parallel));
+    }
+    if p.pipeline > 1 {
+        how.push(format!("{} pipeline stages", p.pipeline));
+    }
+    how
 }
 
 /// The host memory line of an offloading configuration ("" without offload).
