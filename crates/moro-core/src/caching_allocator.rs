@@ -35,7 +35,9 @@ use large_pool::LargePool;
 use small_pool::SmallPool;
 
 const MIN_BLOCK: u64 = 512;
-const SMALL_SIZE: u64 = 1 << 20;
+/// Requests up to this size come from the small pool, whose blocks never serve the large
+/// pool's (`kSmallSize`).
+pub const SMALL_SIZE: u64 = 1 << 20;
 const SMALL_BUFFER: u64 = 2 << 20;
 const LARGE_BUFFER: u64 = 20 << 20;
 const MIN_LARGE_ALLOC: u64 = 10 << 20;

@@ -149,6 +149,19 @@ pub(crate) fn bar(frac: f64, width: usize) -> String {
     )
 }
 
+/// A count with its thousands separated: `2,097,152`.
+pub(crate) fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// GiB with two decimals.
 pub(crate) fn gib(bytes: u64) -> String {
     format!("{:.2}", moro_core::units::gib(bytes))
@@ -172,6 +185,14 @@ pub(crate) fn write_file(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn thousands_are_separated() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1000), "1,000");
+        assert_eq!(thousands(2_097_152), "2,097,152");
+    }
 
     #[test]
     fn captures_nest_and_survive_a_panic() {

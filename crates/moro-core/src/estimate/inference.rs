@@ -179,36 +179,27 @@ fn moe_decode_gather(
     device: &DeviceProfile,
     tp: u64,
 ) -> u64 {
-    if model.moe.is_none()
-        || model.experts_see_every_token
+    let Some(moe) = &model.moe else { return 0 };
+    if model.experts_see_every_token
         || device.backend != super::Backend::Cuda
         || job.quantization == crate::job::Quantization::Mxfp4
     {
         return 0;
     }
-    let routed =
-        |l: &&crate::model::Linear| l.role == crate::model::LinearRole::Expert && !job.is_module(l);
-    model
+    // One routed expert's stacked weights (gate_up and down), in its widest MoE layer.
+    let one_expert = model
         .layers
         .iter()
         .map(|g| {
-            let top_k = g
-                .linears
+            g.linears
                 .iter()
-                .filter(routed)
-                .map(|l| l.active)
-                .max()
-                .unwrap_or(0);
-            let one_expert: u64 = g
-                .linears
-                .iter()
-                .filter(routed)
-                .map(|l| l.weight_numel())
-                .sum();
-            job.micro_batch_size * top_k * one_expert / tp * r.frozen_bytes
+                .filter(|l| l.role == crate::model::LinearRole::Expert && !job.is_module(l))
+                .map(crate::model::Linear::weight_numel)
+                .sum::<u64>()
         })
         .max()
-        .unwrap_or(0)
+        .unwrap_or(0);
+    job.micro_batch_size * moe.experts_per_token * one_expert / tp * r.frozen_bytes
 }
 
 /// Phases of an inference job.

@@ -16,6 +16,7 @@ use moro_data::{
 use serde::Serialize;
 
 use crate::error::{user, user_hint};
+use crate::output::thousands;
 use crate::output::{Table, bar, json, note, stdout};
 use crate::resolve::HubArgs;
 
@@ -507,18 +508,6 @@ fn run_stats(args: &StatsArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn count(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
 #[allow(clippy::cast_precision_loss)]
 fn percent(part: u64, whole: u64) -> String {
     format!("{:.1} %", 100.0 * part as f64 / whole.max(1) as f64)
@@ -532,7 +521,7 @@ fn render(r: &Report<'_>, p: Permille) -> String {
         "dataset    {} ({}, {} samples)",
         r.dataset,
         r.file_format,
-        count(r.samples)
+        thousands(r.samples)
     );
     let _ = writeln!(out, "shape      {}", r.shape_description);
     let template = if r.chat_template {
@@ -550,11 +539,11 @@ fn render(r: &Report<'_>, p: Permille) -> String {
         t.row(vec![
             name.to_owned(),
             format!("{:.1}", s.mean),
-            count(u64::from(s.p50)),
-            count(u64::from(s.p90)),
-            count(u64::from(s.p95)),
-            count(u64::from(s.p99)),
-            count(u64::from(s.max)),
+            thousands(u64::from(s.p50)),
+            thousands(u64::from(s.p90)),
+            thousands(u64::from(s.p95)),
+            thousands(u64::from(s.p99)),
+            thousands(u64::from(s.max)),
         ]);
     };
     row("sequence", &r.sequence);
@@ -572,9 +561,9 @@ fn render(r: &Report<'_>, p: Permille) -> String {
         let _ = writeln!(
             out,
             "  ≤ {:>7}  {}  {}",
-            count(u64::from(b.upto)),
+            thousands(u64::from(b.upto)),
             bar(b.samples as f64 / most.max(1) as f64, 30),
-            count(b.samples)
+            thousands(b.samples)
         );
     }
     let _ = writeln!(out);
@@ -586,40 +575,40 @@ fn render(r: &Report<'_>, p: Permille) -> String {
         ),
         n => format!(
             "{} samples ({}) are longer and are truncated",
-            count(n),
+            thousands(n),
             percent(n, r.samples)
         ),
     };
     let _ = writeln!(
         out,
         "max_seq_length {} (p{}): {longer}",
-        count(u64::from(r.percentile.max_seq_length)),
+        thousands(u64::from(r.percentile.max_seq_length)),
         p.percent_label(),
     );
     if let Some(t) = &r.truncation {
         let _ = writeln!(
             out,
             "at {} tokens: {} samples ({}) truncated, {} tokens cut ({} of them with loss)",
-            count(u64::from(t.max_seq_length)),
-            count(t.samples),
+            thousands(u64::from(t.max_seq_length)),
+            thousands(t.samples),
             percent(t.samples, r.samples),
-            count(t.tokens_cut),
-            count(t.loss_tokens_cut),
+            thousands(t.tokens_cut),
+            thousands(t.loss_tokens_cut),
         );
     }
     if let Some(pk) = &r.packing {
         let _ = writeln!(
             out,
             "packed into {} tokens: {} sequences best-fit ({:.1} % full), {} wrapped",
-            count(u64::from(pk.max_seq_length)),
-            count(pk.best_fit),
+            thousands(u64::from(pk.max_seq_length)),
+            thousands(pk.best_fit),
             100.0 * pk.best_fit_fill,
-            count(pk.wrapped),
+            thousands(pk.wrapped),
         );
     }
     if r.malformed_count > 0 {
         let _ = writeln!(out);
-        let _ = writeln!(out, "malformed rows: {}", count(r.malformed_count));
+        let _ = writeln!(out, "malformed rows: {}", thousands(r.malformed_count));
         for m in r.malformed.iter().take(10) {
             let _ = writeln!(out, "  {}: {}", m.at, m.message);
         }

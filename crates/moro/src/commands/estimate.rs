@@ -10,7 +10,7 @@ use moro_core::job::{Job, Method, Sharding};
 use serde::Serialize;
 
 use crate::jobargs::JobArgs;
-use crate::output::{Table, bar, gib, json, size, stdout};
+use crate::output::{Table, bar, gib, json, size, stdout, thousands};
 use crate::resolve;
 use crate::verdict::{Judged, band_text, judge, verdict_text};
 
@@ -645,15 +645,18 @@ pub(crate) fn render(
              (up to 15 % more reserved on an H200); keep headroom, or `moro calibrate`\n",
         );
     }
-    let grown_cache = job.stack.profile().kv_cache == moro_core::stack::KvCacheLayout::Transformers
-        && job.stack.profile().runtime == moro_core::stack::Runtime::Torch;
-    if job.new_tokens.is_some() && grown_cache && !est.reserve_from_replay && !mps {
-        out.push_str(
+    if job.new_tokens.is_some()
+        && moro_core::estimate::trace::generate::cache_grows_by_copy(job)
+        && !est.reserve_from_replay
+        && !mps
+    {
+        out.push_str(&format!(
             "\nnote: the decode steps are summed by formulas, not replayed (the generation trace \
              follows Llama, Mistral and Qwen2/3 models on one GPU with transformers' cache, up \
-             to 2,097,152 layers × generated tokens): blocks the growing keys and values leave \
-             in PyTorch's cache are not counted\n",
-        );
+             to {} layers × generated tokens): blocks the growing keys and values leave in \
+             PyTorch's cache are not counted\n",
+            thousands(moro_core::estimate::trace::generate::MAX_LAYER_STEPS)
+        ));
     }
     if est.idle_cache_bytes >= 64 << 20 {
         // On a known GPU the cache can keep them only up to its memory.

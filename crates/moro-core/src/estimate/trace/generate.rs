@@ -15,7 +15,7 @@
 //! fake CUDA tensors, with what `generate` makes around it, `generation/utils.py`
 //! `_sample`); `crates/moro-core/tests/generate.rs` holds the trace to its sequences.
 
-use crate::caching_allocator::round_size;
+use crate::caching_allocator::{SMALL_SIZE, round_size};
 use crate::job::{Attention, Job, Method, Quantization};
 use crate::model::{AttentionKind, ModelSpec};
 
@@ -24,13 +24,17 @@ use super::decoder_layer;
 use super::params::{Param, params};
 use super::{Builder, Replayed, Tensor, Trace};
 
-/// Requests up to this size come from the small pool, whose blocks never serve the large
-/// pool's (`kSmallSize`, CUDACachingAllocator.cpp).
-const SMALL_SIZE: u64 = 1 << 20;
-
 /// The most decode steps × layers a generation's replay follows: about 8 million events,
 /// half a second on one core. Longer generations are estimated by the formulas.
 pub const MAX_LAYER_STEPS: u64 = 1 << 21;
+
+/// Whether `job`'s stack generates with transformers' `DynamicCache` in PyTorch, whose
+/// keys and values grow a token a step by `torch.cat`.
+#[must_use]
+pub fn cache_grows_by_copy(job: &Job) -> bool {
+    job.stack.profile().kv_cache == crate::stack::KvCacheLayout::Transformers
+        && job.stack.profile().runtime == crate::stack::Runtime::Torch
+}
 
 /// Whether [`trace`] models `job` on `model`: an inference job that generates tokens one
 /// at a time ([`Job::new_tokens`], at most [`MAX_LAYER_STEPS`] layer-steps) on one CUDA GPU
@@ -43,8 +47,7 @@ pub fn models(model: &ModelSpec, job: &Job, r: &Regime, device: &DeviceProfile) 
         && job.new_tokens.is_some_and(|n| {
             n > 0 && n < job.seq_len && n.saturating_mul(model.num_layers) <= MAX_LAYER_STEPS
         })
-        && job.stack.profile().kv_cache == crate::stack::KvCacheLayout::Transformers
-        && job.stack.profile().runtime == crate::stack::Runtime::Torch
+        && cache_grows_by_copy(job)
         && device.backend == Backend::Cuda
         && device.flash_sdpa
         && job.attention == Attention::Sdpa
@@ -315,15 +318,14 @@ impl<'m> Generation<'m> {
         if cublas.is_none() && self.cublas > 0 {
             *cublas = Some(b.alloc("cuBLAS workspace", Component::Transients, self.cublas, 1));
         }
+        // Each layer's input is freed after the layer, the embedding's only at the end.
         let mut x = emb;
-        let mut x_is_emb = true;
         for (k, slot) in cache.iter_mut().enumerate() {
-            let out = self.layer(b, slot, k as u64, x, n, past, lean);
-            if !x_is_emb {
+            let out = self.layer(b, slot, k as u64, n, past, lean);
+            if k > 0 {
                 self.drop(b, x);
             }
             x = out;
-            x_is_emb = false;
         }
         let normed = self.norm(b, tokens, self.h, lean);
         self.drop(b, x);
@@ -403,7 +405,6 @@ impl<'m> Generation<'m> {
         b: &mut Builder<'m>,
         slot: &mut Option<Cached<'m>>,
         layer: u64,
-        _input: Option<Tensor<'m>>,
         n: u64,
         past: u64,
         lean: bool,
