@@ -853,6 +853,87 @@ fn fit_serves_inference_tensor_parallel() {
     assert!(!text.contains("DDP"), "{text}");
 }
 
+/// `moro fit --method inference --max-new-tokens` reads the flag as `moro estimate` does: of
+/// the context, the last tokens are generated after the prompt. Each row's peak is the
+/// estimate of the same job on that GPU, its words say "512 prompt + 4096 generated", and it
+/// holds at least the weights (8,030,261,248 × 2 B) and the keys and values of all 4,608
+/// tokens (32 layers × 2 × 8 heads × 128 × 2 B × 4,608 = 603,979,776 B). The flag is refused
+/// for training and where it leaves no prompt.
+#[test]
+fn fit_serves_a_generation_as_estimate_reads_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = [
+        "--model",
+        "meta-llama/Llama-3.1-8B",
+        "--method",
+        "inference",
+        "--seq-len",
+        "4608",
+        "--max-new-tokens",
+        "4096",
+        "--json",
+    ];
+    let v = json_of(&stdout_of(dir.path(), &[&["fit"][..], &job].concat(), 0));
+    assert_eq!(v["max_new_tokens"], 4096);
+    let h100 = v["fits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["preset"] == "h100-sxm")
+        .unwrap_or_else(|| panic!("an H100 serves it: {v}"))
+        .clone();
+    assert_eq!(h100["gpus"], 1, "{h100}");
+    assert_eq!(h100["job"]["new_tokens"], 4096);
+    assert!(
+        h100["configuration"]
+            .as_str()
+            .unwrap()
+            .contains("4608 (512 prompt + 4096 generated) tokens"),
+        "{h100}"
+    );
+    let est = json_of(&stdout_of(
+        dir.path(),
+        &[&["estimate", "--hardware", "h100-sxm"][..], &job].concat(),
+        0,
+    ));
+    assert_eq!(h100["peak_device_bytes"], est["peak_device_bytes"]);
+    assert!(
+        est["peak_allocated_bytes"].as_u64().unwrap() >= 8_030_261_248 * 2 + 603_979_776,
+        "{est}"
+    );
+    // Refused, naming the flag, exit 2.
+    for (args, words) in [
+        (
+            &["--method", "qlora", "--max-new-tokens", "40"][..],
+            "--max-new-tokens 40: applies to inference",
+        ),
+        (
+            &["--method", "inference", "--max-new-tokens", "9000"][..],
+            "--max-new-tokens 9000: leaves no prompt",
+        ),
+        (
+            &[
+                "--method",
+                "inference",
+                "--seq-len",
+                "100",
+                "--max-new-tokens",
+                "100",
+            ][..],
+            "max_new_tokens",
+        ),
+    ] {
+        let out = moro(dir.path())
+            .args([&["fit", "--model", "meta-llama/Llama-3.1-8B"][..], args].concat())
+            .assert()
+            .code(2)
+            .get_output()
+            .clone();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(words), "{args:?}: {err}");
+    }
+}
+
 /// On a Mac the search plans `mlx_lm.lora` unless told otherwise: QLoRA on MLX's 4-bit
 /// weights is open to it, which the CUDA stacks cannot give an Apple GPU.
 #[test]

@@ -128,6 +128,10 @@ pub(crate) struct FitArgs {
     /// Context in tokens [default: the longest of 8192, 4096, 2048, 1024 that fits].
     #[arg(long, visible_alias = "max-seq-length", value_parser = parse_positive)]
     pub(crate) seq_len: Option<u64>,
+    /// Inference: of the context, the tokens generated one at a time after the prompt
+    /// (transformers' `max_new_tokens`) [default: none, the whole context prefilled at once].
+    #[arg(long, visible_alias = "new-tokens", value_parser = parse_positive)]
+    pub(crate) max_new_tokens: Option<u64>,
     /// Sequences per optimizer step [default: 16].
     #[arg(long, value_parser = parse_positive)]
     pub(crate) effective_batch: Option<u64>,
@@ -202,6 +206,9 @@ struct FitJson<'a> {
     parameters: u64,
     method: &'a str,
     seq_len: Option<u64>,
+    /// Inference: the tokens generated after the prompt, of `seq_len`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_new_tokens: Option<u64>,
     gpu_counts: [u64; 7],
     order: &'static str,
     fits: &'a [FitRow],
@@ -423,8 +430,25 @@ pub(crate) fn find(args: &FitArgs) -> Result<Found> {
         // The catalog's GPUs are searched in parallel, each search on one thread.
         workers: 1,
     };
-    if args.method == MethodChoice::Only(moro_core::job::Method::Inference) {
-        let (mut fits, not) = crate::commands::fit_inference::rows(&spec, args.seq_len, args.stack);
+    let inference = args.method == MethodChoice::Only(moro_core::job::Method::Inference);
+    if let Some(n) = args.max_new_tokens
+        && !inference
+    {
+        return Err(user_hint(
+            format!(
+                "--max-new-tokens {n}: applies to inference; a training job trains on whole \
+                 sequences"
+            ),
+            "add --method inference, or drop --max-new-tokens",
+        ));
+    }
+    if inference {
+        let (mut fits, not) = crate::commands::fit_inference::rows(
+            &spec,
+            args.seq_len,
+            args.max_new_tokens,
+            args.stack,
+        )?;
         order(&mut fits);
         return Ok(Found {
             id,
@@ -476,6 +500,7 @@ pub(crate) fn print(args: &FitArgs, found: &Found) -> Result<ExitCode> {
             parameters: spec.total_params(),
             method,
             seq_len: args.seq_len,
+            max_new_tokens: args.max_new_tokens,
             gpu_counts: FIT_GPU_COUNTS,
             order: "GPU-resident answers first, CPU-offload-only answers after; each by total \
                     $/hour (GPUs × $/GPU-hour, hardware-detection.md §6) ascending, then the \
@@ -644,7 +669,11 @@ fn table(fits: &[FitRow], wide: bool, method_fixed: bool) -> String {
 /// × accumulation, checkpointing.
 fn short_recipe(job: &moro_core::job::Job, with_method: bool) -> String {
     if job.method == moro_core::job::Method::Inference {
-        return format!("{} tokens, batch {}", job.seq_len, job.micro_batch_size);
+        return format!(
+            "{} tokens, batch {}",
+            job.tokens_in_words(),
+            job.micro_batch_size
+        );
     }
     let mut words = Vec::new();
     if with_method {

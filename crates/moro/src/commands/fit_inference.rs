@@ -2,14 +2,18 @@
 //! parallel within one node, the way vLLM and TGI split a model that one GPU cannot hold;
 //! Apple Silicon: one) on which the model serves one sequence of the context, judged on the
 //! upper bound as every other fit. Without `--seq-len`, the longest of 8192, 4096, 2048 and
-//! 1024 (within the model's positions) that fits.
+//! 1024 (within the model's positions) that fits. With `--max-new-tokens`, the context is the
+//! prompt and the tokens generated after it, as `moro estimate` reads the same flags.
 
 use moro_core::bound::Verdict;
-use moro_core::job::{JobSettings, Method, Stack};
+use moro_core::estimate::{DeviceProfile, Estimate};
+use moro_core::job::{Job, JobSettings, Method, Stack};
 use moro_core::model::ModelSpec;
 
 use super::fit::{FitRow, price_of};
 use crate::commands::recipe::caps_of_device;
+use crate::error::{user, user_hint};
+use anyhow::Result;
 
 /// Tensor-parallel degrees tried, within one node.
 const TP_DEGREES: [u64; 4] = [1, 2, 4, 8];
@@ -17,21 +21,44 @@ const TP_DEGREES: [u64; 4] = [1, 2, 4, 8];
 /// The contexts tried when none is asked, longest first.
 const CONTEXTS: [u64; 4] = [8192, 4096, 2048, 1024];
 
-/// One row per GPU class that serves it, and the classes that do not even as 8.
+/// One row per GPU class that serves it, and the classes that do not even as 8; an error
+/// where `new_tokens` leaves no prompt in any context.
 pub(crate) fn rows(
     spec: &ModelSpec,
     seq_len: Option<u64>,
+    new_tokens: Option<u64>,
     stack: Stack,
-) -> (Vec<FitRow>, Vec<String>) {
+) -> Result<(Vec<FitRow>, Vec<String>)> {
     let contexts: Vec<u64> = match seq_len {
-        Some(s) => vec![s],
+        Some(s) => {
+            // The job's own check, so the message is the one `moro estimate` gives.
+            let job = settings(s, new_tokens, stack, 1)
+                .resolve()
+                .map_err(|e| user(e.to_string()))?;
+            job.validate(spec).map_err(|e| user(e.to_string()))?;
+            vec![s]
+        }
         None => CONTEXTS
             .into_iter()
             .filter(|c| spec.max_position_embeddings == 0 || *c <= spec.max_position_embeddings)
+            .filter(|c| new_tokens.is_none_or(|n| n < *c))
             .collect(),
     };
+    if contexts.is_empty()
+        && let Some(n) = new_tokens
+    {
+        return Err(user_hint(
+            format!(
+                "--max-new-tokens {n}: leaves no prompt in any context tried (at most {} \
+                 tokens)",
+                CONTEXTS[0]
+            ),
+            "give the context with --seq-len",
+        ));
+    }
     let mut fits = Vec::new();
     let mut not = Vec::new();
+    let mut memo = Estimates::default();
     for p in moro_core::hardware::presets() {
         let Some(device) = p.to_device(None) else {
             continue;
@@ -44,40 +71,65 @@ pub(crate) fn rows(
         let row = degrees.iter().find_map(|&n| {
             contexts
                 .iter()
-                .find_map(|&ctx| serve_on(spec, p, &device, n, ctx, stack))
+                .find_map(|&ctx| serve_on(spec, p, &device, n, ctx, new_tokens, stack, &mut memo))
         });
         match row {
             Some(r) => fits.push(r),
             None => not.push(p.id.clone()),
         }
     }
-    (fits, not)
+    Ok((fits, not))
+}
+
+/// One sequence of `ctx` tokens (the last `new_tokens` generated) on `n` GPUs, tensor
+/// parallel over all of them.
+fn settings(ctx: u64, new_tokens: Option<u64>, stack: Stack, n: u64) -> JobSettings {
+    JobSettings {
+        method: Some(Method::Inference),
+        seq_len: Some(ctx),
+        new_tokens,
+        micro_batch_size: Some(1),
+        stack: Some(stack),
+        gpus: (n > 1).then_some(n),
+        tensor_parallel: (n > 1).then_some(n),
+        ..JobSettings::default()
+    }
+}
+
+/// The estimates made so far, by job and device profile: the catalog's GPUs share a few
+/// profiles, and a generation's replay is worth making once.
+#[derive(Default)]
+struct Estimates(Vec<(Job, DeviceProfile, Option<Estimate>)>);
+
+impl Estimates {
+    fn of(&mut self, spec: &ModelSpec, job: &Job, profile: &DeviceProfile) -> Option<Estimate> {
+        if let Some((.., e)) = self.0.iter().find(|(j, p, _)| j == job && p == profile) {
+            return e.clone();
+        }
+        let e = moro_core::estimate::estimate(spec, job, profile).ok();
+        self.0.push((job.clone(), profile.clone(), e.clone()));
+        e
+    }
 }
 
 /// The row for `n` GPUs of preset `p` at context `ctx`, when it fits.
+#[allow(clippy::too_many_arguments)]
 fn serve_on(
     spec: &ModelSpec,
     p: &moro_core::hardware::GpuModel,
     device: &moro_core::hardware::Device,
     n: u64,
     ctx: u64,
+    new_tokens: Option<u64>,
     stack: Stack,
+    memo: &mut Estimates,
 ) -> Option<FitRow> {
-    let settings = JobSettings {
-        method: Some(Method::Inference),
-        seq_len: Some(ctx),
-        micro_batch_size: Some(1),
-        stack: Some(stack),
-        gpus: (n > 1).then_some(n),
-        tensor_parallel: (n > 1).then_some(n),
-        ..JobSettings::default()
-    };
-    let job = settings.resolve().ok()?;
+    let job = settings(ctx, new_tokens, stack, n).resolve().ok()?;
     job.validate(spec).ok()?;
     moro_core::job::against::check(&job, spec, Some(device)).ok()?;
     let caps = caps_of_device(device);
     let (usable, profile) = (caps.usable_bytes, caps.profile);
-    let est = moro_core::estimate::estimate(spec, &job, &profile).ok()?;
+    let est = memo.of(spec, &job, &profile)?;
     let judged = crate::verdict::judge(&est, &job, Some(usable));
     if judged.verdict != Some(Verdict::Fits) {
         return None;
@@ -96,7 +148,8 @@ fn serve_on(
         memory_bytes: usable,
         gpus: n,
         configuration: format!(
-            "inference, {ctx} tokens, batch 1, {}, {} attention, {strategy}",
+            "inference, {} tokens, batch 1, {}, {} attention, {strategy}",
+            job.tokens_in_words(),
             job.precision.as_str(),
             job.attention.as_str()
         ),
