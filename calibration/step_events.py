@@ -181,11 +181,30 @@ def install_dequant_forward():
     bitsandbytes.matmul_4bit = matmul_4bit
 
 
-def run(argv, descs=False, flash_attn=False):
+def install_lengths(lengths):
+    """Each step's batch `lengths[i]` tokens long, where the oracle makes every step's
+    `(batch, seq)` inputs with `torch.randint(0, vocab, (B, S), device="cuda")`: the batches
+    a trainer pads to their own longest sample."""
+    import torch
+
+    orig = torch.randint
+    pending = list(lengths)
+
+    def randint(*a, **k):
+        if len(a) == 3 and len(a[2]) == 2 and k.get("device") == "cuda" and pending:
+            a = (a[0], a[1], (a[2][0], pending.pop(0)))
+        return orig(*a, **k)
+
+    torch.randint = randint
+
+
+def run(argv, descs=False, flash_attn=False, lengths=None):
     sys.path.insert(0, ORACLE_DIR)
     import tracker as tracker_module
 
     install_dequant_forward()
+    if lengths:
+        install_lengths(lengths)
     if flash_attn:
         import flash_attn_emulation
 
@@ -394,6 +413,29 @@ FULL_MATRIX = [full_args(True, model="Qwen--Qwen3-8B"), full_args(False, model="
 FULL_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-full.jsonl")
 
 
+# Batches padded to their own longest sample (`--matrix-lengths`): one shuffled order of
+# lengths up to 512, the longest twice, longer batches after shorter ones.
+LENGTHS = [256, 96, 384, 160, 512, 64, 448, 320, 128, 512, 224, 480, 192, 416, 288, 352]
+
+
+def with_lengths(a, lengths=None):
+    """Job `a` trained on one batch of each of `lengths` tokens in turn."""
+    lengths = lengths or LENGTHS
+    i = a.index("--label")
+    return a[:i] + ["--lengths", ",".join(map(str, lengths)),
+                    "--label", a[i + 1] + "-lengths%d" % len(lengths)]
+
+
+LENGTHS_MATRIX = [with_lengths(lora_args("bf16-mixed", 0.0, True, batch=2, seq=512)),
+                  with_lengths(lora_args("bf16-mixed", 0.0, False, batch=2, seq=512)),
+                  with_lengths(qlora_args(True, seq=512, batch=2)),
+                  with_lengths(full_args(True, model="Qwen--Qwen2.5-7B", batch=2)),
+                  with_lengths(lora_args("bf16-mixed", 0.1, True, attn="eager",
+                                         model="meta-llama--Llama-2-7b-hf", batch=2, seq=512,
+                                         rank=8))]
+LENGTHS_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-lengths.jsonl")
+
+
 def with_attention(a, tag, flags):
     """`a` with other attention `flags`, its label saying `tag` where it said `sdpa` (or at
     its end)."""
@@ -479,6 +521,7 @@ def main():
         "--matrix-flash": (FLASH_MATRIX, FLASH_FIXTURE, True),
         "--matrix-math": (MATH_MATRIX, MATH_FIXTURE, True),
         "--matrix-math-mha": (MATH_MHA_MATRIX, MATH_MHA_FIXTURE, True),
+        "--matrix-lengths": (LENGTHS_MATRIX, LENGTHS_FIXTURE, True),
     }
     if len(argv) == 1 and argv[0] in matrices:
         jobs, fixture, compact_rows = matrices[argv[0]]
@@ -486,7 +529,15 @@ def main():
         return
     descs = "--desc" in argv
     flash_attn = "--flash-attn" in argv
-    row = run([a for a in argv if a not in ("--desc", "--flash-attn")], descs, flash_attn)
+    lengths = None
+    if "--lengths" in argv:
+        i = argv.index("--lengths")
+        lengths = [int(x) for x in argv[i + 1].split(",")]
+        argv = argv[:i] + argv[i + 2:] + ["--steps", str(len(lengths))]
+    row = run([a for a in argv if a not in ("--desc", "--flash-attn")], descs, flash_attn,
+              lengths)
+    if lengths:
+        row["lengths"] = lengths
     if flash_attn:
         row["job"]["attn_implementation"] = "flash_attention_2"
     if spec is not None:

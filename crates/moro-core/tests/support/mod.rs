@@ -208,3 +208,81 @@ pub fn seq2seq_generation(
     }
     checked
 }
+
+/// The job, model, regime and device of a row `calibration/step_events.py` recorded on the
+/// fake-CUDA oracle (its `config`, `job` and `stack`), as moro's step trace takes them.
+pub fn oracle_step_job(
+    v: &Value,
+) -> (
+    moro_core::model::ModelSpec,
+    moro_core::job::Job,
+    moro_core::estimate::Regime,
+    DeviceProfile,
+) {
+    use moro_core::estimate::{Backend, Regime};
+    use moro_core::job::{Quantization, Stack};
+    let j = &v["job"];
+    let m = moro_core::arch::parse_config(v["config"].to_string().as_bytes()).unwrap();
+    let targets: Option<Vec<String>> = j["lora"]["targets"]
+        .as_array()
+        .map(|ts| ts.iter().map(|t| t.as_str().unwrap().to_owned()).collect());
+    let qlora = j["method"] == "qlora";
+    let settings = JobSettings {
+        method: Some(match j["method"].as_str().unwrap() {
+            "qlora" => Method::QuantizedAdapters,
+            "full" => Method::Full,
+            _ => Method::Adapters,
+        }),
+        quantization: qlora.then(|| {
+            if j["qlora"]["double_quant"] == true {
+                Quantization::Nf4Dq
+            } else {
+                Quantization::Nf4
+            }
+        }),
+        precision: Some(match j["precision"].as_str().unwrap() {
+            "bf16" => Precision::Bf16,
+            _ => Precision::Bf16Mixed,
+        }),
+        stack: Some(if v["stack"] == "trl" {
+            Stack::Trl
+        } else {
+            Stack::Hf
+        }),
+        optimizer: Some(if j["optimizer"] == "torch.optim.AdamW(foreach)" {
+            Optimizer::AdamwTorch
+        } else {
+            Optimizer::AdamwTorchFused
+        }),
+        attention: Some(match j["attn_implementation"].as_str().unwrap() {
+            "eager" => Attention::Eager,
+            "flash_attention_2" => Attention::Flash,
+            _ => Attention::Sdpa,
+        }),
+        gradient_checkpointing: j["grad_ckpt"].as_bool(),
+        micro_batch_size: j["micro_batch"].as_u64(),
+        seq_len: j["seq_len"].as_u64(),
+        lora_rank: j["lora"]["r"].as_u64(),
+        lora_alpha: j["lora"]["alpha"].as_f64(),
+        lora_dropout: j["lora"]["dropout"].as_f64(),
+        target_modules: targets.map(Targets::Names),
+        ..JobSettings::default()
+    };
+    let job = settings.resolve_for(&m).unwrap();
+    let regime = Regime::resolve(&m, &job);
+    // `--sdpa-backend math`: a GPU without SDPA's flash backend, or, for heads that are
+    // not grouped, Apple's MPS (where the math kernel runs for every model).
+    let math = j["sdpa_backend_policy"] == "math";
+    let device = DeviceProfile {
+        flash_sdpa: !math,
+        backend: if math && m.num_kv_heads == m.num_heads {
+            Backend::Mps
+        } else {
+            Backend::Cuda
+        },
+        // The oracle makes no cuBLAS workspace.
+        cublas_workspace_bytes: 0,
+        ..DeviceProfile::default()
+    };
+    (m, job, regime, device)
+}

@@ -205,16 +205,95 @@ fn recorded<'m>(
     };
     for step in 1..=2u8 {
         for _ in 0..job.grad_accum.max(1) {
-            let fwd = s.forward(&mut b, &mut held, step);
-            let ([dhidden, labels, input_ids], saved, kept) =
-                s.loss_backward(&mut b, &mut held, step, fwd);
-            let dinput = s.layers_backward(&mut b, &mut held, step, saved, kept, dhidden);
-            let rest = dinput.into_iter().chain([labels, input_ids]);
-            s.backward_end(&mut b, &mut held, step, rest);
+            s.micro_batch(&mut b, &mut held, step);
         }
         s.optimizer_step(&mut b, &mut held, step);
     }
     Some((b, s.ops.is_some()))
+}
+
+/// The replay of `job` trained on micro-batches of `lengths` tokens, in that order: loading,
+/// then `job.grad_accum` of them to each optimizer step (the last step takes what is left).
+/// A trainer that pads each batch to its own longest sample (`DataCollatorWithPadding`,
+/// TRL without packing) runs such a sequence; `None` where [`models`] is false or a length
+/// is 0 or there are none.
+///
+/// The cache keeps what a longer batch outgrew: `reserved` climbs over a run while
+/// `needed` (the segments holding a tensor) stays near one batch's. docs/memory-anatomy.md
+/// §17 has what a replay of shuffled batches shows.
+#[must_use]
+pub fn replay_over_lengths(
+    model: &ModelSpec,
+    job: &Job,
+    r: &Regime,
+    device: &DeviceProfile,
+    lengths: &[u64],
+) -> Option<Replayed> {
+    recorded_over_lengths(model, job, r, device, lengths, |tensors| {
+        Builder::reading(device.backend, true, tensors)
+    })?
+    .finish_reading()
+    .1
+}
+
+/// The events [`replay_over_lengths`] replays.
+#[must_use]
+pub fn trace_over_lengths<'m>(
+    model: &'m ModelSpec,
+    job: &Job,
+    r: &Regime,
+    device: &DeviceProfile,
+    lengths: &[u64],
+) -> Option<Trace<'m>> {
+    recorded_over_lengths(model, job, r, device, lengths, Builder::with_capacity)
+        .map(Builder::finish)
+}
+
+fn recorded_over_lengths<'m>(
+    model: &'m ModelSpec,
+    job: &Job,
+    r: &Regime,
+    device: &DeviceProfile,
+    lengths: &[u64],
+    make: impl FnOnce(usize) -> Builder<'m>,
+) -> Option<Builder<'m>> {
+    let first = *lengths.first()?;
+    if !models(model, job, r) || lengths.contains(&0) {
+        return None;
+    }
+    let mut distinct: Vec<u64> = lengths.to_vec();
+    distinct.sort_unstable();
+    distinct.dedup();
+    let jobs: Vec<Job> = distinct
+        .iter()
+        .map(|&seq_len| Job {
+            seq_len,
+            ..job.clone()
+        })
+        .collect();
+    let steps: Vec<Step> = jobs
+        .iter()
+        .map(|j| Step::new(model, j, r, device))
+        .collect();
+    let step_of = |len: u64| &steps[distinct.binary_search(&len).unwrap_or(0)];
+    let loading = step_of(first);
+    let mut b = make(loading.ps.len() * 8);
+    loading.load(&mut b);
+    let mut held = Held {
+        grads: vec![None; loading.ps.len()],
+        states: Vec::new(),
+        cublas: Vec::new(),
+    };
+    let accum = usize::try_from(job.grad_accum.max(1)).unwrap_or(1);
+    for (i, batches) in lengths.chunks(accum).enumerate() {
+        // Events are labelled step 1, then 2: the optimizer's states are made once.
+        let step = if i == 0 { 1 } else { 2 };
+        for &len in batches {
+            step_of(len).micro_batch(&mut b, &mut held, step);
+        }
+        step_of(batches[batches.len() - 1]).optimizer_step(&mut b, &mut held, step);
+    }
+    Some(b)
 }
 
 /// What every moment of the step reads: the job's shapes, the parameters and what each
@@ -291,6 +370,15 @@ struct Forward<'m> {
 }
 
 impl<'m, 'j> Step<'m, 'j> {
+    /// One micro-batch: forward, loss, backward.
+    fn micro_batch(&self, b: &mut Builder<'m>, held: &mut Held<'m>, step: u8) {
+        let fwd = self.forward(b, held, step);
+        let ([dhidden, labels, input_ids], saved, kept) = self.loss_backward(b, held, step, fwd);
+        let dinput = self.layers_backward(b, held, step, saved, kept, dhidden);
+        let rest = dinput.into_iter().chain([labels, input_ids]);
+        self.backward_end(b, held, step, rest);
+    }
+
     fn new(model: &'m ModelSpec, job: &'j Job, r: &'j Regime, device: &DeviceProfile) -> Self {
         let t = job.micro_batch_size * job.seq_len;
         let full = job.method == Method::Full;
