@@ -172,7 +172,8 @@ pub(crate) struct JobArgs {
     /// Gradient accumulation steps [default: 1].
     #[arg(long, visible_alias = "gradient-accumulation-steps", value_parser = parse_count, help_heading = "Shape")]
     pub(crate) grad_accum: Option<u64>,
-    /// Batches are padded to --seq-len with an attention mask (default: packed).
+    /// Batches are padded with an attention mask, to --seq-len or each to its longest sample
+    /// (--seq-len the longest) [default: packed].
     #[arg(long, help_heading = "Shape")]
     pub(crate) padded: bool,
     /// Optimizer, as HF Trainer's `optim` [default: adamw_torch_fused].

@@ -20,6 +20,34 @@ fn json(args: &[&str]) -> serde_json::Value {
     run(args).answer_json()
 }
 
+/// Padded batches differ in length over a run: the estimate says that the reserved level and
+/// nvidia-smi climb with the blocks shorter batches leave, and that the partly used blocks of
+/// one GPU without sharding are within the bound (docs/memory-anatomy.md §17; `moro-core/tests/
+/// varying_lengths.rs` holds both to replays). Packed batches, all of one length, get no
+/// such note, nor does an inference job.
+#[test]
+fn padded_batches_are_told_the_cache_climbs() {
+    let job = [
+        "estimate",
+        "--model",
+        "meta-llama/Llama-3.1-8B",
+        "--method",
+        "lora",
+        "--seq-len",
+        "2048",
+    ];
+    let words = "where padded batches differ in length over a run";
+    let padded = run(&[&job[..], &["--padded"]].concat()).stdout;
+    assert!(padded.contains(words), "{padded}");
+    assert!(padded.contains("within \"at most\""), "{padded}");
+    let sharded = run(&[&job[..], &["--padded", "--gpus", "2"]].concat()).stdout;
+    assert!(
+        sharded.contains(words) && !sharded.contains("within \"at most\""),
+        "{sharded}"
+    );
+    assert!(!run(&job).stdout.contains(words));
+}
+
 #[test]
 fn estimate_json_has_the_documented_fields() {
     let v = json(&[

@@ -619,7 +619,10 @@ impl LossImpl {
 pub enum Padding {
     /// Packed or padding-free: no attention mask.
     Packed,
-    /// Right-padded to `seq_len`: an attention mask is passed.
+    /// Right-padded, with an attention mask: to `seq_len`, or each batch to its own longest
+    /// sample (TRL, axolotl and LLaMA-Factory's collators) with `seq_len` the longest. The
+    /// estimate is the longest batch's; over a run of varying lengths the cache climbs
+    /// (docs/memory-anatomy.md §17).
     Padded,
     /// Each batch padded to its own longest sample, with the longest sample put in the first
     /// batch so that an out-of-memory shows at step 1 (lit-gpt's 2023 `finetune/*.py`:

@@ -673,6 +673,26 @@ pub(crate) fn render(
             size(shown)
         ));
     }
+    if job.method != Method::Inference
+        && job.padding.has_mask()
+        && !mps
+        && job.stack.profile().runtime == moro_core::stack::Runtime::Torch
+    {
+        // docs/memory-anatomy.md §17: a replay of shuffled lengths, held to the fake-CUDA
+        // oracle; `tests/varying_lengths.rs` holds one GPU's runs under the bound.
+        let bound = if job.parallel.gpus() == 1 && job.parallel.sharding == Sharding::None {
+            "; what partly used blocks add (a few percent) is within \"at most\""
+        } else {
+            ""
+        };
+        out.push_str(&format!(
+            "\nnote: where padded batches differ in length over a run (TRL, axolotl and \
+             LLaMA-Factory pad each to its longest sample), PyTorch keeps the blocks shorter \
+             batches left, so max_memory_reserved and nvidia-smi climb above the reserved level \
+             here, toward the GPU's memory, and it returns wholly free ones before it runs \
+             out{bound} (docs/memory-anatomy.md §17)\n"
+        ));
+    }
     if est.step_segments_bytes > 0 {
         out.push_str(&format!(
             "\nnote: the optimizer step's temporaries need {} of new segments no cached block \
