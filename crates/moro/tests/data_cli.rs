@@ -246,6 +246,57 @@ fn estimate_at_the_datas_percentile() {
         .code(2);
 }
 
+/// `estimate --dataset --padded`: a run of the dataset's batches, each padded to its longest
+/// sample, is replayed (docs/memory-anatomy.md §17). 1,000 samples of 21 to 220 tokens (each
+/// length five times) at the p99, 218: 32 batches, the last the longest; the run reaches it,
+/// so what its segments hold is at least the estimate's allocated level, and the cache with
+/// the blocks shorter batches left is at least that. Packed batches, all of one length, get
+/// no run.
+#[test]
+fn a_padded_estimate_replays_a_run_of_the_datasets_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    model_dir(dir.path(), TEMPLATE);
+    let mut text = String::new();
+    for i in 0..1000 {
+        text.push_str(&format!("{}\n", json!({"text": words(20 + i % 200)})));
+    }
+    std::fs::write(dir.path().join("varied.jsonl"), text).unwrap();
+    let args = [
+        "estimate",
+        "--model",
+        "model",
+        "--method",
+        "lora",
+        "--micro-batch-size",
+        "2",
+        "--dataset",
+        "varied.jsonl",
+    ];
+    let run = |extra: &[&str]| {
+        moro(dir.path())
+            .args([&args[..], extra].concat())
+            .assert()
+            .code(0)
+            .get_output()
+            .clone()
+    };
+    let v = json_of(&run(&["--padded", "--json"]).stdout);
+    assert_eq!(v["job"]["seq_len"], 218);
+    let r = &v["run_of_batches"];
+    assert_eq!(r["batches"], 32);
+    assert_eq!(r["longest_tokens"], 218);
+    let needed = r["needed_bytes"].as_u64().unwrap();
+    assert!(needed >= v["peak_allocated_bytes"].as_u64().unwrap(), "{v}");
+    assert!(r["reserved_bytes"].as_u64().unwrap() >= needed, "{v}");
+    let text = String::from_utf8(run(&["--padded"]).stdout).unwrap();
+    assert!(
+        text.contains("run     32 of the dataset's batches replayed (shuffled, each padded to its longest, the last 218 tokens)"),
+        "{text}"
+    );
+    let packed = json_of(&run(&["--json"]).stdout);
+    assert!(packed.get("run_of_batches").is_none(), "{packed}");
+}
+
 #[test]
 fn malformed_rows_are_listed_and_strict_makes_them_fatal() {
     let dir = tempfile::tempdir().unwrap();

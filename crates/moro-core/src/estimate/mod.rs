@@ -17,6 +17,7 @@
 //! buffers and [`parallel`] for sharding.
 
 pub mod activations;
+pub mod batches;
 pub mod dora;
 pub mod inference;
 pub mod load;

@@ -111,6 +111,56 @@ pub(crate) struct EstimateJson<'a> {
     /// allocator's, read by `torch.accelerator`); absent for CUDA.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) backend: Option<Backend>,
+    /// `--dataset` with padded batches: a run of its batches, replayed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) run_of_batches: Option<&'a RunJson>,
+}
+
+/// A run of a dataset's batches, each padded to its longest sample, replayed through the
+/// step trace (docs/memory-anatomy.md §17).
+#[derive(Debug, Serialize)]
+pub(crate) struct RunJson {
+    /// Batches replayed: drawn shuffled, the last the longest.
+    pub(crate) batches: usize,
+    /// The longest batch's tokens per sample.
+    pub(crate) longest_tokens: u64,
+    /// The most bytes at once in segments holding a tensor: what must fit.
+    pub(crate) needed_bytes: u64,
+    /// `max_memory_reserved` at the end of the run where the GPU has room: the needed bytes
+    /// and the blocks shorter batches left wholly free.
+    pub(crate) reserved_bytes: u64,
+}
+
+/// The run's lines: what it needs against the estimate's reserved level, and where the
+/// cache climbs; a warning where it needs more than `memory` (given where the estimate
+/// fits).
+fn run_text(r: &RunJson, est: &Estimate, memory: Option<u64>) -> String {
+    // The context and what sits outside PyTorch's allocator, as the estimate adds them.
+    let with_context = r.needed_bytes
+        + est
+            .peak_device_bytes
+            .saturating_sub(est.peak_reserved_bytes);
+    let mut out = format!(
+        "\nrun     {} of the dataset's batches replayed (shuffled, each padded to its longest, the \
+         last {} tokens): the segments holding a tensor peak at {} GiB, {} GiB with the \
+         context; PyTorch's cache climbs to {} GiB where the GPU has room \
+         (docs/memory-anatomy.md §17)\n",
+        r.batches,
+        r.longest_tokens,
+        gib(r.needed_bytes),
+        gib(with_context),
+        gib(r.reserved_bytes)
+    );
+    if let Some(m) = memory
+        && with_context > m
+    {
+        out.push_str(&format!(
+            "warning: a run of these batches needs more than the GPU's {} GiB: it can run out \
+             of memory after its first steps\n",
+            gib(m)
+        ));
+    }
+    out
 }
 
 #[derive(Debug, Serialize)]
@@ -154,15 +204,43 @@ pub(crate) fn run(args: &EstimateArgs) -> Result<ExitCode> {
         }
         return crate::commands::gguf::from_estimate(args, m);
     }
-    let setup = setup_of(args, loaded.as_ref())?;
+    let (setup, samples) = setup_of(args, loaded.as_ref())?;
     let est = setup.estimate()?;
+    let run = samples.and_then(|s| run_of_batches(&setup, &est, &s));
     if let Some(path) = &args.svg {
         crate::output::write_file(path, crate::charts::estimate_svg(&setup, &est).as_bytes())?;
     }
     if let Some(path) = &args.trace {
         write_trace(path, &setup)?;
     }
-    print(args, &setup, &est)
+    print(args, &setup, &est, run.as_ref())
+}
+
+/// A run of the dataset's batches, each padded to its longest sample, replayed
+/// ([`moro_core::estimate::batches`]): for a padded training job the step trace follows.
+fn run_of_batches(
+    setup: &crate::setup::JobSetup,
+    est: &Estimate,
+    samples: &[u32],
+) -> Option<RunJson> {
+    use moro_core::estimate::batches;
+    let job = &setup.job;
+    if job.method == Method::Inference || !job.padding.has_mask() {
+        return None;
+    }
+    let lengths = batches::shuffled(
+        samples,
+        job.micro_batch_size,
+        job.seq_len,
+        batches::RUN_BATCHES,
+    );
+    let replayed = batches::run(est, &setup.model.spec, job, &setup.profile, &lengths)?;
+    Some(RunJson {
+        batches: lengths.len(),
+        longest_tokens: lengths.iter().copied().max().unwrap_or(0),
+        needed_bytes: replayed.needed,
+        reserved_bytes: replayed.reserved,
+    })
 }
 
 /// Writes the job's step trace as JSON lines, or says which jobs are traced.
@@ -202,11 +280,12 @@ fn model_arg<'a>(
 }
 
 /// The job `args` describe, resolved once (flags over the recipe, the dataset's length),
-/// with its notes printed.
+/// with its notes printed; and the dataset's token lengths, one per sample, when it named
+/// one.
 pub(crate) fn setup_of(
     args: &EstimateArgs,
     loaded: Option<&crate::commands::recipe::LoadedRecipe>,
-) -> Result<crate::setup::JobSetup> {
+) -> Result<(crate::setup::JobSetup, Option<Vec<u32>>)> {
     let model_arg = model_arg(args, loaded);
     let mut given = crate::hw::resolve(args.hardware.as_deref(), args.memory.as_deref())?;
     if let Some(device) = &args.device {
@@ -215,6 +294,7 @@ pub(crate) fn setup_of(
         given = Some(crate::hw::on_device(target, *device)?);
     }
     let mut flags = args.job.settings();
+    let mut samples = None;
     if let Some(path) = &args.dataset {
         let model = model_arg.ok_or_else(|| {
             crate::error::user(
@@ -232,6 +312,7 @@ pub(crate) fn setup_of(
             m.sorted.len()
         ));
         flags.seq_len = Some(u64::from(tokens));
+        samples = Some(m.sorted);
     }
     let setup = crate::setup::resolve(crate::setup::JobInputs {
         recipe: loaded,
@@ -243,12 +324,17 @@ pub(crate) fn setup_of(
     if let Some(n) = &setup.notes {
         crate::output::note(n);
     }
-    Ok(setup)
+    Ok((setup, samples))
 }
 
 /// Prints the estimate (table or JSON) with suggestions when it does not fit; the exit code
 /// says the verdict.
-fn print(args: &EstimateArgs, setup: &crate::setup::JobSetup, est: &Estimate) -> Result<ExitCode> {
+fn print(
+    args: &EstimateArgs,
+    setup: &crate::setup::JobSetup,
+    est: &Estimate,
+    run: Option<&RunJson>,
+) -> Result<ExitCode> {
     let (model, job, target) = (&setup.model, &setup.job, setup.target.as_ref());
     let memory = target.and_then(crate::hw::Target::memory_bytes);
     let verdict = judge(est, job, memory).verdict;
@@ -265,9 +351,10 @@ fn print(args: &EstimateArgs, setup: &crate::setup::JobSetup, est: &Estimate) ->
         doc.suggestions = suggestions;
         doc.sdpa_math_kernel = math;
         doc.backend = setup.profile.runs_on_mps(job.stack).then_some(Backend::Mps);
+        doc.run_of_batches = run;
         stdout(&json(&doc)?)?;
     } else {
-        let mut out = render(model, job, est, target, &setup.profile);
+        let mut out = render(model, job, est, target, &setup.profile, run);
         if let Some(s) = &suggestions {
             out.push_str(&crate::commands::suggest::text(s));
         }
@@ -327,6 +414,7 @@ pub(crate) fn to_json<'a>(
         suggestions: None,
         sdpa_math_kernel: false,
         backend: None,
+        run_of_batches: None,
     }
 }
 
@@ -440,6 +528,7 @@ pub(crate) fn render(
     est: &Estimate,
     target: Option<&crate::hw::Target>,
     profile: &DeviceProfile,
+    run: Option<&RunJson>,
 ) -> String {
     let math_kernel = profile.sdpa_math_kernel(&model.spec, job);
     let mps = profile.runs_on_mps(job.stack);
@@ -724,6 +813,16 @@ pub(crate) fn render(
         out.push_str(&format!(
             "\nnote: {what} outside PyTorch's allocator: nvidia-smi shows them, torch.cuda \
              counters do not\n"
+        ));
+    }
+    if let Some(r) = run {
+        let fits = judged.verdict == Some(Verdict::Fits);
+        out.push_str(&run_text(
+            r,
+            est,
+            target
+                .and_then(crate::hw::Target::memory_bytes)
+                .filter(|_| fits),
         ));
     }
     if let Some(t) = target

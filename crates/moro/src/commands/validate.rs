@@ -199,7 +199,8 @@ fn explain(text: &str, id: &str, as_json: bool) -> Result<ExitCode> {
         spec: x.model,
         stored: None,
     };
-    let mut out = crate::commands::estimate::render(&model, &x.job, &x.estimate, None, &x.profile);
+    let mut out =
+        crate::commands::estimate::render(&model, &x.job, &x.estimate, None, &x.profile, None);
     let level = x.row.metric.as_str();
     match error {
         Some(e) => out.push_str(&format!(

@@ -250,7 +250,7 @@ async fn estimate_svg(body: Result<Bytes, BytesRejection>) -> Response {
     blocking(move || {
         let args = parse::<commands::estimate::EstimateArgs>("estimate", &body_of(body)?, &[])?;
         let (svg, out) = captured(|| -> anyhow::Result<String> {
-            let setup = commands::estimate::setup_of(&args, None)?;
+            let (setup, _) = commands::estimate::setup_of(&args, None)?;
             let est = setup.estimate()?;
             Ok(crate::charts::estimate_svg(&setup, &est))
         });
