@@ -4,7 +4,11 @@
 
 mod support;
 
+use moro_core::catalog;
+use moro_core::estimate::Regime;
 use moro_core::estimate::trace::step;
+use moro_core::job::{Job, JobSettings, Method, Optimizer, Padding, Precision, Quantization};
+use moro_core::model::ModelSpec;
 use serde_json::Value;
 
 /// Five jobs on 2-layer models (LoRA on Llama-3.1-8B with and without checkpointing,
@@ -83,6 +87,38 @@ fn batches_of_varying_length_replay_as_the_oracle_runs_them() {
     );
 }
 
+/// A catalog model and its job as the whole-model tests run it: bf16 for a full fine-tune,
+/// bf16-mixed adapters otherwise (NF4 with double quantization for QLoRA), fused AdamW.
+fn whole_model(
+    id: &str,
+    method: Method,
+    ckpt: bool,
+    batch: u64,
+    longest: u64,
+    padding: Padding,
+) -> (ModelSpec, Job, Regime) {
+    let m = catalog::load(catalog::find(id).unwrap()).unwrap();
+    let job = JobSettings {
+        method: Some(method),
+        quantization: (method == Method::QuantizedAdapters).then_some(Quantization::Nf4Dq),
+        precision: Some(if method == Method::Full {
+            Precision::Bf16
+        } else {
+            Precision::Bf16Mixed
+        }),
+        optimizer: Some(Optimizer::AdamwTorchFused),
+        gradient_checkpointing: Some(ckpt),
+        micro_batch_size: Some(batch),
+        seq_len: Some(longest),
+        padding: Some(padding),
+        ..JobSettings::default()
+    }
+    .resolve_for(&m)
+    .unwrap();
+    let regime = Regime::resolve(&m, &job);
+    (m, job, regime)
+}
+
 /// A pseudo-random order, the same on every machine (Knuth's MMIX LCG).
 fn next(state: &mut u64) -> u64 {
     *state = state
@@ -101,9 +137,7 @@ fn next(state: &mut u64) -> u64 {
 #[test]
 fn a_run_of_varying_lengths_stays_under_the_bound() {
     use moro_core::bound::Table;
-    use moro_core::catalog;
-    use moro_core::estimate::{DeviceProfile, Regime, estimate};
-    use moro_core::job::{JobSettings, Method, Optimizer, Padding, Precision, Quantization};
+    use moro_core::estimate::{DeviceProfile, estimate};
 
     let jobs = [
         (
@@ -182,26 +216,7 @@ fn a_run_of_varying_lengths_stays_under_the_bound() {
     let device = DeviceProfile::default();
     let mut above_estimate = 0;
     for (id, method, ckpt, batch, longest, padding) in jobs {
-        let m = catalog::load(catalog::find(id).unwrap()).unwrap();
-        let full = method == Method::Full;
-        let job = JobSettings {
-            method: Some(method),
-            quantization: (method == Method::QuantizedAdapters).then_some(Quantization::Nf4Dq),
-            precision: Some(if full {
-                Precision::Bf16
-            } else {
-                Precision::Bf16Mixed
-            }),
-            optimizer: Some(Optimizer::AdamwTorchFused),
-            gradient_checkpointing: Some(ckpt),
-            micro_batch_size: Some(batch),
-            seq_len: Some(longest),
-            padding: Some(padding),
-            ..JobSettings::default()
-        }
-        .resolve_for(&m)
-        .unwrap();
-        let regime = Regime::resolve(&m, &job);
+        let (m, job, regime) = whole_model(id, method, ckpt, batch, longest, padding);
         let est = estimate(&m, &job, &device).unwrap();
         let bound = Table::builtin().upper_of(&est, &job).reserved;
         let (mut most, mut cached) = (0, 0);
@@ -249,9 +264,7 @@ fn a_run_of_varying_lengths_stays_under_the_bound() {
 /// (docs/memory-anatomy.md §17).
 #[test]
 fn the_longest_batch_first_shows_most_of_the_need() {
-    use moro_core::catalog;
-    use moro_core::estimate::{DeviceProfile, Regime};
-    use moro_core::job::{JobSettings, Method, Optimizer, Precision, Quantization};
+    use moro_core::estimate::DeviceProfile;
 
     let jobs = [
         (
@@ -282,25 +295,7 @@ fn the_longest_batch_first_shows_most_of_the_need() {
     ];
     let device = DeviceProfile::default();
     for (id, method, ckpt, batch, longest, within) in jobs {
-        let m = catalog::load(catalog::find(id).unwrap()).unwrap();
-        let full = method == Method::Full;
-        let job = JobSettings {
-            method: Some(method),
-            quantization: (method == Method::QuantizedAdapters).then_some(Quantization::Nf4Dq),
-            precision: Some(if full {
-                Precision::Bf16
-            } else {
-                Precision::Bf16Mixed
-            }),
-            optimizer: Some(Optimizer::AdamwTorchFused),
-            gradient_checkpointing: Some(ckpt),
-            micro_batch_size: Some(batch),
-            seq_len: Some(longest),
-            ..JobSettings::default()
-        }
-        .resolve_for(&m)
-        .unwrap();
-        let regime = Regime::resolve(&m, &job);
+        let (m, job, regime) = whole_model(id, method, ckpt, batch, longest, Padding::Packed);
         let first = step::replay_over_lengths(&m, &job, &regime, &device, &[longest, longest])
             .unwrap()
             .needed;
