@@ -295,6 +295,14 @@ fn a_padded_estimate_replays_a_run_of_the_datasets_batches() {
     );
     let packed = json_of(&run(&["--json"]).stdout);
     assert!(packed.get("run_of_batches").is_none(), "{packed}");
+    // Two GPUs: the step trace follows one; the note says the batches are not replayed.
+    let two = run(&["--padded", "--gpus", "2", "--json"]);
+    assert!(json_of(&two.stdout).get("run_of_batches").is_none());
+    assert!(
+        String::from_utf8_lossy(&two.stderr).contains("the dataset's batches are not replayed"),
+        "{}",
+        String::from_utf8_lossy(&two.stderr)
+    );
 }
 
 #[test]

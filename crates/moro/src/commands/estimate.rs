@@ -206,7 +206,16 @@ pub(crate) fn run(args: &EstimateArgs) -> Result<ExitCode> {
     }
     let (setup, samples) = setup_of(args, loaded.as_ref())?;
     let est = setup.estimate()?;
-    let run = samples.and_then(|s| run_of_batches(&setup, &est, &s));
+    let padded = setup.job.padding.has_mask() && setup.job.method != Method::Inference;
+    let run = samples
+        .filter(|_| padded)
+        .and_then(|s| run_of_batches(&setup, &est, &s));
+    if padded && args.dataset.is_some() && run.is_none() {
+        crate::output::note(
+            "the dataset's batches are not replayed: the step trace follows one GPU's full \
+             fine-tuning, LoRA and QLoRA of dense models on the hf and trl stacks",
+        );
+    }
     if let Some(path) = &args.svg {
         crate::output::write_file(path, crate::charts::estimate_svg(&setup, &est).as_bytes())?;
     }
@@ -217,7 +226,7 @@ pub(crate) fn run(args: &EstimateArgs) -> Result<ExitCode> {
 }
 
 /// A run of the dataset's batches, each padded to its longest sample, replayed
-/// ([`moro_core::estimate::batches`]): for a padded training job the step trace follows.
+/// ([`moro_core::estimate::batches`]); `None` where the step trace does not follow the job.
 fn run_of_batches(
     setup: &crate::setup::JobSetup,
     est: &Estimate,
@@ -225,9 +234,6 @@ fn run_of_batches(
 ) -> Option<RunJson> {
     use moro_core::estimate::batches;
     let job = &setup.job;
-    if job.method == Method::Inference || !job.padding.has_mask() {
-        return None;
-    }
     let lengths = batches::shuffled(
         samples,
         job.micro_batch_size,
