@@ -80,6 +80,9 @@ class Job:
     dora: bool = False  # PEFT LoraConfig(use_dora=True)
     liger: bool = False  # the HF Trainer's use_liger_kernel=True (Liger's defaults per model)
     compile: bool = False  # the HF Trainer's torch_compile=True: torch.compile(model)
+    # One training step per length, in order (batches of varying length, as a collator that
+    # pads each batch to its longest makes them, here unpadded); empty: every step `seq`.
+    lengths: Tuple[int, ...] = ()
     quick: bool = False  # part of `moro calibrate`'s short grid
     why: str = ""
 
@@ -104,6 +107,8 @@ class Job:
         parts.append("L" + ("full" if self.layers is None else str(self.layers)))
         # Settings added in harness v4: named only when on, so older keys stay as they were.
         parts += [name for name in ("dora", "liger", "compile") if getattr(self, name)]
+        if self.lengths:
+            parts.append("lengths=" + ",".join(map(str, self.lengths)))
         return "|".join(parts)
 
     def short_id(self) -> str:
@@ -112,12 +117,14 @@ class Job:
     def to_dict(self) -> Dict[str, Any]:
         d = dataclasses.asdict(self)
         d["targets"] = list(self.targets)
+        d["lengths"] = list(self.lengths)
         return d
 
     @staticmethod
     def from_dict(d: Dict[str, Any]) -> "Job":
         d = dict(d)
         d["targets"] = tuple(d.get("targets") or DEFAULT_TARGETS)
+        d["lengths"] = tuple(d.get("lengths") or ())
         fields = {f.name for f in dataclasses.fields(Job)}
         return Job(**{k: v for k, v in d.items() if k in fields})
 
@@ -219,6 +226,17 @@ def grid(name: str = "full") -> List[Job]:
           why="setting: torch.compile, tied 1B full FT, no checkpointing"),
         r(l1b, ckpt=False, seq=1024, why="setting: tied 1B full FT, no checkpointing"),
         Job(Q7, "lora", liger=True, why="setting: Liger kernels on Qwen2.5 (152k vocab)"),
+    ]
+    # Batches of varying length (docs/memory-anatomy.md §17): 16 steps, the lengths of
+    # `step_events.py`'s LENGTHS scaled to 2,048, the longest twice; what the cache keeps
+    # over them against one batch's reserved level.
+    shuffled = tuple(4 * n for n in (256, 96, 384, 160, 512, 64, 448, 320, 128, 512, 224, 480,
+                                     192, 416, 288, 352))
+    settings += [
+        r(lora8, ckpt=False, lengths=shuffled, why="setting: 16 batches of varying length, LoRA"),
+        r(qlora8, lengths=shuffled, why="setting: 16 batches of varying length, QLoRA"),
+        r(full8, ckpt=False, seq=1024, lengths=tuple(n // 2 for n in shuffled),
+          why="setting: 16 batches of varying length, full FT"),
     ]
     jobs += knobs + others + settings + inference
     if name == "quick":
@@ -456,7 +474,9 @@ def build_rows(job: Job, result: Dict[str, Any], machine: Dict[str, Any],
         "precision": PRECISION_TEXT[job.precision],
         "micro_batch_size": job.batch,
         "seq_len": job.seq + job.new_tokens if job.method == "inference" else job.seq,
-        "seq_len_kind": "fixed (random tokens, no padding, no attention mask)",
+        "seq_len_kind": ("random tokens, no padding, no attention mask, one step per length, in "
+                         "order: %s" % ", ".join(map(str, job.lengths)) if job.lengths else
+                         "fixed (random tokens, no padding, no attention mask)"),
         "grad_accum": 1,
         "global_batch_size": job.batch,
         "gradient_checkpointing": job.ckpt and job.method != "inference",
@@ -1440,8 +1460,8 @@ def worker_job(spec: Dict[str, Any], device: str = "cuda") -> Dict[str, Any]:
             out["steps"] = 1
         else:
             autocast = job.precision == "bf16-mixed"
-            for _ in range(int(spec.get("steps", 3))):
-                ids = torch.randint(0, vocab, (job.batch, job.seq), device=device, generator=gen)
+            for seq in job.lengths or [job.seq] * int(spec.get("steps", 3)):
+                ids = torch.randint(0, vocab, (job.batch, seq), device=device, generator=gen)
                 labels = ids.clone()
                 with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=autocast):
                     o = model(input_ids=ids, labels=labels)

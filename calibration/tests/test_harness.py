@@ -221,6 +221,22 @@ class RowTest(unittest.TestCase):
         self.assertEqual(rows[0]["model_overrides"], {"num_hidden_layers": 40})
         self.assertIn("40 of 80", rows[0]["notes"])
 
+    def test_varying_lengths_row(self):
+        """A job of batches of varying length: its key names the lengths, its row's length is
+        the longest and says it is random tokens with no mask (moro reads such a row as
+        packed: no attention mask)."""
+        jobs = [j for j in h.grid("full") if j.lengths]
+        self.assertEqual(len(jobs), 3)
+        for job in jobs:
+            self.assertEqual(max(job.lengths), job.seq, job.why)
+            self.assertEqual(len(job.lengths), 16)
+            self.assertTrue(job.key().endswith("|lengths=" + ",".join(map(str, job.lengths))))
+            self.assertEqual(h.Job.from_dict(job.to_dict()), job)
+            r = h.build_rows(job, fake_result(job), MACHINE)[0]
+            self.assertEqual(r["seq_len"], job.seq)
+            self.assertIn("random tokens", r["seq_len_kind"])
+            self.assertIn("one step per length", r["seq_len_kind"])
+
     def test_inference_row(self):
         job = [j for j in h.grid("full") if j.method == "inference"][0]
         r = h.build_rows(job, fake_result(job), MACHINE)[0]
