@@ -64,6 +64,9 @@ def install_config(spec: dict) -> None:
         "LOHA": peft.LoHaConfig,
         "PREFIX_TUNING": peft.PrefixTuningConfig,
         "PROMPT_TUNING": peft.PromptTuningConfig,
+        "IA3": peft.IA3Config,
+        "VERA": peft.VeraConfig,
+        "LN_TUNING": peft.LNTuningConfig,
     }
     cls = classes[kind]
 

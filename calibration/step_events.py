@@ -23,6 +23,14 @@ and reserved peaks; `--matrix` regenerates its fixture,
   $PY calibration/step_events.py --matrix-flash
   $PY calibration/step_events.py --matrix-math
   $PY calibration/step_events.py --matrix-h200
+  $PY calibration/step_events.py --matrix-lengths
+  $PY calibration/step_events.py --matrix-peft
+
+`--matrix-lengths` writes `validation/oracle-traces/step-events-lengths.jsonl` (compact): five
+jobs trained on 16 batches of varying length (`--lengths L1,L2,...`: one step per length).
+`--matrix-peft` writes `validation/oracle-traces/step-events-peft.jsonl` (compact): IA³ and
+VeRA (`--peft`, as `peft_trace.py` builds them) on the 2-layer Llama-3.1-8B and Qwen2.5-7B,
+with and without checkpointing.
 
 `--desc` adds `descs`: each allocation's op, dtype and shape as the tracker names them
 (`mm bfloat16 (2048, 4096)`; parameters and gradients have none), in allocation order, for
@@ -413,6 +421,23 @@ FULL_MATRIX = [full_args(True, model="Qwen--Qwen3-8B"), full_args(False, model="
 FULL_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-full.jsonl")
 
 
+def peft_vector_args(kind, ckpt, model="meta-llama--Llama-3.1-8B"):
+    """IA³ or VeRA (`--matrix-peft`) on a model cut to 2 layers, bf16-mixed, 1 x 512: PEFT's
+    defaults for IA³ on a decoder (k, v and the MLP's down projection, down as the
+    feedforward module), VeRA at r 256 on q and v."""
+    spec = ({"peft_type": "IA3", "target_modules": ["k_proj", "v_proj", "down_proj"],
+             "feedforward_modules": ["down_proj"]} if kind == "ia3" else
+            {"peft_type": "VERA", "r": 256, "target_modules": ["q_proj", "v_proj"]})
+    a = job_args(model, "lora", ckpt)[:-2]
+    label = "%s-L2-%s-b1s512%s" % (model, kind, "-ckpt" if ckpt else "")
+    return a + ["--adamw-impl", "fused", "--peft", json.dumps(spec), "--label", label]
+
+
+PEFT_MATRIX = [peft_vector_args(k, c, m) for m in ("meta-llama--Llama-3.1-8B", "Qwen--Qwen2.5-7B")
+               for k in ("ia3", "vera") for c in (True, False)]
+PEFT_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-peft.jsonl")
+
+
 # Batches padded to their own longest sample (`--matrix-lengths`): one shuffled order of
 # lengths up to 512, the longest twice, longer batches after shorter ones.
 LENGTHS = [256, 96, 384, 160, 512, 64, 448, 320, 128, 512, 224, 480, 192, 416, 288, 352]
@@ -522,6 +547,7 @@ def main():
         "--matrix-math": (MATH_MATRIX, MATH_FIXTURE, True),
         "--matrix-math-mha": (MATH_MHA_MATRIX, MATH_MHA_FIXTURE, True),
         "--matrix-lengths": (LENGTHS_MATRIX, LENGTHS_FIXTURE, True),
+        "--matrix-peft": (PEFT_MATRIX, PEFT_FIXTURE, True),
     }
     if len(argv) == 1 and argv[0] in matrices:
         jobs, fixture, compact_rows = matrices[argv[0]]

@@ -268,6 +268,7 @@ pub fn oracle_step_job(
         target_modules: targets.map(Targets::Names),
         ..JobSettings::default()
     };
+    let settings = with_peft(settings, &j["peft"]);
     let job = settings.resolve_for(&m).unwrap();
     let regime = Regime::resolve(&m, &job);
     // `--sdpa-backend math`: a GPU without SDPA's flash backend, or, for heads that are
@@ -285,4 +286,29 @@ pub fn oracle_step_job(
         ..DeviceProfile::default()
     };
     (m, job, regime, device)
+}
+
+/// The PEFT method of a row `peft_trace.py`'s `--peft` spec built (IA³, VeRA, LN tuning),
+/// over `settings`; LoRA (no spec) as it is.
+fn with_peft(settings: JobSettings, spec: &Value) -> JobSettings {
+    use moro_core::job::PeftKind;
+    let names = |key: &str| {
+        spec[key]
+            .as_array()
+            .map(|ts| Targets::Names(ts.iter().map(|t| t.as_str().unwrap().to_owned()).collect()))
+    };
+    let kind = match spec["peft_type"].as_str() {
+        Some("IA3") => PeftKind::Ia3,
+        Some("VERA") => PeftKind::Vera,
+        Some("LN_TUNING") => PeftKind::LnTuning,
+        _ => return settings,
+    };
+    JobSettings {
+        peft: Some(kind),
+        lora_rank: spec["r"].as_u64().or(settings.lora_rank),
+        target_modules: names("target_modules").or(settings.target_modules),
+        feedforward_modules: names("feedforward_modules"),
+        lora_dropout: Some(0.0),
+        ..settings
+    }
 }

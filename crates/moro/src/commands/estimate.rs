@@ -256,7 +256,7 @@ fn write_trace(path: &std::path::Path, setup: &crate::setup::JobSetup) -> Result
         .ok_or_else(|| {
             crate::error::user(
                 "--trace: moro traces one-GPU full fine-tuning, LoRA and QLoRA of dense \
-                     models on the hf and trl stacks (PEFT's LoRA or DoRA, AdamW or 8-bit \
+                     models on the hf and trl stacks (PEFT's LoRA, DoRA, IA³ or VeRA, AdamW or 8-bit \
                      AdamW, the standard loss, TRL's chunked loss or Liger's; no \
                      torch.compile); this job is not one: leave out --trace",
             )

@@ -1,6 +1,6 @@
 //! The parameters of a step's model as the trace lists them ([`super::step`]).
 
-use crate::job::{Job, Method, Quantization};
+use crate::job::{Job, Method, PeftKind, Quantization};
 use crate::model::{Linear, ModelSpec};
 
 use super::super::{Regime, weights};
@@ -74,7 +74,7 @@ pub(super) fn params<'m>(model: &'m ModelSpec, job: &Job, r: &Regime) -> Vec<Par
             let qk_norms = if model.qk_norm { 2 * model.head_dim } else { 0 };
             for l in &g.linears {
                 for _ in 0..l.count {
-                    push_linear(&mut out, job, r, l, index, quantized, frozen, plain);
+                    push_linear(&mut out, model, job, r, l, index, quantized, frozen, plain);
                 }
                 if qk_norms > 0 && l.name == "o_proj" {
                     for name in ["q_norm", "k_norm"] {
@@ -111,6 +111,15 @@ pub(super) fn params<'m>(model: &'m ModelSpec, job: &Job, r: &Regime) -> Vec<Par
             ..outside("weight", model.vocab_size * h, true)
         });
     }
+    // VeRA's random A and B, shared by every adapted Linear: frozen fp32 buffers
+    // ([`weights::vera_buffers`]).
+    let vera = weights::vera_buffers(model, job);
+    if vera > 0 {
+        out.push(Param {
+            dtype_bytes: 4,
+            ..outside("vera_A and vera_B", vera / 4, false)
+        });
+    }
     out
 }
 
@@ -120,6 +129,7 @@ pub(super) fn params<'m>(model: &'m ModelSpec, job: &Job, r: &Regime) -> Vec<Par
 #[allow(clippy::too_many_arguments)]
 fn push_linear<'m>(
     out: &mut Vec<Param<'m>>,
+    model: &ModelSpec,
     job: &Job,
     r: &Regime,
     l: &'m Linear,
@@ -165,7 +175,27 @@ fn push_linear<'m>(
     }
     if job.method.is_peft() && job.adapts(l) {
         let rank = job.adapter.rank;
-        out.push(of("lora_A", rank * l.in_features, r.adapter_bytes, true));
-        out.push(of("lora_B", l.out_features * rank, r.adapter_bytes, true));
+        let ab = r.adapter_bytes;
+        match job.adapter.method {
+            // `IA3Layer.update_layer`: `ia3_l`, scaling the input of a feedforward module,
+            // else the output.
+            PeftKind::Ia3 => {
+                let n = if weights::ia3_feedforward(model, job, l) {
+                    l.in_features
+                } else {
+                    l.out_features
+                };
+                out.push(of("ia3_l", n, ab, true));
+            }
+            // `VeraLayer.__init__` registers `vera_lambda_b`, then `vera_lambda_d`.
+            PeftKind::Vera => {
+                out.push(of("vera_lambda_b", l.out_features, ab, true));
+                out.push(of("vera_lambda_d", rank, ab, true));
+            }
+            _ => {
+                out.push(of("lora_A", rank * l.in_features, ab, true));
+                out.push(of("lora_B", l.out_features * rank, ab, true));
+            }
+        }
     }
 }

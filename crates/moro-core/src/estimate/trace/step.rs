@@ -31,7 +31,7 @@
 //! Modelled: one GPU without sharding or tensor parallelism, a dense text decoder or a
 //! BERT-style encoder (not an encoder-decoder), on a stack whose profile replays steps
 //! (`hf`, `trl`); full fine-tuning, LoRA and QLoRA (bitsandbytes 4-bit) with PEFT's plain
-//! LoRA, DoRA on an unquantized base; AdamW (torch foreach or fused, bitsandbytes 8-bit);
+//! LoRA, DoRA, IA³ and VeRA on an unquantized base; AdamW (torch foreach or fused, bitsandbytes 8-bit);
 //! the standard loss, TRL's chunked loss (`trace/chunked_nll.rs`) or Liger's fused linear
 //! cross-entropy (its other kernels through the saved bytes); eager layers. [`models`] says
 //! which jobs.
@@ -56,7 +56,13 @@ pub fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
     let peft_ok = match job.method {
         Method::Full => true,
         Method::Adapters | Method::QuantizedAdapters => {
-            job.adapter.method == PeftKind::Lora
+            (job.adapter.method == PeftKind::Lora
+                // IA³'s and VeRA's vectors on an unquantized model: their saved tensors are
+                // the formulas' ([`Activations`]).
+                || matches!(job.adapter.method, PeftKind::Ia3 | PeftKind::Vera)
+                    && job.method == Method::Adapters
+                    && job.quantization == Quantization::None
+                    && !job.adapter.dora)
                 && (!job.adapter.dora || job.quantization == Quantization::None)
                 && model.encoder.is_none()
                 && matches!(
