@@ -64,7 +64,7 @@ fn parse_whole(s: &str) -> Result<u64, String> {
     u64::try_from(v).map_err(|_| format!("`{s}` is too large"))
 }
 
-fn parse_count(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_count(s: &str) -> Result<u64, String> {
     let v: i128 = s
         .trim()
         .parse()

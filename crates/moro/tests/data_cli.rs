@@ -299,7 +299,7 @@ fn a_padded_estimate_replays_a_run_of_the_datasets_batches() {
     let two = run(&["--padded", "--gpus", "2", "--json"]);
     assert!(json_of(&two.stdout).get("run_of_batches").is_none());
     assert!(
-        String::from_utf8_lossy(&two.stderr).contains("the dataset's batches are not replayed"),
+        String::from_utf8_lossy(&two.stderr).contains("the batches are not replayed"),
         "{}",
         String::from_utf8_lossy(&two.stderr)
     );

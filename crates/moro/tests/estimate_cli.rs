@@ -20,6 +20,58 @@ fn json(args: &[&str]) -> serde_json::Value {
     run(args).answer_json()
 }
 
+/// `--batch-lengths` replays micro-batches of those lengths in that order: `--seq-len` defaults
+/// to the longest, `run_of_batches` says how many and in what order, and `--trace` writes that
+/// run, whose token ids are one sequence × each length × 8 bytes (int64), in the order given.
+/// A length over `--seq-len`, an inference job or a 0 is refused, exit 2.
+#[test]
+fn batch_lengths_replay_a_run_in_the_order_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("run.jsonl");
+    let job = [
+        "estimate",
+        "--model",
+        "meta-llama/Llama-3.1-8B",
+        "--method",
+        "lora",
+        "--batch-lengths",
+        "1024,384,2048,640",
+    ];
+    let v = json(&[&job[..], &["--json"]].concat());
+    assert_eq!(v["job"]["seq_len"], 2048);
+    let r = &v["run_of_batches"];
+    assert_eq!(
+        (r["batches"].as_u64(), r["order"].as_str()),
+        (Some(4), Some("given"))
+    );
+    assert_eq!(r["longest_tokens"], 2048);
+    assert!(
+        r["reserved_bytes"].as_u64() >= r["needed_bytes"].as_u64(),
+        "{v}"
+    );
+    let text = run(&[&job[..], &["--trace", trace.to_str().unwrap()]].concat()).stdout;
+    assert!(
+        text.contains("run     4 batches replayed in the order given (the longest 2048 tokens)"),
+        "{text}"
+    );
+    let ids: Vec<u64> = std::fs::read_to_string(&trace)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|e| e["op"] == "alloc" && e["name"] == "input_ids")
+        .map(|e| e["bytes"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ids, [1024 * 8, 384 * 8, 2048 * 8, 640 * 8]);
+    for bad in [
+        &["--seq-len", "1024"][..],
+        &["--method", "inference"][..],
+        &["--batch-lengths", "512,0"][..],
+    ] {
+        let o = run(&[&job[..], bad].concat());
+        assert_eq!(o.code, 2, "{bad:?}: {}", o.stderr);
+    }
+}
+
 /// Padded batches differ in length over a run: the estimate says that the reserved level and
 /// nvidia-smi climb with the blocks shorter batches leave, and that the partly used blocks of
 /// one GPU without sharding are within the bound (docs/memory-anatomy.md §17; `moro-core/tests/

@@ -47,6 +47,11 @@ pub(crate) struct EstimateArgs {
     /// The percentile of the dataset's lengths to estimate at.
     #[arg(long, default_value = "99", value_name = "P", requires = "dataset")]
     pub(crate) percentile: f64,
+    /// Training: also replay micro-batches of these token lengths, in this order (a run of
+    /// batches of varying length; --seq-len defaults to the longest), and say what the run
+    /// needs; with --trace, write that run's allocations.
+    #[arg(long, value_name = "TOKENS,...", value_delimiter = ',', value_parser = crate::jobargs::parse_count, conflicts_with = "dataset")]
+    pub(crate) batch_lengths: Vec<u64>,
     #[command(flatten)]
     pub(crate) data: crate::commands::data::DatasetArgs,
     /// Also draw the estimate as an SVG picture into FILE (written atomically): the
@@ -120,8 +125,10 @@ pub(crate) struct EstimateJson<'a> {
 /// step trace (docs/memory-anatomy.md §17).
 #[derive(Debug, Serialize)]
 pub(crate) struct RunJson {
-    /// Batches replayed: drawn shuffled, the last the longest.
+    /// Batches replayed.
     pub(crate) batches: usize,
+    /// How they were chosen.
+    pub(crate) order: RunOrder,
     /// The longest batch's tokens per sample.
     pub(crate) longest_tokens: u64,
     /// The most bytes at once in segments holding a tensor: what must fit.
@@ -129,6 +136,16 @@ pub(crate) struct RunJson {
     /// `max_memory_reserved` at the end of the run where the GPU has room: the needed bytes
     /// and the blocks shorter batches left wholly free.
     pub(crate) reserved_bytes: u64,
+}
+
+/// Where a run's batch lengths came from.
+#[derive(Debug, Clone, Copy, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RunOrder {
+    /// `--dataset`: drawn shuffled from its samples, each its longest, the last the longest.
+    Drawn,
+    /// `--batch-lengths`, in the order given.
+    Given,
 }
 
 /// The run's lines: what it needs against the estimate's reserved level, and where the
@@ -140,13 +157,21 @@ fn run_text(r: &RunJson, est: &Estimate, memory: Option<u64>) -> String {
         + est
             .peak_device_bytes
             .saturating_sub(est.peak_reserved_bytes);
+    let which = match r.order {
+        RunOrder::Drawn => format!(
+            "{} of the dataset's batches replayed (shuffled, each padded to its longest, the \
+             last {} tokens)",
+            r.batches, r.longest_tokens
+        ),
+        RunOrder::Given => format!(
+            "{} batches replayed in the order given (the longest {} tokens)",
+            r.batches, r.longest_tokens
+        ),
+    };
     let mut out = format!(
-        "\nrun     {} of the dataset's batches replayed (shuffled, each padded to its longest, the \
-         last {} tokens): the segments holding a tensor peak at {} GiB, {} GiB with the \
+        "\nrun     {which}: the segments holding a tensor peak at {} GiB, {} GiB with the \
          context; PyTorch's cache climbs to {} GiB where the GPU has room \
          (docs/memory-anatomy.md §17)\n",
-        r.batches,
-        r.longest_tokens,
         gib(r.needed_bytes),
         gib(with_context),
         gib(r.reserved_bytes)
@@ -206,43 +231,64 @@ pub(crate) fn run(args: &EstimateArgs) -> Result<ExitCode> {
     }
     let (setup, samples) = setup_of(args, loaded.as_ref())?;
     let est = setup.estimate()?;
-    let padded = setup.job.padding.has_mask() && setup.job.method != Method::Inference;
-    let run = samples
-        .filter(|_| padded)
-        .and_then(|s| run_of_batches(&setup, &est, &s));
-    if padded && args.dataset.is_some() && run.is_none() {
+    let job = &setup.job;
+    if !args.batch_lengths.is_empty() && job.method == Method::Inference {
+        return Err(crate::error::user(
+            "--batch-lengths: applies to training; an inference job's tokens are --seq-len \
+             and --max-new-tokens",
+        ));
+    }
+    let lengths = if args.batch_lengths.is_empty() {
+        samples
+            .filter(|_| job.padding.has_mask() && job.method != Method::Inference)
+            .map(|s| {
+                let drawn = moro_core::estimate::batches::shuffled(
+                    &s,
+                    job.micro_batch_size,
+                    job.seq_len,
+                    moro_core::estimate::batches::RUN_BATCHES,
+                );
+                (drawn, RunOrder::Drawn)
+            })
+    } else {
+        Some((args.batch_lengths.clone(), RunOrder::Given))
+    };
+    let run = lengths
+        .as_ref()
+        .and_then(|(l, order)| run_of_batches(&setup, &est, l, *order));
+    if lengths.is_some() && run.is_none() {
         crate::output::note(
-            "the dataset's batches are not replayed: the step trace follows one GPU's full \
-             fine-tuning, LoRA and QLoRA of dense models on the hf and trl stacks",
+            "the batches are not replayed: the step trace follows one GPU's full fine-tuning, \
+             LoRA and QLoRA of dense models on the hf and trl stacks",
         );
     }
     if let Some(path) = &args.svg {
         crate::output::write_file(path, crate::charts::estimate_svg(&setup, &est).as_bytes())?;
     }
     if let Some(path) = &args.trace {
-        write_trace(path, &setup)?;
+        write_trace(path, &setup, &args.batch_lengths)?;
     }
     print(args, &setup, &est, run.as_ref())
 }
 
-/// A run of the dataset's batches, each padded to its longest sample, replayed
-/// ([`moro_core::estimate::batches`]); `None` where the step trace does not follow the job.
+/// A run of micro-batches of `lengths` tokens, replayed ([`moro_core::estimate::batches`]);
+/// `None` where the step trace does not follow the job.
 fn run_of_batches(
     setup: &crate::setup::JobSetup,
     est: &Estimate,
-    samples: &[u32],
+    lengths: &[u64],
+    order: RunOrder,
 ) -> Option<RunJson> {
-    use moro_core::estimate::batches;
-    let job = &setup.job;
-    let lengths = batches::shuffled(
-        samples,
-        job.micro_batch_size,
-        job.seq_len,
-        batches::RUN_BATCHES,
-    );
-    let replayed = batches::run(est, &setup.model.spec, job, &setup.profile, &lengths)?;
+    let replayed = moro_core::estimate::batches::run(
+        est,
+        &setup.model.spec,
+        &setup.job,
+        &setup.profile,
+        lengths,
+    )?;
     Some(RunJson {
         batches: lengths.len(),
+        order,
         longest_tokens: lengths.iter().copied().max().unwrap_or(0),
         needed_bytes: replayed.needed,
         reserved_bytes: replayed.reserved,
@@ -250,8 +296,18 @@ fn run_of_batches(
 }
 
 /// Writes the job's step trace as JSON lines, or says which jobs are traced.
-fn write_trace(path: &std::path::Path, setup: &crate::setup::JobSetup) -> Result<()> {
-    let trace = moro_core::estimate::trace::for_job(&setup.model.spec, &setup.job, &setup.profile)
+fn write_trace(
+    path: &std::path::Path,
+    setup: &crate::setup::JobSetup,
+    lengths: &[u64],
+) -> Result<()> {
+    let (model, job, profile) = (&setup.model.spec, &setup.job, &setup.profile);
+    let trace = if lengths.is_empty() {
+        moro_core::estimate::trace::for_job(model, job, profile)
+    } else {
+        moro_core::estimate::trace::over_lengths(model, job, profile, lengths)
+    };
+    let trace = trace
         .map_err(|e| crate::error::user(e.to_string()))?
         .ok_or_else(|| {
             crate::error::user(
@@ -319,6 +375,18 @@ pub(crate) fn setup_of(
         ));
         flags.seq_len = Some(u64::from(tokens));
         samples = Some(m.sorted);
+    }
+    if let Some(&longest) = args.batch_lengths.iter().max() {
+        match flags.seq_len {
+            None => flags.seq_len = Some(longest),
+            Some(s) if longest > s => {
+                return Err(crate::error::user_hint(
+                    format!("--batch-lengths: {longest} tokens is longer than --seq-len {s}"),
+                    "leave out --seq-len: it defaults to the longest batch",
+                ));
+            }
+            Some(_) => {}
+        }
     }
     let setup = crate::setup::resolve(crate::setup::JobInputs {
         recipe: loaded,

@@ -45,6 +45,24 @@ pub fn for_job<'m>(
     Ok(step::trace(model, job, &regime, device))
 }
 
+/// The trace of `job` trained on micro-batches of `lengths` tokens in that order
+/// ([`step::trace_over_lengths`]): `None` where the step trace does not model the job.
+///
+/// # Errors
+/// The job is invalid for the model ([`Job::validate`]).
+pub fn over_lengths<'m>(
+    model: &'m ModelSpec,
+    job: &Job,
+    device: &DeviceProfile,
+    lengths: &[u64],
+) -> Result<Option<Trace<'m>>, JobError> {
+    job.validate(model)?;
+    let regime = Regime::resolve(model, job);
+    Ok(step::trace_over_lengths(
+        model, job, &regime, device, lengths,
+    ))
+}
+
 /// Whether an event makes a tensor or releases it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
