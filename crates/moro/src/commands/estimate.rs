@@ -61,9 +61,9 @@ pub(crate) struct EstimateArgs {
     pub(crate) svg: Option<std::path::PathBuf>,
     /// Also write the step's allocations and frees, in order, into FILE as JSON lines
     /// (written atomically): loading and two optimizer steps, each tensor named with its
-    /// module, layer, component, phase and bytes. One-GPU full fine-tuning, LoRA and QLoRA
-    /// of dense models on the hf and trl stacks, and generation (--max-new-tokens) with
-    /// transformers' cache.
+    /// module, layer, component, phase and bytes (with --batch-lengths, that run). One-GPU
+    /// full fine-tuning, LoRA (and DoRA, IA³, VeRA) and QLoRA of dense models on the hf and
+    /// trl stacks, and generation (--max-new-tokens) with transformers' cache.
     #[arg(long, value_name = "FILE")]
     pub(crate) trace: Option<std::path::PathBuf>,
 }
