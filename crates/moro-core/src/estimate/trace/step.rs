@@ -183,8 +183,9 @@ pub fn levels(
     Some(Levels { phases, replayed })
 }
 
-/// Records the step into the builder `make` gives for about so many events; whether the
-/// layers were traced op by op.
+/// Records two steps of `job`, every micro-batch `seq_len` tokens long
+/// ([`recorded_over_lengths`]), into the builder `make` gives for about so many events;
+/// whether the layers were traced op by op.
 fn recorded<'m>(
     model: &'m ModelSpec,
     job: &Job,
@@ -192,30 +193,15 @@ fn recorded<'m>(
     device: &DeviceProfile,
     make: impl FnOnce(usize) -> Builder<'m>,
 ) -> Option<(Builder<'m>, bool)> {
-    if !models(model, job, r) {
-        return None;
-    }
-    let s = Step::new(model, job, r, device);
-    // Room for two steps of the events one layer makes per micro-batch (up to 64 traced
-    // coarsely; op by op with checkpointing about 720 for LoRA, 890 for QLoRA), and a few
-    // per parameter (loading, gradients, states): the vector then rarely grows.
-    let layers = usize::try_from(model.num_layers).unwrap_or(0);
     let micro_batches = usize::try_from(job.grad_accum.max(1)).unwrap_or(1);
-    let per_layer = if s.ops.is_some() { 1024 } else { 64 };
-    let mut b = make(s.ps.len() * 8 + layers * micro_batches * 2 * per_layer);
-    s.load(&mut b);
-    let mut held = Held {
-        grads: vec![None; s.ps.len()],
-        states: Vec::new(),
-        cublas: Vec::new(),
-    };
-    for step in 1..=2u8 {
-        for _ in 0..job.grad_accum.max(1) {
-            s.micro_batch(&mut b, &mut held, step);
-        }
-        s.optimizer_step(&mut b, &mut held, step);
-    }
-    Some((b, s.ops.is_some()))
+    recorded_over_lengths(
+        model,
+        job,
+        r,
+        device,
+        &vec![job.seq_len; 2 * micro_batches],
+        make,
+    )
 }
 
 /// The replay of `job` trained on micro-batches of `lengths` tokens, in that order: loading,
@@ -235,9 +221,10 @@ pub fn replay_over_lengths(
     device: &DeviceProfile,
     lengths: &[u64],
 ) -> Option<Replayed> {
-    recorded_over_lengths(model, job, r, device, lengths, |tensors| {
-        Builder::reading(device.backend, true, tensors)
+    recorded_over_lengths(model, job, r, device, lengths, |events| {
+        Builder::reading(device.backend, true, events / 2)
     })?
+    .0
     .finish_reading()
     .1
 }
@@ -252,9 +239,11 @@ pub fn trace_over_lengths<'m>(
     lengths: &[u64],
 ) -> Option<Trace<'m>> {
     recorded_over_lengths(model, job, r, device, lengths, Builder::with_capacity)
-        .map(Builder::finish)
+        .map(|(b, _)| b.finish())
 }
 
+/// Records loading and one micro-batch per length into the builder `make` gives for about
+/// so many events; whether the layers were traced op by op.
 fn recorded_over_lengths<'m>(
     model: &'m ModelSpec,
     job: &Job,
@@ -262,7 +251,7 @@ fn recorded_over_lengths<'m>(
     device: &DeviceProfile,
     lengths: &[u64],
     make: impl FnOnce(usize) -> Builder<'m>,
-) -> Option<Builder<'m>> {
+) -> Option<(Builder<'m>, bool)> {
     let first = *lengths.first()?;
     if !models(model, job, r) || lengths.contains(&0) {
         return None;
@@ -283,7 +272,12 @@ fn recorded_over_lengths<'m>(
         .collect();
     let step_of = |len: u64| &steps[distinct.binary_search(&len).unwrap_or(0)];
     let loading = step_of(first);
-    let mut b = make(loading.ps.len() * 8);
+    // Room for the events one layer makes per micro-batch (up to 64 traced coarsely; op by
+    // op with checkpointing about 720 for LoRA, 890 for QLoRA), and a few per parameter
+    // (loading, gradients, states): the vector then rarely grows.
+    let layers = usize::try_from(model.num_layers).unwrap_or(0);
+    let per_layer = if loading.ops.is_some() { 1024 } else { 64 };
+    let mut b = make(loading.ps.len() * 8 + layers * lengths.len() * per_layer);
     loading.load(&mut b);
     let mut held = Held {
         grads: vec![None; loading.ps.len()],
@@ -299,7 +293,7 @@ fn recorded_over_lengths<'m>(
         }
         step_of(batches[batches.len() - 1]).optimizer_step(&mut b, &mut held, step);
     }
-    Some(b)
+    Some((b, loading.ops.is_some()))
 }
 
 /// What every moment of the step reads: the job's shapes, the parameters and what each
