@@ -629,34 +629,17 @@ fn lora_layers_are_traced_op_by_op() {
 #[test]
 fn ia3_and_vera_are_traced() {
     let rows = include_str!("../../../validation/oracle-traces/step-events-peft.jsonl");
-    let mut checked = 0;
-    for line in rows.lines() {
-        let v: Value = serde_json::from_str(line).unwrap();
-        let label = v["label"].as_str().unwrap();
-        let (m, job, regime, device) = support::oracle_step_job(&v);
-        assert_ne!(
-            job.adapter.method,
-            moro_core::job::PeftKind::Lora,
-            "{label}"
-        );
-        let trace =
-            step::trace(&m, &job, &regime, &device).unwrap_or_else(|| panic!("{label}: traced"));
-        let (want_alloc, want_reserved) = replay_compact(&v);
-        let (alloc, reserved) = replay_after_load(&trace);
-        #[allow(clippy::cast_precision_loss)]
-        let err = |a: u64, b: u64| a as f64 / b as f64 - 1.0;
-        let (ea, er) = (err(alloc, want_alloc), err(reserved, want_reserved));
-        eprintln!(
-            "{label}: allocated {:+.3} %, reserved {:+.3} %",
-            ea * 100.0,
-            er * 100.0
-        );
-        assert!(
-            ea.abs() <= 0.005 && er.abs() <= 0.03,
-            "{label}: {ea:+.4} / {er:+.4}"
-        );
-        checked += 1;
-    }
+    let checked = rows_within(
+        rows,
+        |label, job, _| {
+            assert_ne!(
+                job.adapter.method,
+                moro_core::job::PeftKind::Lora,
+                "{label}"
+            );
+        },
+        |_| (0.005, 0.03),
+    );
     assert_eq!(checked, 8);
 }
 
@@ -772,13 +755,30 @@ fn math_sdpa_layers_without_grouped_heads_are_traced_op_by_op() {
 /// of the same job from the reset after loading; asserts both peaks within `tolerance` of
 /// the row's label. Returns the number of rows checked.
 fn op_level_rows_within(rows: &str, tolerance: impl Fn(&str) -> f64) -> usize {
+    rows_within(
+        rows,
+        |label, _, trace| assert!(trace.op_by_op, "{label}"),
+        |label| (tolerance(label), tolerance(label)),
+    )
+}
+
+/// Replays each compact row of `rows` and moro's trace of the same job from the reset after
+/// loading; `check` asserts what the row's job and trace must be, and the allocated and
+/// reserved peaks are held within `tolerance` of the row's label. Returns the number of
+/// rows checked.
+fn rows_within(
+    rows: &str,
+    check: impl Fn(&str, &moro_core::job::Job, &Trace),
+    tolerance: impl Fn(&str) -> (f64, f64),
+) -> usize {
     let mut checked = 0;
     for line in rows.lines() {
         let v: Value = serde_json::from_str(line).unwrap();
         let label = v["label"].as_str().unwrap();
         let (m, job, regime, device) = support::oracle_step_job(&v);
-        let trace = step::trace(&m, &job, &regime, &device).unwrap();
-        assert!(trace.op_by_op, "{label}");
+        let trace =
+            step::trace(&m, &job, &regime, &device).unwrap_or_else(|| panic!("{label}: traced"));
+        check(label, &job, &trace);
         let (want_alloc, want_reserved) = replay_compact(&v);
         let (alloc, reserved) = replay_after_load(&trace);
         #[allow(clippy::cast_precision_loss)]
@@ -789,9 +789,9 @@ fn op_level_rows_within(rows: &str, tolerance: impl Fn(&str) -> f64) -> usize {
             ea * 100.0,
             er * 100.0
         );
-        let tolerance = tolerance(label);
+        let (ta, tr) = tolerance(label);
         assert!(
-            ea.abs() <= tolerance && er.abs() <= tolerance,
+            ea.abs() <= ta && er.abs() <= tr,
             "{label}: {ea:+.4} / {er:+.4}"
         );
         checked += 1;
