@@ -67,6 +67,7 @@ def install_config(spec: dict) -> None:
         "IA3": peft.IA3Config,
         "VERA": peft.VeraConfig,
         "LN_TUNING": peft.LNTuningConfig,
+        "OFT": peft.OFTConfig,
     }
     cls = classes[kind]
 

@@ -25,12 +25,15 @@ and reserved peaks; `--matrix` regenerates its fixture,
   $PY calibration/step_events.py --matrix-h200
   $PY calibration/step_events.py --matrix-lengths
   $PY calibration/step_events.py --matrix-peft
+  $PY calibration/step_events.py --matrix-peft-weight
 
 `--matrix-lengths` writes `validation/oracle-traces/step-events-lengths.jsonl` (compact): five
 jobs trained on 16 batches of varying length (`--lengths L1,L2,...`: one step per length).
 `--matrix-peft` writes `validation/oracle-traces/step-events-peft.jsonl` (compact): IA³ and
 VeRA (`--peft`, as `peft_trace.py` builds them) on the 2-layer Llama-3.1-8B and Qwen2.5-7B,
-with and without checkpointing.
+with and without checkpointing. `--matrix-peft-weight` writes
+`validation/oracle-traces/step-events-peft-weight.jsonl` (compact): LoHa, LoKr and OFT on the
+same models, each building a weight-sized tensor per adapted module in every forward.
 
 `--desc` adds `descs`: each allocation's op, dtype and shape as the tracker names them
 (`mm bfloat16 (2048, 4096)`; parameters and gradients have none), in allocation order, for
@@ -438,6 +441,26 @@ PEFT_MATRIX = [peft_vector_args(k, c, m) for m in ("meta-llama--Llama-3.1-8B", "
 PEFT_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-peft.jsonl")
 
 
+def peft_weight_args(kind, ckpt, model="meta-llama--Llama-3.1-8B"):
+    """LoHa, LoKr or OFT (`--matrix-peft-weight`: methods that build a weight-sized tensor
+    per module every forward) on q and v of a model cut to 2 layers, bf16-mixed, 1 x 512:
+    LoHa at r 16, LoKr at r 32 with factor 4 (PEFT's MetaMathQA setting), OFT in 32 blocks."""
+    spec = {"loha": {"peft_type": "LOHA", "r": 16, "alpha": 32},
+            "lokr": {"peft_type": "LOKR", "r": 32, "alpha": 64, "decompose_factor": 4},
+            "oft": {"peft_type": "OFT", "r": 32, "oft_block_size": 0}}[kind]
+    spec["target_modules"] = ["q_proj", "v_proj"]
+    a = job_args(model, "lora", ckpt)[:-2]
+    label = "%s-L2-%s-b1s512%s" % (model, kind, "-ckpt" if ckpt else "")
+    return a + ["--adamw-impl", "fused", "--peft", json.dumps(spec), "--label", label]
+
+
+PEFT_WEIGHT_MATRIX = [peft_weight_args(k, c, m)
+                      for m in ("meta-llama--Llama-3.1-8B", "Qwen--Qwen2.5-7B")
+                      for k in ("loha", "lokr", "oft") for c in (True, False)]
+PEFT_WEIGHT_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces",
+                                   "step-events-peft-weight.jsonl")
+
+
 # Batches padded to their own longest sample (`--matrix-lengths`): one shuffled order of
 # lengths up to 512, the longest twice, longer batches after shorter ones.
 LENGTHS = [256, 96, 384, 160, 512, 64, 448, 320, 128, 512, 224, 480, 192, 416, 288, 352]
@@ -548,6 +571,7 @@ def main():
         "--matrix-math-mha": (MATH_MHA_MATRIX, MATH_MHA_FIXTURE, True),
         "--matrix-lengths": (LENGTHS_MATRIX, LENGTHS_FIXTURE, True),
         "--matrix-peft": (PEFT_MATRIX, PEFT_FIXTURE, True),
+        "--matrix-peft-weight": (PEFT_WEIGHT_MATRIX, PEFT_WEIGHT_FIXTURE, True),
     }
     if len(argv) == 1 and argv[0] in matrices:
         jobs, fixture, compact_rows = matrices[argv[0]]

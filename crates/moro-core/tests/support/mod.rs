@@ -288,7 +288,8 @@ pub fn oracle_step_job(
     (m, job, regime, device)
 }
 
-/// The PEFT method of a row `peft_trace.py`'s `--peft` spec built (IA³, VeRA, LN tuning),
+/// The PEFT method of a row `peft_trace.py`'s `--peft` spec built (IA³, VeRA, LN tuning,
+/// LoHa, LoKr, OFT),
 /// over `settings`; LoRA (no spec) as it is.
 fn with_peft(settings: JobSettings, spec: &Value) -> JobSettings {
     use moro_core::job::PeftKind;
@@ -301,11 +302,16 @@ fn with_peft(settings: JobSettings, spec: &Value) -> JobSettings {
         Some("IA3") => PeftKind::Ia3,
         Some("VERA") => PeftKind::Vera,
         Some("LN_TUNING") => PeftKind::LnTuning,
+        Some("LOHA") => PeftKind::LoHa,
+        Some("LOKR") => PeftKind::LoKr,
+        Some("OFT") => PeftKind::Oft,
         _ => return settings,
     };
     JobSettings {
         peft: Some(kind),
         lora_rank: spec["r"].as_u64().or(settings.lora_rank),
+        lora_alpha: spec["alpha"].as_f64().or(settings.lora_alpha),
+        decompose_factor: spec["decompose_factor"].as_u64(),
         target_modules: names("target_modules").or(settings.target_modules),
         feedforward_modules: names("feedforward_modules"),
         lora_dropout: Some(0.0),

@@ -135,6 +135,55 @@ enum Group {
     Router,
 }
 
+/// Bytes per element of the ΔW LoHa and LoKr build every forward, as `F.linear` saves it:
+/// 16-bit under autocast, else the adapter dtype.
+const fn delta_weight_bytes(r: &Regime) -> u64 {
+    if r.autocast { 2 } else { r.adapter_bytes }
+}
+
+/// What LoHa's and LoKr's first-layer modules would save for their input's gradient
+/// (`saves(l)` of each) where nothing asks for it: with the embedding frozen and nothing
+/// making it require grad (no checkpointing, no `prepare_model_for_kbit_training`), the
+/// first layer's hidden state has no gradient until an adapted module upstream in the layer
+/// gives it one, so `F.linear(x, ΔW)` keeps no ΔW (autograd saves a tensor only for the
+/// gradients it will make). Counted only for a text decoder whose every layer is adapted;
+/// an attention input read from another projection (MLA's `q_b_proj`) is counted as saved.
+fn first_layer_unsaved(
+    model: &ModelSpec,
+    job: &Job,
+    h: u64,
+    saves: impl Fn(&Linear) -> u64,
+) -> u64 {
+    let stage = |g: Group| match g {
+        Group::AttnIn => 0,
+        Group::AttnOut => 1,
+        Group::MlpIn | Group::Router => 2,
+        Group::MlpOut => 3,
+    };
+    let applies = job.method == Method::Adapters
+        && job.adapter.method.builds_delta_weight()
+        && !job.gradient_checkpointing
+        && job.adapted_layers.is_none()
+        && model.encoder.is_none()
+        && model.seq2seq.is_none()
+        && model.vision.is_none();
+    let Some(first) = model.layers.first().filter(|_| applies) else {
+        return 0;
+    };
+    let adapted: Vec<&Linear> = first.linears.iter().filter(|l| job.adapts(l)).collect();
+    let Some(earliest) = adapted.iter().map(|l| stage(group_of(l, h))).min() else {
+        return 0;
+    };
+    adapted
+        .iter()
+        .filter(|l| {
+            let g = group_of(l, h);
+            stage(g) == earliest && (g != Group::AttnIn || l.in_features == h)
+        })
+        .map(|l| saves(l))
+        .sum()
+}
+
 fn group_of(l: &Linear, h: u64) -> Group {
     // `proj`: Qwen-VL's vision blocks.
     const ATTN_OUT: [&str; 7] = ["o_proj", "dense", "c_proj", "out_proj", "wo", "o", "proj"];
@@ -415,7 +464,14 @@ impl Ctx<'_> {
                         }
                         _ => {}
                     }
-                    let cast_copy = self.adapter_cast_bytes(xb);
+                    let cast_copy = if job.adapter.method == PeftKind::LoHa {
+                        // `_cast_input_dtype(x, ΔW.dtype)`: LoHa's ΔW is already the
+                        // matmuls' dtype, so a 16-bit x under autocast is read as it is.
+                        let d = delta_weight_bytes(r);
+                        (xb != d).then_some(d)
+                    } else {
+                        self.adapter_cast_bytes(xb)
+                    };
                     let fused_qkv = litgpt && grp == Group::AttnIn;
                     match (cast_copy, dropout) {
                         (_, true) if fused_qkv && fused_dropout_done => {}
@@ -1376,8 +1432,8 @@ impl Activations {
         let autocast_weight_cache_backward =
             weight_cache_in_backward(model, job, autocast_weight_cache, tp);
         // LoHa builds each targeted Linear's ΔW = (w1a·w1b) ⊙ (w2a·w2b) · scale (`HadaWeight`)
-        // every forward and `F.linear(x, ΔW)` saves it: out × in in the adapter dtype per
-        // module and layer, whatever the tokens (recomputed one layer at a time under
+        // every forward and `F.linear(x, ΔW)` saves it: out × in per module and layer,
+        // whatever the tokens (recomputed one layer at a time under
         // checkpointing). `HadaWeight.backward` holds the incoming ΔW gradient, its scaled
         // copy, a factor product and `temp`: four more for the widest module.
         //
@@ -1385,10 +1441,26 @@ impl Activations {
         // saved, per targeted Linear: the skew-symmetric `Q_skew`, `Q_squared` and one more
         // power (inputs of the next `bmm`s) and the rotation R (saved by the `einsum`): four
         // r × b × b tensors, b = in / r.
+        //
+        // Under autocast the ΔW `F.linear` saves is 16-bit: LoHa's products are, and LoKr's
+        // fp32 `kron` (its fp32 `lokr_w1` promotes it) is cast by autocast, which saves that
+        // copy; `kron` also saves `lokr_w2_a @ lokr_w2_b` for `lokr_w1`'s gradient (PEFT
+        // 0.21.2 `tuners/lokr/layer.py` `make_kron`).
         let ab = r.adapter_bytes;
+        let db = delta_weight_bytes(r);
         let fixed = |l: &Linear| -> u64 {
             match job.adapter.method {
-                PeftKind::LoHa | PeftKind::LoKr => l.weight_numel() * ab,
+                PeftKind::LoHa => l.weight_numel() * db,
+                PeftKind::LoKr => {
+                    let ((_, b), (_, d)) =
+                        super::weights::lokr_factors(l, job.adapter.decompose_factor);
+                    let w2 = if 2 * job.adapter.rank < b.max(d) {
+                        b * d * db
+                    } else {
+                        0
+                    };
+                    l.weight_numel() * db + w2
+                }
                 PeftKind::Oft => 4 * l.in_features * (l.in_features / job.adapter.rank.max(1)) * ab,
                 PeftKind::Lora if job.adapter.dora => super::dora::saved_per_module(job, r, l),
                 _ => 0,
@@ -1420,7 +1492,13 @@ impl Activations {
             let all = if job.gradient_checkpointing {
                 0
             } else {
-                model.layers.iter().map(|g| g.count * per_layer(g)).sum()
+                let unsaved = first_layer_unsaved(model, job, h, |l| l.count * fixed(l));
+                model
+                    .layers
+                    .iter()
+                    .map(|g| g.count * per_layer(g))
+                    .sum::<u64>()
+                    .saturating_sub(unsaved / tp.max(1))
             };
             let bwd = match job.adapter.method {
                 PeftKind::LoHa => 4 * widest,

@@ -10,6 +10,7 @@
 
 mod chunked_nll;
 mod decoder_layer;
+mod delta_weight;
 mod dora;
 pub mod generate;
 mod levels;

@@ -31,7 +31,7 @@
 //! Modelled: one GPU without sharding or tensor parallelism, a dense text decoder or a
 //! BERT-style encoder (not an encoder-decoder), on a stack whose profile replays steps
 //! (`hf`, `trl`); full fine-tuning, LoRA and QLoRA (bitsandbytes 4-bit) with PEFT's plain
-//! LoRA, DoRA, IA³ and VeRA on an unquantized base; AdamW (torch foreach or fused, bitsandbytes 8-bit);
+//! LoRA, DoRA, IA³, VeRA, LoHa, LoKr and OFT on an unquantized base; AdamW (torch foreach or fused, bitsandbytes 8-bit);
 //! the standard loss, TRL's chunked loss (`trace/chunked_nll.rs`) or Liger's fused linear
 //! cross-entropy (its other kernels through the saved bytes); eager layers. [`models`] says
 //! which jobs.
@@ -45,6 +45,7 @@ use super::super::regime::grad_bytes;
 use super::super::{Component, DeviceProfile, Phase, PhaseBytes, Regime, weights};
 use super::chunked_nll::ChunkedNll;
 use super::decoder_layer::{self, DecoderLayer, Grads, Kept, Mode};
+use super::delta_weight::{self, DeltaModule};
 use super::dora::{self, DoraModule};
 use super::params::{Param, params};
 use super::shapes::{attention_maps, encoder_tensors, saved_tensors};
@@ -57,9 +58,14 @@ pub fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
         Method::Full => true,
         Method::Adapters | Method::QuantizedAdapters => {
             (job.adapter.method == PeftKind::Lora
-                // IA³'s and VeRA's vectors on an unquantized model: their saved tensors are
-                // the formulas' ([`Activations`]).
-                || matches!(job.adapter.method, PeftKind::Ia3 | PeftKind::Vera)
+                // IA³'s and VeRA's vectors, LoHa's, LoKr's and OFT's weight-sized tensors
+                // on an unquantized model: their saved tensors are the formulas'
+                // ([`Activations`]), LoHa's and LoKr's ΔW built in each forward
+                // (`trace/delta_weight.rs`).
+                || matches!(
+                    job.adapter.method,
+                    PeftKind::Ia3 | PeftKind::Vera | PeftKind::LoHa | PeftKind::LoKr | PeftKind::Oft
+                )
                     && job.method == Method::Adapters
                     && job.quantization == Quantization::None
                     && !job.adapter.dora)
@@ -329,9 +335,9 @@ struct Step<'m, 'j> {
     chunked: Option<ChunkedNll>,
     /// A 4-bit matmul's dequantized weight.
     dequant: u64,
-    /// Each layer's DoRA modules in forward order ([`dora::module_forward`]); empty
-    /// without DoRA.
-    dora_by_layer: Vec<Vec<DoraModule>>,
+    /// Each layer's DoRA, LoHa or LoKr modules in forward order ([`ModuleForward`]);
+    /// empty for other methods.
+    modules_by_layer: Vec<Vec<ModuleForward>>,
     /// An fp32 lm_head's 16-bit copy under autocast (frozen, or a full fine-tune's).
     head_copy: u64,
     /// The decoder layers op by op ([`decoder_layer`]), where it models them.
@@ -344,6 +350,25 @@ struct Step<'m, 'j> {
     firsts: Vec<usize>,
     tied: bool,
     cublas_bytes: u64,
+}
+
+/// One adapted module's own forward, made between its layer's saved tensors.
+#[derive(Debug, Clone, Copy)]
+enum ModuleForward {
+    /// DoRA's weight norm and result ([`dora::module_forward`]).
+    Dora(DoraModule),
+    /// LoHa's or LoKr's ΔW ([`delta_weight::module_forward`]).
+    Delta(DeltaModule),
+}
+
+impl ModuleForward {
+    /// `keeps_graph`: the forward records what autograd saves.
+    fn emit<'m>(&self, b: &mut Builder<'m>, layer: u64, keeps_graph: bool) {
+        match self {
+            Self::Dora(m) => dora::module_forward(b, m, layer, keeps_graph),
+            Self::Delta(m) => delta_weight::module_forward(b, m, layer, keeps_graph),
+        }
+    }
 }
 
 /// What the step holds from one moment to the next.
@@ -396,18 +421,23 @@ impl<'m, 'j> Step<'m, 'j> {
             .flat_map(|g| std::iter::repeat_n(g, usize::try_from(g.count).unwrap_or(0)))
             .collect();
         let n_layers = layers.len().max(1) as u64;
-        let dora_by_layer = layers
+        let modules_by_layer = layers
             .iter()
             .map(|g| {
-                if job.method.is_peft() && job.adapter.dora {
-                    g.linears
-                        .iter()
-                        .filter(|l| job.adapts(l))
-                        .map(|l| DoraModule::of(l, job, r, t))
-                        .collect()
-                } else {
-                    Vec::new()
+                if !job.method.is_peft() {
+                    return Vec::new();
                 }
+                g.linears
+                    .iter()
+                    .filter(|l| job.adapts(l))
+                    .filter_map(|l| {
+                        if job.adapter.dora {
+                            Some(ModuleForward::Dora(DoraModule::of(l, job, r, t)))
+                        } else {
+                            DeltaModule::of(l, job, r, t).map(ModuleForward::Delta)
+                        }
+                    })
+                    .collect()
             })
             .collect();
         let per_layer = acts.all_layers() / n_layers;
@@ -498,7 +528,7 @@ impl<'m, 'j> Step<'m, 'j> {
             fused_chunk: (r.loss == LossImpl::Fused)
                 .then(|| super::super::loss::Loss::new(model, job, r, 1).forward_transient),
             dequant: weights::dequant_transient(model, job, r),
-            dora_by_layer,
+            modules_by_layer,
             head_copy,
             ops,
             heads,
@@ -525,19 +555,19 @@ impl<'m, 'j> Step<'m, 'j> {
     /// temporaries of its statistics (`hidden_states.pow(2)`, then the normalized fp32
     /// product its 16-bit cast reads; transformers `LlamaRMSNorm.forward`).
     ///
-    /// A DoRA layer's modules run between its saved tensors, spread over them in forward
-    /// order.
+    /// A DoRA, LoHa or LoKr layer's modules run between its saved tensors, spread over them
+    /// in forward order.
     fn layer_forward(&self, b: &mut Builder<'m>, k: usize, name: &'static str) -> Vec<Tensor<'m>> {
         let layer = Some(k as u64);
         let upcast = self.t * self.model.hidden_size * 4;
         let mut out = Vec::new();
         let saved = &self.saved_by_layer[k];
-        let dora = &self.dora_by_layer[k];
-        let mut next_dora = 0;
+        let modules = &self.modules_by_layer[k];
+        let mut next = 0;
         for (i, &bytes) in saved.iter().enumerate() {
-            while next_dora < dora.len() && next_dora * saved.len() / dora.len() <= i {
-                dora::module_forward(b, &dora[next_dora], k as u64, true);
-                next_dora += 1;
+            while next < modules.len() && next * saved.len() / modules.len() <= i {
+                modules[next].emit(b, k as u64, true);
+                next += 1;
             }
             if self.rms && bytes == upcast {
                 b.transient("RMSNorm pow", layer, bytes);
@@ -545,8 +575,8 @@ impl<'m, 'j> Step<'m, 'j> {
             }
             out.push(b.alloc_in(name, None, layer, Component::Activations, bytes, 1));
         }
-        for m in &dora[next_dora..] {
-            dora::module_forward(b, m, k as u64, true);
+        for m in &modules[next..] {
+            m.emit(b, k as u64, true);
         }
         out
     }
@@ -696,8 +726,8 @@ impl<'m, 'j> Step<'m, 'j> {
                 b.transient("dequantized weight", Some(k as u64), self.dequant);
             }
             if job.gradient_checkpointing {
-                for m in &self.dora_by_layer[k] {
-                    dora::module_forward(b, m, k as u64, false);
+                for m in &self.modules_by_layer[k] {
+                    m.emit(b, k as u64, false);
                 }
                 if !self.full {
                     self.checkpointed_forward(b, k);
