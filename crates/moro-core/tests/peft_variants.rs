@@ -227,6 +227,14 @@ fn bad_settings_name_their_field() {
     assert!(e.to_string().contains("decompose_factor"), "{e}");
     let e = estimate(&m, &prefix(0), &DeviceProfile::default()).unwrap_err();
     assert!(e.to_string().contains("virtual_tokens"), "{e}");
+    // PEFT 0.21.2 raises "PREFIX_TUNING does not work with gradient checkpointing" (as the
+    // oracle's `step_events.py` found); prompt tuning takes it.
+    let mut checkpointed = prefix(50);
+    checkpointed.gradient_checkpointing = true;
+    let e = estimate(&m, &checkpointed, &DeviceProfile::default()).unwrap_err();
+    assert!(e.to_string().contains("gradient_checkpointing"), "{e}");
+    checkpointed.adapter.method = PeftKind::PromptTuning;
+    assert!(estimate(&m, &checkpointed, &DeviceProfile::default()).is_ok());
     let row = r#"{"id": "x", "model_hf_id": "meta-llama/Llama-3.2-3B", "method": "lokr",
         "lora": {"peft_type": "LOKR", "r": 8, "decompose_both": true,
         "target_modules": ["q_proj"]}, "micro_batch_size": 1, "seq_len": 512,

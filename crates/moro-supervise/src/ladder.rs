@@ -457,8 +457,9 @@ pub fn single_step(
             return Some(j);
         }
     }
-    // Level 2.
-    if !j.gradient_checkpointing {
+    // Level 2 (not where PEFT refuses checkpointing).
+    let refused = j.method.is_peft() && j.adapter.method.refuses_checkpointing();
+    if !(j.gradient_checkpointing || refused) {
         j.gradient_checkpointing = true;
         return Some(j);
     }
@@ -640,6 +641,21 @@ mod tests {
         let n = single_step(&j, false, None, &[]).expect("a step exists");
         assert_eq!((n.micro_batch_size, n.grad_accum), (4, 1));
         assert!(n.gradient_checkpointing);
+    }
+
+    /// PEFT refuses prefix tuning with checkpointing: the ladder goes from the micro-batch
+    /// straight to the optimizer.
+    #[test]
+    fn prefix_tuning_skips_checkpointing() {
+        let mut j = Job {
+            micro_batch_size: 1,
+            grad_accum: 8,
+            ..job()
+        };
+        j.adapter.method = moro_core::job::PeftKind::PrefixTuning;
+        let n = single_step(&j, false, None, &[]).expect("a step exists");
+        assert!(!n.gradient_checkpointing);
+        assert_eq!(n.optimizer, Optimizer::PagedAdamw8bit);
     }
 
     #[test]

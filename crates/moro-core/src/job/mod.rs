@@ -196,6 +196,14 @@ impl PeftKind {
         matches!(self, Self::LoHa | Self::LoKr)
     }
 
+    /// Whether PEFT refuses the method with gradient checkpointing: prefix tuning (0.21.2
+    /// `PeftModel._setup_prompt_encoder`: its keys and values travel in a cache that
+    /// checkpointing cannot recompute).
+    #[must_use]
+    pub const fn refuses_checkpointing(self) -> bool {
+        matches!(self, Self::PrefixTuning)
+    }
+
     /// Whether the method prepends `adapter.virtual_tokens` of its own (prompt and prefix
     /// tuning).
     #[must_use]

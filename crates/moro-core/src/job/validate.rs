@@ -384,6 +384,18 @@ impl Job {
                         .to_owned(),
                 );
             }
+            if self.adapter.method.refuses_checkpointing() && self.gradient_checkpointing {
+                return err(
+                    "gradient_checkpointing",
+                    format!(
+                        "PEFT refuses {} with gradient checkpointing (0.21.2 \
+                         `PeftModel._setup_prompt_encoder`: its keys and values travel in a \
+                         cache that checkpointing cannot recompute); turn \
+                         gradient_checkpointing off",
+                        self.adapter.method.as_str()
+                    ),
+                );
+            }
             if self.adapter.method.uses_virtual_tokens()
                 && !(1..=1 << 20).contains(&self.adapter.virtual_tokens)
             {
