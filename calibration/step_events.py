@@ -26,6 +26,7 @@ and reserved peaks; `--matrix` regenerates its fixture,
   $PY calibration/step_events.py --matrix-lengths
   $PY calibration/step_events.py --matrix-peft
   $PY calibration/step_events.py --matrix-peft-weight
+  $PY calibration/step_events.py --matrix-peft-prompt
 
 `--matrix-lengths` writes `validation/oracle-traces/step-events-lengths.jsonl` (compact): five
 jobs trained on 16 batches of varying length (`--lengths L1,L2,...`: one step per length).
@@ -34,6 +35,9 @@ VeRA (`--peft`, as `peft_trace.py` builds them) on the 2-layer Llama-3.1-8B and 
 with and without checkpointing. `--matrix-peft-weight` writes
 `validation/oracle-traces/step-events-peft-weight.jsonl` (compact): LoHa, LoKr and OFT on the
 same models, each building a weight-sized tensor per adapted module in every forward.
+`--matrix-peft-prompt` writes `validation/oracle-traces/step-events-peft-prompt.jsonl`
+(compact): prompt tuning (50 virtual tokens, with and without checkpointing) and prefix tuning
+(50 and 200, without: PEFT refuses it with checkpointing) on the same models.
 
 `--desc` adds `descs`: each allocation's op, dtype and shape as the tracker names them
 (`mm bfloat16 (2048, 4096)`; parameters and gradients have none), in allocation order, for
@@ -461,6 +465,25 @@ PEFT_WEIGHT_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces",
                                    "step-events-peft-weight.jsonl")
 
 
+def peft_prompt_args(kind, ckpt, model="meta-llama--Llama-3.1-8B", tokens=50):
+    """Prompt or prefix tuning (`--matrix-peft-prompt`) with `tokens` virtual tokens on a
+    model cut to 2 layers, bf16-mixed, 1 x 512 (PEFT refuses prefix tuning with
+    checkpointing)."""
+    spec = {"peft_type": "PROMPT_TUNING" if kind == "prompt" else "PREFIX_TUNING",
+            "num_virtual_tokens": tokens}
+    a = job_args(model, "lora", ckpt)[:-2]
+    label = "%s-L2-%s%d-b1s512%s" % (model, kind, tokens, "-ckpt" if ckpt else "")
+    return a + ["--adamw-impl", "fused", "--peft", json.dumps(spec), "--label", label]
+
+
+PEFT_PROMPT_MATRIX = [peft_prompt_args(k, c, m, n)
+                      for m in ("meta-llama--Llama-3.1-8B", "Qwen--Qwen2.5-7B")
+                      for k, c, n in (("prompt", True, 50), ("prompt", False, 50),
+                                      ("prefix", False, 50), ("prefix", False, 200))]
+PEFT_PROMPT_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces",
+                                   "step-events-peft-prompt.jsonl")
+
+
 # Batches padded to their own longest sample (`--matrix-lengths`): one shuffled order of
 # lengths up to 512, the longest twice, longer batches after shorter ones.
 LENGTHS = [256, 96, 384, 160, 512, 64, 448, 320, 128, 512, 224, 480, 192, 416, 288, 352]
@@ -572,6 +595,7 @@ def main():
         "--matrix-lengths": (LENGTHS_MATRIX, LENGTHS_FIXTURE, True),
         "--matrix-peft": (PEFT_MATRIX, PEFT_FIXTURE, True),
         "--matrix-peft-weight": (PEFT_WEIGHT_MATRIX, PEFT_WEIGHT_FIXTURE, True),
+        "--matrix-peft-prompt": (PEFT_PROMPT_MATRIX, PEFT_PROMPT_FIXTURE, True),
     }
     if len(argv) == 1 and argv[0] in matrices:
         jobs, fixture, compact_rows = matrices[argv[0]]

@@ -73,13 +73,8 @@ pub fn run(
         return None;
     }
     let (built, job) = crate::stack::with_job(model, job);
-    super::trace::step::replay_over_lengths(
-        built.as_ref(),
-        job.as_ref(),
-        &est.regime,
-        device,
-        lengths,
-    )
+    let (job, lengths) = super::with_prompt_tokens_over(job.as_ref(), lengths);
+    super::trace::step::replay_over_lengths(built.as_ref(), &job, &est.regime, device, &lengths)
 }
 
 #[cfg(test)]

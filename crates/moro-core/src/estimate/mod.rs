@@ -474,7 +474,41 @@ fn traced_step(
     let (built, job) = crate::stack::with_job(model, job);
     let (model, job) = (built.as_ref(), job.as_ref());
     let with_images = vision::with_image_tokens(model, job);
-    read(model, &with_images, &est.regime, device)
+    read(
+        model,
+        &with_prompt_tokens(&with_images),
+        &est.regime,
+        device,
+    )
+}
+
+/// `job` as the model runs it under prompt tuning, which prepends its virtual tokens to
+/// every sequence (PEFT 0.21.2 `PeftModelForCausalLM.forward`: `torch.cat((prompts,
+/// inputs_embeds), dim=1)`, labels prefixed with -100): the frozen model runs, and computes
+/// logits, over them too. Any other job as it is.
+#[must_use]
+pub fn with_prompt_tokens(job: &Job) -> std::borrow::Cow<'_, Job> {
+    if job.method.is_peft() && job.adapter.method == crate::job::PeftKind::PromptTuning {
+        std::borrow::Cow::Owned(Job {
+            seq_len: job.seq_len + job.adapter.virtual_tokens,
+            ..job.clone()
+        })
+    } else {
+        std::borrow::Cow::Borrowed(job)
+    }
+}
+
+/// [`with_prompt_tokens`] for a run of micro-batches of `lengths` tokens: the job, and each
+/// length with the prompt's tokens.
+#[must_use]
+pub fn with_prompt_tokens_over<'j>(
+    job: &'j Job,
+    lengths: &[u64],
+) -> (std::borrow::Cow<'j, Job>, Vec<u64>) {
+    let prompted = with_prompt_tokens(job);
+    let prompt = prompted.seq_len - job.seq_len;
+    let lengths = lengths.iter().map(|l| l + prompt).collect();
+    (prompted, lengths)
 }
 
 /// Whether the step trace follows `job`'s decoder layers op by op
@@ -526,19 +560,8 @@ pub fn estimate_without_replay(
     job.validate(model)?;
     let with_images = vision::with_image_tokens(model, job);
     let job: &Job = &with_images;
-    let prompted;
-    let job = if job.method.is_peft() && job.adapter.method == crate::job::PeftKind::PromptTuning {
-        // Prompt tuning prepends its virtual tokens to every sequence (PEFT
-        // `PeftModelForCausalLM.forward`: `torch.cat((prompts, inputs_embeds), dim=1)`, labels
-        // prefixed with -100): the frozen model runs, and computes logits, over them too.
-        prompted = Job {
-            seq_len: job.seq_len + job.adapter.virtual_tokens,
-            ..job.clone()
-        };
-        &prompted
-    } else {
-        job
-    };
+    let prompted = with_prompt_tokens(job);
+    let job: &Job = &prompted;
     let regime = Regime::resolve(model, job);
     if job.stack.profile().runtime == crate::stack::Runtime::Mlx {
         return Ok(finish_mlx(

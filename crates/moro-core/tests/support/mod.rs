@@ -305,6 +305,8 @@ fn with_peft(settings: JobSettings, spec: &Value) -> JobSettings {
         Some("LOHA") => PeftKind::LoHa,
         Some("LOKR") => PeftKind::LoKr,
         Some("OFT") => PeftKind::Oft,
+        Some("PROMPT_TUNING") => PeftKind::PromptTuning,
+        Some("PREFIX_TUNING") => PeftKind::PrefixTuning,
         _ => return settings,
     };
     JobSettings {
@@ -312,6 +314,7 @@ fn with_peft(settings: JobSettings, spec: &Value) -> JobSettings {
         lora_rank: spec["r"].as_u64().or(settings.lora_rank),
         lora_alpha: spec["alpha"].as_f64().or(settings.lora_alpha),
         decompose_factor: spec["decompose_factor"].as_u64(),
+        virtual_tokens: spec["num_virtual_tokens"].as_u64(),
         target_modules: names("target_modules").or(settings.target_modules),
         feedforward_modules: names("feedforward_modules"),
         lora_dropout: Some(0.0),

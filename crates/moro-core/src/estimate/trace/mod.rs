@@ -39,6 +39,7 @@ pub fn for_job<'m>(
     device: &DeviceProfile,
 ) -> Result<Option<Trace<'m>>, JobError> {
     job.validate(model)?;
+    let job: &Job = &super::with_prompt_tokens(job);
     let regime = Regime::resolve(model, job);
     if generate::models(model, job, &regime, device) {
         return Ok(generate::trace(model, job, &regime, device));
@@ -58,9 +59,10 @@ pub fn over_lengths<'m>(
     lengths: &[u64],
 ) -> Result<Option<Trace<'m>>, JobError> {
     job.validate(model)?;
-    let regime = Regime::resolve(model, job);
+    let (prompted, lengths) = super::with_prompt_tokens_over(job, lengths);
+    let regime = Regime::resolve(model, &prompted);
     Ok(step::trace_over_lengths(
-        model, job, &regime, device, lengths,
+        model, &prompted, &regime, device, &lengths,
     ))
 }
 

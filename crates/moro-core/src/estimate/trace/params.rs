@@ -18,6 +18,9 @@ pub(super) struct Param<'m> {
     pub(super) linear: bool,
     /// The token embedding (bitsandbytes 8-bit: 32-bit states under the HF Trainer).
     pub(super) embedding: bool,
+    /// PEFT's own, after the model's (VeRA's shared buffers, prompt and prefix tuning's
+    /// embeddings): trainable ones get their gradient when the backward ends.
+    pub(super) peft_extra: bool,
 }
 
 /// The model's parameters in `named_parameters` order: the embedding (and an encoder's
@@ -48,6 +51,7 @@ pub(super) fn params<'m>(model: &'m ModelSpec, job: &Job, r: &Regime) -> Vec<Par
         trainable: full,
         linear,
         embedding: false,
+        peft_extra: false,
     };
     let mut out = vec![Param {
         embedding: true,
@@ -117,7 +121,23 @@ pub(super) fn params<'m>(model: &'m ModelSpec, job: &Job, r: &Regime) -> Vec<Par
     if vera > 0 {
         out.push(Param {
             dtype_bytes: 4,
+            peft_extra: true,
             ..outside("vera_A and vera_B", vera / 4, false)
+        });
+    }
+    // Prompt tuning's `PromptEmbedding` and prefix tuning's `PrefixEncoder`: the
+    // `prompt_encoder` PEFT registers after the base model ([`weights::lora_tensors`]).
+    if job.method.is_peft() && job.adapter.method.uses_virtual_tokens() {
+        let numel: u64 = weights::lora_tensors(model, job)
+            .iter()
+            .map(|&(n, (a, b))| n * a * b)
+            .sum();
+        out.push(Param {
+            dtype_bytes: r.adapter_bytes,
+            trainable: true,
+            peft_extra: true,
+            embedding: true,
+            ..outside("prompt_encoder", numel, false)
         });
     }
     out
@@ -148,6 +168,7 @@ fn push_linear<'m>(
         trainable,
         linear: true,
         embedding: false,
+        peft_extra: false,
     };
     let n = l.weight_numel();
     if quantized && job.is_module(l) {
@@ -173,7 +194,7 @@ fn push_linear<'m>(
             ..of("bias", l.out_features, plain, full)
         });
     }
-    if job.method.is_peft() && job.adapts(l) {
+    if job.method.is_peft() && job.adapter.method.uses_targets() && job.adapts(l) {
         let rank = job.adapter.rank;
         let ab = r.adapter_bytes;
         match job.adapter.method {

@@ -31,7 +31,7 @@
 //! Modelled: one GPU without sharding or tensor parallelism, a dense text decoder or a
 //! BERT-style encoder (not an encoder-decoder), on a stack whose profile replays steps
 //! (`hf`, `trl`); full fine-tuning, LoRA and QLoRA (bitsandbytes 4-bit) with PEFT's plain
-//! LoRA, DoRA, IA³, VeRA, LoHa, LoKr and OFT on an unquantized base; AdamW (torch foreach or fused, bitsandbytes 8-bit);
+//! LoRA, DoRA, IA³, VeRA, LoHa, LoKr, OFT, prompt and prefix tuning on an unquantized base; AdamW (torch foreach or fused, bitsandbytes 8-bit);
 //! the standard loss, TRL's chunked loss (`trace/chunked_nll.rs`) or Liger's fused linear
 //! cross-entropy (its other kernels through the saved bytes); eager layers. [`models`] says
 //! which jobs.
@@ -58,6 +58,12 @@ pub fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
         Method::Full => true,
         Method::Adapters | Method::QuantizedAdapters => {
             (job.adapter.method == PeftKind::Lora
+                // Prompt and prefix tuning's embedding on an unquantized model: the layers'
+                // saved tensors are the formulas' (prefix tuning's keys and values among
+                // them), over the prompt's tokens too ([`super::super::with_prompt_tokens`]).
+                || job.adapter.method.uses_virtual_tokens()
+                    && job.method == Method::Adapters
+                    && job.quantization == Quantization::None
                 // IA³'s and VeRA's vectors, LoHa's, LoKr's and OFT's weight-sized tensors
                 // on an unquantized model: their saved tensors are the formulas'
                 // ([`Activations`]), LoHa's and LoKr's ΔW built in each forward
@@ -479,14 +485,17 @@ impl<'m, 'j> Step<'m, 'j> {
             }
         }
         let tied = model.tie_word_embeddings && !encoder;
-        let n = ps.len();
-        let (heads, firsts) = if encoder {
+        // The model's own parameters come before PEFT's.
+        let n = ps.len() - ps.iter().rev().take_while(|p| p.peft_extra).count();
+        let (heads, mut firsts) = if encoder {
             (vec![n - 2, n - 1], vec![0, 1, 2, 3])
         } else if tied {
             (vec![0], vec![n - 1])
         } else {
             (vec![n - 1], vec![n - 2, 0])
         };
+        // A prompt or prefix embedding's gradient is made once every layer's is.
+        firsts.extend(n..ps.len());
         let head_copy = if r.autocast
             && (r.frozen_fp32_head
                 || full && !encoder && r.autocast_weight_copies && r.param_bytes == 4)
