@@ -9,8 +9,9 @@
 //! config; transformers 5.24, PEFT 0.21.2, torch 2.15; two steps).
 //!
 //! LoHa by hand: ΔW of q (3,072 × 3,072) and v (1,024 × 3,072) in fp32 is 50,331,648 B a
-//! layer, 1.31 GiB over 28 layers; the oracle's LoHa − LoRA is 1.35 GiB (LoHa also trains
-//! 9,175,040 more parameters and saves no `lora_A` output).
+//! layer, 1.27 GiB over the 27 layers that keep it (the first layer's input needs no
+//! gradient, so its `F.linear` keeps no ΔW); the oracle's LoHa − LoRA is 1.35 GiB (LoHa also
+//! trains 9,175,040 more parameters and saves no `lora_A` output).
 
 use moro_core::catalog;
 use moro_core::estimate::{DeviceProfile, estimate};
@@ -109,6 +110,28 @@ fn cases() -> Vec<(&'static str, Job, u64, f64)> {
         ("ln tuning", ln, 175_104, 18.62),
         ("prompt tuning 200", prompt, 614_400, 20.73),
     ]
+}
+
+/// PEFT 0.21 leaves AdaLoRA's `ranknum` requiring grad, so `/ ranknum` keeps its fp32
+/// dividend; 0.19.1 and 0.20.0 do not (checked by building each release's model). By hand,
+/// 4 × 768 tokens × (3,072 + 1,024) outputs × 4 B × 28 layers = 1.3125 GiB.
+#[test]
+fn adalora_keeps_its_dividend_from_peft_0_21() {
+    let m = llama();
+    let now = job(PeftKind::AdaLora, 64, &["v_proj", "q_proj"]);
+    let before = Job {
+        versions: moro_core::job::Versions {
+            peft: Some((0, 20)),
+            ..moro_core::job::Versions::default()
+        },
+        ..now.clone()
+    };
+    let at = |j: &Job| estimate(&m, j, &DeviceProfile::default()).unwrap();
+    let (now, before) = (at(&now), at(&before));
+    assert_eq!(
+        now.peak_allocated_bytes - before.peak_allocated_bytes,
+        4 * 768 * (3072 + 1024) * 4 * 28
+    );
 }
 
 #[test]

@@ -458,6 +458,14 @@ pub struct LibraryVersions {
         schemars(regex(pattern = r"^[0-9]+\.[0-9]+(\.[0-9]+)?$"))
     )]
     pub mlx: Option<String>,
+    /// PEFT version (e.g. `"0.20"`; from 0.21 AdaLoRA keeps an output-wide tensor per module
+    /// for its `ranknum`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(
+        feature = "schema",
+        schemars(regex(pattern = r"^[0-9]+\.[0-9]+(\.[0-9]+)?$"))
+    )]
+    pub peft: Option<String>,
 }
 
 impl LibraryVersions {
@@ -487,6 +495,7 @@ impl LibraryVersions {
                 .as_deref()
                 .map(|s| parse_version("training.versions.mlx", s))
                 .transpose()?,
+            peft: two("training.versions.peft", &self.peft)?,
         })
     }
 
@@ -501,6 +510,7 @@ impl LibraryVersions {
             torchao: v.torchao.map(|(a, b)| format!("{a}.{b}")),
             torchtune: v.torchtune.map(|(a, b)| format!("{a}.{b}")),
             mlx: v.mlx.map(|(a, b, c)| format!("{a}.{b}.{c}")),
+            peft: v.peft.map(|(a, b)| format!("{a}.{b}")),
         })
     }
 }

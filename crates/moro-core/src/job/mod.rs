@@ -888,6 +888,9 @@ pub struct Versions {
     /// MLX `(major, minor, patch)`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mlx: Option<(u32, u32, u32)>,
+    /// PEFT `(major, minor)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peft: Option<(u32, u32)>,
 }
 
 impl Versions {
@@ -898,6 +901,15 @@ impl Versions {
     #[must_use]
     pub fn mlx_fused_cross_entropy(&self) -> bool {
         self.mlx.is_none_or(|v| v >= (0, 32, 2))
+    }
+
+    /// From PEFT 0.21 AdaLoRA's `ranknum` requires grad once `get_peft_model` returns (0.19.1
+    /// and 0.20.0 leave it frozen, as `AdaLoraLayer.update_layer` sets it; checked by
+    /// building each release's model), so `… / ranknum` saves its out-wide dividend for
+    /// `ranknum`'s gradient.
+    #[must_use]
+    pub fn adalora_saves_dividend(&self) -> bool {
+        self.peft.is_none_or(|v| v >= (0, 21))
     }
 
     /// bitsandbytes before 0.43.2 saved each 4-bit matmul's input for backward

@@ -570,6 +570,7 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
             // to fp32 (`framework_plugin_bnb.py` `_prepare_model_for_kbit_training`: "the
             // stock one in peft will introduce extraneous casting"), as TRL ≥ 0.26 does.
             trl: version_of(&fw, "trl").filter(|_| !quant_all.contains("accelerated-peft")),
+            peft: version_of(&fw, "peft"),
             torch: torch_version(&fw),
             // torchtune 0.1.0 and 0.1.1 pin `torchao==0.1` (pyproject.toml); 0.2.0 pins 0.3.1.
             torchao: version_of(&fw, "torchao").or_else(|| {

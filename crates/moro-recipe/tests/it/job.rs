@@ -72,6 +72,7 @@ fn every_field_maps() {
             torchao: None,
             torchtune: None,
             mlx: None,
+            peft: None,
         }
     );
     let extras = ok(FULL).extras();
@@ -123,6 +124,7 @@ fn jobs() -> Vec<Job> {
             torchao: Some((0, 1)),
             torchtune: Some((0, 2)),
             mlx: Some((0, 32, 1)),
+            peft: Some((0, 20)),
         },
         optimizer_in_backward: false,
         images: moro_core::vision::Images {

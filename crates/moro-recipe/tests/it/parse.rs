@@ -330,12 +330,14 @@ fn library_versions_are_strings_with_a_checked_form() {
     let e = err("model:\n  base: a\ntraining:\n  versions:\n    bitsandbytes: 0.x\n");
     assert_eq!(e.field.as_deref(), Some("training.versions.bitsandbytes"));
     assert_eq!((e.line, e.column), (Some(5), Some(19)));
-    let e = err("model:\n  base: a\ntraining:\n  versions:\n    peft: \"0.13\"\n");
+    let r = ok("model:\n  base: a\ntraining:\n  versions:\n    peft: \"0.20\"\n");
+    assert_eq!(r.to_job().unwrap().versions.peft, Some((0, 20)));
+    let e = err("model:\n  base: a\ntraining:\n  versions:\n    accelerate: \"1.2\"\n");
     assert_eq!(
         (e.kind, e.field.as_deref()),
         (
             RecipeErrorKind::UnknownField,
-            Some("training.versions.peft")
+            Some("training.versions.accelerate")
         )
     );
 }

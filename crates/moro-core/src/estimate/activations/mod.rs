@@ -456,10 +456,10 @@ impl Ctx<'_> {
                             bytes += (job.adapter.rank * mult + adapter_out) * ab;
                             continue;
                         }
-                        PeftKind::AdaLora => {
-                            // `(x @ (A·E)ᵀ @ Bᵀ) * scaling / ranknum`: `div` saves its
-                            // out-wide dividend (`adalora/layer.py`), the oracle's trace shows
-                            // it although `ranknum` needs no gradient.
+                        // `(x @ (A·E)ᵀ @ Bᵀ) * scaling / ranknum`: `div` saves its out-wide
+                        // dividend (`adalora/layer.py`) where `ranknum` requires grad
+                        // ([`crate::job::Versions::adalora_saves_dividend`]).
+                        PeftKind::AdaLora if job.versions.adalora_saves_dividend() => {
                             bytes += adapter_out * ab;
                         }
                         _ => {}
