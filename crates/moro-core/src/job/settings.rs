@@ -290,9 +290,12 @@ impl JobSettings {
         let precision = self
             .precision
             .unwrap_or_else(|| default_precision(stack, method));
-        let gradient_checkpointing = self
-            .gradient_checkpointing
-            .unwrap_or_else(|| default_checkpointing(stack, method, quantization));
+        // Where PEFT refuses checkpointing for the method (prefix tuning), the default is off
+        // (QLoRA's `prepare_model_for_kbit_training(use_gradient_checkpointing=False)`).
+        let gradient_checkpointing = self.gradient_checkpointing.unwrap_or_else(|| {
+            default_checkpointing(stack, method, quantization)
+                && !(method.is_peft() && peft.refuses_checkpointing())
+        });
         let d = PeftConfig::default();
         let profile = stack.profile();
         let rank = self.lora_rank.unwrap_or(profile.default_lora_rank);
@@ -542,6 +545,23 @@ mod tests {
         assert!(!job.gradient_checkpointing);
         assert_eq!(job.adapter.alpha, 32.0);
         assert_eq!(job.parallel, Parallel::single());
+    }
+
+    /// PEFT refuses prefix tuning with checkpointing: QLoRA's default turns it off, and
+    /// asking for it is the error `Job::validate` gives.
+    #[test]
+    fn prefix_tuning_defaults_to_no_checkpointing() {
+        let qlora = JobSettings {
+            method: Some(Method::QuantizedAdapters),
+            peft: Some(PeftKind::PrefixTuning),
+            ..JobSettings::default()
+        };
+        assert!(!qlora.resolve().unwrap().gradient_checkpointing);
+        let plain = JobSettings {
+            peft: Some(PeftKind::PromptTuning),
+            ..qlora.clone()
+        };
+        assert!(plain.resolve().unwrap().gradient_checkpointing);
     }
 
     #[test]
