@@ -235,6 +235,24 @@ fn bad_settings_name_their_field() {
     assert!(e.to_string().contains("gradient_checkpointing"), "{e}");
     checkpointed.adapter.method = PeftKind::PromptTuning;
     assert!(estimate(&m, &checkpointed, &DeviceProfile::default()).is_ok());
+    // On a bitsandbytes 4-bit base PEFT 0.21.2's LoHa and LoKr fail in the forward (ΔW is
+    // built in the packed weight's shape: "shape '[2048, 1]' is invalid for input of size
+    // 4096" for a 64 × 64 LoKr); OFT rotates the input and runs.
+    for (peft, refused) in [
+        (PeftKind::LoKr, true),
+        (PeftKind::LoHa, true),
+        (PeftKind::Oft, false),
+    ] {
+        let mut q = job(peft, 1, 512);
+        q.adapter.rank = 8;
+        q.method = Method::QuantizedAdapters;
+        q.quantization = moro_core::job::Quantization::Nf4Dq;
+        let got = estimate(&m, &q, &DeviceProfile::default());
+        assert_eq!(got.is_err(), refused, "{peft:?}");
+        if let Err(e) = got {
+            assert!(e.to_string().contains("peft"), "{e}");
+        }
+    }
     let row = r#"{"id": "x", "model_hf_id": "meta-llama/Llama-3.2-3B", "method": "lokr",
         "lora": {"peft_type": "LOKR", "r": 8, "decompose_both": true,
         "target_modules": ["q_proj"]}, "micro_batch_size": 1, "seq_len": 512,

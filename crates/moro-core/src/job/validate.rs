@@ -366,6 +366,19 @@ impl Job {
             );
         }
         if self.adapter.method.is_other_peft() {
+            if self.method == Method::QuantizedAdapters && self.adapter.method.builds_delta_weight()
+            {
+                return err(
+                    "peft",
+                    format!(
+                        "PEFT's {} builds ΔW in the shape of the base weight, which a 4-bit \
+                         weight packs, and its forward fails (PEFT 0.21.2, bitsandbytes \
+                         `Linear4bit`); train it on an unquantized base (method lora), or use \
+                         LoRA, OFT, VeRA, IA³ or AdaLoRA with qlora",
+                        self.adapter.method.as_str()
+                    ),
+                );
+            }
             if self.parallel.sharding != Sharding::None || self.parallel.tensor_parallel > 1 {
                 return err(
                     "peft",
