@@ -253,6 +253,26 @@ fn bad_settings_name_their_field() {
             assert!(e.to_string().contains("peft"), "{e}");
         }
     }
+    // torchtune trains LoRA and DoRA (`torchtune/modules/peft/`: `lora.py`, `dora.py`);
+    // litgpt LoRA without DoRA (`litgpt/lora.py`) and its own adapters.
+    use moro_core::job::Stack;
+    for (stack, peft, dora, field) in [
+        (Stack::Torchtune, PeftKind::Lora, true, None),
+        (Stack::Torchtune, PeftKind::LoKr, false, Some("`peft`")),
+        (Stack::Litgpt, PeftKind::Lora, true, Some("`dora`")),
+        (Stack::Litgpt, PeftKind::PromptTuning, false, Some("`peft`")),
+        (Stack::Trl, PeftKind::LoKr, false, None),
+    ] {
+        let mut j = job(peft, 1, 512);
+        j.adapter.dora = dora;
+        j.stack = stack;
+        let got = estimate(&m, &j, &DeviceProfile::default());
+        match (field, got) {
+            (None, got) => assert!(got.is_ok(), "{stack:?} {peft:?}: {:?}", got.err()),
+            (Some(f), Err(e)) => assert!(e.to_string().contains(f), "{e}"),
+            (Some(_), Ok(_)) => panic!("{stack:?} {peft:?} dora {dora}: estimated"),
+        }
+    }
     let row = r#"{"id": "x", "model_hf_id": "meta-llama/Llama-3.2-3B", "method": "lokr",
         "lora": {"peft_type": "LOKR", "r": 8, "decompose_both": true,
         "target_modules": ["q_proj"]}, "micro_batch_size": 1, "seq_len": 512,

@@ -355,6 +355,30 @@ impl Job {
                 ),
             );
         }
+        let peft_methods = self.stack.profile().peft_methods;
+        if self.method.is_peft()
+            && !self.adapter.method.is_adapter()
+            && !peft_methods.trains(self.adapter.method, self.adapter.dora)
+        {
+            let what = if self.adapter.dora && self.adapter.method == PeftKind::Lora {
+                "dora"
+            } else {
+                self.adapter.method.as_str()
+            };
+            let own = if self.stack.profile().trains_llama_adapter {
+                " and its own `adapter` and `adapter-v2`"
+            } else {
+                ""
+            };
+            return err(
+                if what == "dora" { "dora" } else { "peft" },
+                format!(
+                    "the {} stack trains {}{own}, not `{what}`: use stack hf or trl (PEFT)",
+                    self.stack.as_str(),
+                    peft_methods.in_words()
+                ),
+            );
+        }
         if self.adapter.method.is_adapter() && !self.stack.profile().trains_llama_adapter {
             return err(
                 "peft",

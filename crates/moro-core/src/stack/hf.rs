@@ -3,7 +3,7 @@
 use super::{
     AdapterDtype, AttentionModule, CompileScope, DefaultCheckpointing, DefaultLoss,
     DefaultPrecision, FsdpWrap, KbitPrepare, KvCacheLayout, LayerKernels, LossCode, Nf4Kernel,
-    Runtime, StackProfile,
+    PeftMethods, Runtime, StackProfile,
 };
 use crate::job::{Offload, Optimizer, Sharding};
 
@@ -33,6 +33,7 @@ pub(super) const PROFILE: StackProfile = StackProfile {
     default_loss: DefaultLoss::ModelCode,
     loss_code: LossCode::Transformers,
     trains_llama_adapter: false,
+    peft_methods: PeftMethods::Peft,
     kbit_prepare: KbitPrepare::Always,
     adapter_dtype: AdapterDtype::PeftFp32,
     autocast_keeps_fp32_module: false,

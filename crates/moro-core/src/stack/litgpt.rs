@@ -4,7 +4,7 @@
 use super::{
     AdapterDtype, AttentionModule, CompileScope, DefaultCheckpointing, DefaultLoss,
     DefaultPrecision, FsdpWrap, KbitPrepare, KvCacheLayout, LayerKernels, LossCode, Nf4Kernel,
-    StackProfile,
+    PeftMethods, StackProfile,
 };
 use crate::job::{Offload, Optimizer, Sharding};
 
@@ -15,6 +15,7 @@ pub(super) const PROFILE: StackProfile = StackProfile {
     default_loss: DefaultLoss::Chunked,
     loss_code: LossCode::Litgpt,
     trains_llama_adapter: true,
+    peft_methods: PeftMethods::Lora,
     kbit_prepare: KbitPrepare::Never,
     adapter_dtype: AdapterDtype::ModelDtype,
     autocast_keeps_fp32_module: true,

@@ -35,6 +35,8 @@ pub struct StackProfile {
     pub loss_code: LossCode,
     /// The LLaMA-Adapter PEFT family (lit-gpt's `adapter.py`) is this stack's own.
     pub trains_llama_adapter: bool,
+    /// Which of PEFT's methods the stack trains (its own LLaMA-Adapter family apart).
+    pub peft_methods: PeftMethods,
     /// Whether PEFT's `prepare_model_for_kbit_training` runs on a quantized base.
     pub kbit_prepare: KbitPrepare,
     /// Dtype of the adapters it creates.
@@ -178,6 +180,40 @@ pub enum LossCode {
     Unsloth,
     /// MLX: `nn.losses.cross_entropy` on 16-bit logits ([`crate::estimate::mlx`]).
     Mlx,
+}
+
+/// Which parameter-efficient methods a stack trains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeftMethods {
+    /// Every method of the PEFT library (the stack builds its model with `get_peft_model`).
+    Peft,
+    /// LoRA and DoRA (torchtune 0.x `torchtune/modules/peft/`: `lora.py`, `dora.py`).
+    LoraAndDora,
+    /// LoRA only (litgpt `litgpt/lora.py`, no DoRA).
+    Lora,
+}
+
+impl PeftMethods {
+    /// Whether a stack with these methods trains `kind` (with DoRA where `dora`).
+    #[must_use]
+    pub fn trains(self, kind: crate::job::PeftKind, dora: bool) -> bool {
+        use crate::job::PeftKind;
+        match self {
+            Self::Peft => true,
+            Self::LoraAndDora => kind == PeftKind::Lora,
+            Self::Lora => kind == PeftKind::Lora && !dora,
+        }
+    }
+
+    /// The methods in words, for a message.
+    #[must_use]
+    pub const fn in_words(self) -> &'static str {
+        match self {
+            Self::Peft => "PEFT's methods",
+            Self::LoraAndDora => "LoRA and DoRA",
+            Self::Lora => "LoRA (no DoRA)",
+        }
+    }
 }
 
 /// Whether `prepare_model_for_kbit_training` runs on a quantized base (PEFT `other.py`:

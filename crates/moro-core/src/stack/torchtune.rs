@@ -3,7 +3,7 @@
 use super::{
     ActivationOffload, AdapterDtype, AttentionModule, CompileScope, DefaultCheckpointing,
     DefaultLoss, DefaultPrecision, FsdpWrap, KbitPrepare, KvCacheLayout, LayerKernels, LossCode,
-    Nf4Kernel, StackProfile,
+    Nf4Kernel, PeftMethods, StackProfile,
 };
 use crate::job::{Offload, Optimizer, Sharding};
 
@@ -14,6 +14,7 @@ pub(super) const PROFILE: StackProfile = StackProfile {
     default_loss: DefaultLoss::Chunked,
     loss_code: LossCode::Torchtune,
     trains_llama_adapter: false,
+    peft_methods: PeftMethods::LoraAndDora,
     kbit_prepare: KbitPrepare::Never,
     adapter_dtype: AdapterDtype::ModelDtype,
     autocast_keeps_fp32_module: false,
