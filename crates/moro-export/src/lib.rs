@@ -214,6 +214,9 @@ pub fn export(
         .clone()
         .unwrap_or_else(|| format.default_file_name().to_owned());
     let plan = plan::Plan::new(recipe, model)?;
+    if format != Format::Trl {
+        plan.require_lora(format.as_str())?;
+    }
     let mut out = match format {
         Format::Axolotl => formats::axolotl(&plan, &main),
         Format::Llamafactory => formats::llamafactory(&plan, &main),

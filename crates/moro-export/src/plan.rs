@@ -131,16 +131,6 @@ impl<'a> Plan<'a> {
                  sizes it, and transformers' seq2seq examples run it",
             ));
         }
-        if job.method.is_peft() && job.adapter.method != PeftKind::Lora {
-            return Err(ExportError::field(
-                "model.peft",
-                format!(
-                    "`{}`: the exports write LoRA adapters; estimate this method with `moro \
-                     estimate`, and configure it in the trainer by hand",
-                    job.adapter.method.as_str()
-                ),
-            ));
-        }
         if method == Method::Inference {
             return Err(ExportError::field(
                 "model.method",
@@ -333,6 +323,22 @@ impl<'a> Plan<'a> {
 
     pub(crate) fn is_peft(&self) -> bool {
         matches!(self.method, Method::Lora | Method::Qlora)
+    }
+
+    /// PEFT's methods other than LoRA: only the TRL script writes their configs
+    /// ([`crate::formats::trl`]); `format` writes LoRA adapters.
+    pub(crate) fn require_lora(&self, format: &str) -> Result<(), ExportError> {
+        if self.is_peft() && self.adapter.method != PeftKind::Lora {
+            return Err(ExportError::field(
+                "model.peft",
+                format!(
+                    "`{}`: the {format} export writes LoRA adapters; `--to trl` writes PEFT's \
+                     config for this method",
+                    self.adapter.method.as_str()
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Whether the base is loaded by bitsandbytes in 4 bits.

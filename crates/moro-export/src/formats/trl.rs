@@ -97,18 +97,26 @@ pub(super) fn sft_config_kwargs(
 /// JSON, so it can.
 const DICT_ONLY_FIELDS: &[&str] = &["liger_kernel_config"];
 
-/// `trl sft` command-line arguments equivalent to the script, or the field that keeps it
-/// from being said on one.
+/// `trl sft` command-line arguments equivalent to the script, or why none are (a comment's
+/// lines).
 pub(super) fn trl_cli(
     p: &Plan<'_>,
     dataset: &str,
     sft: &[(String, Py)],
-) -> Result<Vec<String>, &'static str> {
+) -> Result<Vec<String>, String> {
     if let Some(field) = DICT_ONLY_FIELDS
         .iter()
         .find(|f| sft.iter().any(|(k, _)| k == *f))
     {
-        return Err(field);
+        return Err(format!(
+            "{field} is a dict, which TRL's parser\n# reads only from a --config file."
+        ));
+    }
+    if p.is_peft() && p.adapter.method != moro_core::job::PeftKind::Lora {
+        return Err(format!(
+            "TRL's `--use_peft` builds LoRA, not\n# `{}`.",
+            p.adapter.method.as_str()
+        ));
     }
     let mut a: Vec<(String, String)> = vec![
         ("model_name_or_path".into(), p.base.clone()),
@@ -209,14 +217,18 @@ pub(crate) fn trl(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
                 s.push_str(&format!(" \\\n#     {arg}"));
             }
         }
-        Err(field) => s.push_str(&format!(
-            "#\n# No `trl sft` command line says this run: {field} is a dict, which TRL's parser\n\
-             # reads only from a --config file.",
+        Err(why) => s.push_str(&format!(
+            "#\n# No `trl sft` command line says this run: {why}",
         )),
     }
     s.push_str("\n\nimport os\n\nimport torch\nfrom datasets import load_dataset\n");
-    if p.is_peft() {
-        s.push_str("from peft import LoraConfig\n");
+    let peft = if p.is_peft() {
+        Some(peft_config(p)?)
+    } else {
+        None
+    };
+    if let Some((class, _)) = &peft {
+        s.push_str(&format!("from peft import {class}\n"));
     }
     if p.bnb4() || p.int8() {
         s.push_str("from transformers import AutoModelForCausalLM, BitsAndBytesConfig\n");
@@ -262,10 +274,10 @@ pub(crate) fn trl(p: &Plan<'_>, main: &str) -> Result<Out, ExportError> {
             0
         )
     ));
-    if p.is_peft() {
+    if let Some((class, kwargs)) = &peft {
         s.push_str(&format!(
             "peft_config = {}\n\n",
-            call("LoraConfig", &[], &lora_kwargs(p), 0)
+            call(class, &[], kwargs, 0)
         ));
     }
     s.push_str(&dataset_lines(&dataset, None));
@@ -342,6 +354,96 @@ pub(super) fn bnb_kwargs(p: &Plan<'_>) -> Option<Vec<(&'static str, Py)>> {
     } else {
         None
     }
+}
+
+/// Keyword arguments of a Python call, in order.
+type Kwargs = Vec<(&'static str, Py)>;
+
+/// The PEFT config class and its arguments for the recipe's method (PEFT 0.21.2 names):
+/// LoRA's [`lora_kwargs`]; the others with the settings moro estimates them by, each the
+/// rest at PEFT's defaults. AdaLoRA is refused: its rank allocation needs
+/// `update_and_allocate` after every optimizer step, which `SFTTrainer` never calls.
+fn peft_config(p: &Plan<'_>) -> Result<(&'static str, Kwargs), ExportError> {
+    use moro_core::job::PeftKind as K;
+    let a = &p.adapter;
+    let targets = || -> Py {
+        if p.all_linear() {
+            "all-linear".into()
+        } else {
+            Value::from(p.target_names().0).into()
+        }
+    };
+    let task: (&'static str, Py) = ("task_type", "CAUSAL_LM".into());
+    let (class, mut kw): (&'static str, Kwargs) = match a.method {
+        K::Lora => return Ok(("LoraConfig", lora_kwargs(p))),
+        K::LoHa => (
+            "LoHaConfig",
+            vec![
+                ("r", a.rank.into()),
+                ("alpha", Py::Lit(p.alpha())),
+                ("target_modules", targets()),
+            ],
+        ),
+        K::LoKr => {
+            let mut v = vec![
+                ("r", a.rank.into()),
+                ("alpha", Py::Lit(p.alpha())),
+                ("target_modules", targets()),
+            ];
+            if let Some(f) = a.decompose_factor {
+                v.push(("decompose_factor", f.into()));
+            }
+            ("LoKrConfig", v)
+        }
+        // moro's rank is OFT's block count (`r`), the block size then follows from it.
+        K::Oft => (
+            "OFTConfig",
+            vec![
+                ("r", a.rank.into()),
+                ("oft_block_size", 0u64.into()),
+                ("target_modules", targets()),
+            ],
+        ),
+        K::Vera => (
+            "VeraConfig",
+            vec![("r", a.rank.into()), ("target_modules", targets())],
+        ),
+        K::Ia3 => {
+            let mut v = vec![("target_modules", targets())];
+            if let Some(moro_core::job::Targets::Names(ff)) = &a.feedforward {
+                v.push(("feedforward_modules", Value::from(ff.clone()).into()));
+            }
+            ("IA3Config", v)
+        }
+        K::LnTuning => ("LNTuningConfig", Vec::new()),
+        K::PromptTuning => (
+            "PromptTuningConfig",
+            vec![("num_virtual_tokens", a.virtual_tokens.into())],
+        ),
+        K::PrefixTuning => (
+            "PrefixTuningConfig",
+            vec![("num_virtual_tokens", a.virtual_tokens.into())],
+        ),
+        K::AdaLora => {
+            return Err(ExportError::field(
+                "model.peft",
+                "`adalora`: its rank allocation needs `model.update_and_allocate(step)` after \
+                 every optimizer step, which SFTTrainer never calls; write the loop by hand \
+                 (moro estimate sizes it)",
+            ));
+        }
+        other => {
+            return Err(ExportError::field(
+                "model.peft",
+                format!(
+                    "`{}` is lit-gpt's own; export it with litgpt's `finetune` command",
+                    other.as_str()
+                ),
+            ));
+        }
+    };
+    kw.push(task);
+    Ok((class, kw))
 }
 
 pub(super) fn lora_kwargs(p: &Plan<'_>) -> Vec<(&'static str, Py)> {
