@@ -227,6 +227,10 @@ fn bad_settings_name_their_field() {
     assert!(e.to_string().contains("decompose_factor"), "{e}");
     let e = estimate(&m, &prefix(0), &DeviceProfile::default()).unwrap_err();
     assert!(e.to_string().contains("virtual_tokens"), "{e}");
+    let mut dropped = job(PeftKind::LoKr, 1, 512);
+    dropped.adapter.dropout = 0.1;
+    let e = estimate(&m, &dropped, &DeviceProfile::default()).unwrap_err();
+    assert!(e.to_string().contains("lora_dropout"), "{e}");
     // PEFT 0.21.2 raises "PREFIX_TUNING does not work with gradient checkpointing" (as the
     // oracle's `step_events.py` found); prompt tuning takes it.
     let mut checkpointed = prefix(50);

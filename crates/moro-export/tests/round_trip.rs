@@ -243,6 +243,13 @@ fn trl_peft_job(script: &str) -> JobSettings {
             .get("alpha")
             .or_else(|| peft.get("lora_alpha"))
             .and_then(serde_json::Value::as_f64),
+        // PEFT's `lora_dropout` and `vera_dropout`; the other methods drop out no input.
+        lora_dropout: Some(
+            peft.get("lora_dropout")
+                .or_else(|| peft.get("vera_dropout"))
+                .and_then(serde_json::Value::as_f64)
+                .unwrap_or(0.0),
+        ),
         target_modules: peft.get("target_modules").and_then(names),
         feedforward_modules: peft.get("feedforward_modules").and_then(names),
         decompose_factor: peft

@@ -196,6 +196,15 @@ impl PeftKind {
         matches!(self, Self::LoHa | Self::LoKr)
     }
 
+    /// Whether the method drops out its input (`lora_dropout`: LoRA's and AdaLoRA's, VeRA's
+    /// `vera_dropout`). PEFT's LoHa and LoKr (`rank_dropout`, `module_dropout`: on the weight
+    /// and the whole module), OFT, IA³, LN, prompt and prefix tuning have none, and neither
+    /// has lit-gpt's LLaMA-Adapter.
+    #[must_use]
+    pub const fn drops_out_input(self) -> bool {
+        matches!(self, Self::Lora | Self::AdaLora | Self::Vera)
+    }
+
     /// Whether PEFT refuses the method with gradient checkpointing: prefix tuning (0.21.2
     /// `PeftModel._setup_prompt_encoder`: its keys and values travel in a cache that
     /// checkpointing cannot recompute).

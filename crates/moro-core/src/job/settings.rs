@@ -305,9 +305,12 @@ impl JobSettings {
             method: peft,
             rank,
             alpha,
-            dropout: self
-                .lora_dropout
-                .unwrap_or(stack.profile().default_lora_dropout),
+            // A method without an input dropout has none to default.
+            dropout: self.lora_dropout.unwrap_or(if peft.drops_out_input() {
+                stack.profile().default_lora_dropout
+            } else {
+                0.0
+            }),
             targets: self
                 .target_modules
                 .clone()
@@ -562,6 +565,25 @@ mod tests {
             ..qlora.clone()
         };
         assert!(plain.resolve().unwrap().gradient_checkpointing);
+    }
+
+    /// `lora_dropout` defaults to the stack's where the method drops out its input (LoRA,
+    /// AdaLoRA, VeRA's `vera_dropout`), else to none: PEFT's LoHa has no such dropout.
+    #[test]
+    fn methods_without_input_dropout_default_to_none() {
+        let with = |peft| {
+            JobSettings {
+                peft: Some(peft),
+                ..JobSettings::default()
+            }
+            .resolve()
+            .unwrap()
+            .adapter
+            .dropout
+        };
+        assert!((with(PeftKind::Vera) - 0.05).abs() < 1e-12);
+        assert!(with(PeftKind::LoHa) == 0.0);
+        assert!(with(PeftKind::PromptTuning) == 0.0);
     }
 
     #[test]

@@ -421,6 +421,17 @@ impl Job {
                         .to_owned(),
                 );
             }
+            if self.adapter.dropout > 0.0 && !self.adapter.method.drops_out_input() {
+                return err(
+                    "lora_dropout",
+                    format!(
+                        "`{}` has no input dropout (PEFT's LoHa and LoKr drop ranks and \
+                         modules with `rank_dropout` and `module_dropout`); leave \
+                         lora_dropout out or set it to 0",
+                        self.adapter.method.as_str()
+                    ),
+                );
+            }
             if self.adapter.method.refuses_checkpointing() && self.gradient_checkpointing {
                 return err(
                     "gradient_checkpointing",

@@ -406,7 +406,11 @@ fn peft_config(p: &Plan<'_>) -> Result<(&'static str, Kwargs), ExportError> {
         ),
         K::Vera => (
             "VeraConfig",
-            vec![("r", a.rank.into()), ("target_modules", targets())],
+            vec![
+                ("r", a.rank.into()),
+                ("vera_dropout", a.dropout.into()),
+                ("target_modules", targets()),
+            ],
         ),
         K::Ia3 => {
             let mut v = vec![("target_modules", targets())];
