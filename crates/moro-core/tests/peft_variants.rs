@@ -227,6 +227,25 @@ fn bad_settings_name_their_field() {
     assert!(e.to_string().contains("decompose_factor"), "{e}");
     let e = estimate(&m, &prefix(0), &DeviceProfile::default()).unwrap_err();
     assert!(e.to_string().contains("virtual_tokens"), "{e}");
+    // PEFT 0.9.0 brought DoRA with bitsandbytes layers that refuse it; 0.10.0 QDoRA.
+    for (peft, quantized, refused) in [
+        ((0, 8), false, true),
+        ((0, 9), false, false),
+        ((0, 9), true, true),
+        ((0, 10), true, false),
+    ] {
+        let mut d = dora(0.0);
+        d.versions.peft = Some(peft);
+        if quantized {
+            d.method = Method::QuantizedAdapters;
+            d.quantization = moro_core::job::Quantization::Nf4Dq;
+        }
+        let got = estimate(&m, &d, &DeviceProfile::default());
+        assert_eq!(got.is_err(), refused, "{peft:?} {quantized}");
+        if let Err(e) = got {
+            assert!(e.to_string().contains("dora"), "{e}");
+        }
+    }
     let mut dropped = job(PeftKind::LoKr, 1, 512);
     dropped.adapter.dropout = 0.1;
     let e = estimate(&m, &dropped, &DeviceProfile::default()).unwrap_err();

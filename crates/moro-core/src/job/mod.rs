@@ -912,6 +912,22 @@ impl Versions {
         self.mlx.is_none_or(|v| v >= (0, 32, 2))
     }
 
+    /// Why this PEFT release refuses DoRA (`use_dora=True`), on a quantized base where
+    /// `quantized`; `None` where it takes it (or the release is unknown). DoRA came in 0.9.0
+    /// (#1474); there its bitsandbytes layers raise "does not support DoRA yet", and QDoRA
+    /// came in 0.10.0 (#1518).
+    #[must_use]
+    pub fn peft_refuses_dora(&self, quantized: bool) -> Option<&'static str> {
+        match self.peft? {
+            v if v < (0, 9) => Some("DoRA came in PEFT 0.9.0"),
+            v if quantized && v < (0, 10) => Some(
+                "PEFT 0.9's bitsandbytes layers raise \"does not support DoRA yet\"; DoRA on a \
+                 quantized base came in 0.10.0",
+            ),
+            _ => None,
+        }
+    }
+
     /// From PEFT 0.21 AdaLoRA's `ranknum` requires grad once `get_peft_model` returns (0.19.1
     /// and 0.20.0 leave it frozen, as `AdaLoraLayer.update_layer` sets it; checked by
     /// building each release's model), so `… / ranknum` saves its out-wide dividend for

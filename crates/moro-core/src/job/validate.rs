@@ -355,6 +355,18 @@ impl Job {
                 ),
             );
         }
+        if self.method.is_peft()
+            && self.adapter.dora
+            && self.stack.profile().peft_methods == crate::stack::PeftMethods::Peft
+            && let Some(why) = self
+                .versions
+                .peft_refuses_dora(self.quantization != Quantization::None)
+        {
+            return err(
+                "dora",
+                format!("{why}: set training.versions.peft to a later release, or drop dora"),
+            );
+        }
         let peft_methods = self.stack.profile().peft_methods;
         if self.method.is_peft()
             && !self.adapter.method.is_adapter()

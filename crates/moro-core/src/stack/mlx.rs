@@ -2,7 +2,7 @@
 
 use super::{
     AdapterDtype, CompileScope, DefaultCheckpointing, DefaultLoss, DefaultPrecision, KbitPrepare,
-    LossCode, Runtime, StackProfile,
+    LossCode, PeftMethods, Runtime, StackProfile,
 };
 use crate::job::{Optimizer, Quantization};
 
@@ -37,5 +37,7 @@ pub(super) const PROFILE: StackProfile = StackProfile {
     // One Mac: `mlx.launch` data parallel is not modelled.
     multi_gpu_layouts: &[],
     offload_layouts: &[],
+    // `mlx_lm.lora`'s own LoRA and DoRA (`fine_tune_type`), not PEFT's.
+    peft_methods: PeftMethods::LoraAndDora,
     ..super::hf::PROFILE
 };

@@ -187,7 +187,8 @@ pub enum LossCode {
 pub enum PeftMethods {
     /// Every method of the PEFT library (the stack builds its model with `get_peft_model`).
     Peft,
-    /// LoRA and DoRA (torchtune 0.x `torchtune/modules/peft/`: `lora.py`, `dora.py`).
+    /// LoRA and DoRA of the stack's own (torchtune 0.x `torchtune/modules/peft/`: `lora.py`,
+    /// `dora.py`; `mlx_lm.lora`'s `fine_tune_type`).
     LoraAndDora,
     /// LoRA only (litgpt `litgpt/lora.py`, no DoRA).
     Lora,
