@@ -27,6 +27,7 @@ and reserved peaks; `--matrix` regenerates its fixture,
   $PY calibration/step_events.py --matrix-peft
   $PY calibration/step_events.py --matrix-peft-weight
   $PY calibration/step_events.py --matrix-peft-prompt
+  $PY calibration/step_events.py --matrix-peft-ln
 
 `--matrix-lengths` writes `validation/oracle-traces/step-events-lengths.jsonl` (compact): five
 jobs trained on 16 batches of varying length (`--lengths L1,L2,...`: one step per length).
@@ -38,6 +39,8 @@ same models, each building a weight-sized tensor per adapted module in every for
 `--matrix-peft-prompt` writes `validation/oracle-traces/step-events-peft-prompt.jsonl`
 (compact): prompt tuning (50 virtual tokens, with and without checkpointing) and prefix tuning
 (50 and 200, without: PEFT refuses it with checkpointing) on the same models.
+`--matrix-peft-ln` writes `validation/oracle-traces/step-events-peft-ln.jsonl` (compact): LN
+tuning on the same models, with and without checkpointing.
 
 `--desc` adds `descs`: each allocation's op, dtype and shape as the tracker names them
 (`mm bfloat16 (2048, 4096)`; parameters and gradients have none), in allocation order, for
@@ -484,6 +487,20 @@ PEFT_PROMPT_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces",
                                    "step-events-peft-prompt.jsonl")
 
 
+def peft_ln_args(ckpt, model="meta-llama--Llama-3.1-8B"):
+    """LN tuning (`--matrix-peft-ln`: PEFT's default norms, a trainable copy of each) on a
+    model cut to 2 layers, bf16-mixed, 1 x 512."""
+    a = job_args(model, "lora", ckpt)[:-2]
+    label = "%s-L2-ln-tuning-b1s512%s" % (model, "-ckpt" if ckpt else "")
+    return a + ["--adamw-impl", "fused", "--peft", json.dumps({"peft_type": "LN_TUNING"}),
+                "--label", label]
+
+
+PEFT_LN_MATRIX = [peft_ln_args(c, m) for m in ("meta-llama--Llama-3.1-8B", "Qwen--Qwen2.5-7B")
+                  for c in (True, False)]
+PEFT_LN_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-peft-ln.jsonl")
+
+
 # Batches padded to their own longest sample (`--matrix-lengths`): one shuffled order of
 # lengths up to 512, the longest twice, longer batches after shorter ones.
 LENGTHS = [256, 96, 384, 160, 512, 64, 448, 320, 128, 512, 224, 480, 192, 416, 288, 352]
@@ -596,6 +613,7 @@ def main():
         "--matrix-peft": (PEFT_MATRIX, PEFT_FIXTURE, True),
         "--matrix-peft-weight": (PEFT_WEIGHT_MATRIX, PEFT_WEIGHT_FIXTURE, True),
         "--matrix-peft-prompt": (PEFT_PROMPT_MATRIX, PEFT_PROMPT_FIXTURE, True),
+        "--matrix-peft-ln": (PEFT_LN_MATRIX, PEFT_LN_FIXTURE, True),
     }
     if len(argv) == 1 and argv[0] in matrices:
         jobs, fixture, compact_rows = matrices[argv[0]]

@@ -62,8 +62,9 @@ pub(crate) struct EstimateArgs {
     /// Also write the step's allocations and frees, in order, into FILE as JSON lines
     /// (written atomically): loading and two optimizer steps, each tensor named with its
     /// module, layer, component, phase and bytes (with --batch-lengths, that run). One-GPU
-    /// full fine-tuning, LoRA (and DoRA, IA³, VeRA, LoHa, LoKr, OFT, prompt and prefix tuning) and QLoRA of dense models on the hf and
-    /// trl stacks, and generation (--max-new-tokens) with transformers' cache.
+    /// full fine-tuning, LoRA (and DoRA, IA³, VeRA, LoHa, LoKr, OFT, LN, prompt and prefix
+    /// tuning) and QLoRA of dense models on the hf and trl stacks, and generation
+    /// (--max-new-tokens) with transformers' cache.
     #[arg(long, value_name = "FILE")]
     pub(crate) trace: Option<std::path::PathBuf>,
 }
@@ -313,9 +314,9 @@ fn write_trace(
             crate::error::user(
                 "--trace: moro traces one-GPU full fine-tuning, LoRA and QLoRA of dense \
                      models on the hf and trl stacks (PEFT's LoRA, or DoRA, IA³, VeRA, LoHa, \
-                     LoKr, OFT, prompt or prefix tuning on an unquantized model; AdamW or 8-bit AdamW, the standard \
-                     loss, TRL's chunked loss or Liger's; no torch.compile); this job is not \
-                     one: leave out --trace",
+                     LoKr, OFT, LN, prompt or prefix tuning on an unquantized model; AdamW or \
+                     8-bit AdamW, the standard loss, TRL's chunked loss or Liger's; no \
+                     torch.compile); this job is not one: leave out --trace",
             )
         })?;
     let mut out = String::new();

@@ -95,6 +95,7 @@ pub(super) fn params<'m>(model: &'m ModelSpec, job: &Job, r: &Regime) -> Vec<Par
                     layer: Some(index),
                     ..outside("norm", h, false)
                 });
+                push_ln_copy(&mut out, job, r, Some(index), h);
             }
             index += 1;
         }
@@ -109,6 +110,7 @@ pub(super) fn params<'m>(model: &'m ModelSpec, job: &Job, r: &Regime) -> Vec<Par
         return out;
     }
     out.push(outside("final_norm", h, false));
+    push_ln_copy(&mut out, job, r, None, h);
     if !model.tie_word_embeddings {
         out.push(Param {
             module: Some("lm_head"),
@@ -141,6 +143,24 @@ pub(super) fn params<'m>(model: &'m ModelSpec, job: &Job, r: &Regime) -> Vec<Par
         });
     }
     out
+}
+
+/// LN tuning's trainable copy of a norm (`LNTuningLayer.update_layer`: `deepcopy(layer)`,
+/// registered after the norm's own weight), in the norm's dtype ([`Regime::adapter_bytes`]).
+fn push_ln_copy(out: &mut Vec<Param<'_>>, job: &Job, r: &Regime, layer: Option<u64>, h: u64) {
+    if job.method.is_peft() && job.adapter.method == PeftKind::LnTuning {
+        out.push(Param {
+            name: "ln_tuning_layers",
+            module: None,
+            layer,
+            numel: h,
+            dtype_bytes: r.adapter_bytes,
+            trainable: true,
+            linear: false,
+            embedding: false,
+            peft_extra: false,
+        });
+    }
 }
 
 /// One Linear's parameters: its weight (packed and quantization state when 4-bit), its

@@ -31,7 +31,7 @@
 //! Modelled: one GPU without sharding or tensor parallelism, a dense text decoder or a
 //! BERT-style encoder (not an encoder-decoder), on a stack whose profile replays steps
 //! (`hf`, `trl`); full fine-tuning, LoRA and QLoRA (bitsandbytes 4-bit) with PEFT's plain
-//! LoRA, DoRA, IA³, VeRA, LoHa, LoKr, OFT, prompt and prefix tuning on an unquantized base; AdamW (torch foreach or fused, bitsandbytes 8-bit);
+//! LoRA, DoRA, IA³, VeRA, LoHa, LoKr, OFT, LN, prompt and prefix tuning on an unquantized base; AdamW (torch foreach or fused, bitsandbytes 8-bit);
 //! the standard loss, TRL's chunked loss (`trace/chunked_nll.rs`) or Liger's fused linear
 //! cross-entropy (its other kernels through the saved bytes); eager layers. [`models`] says
 //! which jobs.
@@ -58,10 +58,12 @@ pub fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
         Method::Full => true,
         Method::Adapters | Method::QuantizedAdapters => {
             (job.adapter.method == PeftKind::Lora
-                // Prompt and prefix tuning's embedding on an unquantized model: the layers'
-                // saved tensors are the formulas' (prefix tuning's keys and values among
-                // them), over the prompt's tokens too ([`super::super::with_prompt_tokens`]).
-                || job.adapter.method.uses_virtual_tokens()
+                // Prompt and prefix tuning's embedding, LN tuning's norm copies, on an
+                // unquantized model: the layers' saved tensors are the formulas' (prefix
+                // tuning's keys and values among them), over the prompt's tokens too
+                // ([`super::super::with_prompt_tokens`]).
+                || (job.adapter.method.uses_virtual_tokens()
+                    || job.adapter.method == PeftKind::LnTuning)
                     && job.method == Method::Adapters
                     && job.quantization == Quantization::None
                 // IA³'s and VeRA's vectors, LoHa's, LoKr's and OFT's weight-sized tensors
