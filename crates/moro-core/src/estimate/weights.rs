@@ -255,55 +255,72 @@ pub fn lora_tensors(model: &ModelSpec, job: &Job) -> Vec<(u64, (u64, u64))> {
             v.push((layers, (b_rows, re)));
             continue;
         }
-        match job.adapter.method {
-            PeftKind::Ia3 => v.push((
-                copies,
-                if ia3_feedforward(model, job, l) {
-                    (l.in_features, 1)
-                } else {
-                    (l.out_features, 1)
-                },
-            )),
-            PeftKind::Vera => {
-                v.push((copies, (r, 1)));
-                v.push((copies, (l.out_features, 1)));
-            }
-            PeftKind::AdaLora => {
-                v.push((copies, (r, l.in_features)));
-                v.push((copies, (l.out_features, r)));
-                v.push((copies, (r, 1)));
-            }
-            PeftKind::Oft => {
-                // `oft_R.weight`: r × b(b − 1)/2, b = in / r (`OFTRotationModule`).
-                let b = l.in_features / r.max(1);
-                v.push((copies, (r, b * b.saturating_sub(1) / 2)));
-            }
-            PeftKind::LoKr => {
-                let ((a, b), (c, d)) = lokr_factors(l, job.adapter.decompose_factor);
-                v.push((copies, (a, c)));
-                // `use_w2 = not (r < max(b, d) / 2)`.
-                if 2 * r < b.max(d) {
-                    v.push((copies, (b, r)));
-                    v.push((copies, (r, d)));
-                } else {
-                    v.push((copies, (b, d)));
-                }
-            }
-            PeftKind::LoHa => {
-                // `hada_w1_a`, `hada_w2_a` (out × r) and `hada_w1_b`, `hada_w2_b` (r × in).
-                v.push((2 * copies, (l.out_features, r)));
-                v.push((2 * copies, (r, l.in_features)));
-            }
-            _ => {
-                v.push((copies, (r, l.in_features)));
-                v.push((copies, (l.out_features, r)));
-                if job.adapter.dora {
-                    v.push((copies, (l.out_features, 1)));
-                }
-            }
+        for (_, shape) in adapter_tensors(model, job, l) {
+            v.push((copies, shape));
         }
     }
     v
+}
+
+/// One adapted Linear's trainable tensors, in `named_parameters` order, as `(name, (rows,
+/// cols))` ([`lora_tensors`] lists each method's; not a stacked expert's).
+#[must_use]
+pub fn adapter_tensors(
+    model: &ModelSpec,
+    job: &Job,
+    l: &crate::model::Linear,
+) -> Vec<(&'static str, (u64, u64))> {
+    let r = job.adapter.rank;
+    let (i, o) = (l.in_features, l.out_features);
+    match job.adapter.method {
+        PeftKind::Ia3 => vec![(
+            "ia3_l",
+            if ia3_feedforward(model, job, l) {
+                (i, 1)
+            } else {
+                (o, 1)
+            },
+        )],
+        // `VeraLayer.__init__` registers `vera_lambda_b`, then `vera_lambda_d`.
+        PeftKind::Vera => vec![("vera_lambda_b", (o, 1)), ("vera_lambda_d", (r, 1))],
+        PeftKind::AdaLora => vec![("lora_A", (r, i)), ("lora_B", (o, r)), ("lora_E", (r, 1))],
+        PeftKind::Oft => {
+            // `oft_R.weight`: r × b(b − 1)/2, b = in / r (`OFTRotationModule`).
+            let b = i / r.max(1);
+            vec![("oft_R", (r, b * b.saturating_sub(1) / 2))]
+        }
+        PeftKind::LoKr => {
+            let ((a, b), (c, d)) = lokr_factors(l, job.adapter.decompose_factor);
+            if lokr_w2_factored(r, b, d) {
+                vec![
+                    ("lokr_w1", (a, c)),
+                    ("lokr_w2_a", (b, r)),
+                    ("lokr_w2_b", (r, d)),
+                ]
+            } else {
+                vec![("lokr_w1", (a, c)), ("lokr_w2", (b, d))]
+            }
+        }
+        PeftKind::LoHa => vec![
+            ("hada_w1_a", (o, r)),
+            ("hada_w1_b", (r, i)),
+            ("hada_w2_a", (o, r)),
+            ("hada_w2_b", (r, i)),
+        ],
+        _ if job.adapter.dora => vec![
+            ("lora_A", (r, i)),
+            ("lora_B", (o, r)),
+            ("lora_magnitude_vector", (o, 1)),
+        ],
+        _ => vec![("lora_A", (r, i)), ("lora_B", (o, r))],
+    }
+}
+
+/// Whether LoKr factors `lokr_w2` (b × d) into `lokr_w2_a @ lokr_w2_b` at rank r:
+/// `use_w2 = not (r < max(b, d) / 2)` (`LoKrLayer.update_layer`).
+#[must_use]
+pub const fn lokr_w2_factored(rank: u64, b: u64, d: u64) -> bool {
+    2 * rank < if b > d { b } else { d }
 }
 
 /// LoKr's factors of a Linear, `((a, b), (c, d))` with out = a·b and in = c·d

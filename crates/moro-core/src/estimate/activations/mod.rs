@@ -137,7 +137,7 @@ enum Group {
 
 /// Bytes per element of the ΔW LoHa and LoKr build every forward, as `F.linear` saves it:
 /// 16-bit under autocast, else the adapter dtype.
-const fn delta_weight_bytes(r: &Regime) -> u64 {
+pub(crate) const fn delta_weight_bytes(r: &Regime) -> u64 {
     if r.autocast { 2 } else { r.adapter_bytes }
 }
 
@@ -1454,7 +1454,7 @@ impl Activations {
                 PeftKind::LoKr => {
                     let ((_, b), (_, d)) =
                         super::weights::lokr_factors(l, job.adapter.decompose_factor);
-                    let w2 = if 2 * job.adapter.rank < b.max(d) {
+                    let w2 = if super::weights::lokr_w2_factored(job.adapter.rank, b, d) {
                         b * d * db
                     } else {
                         0

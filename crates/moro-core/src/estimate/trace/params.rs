@@ -215,54 +215,8 @@ fn push_linear<'m>(
         });
     }
     if job.method.is_peft() && job.adapter.method.uses_targets() && job.adapts(l) {
-        let rank = job.adapter.rank;
-        let ab = r.adapter_bytes;
-        match job.adapter.method {
-            // `IA3Layer.update_layer`: `ia3_l`, scaling the input of a feedforward module,
-            // else the output.
-            PeftKind::Ia3 => {
-                let n = if weights::ia3_feedforward(model, job, l) {
-                    l.in_features
-                } else {
-                    l.out_features
-                };
-                out.push(of("ia3_l", n, ab, true));
-            }
-            // `VeraLayer.__init__` registers `vera_lambda_b`, then `vera_lambda_d`.
-            PeftKind::Vera => {
-                out.push(of("vera_lambda_b", l.out_features, ab, true));
-                out.push(of("vera_lambda_d", rank, ab, true));
-            }
-            // `LoHaLayer.update_layer` (`tuners/loha/layer.py`): `hada_w1_a`, `hada_w1_b`,
-            // `hada_w2_a`, `hada_w2_b`.
-            PeftKind::LoHa => {
-                for _ in 0..2 {
-                    out.push(of("hada_w_a", l.out_features * rank, ab, true));
-                    out.push(of("hada_w_b", rank * l.in_features, ab, true));
-                }
-            }
-            // `LoKrLayer.update_layer` (`tuners/lokr/layer.py`): `lokr_w1` (a × c), then
-            // `lokr_w2_a` and `lokr_w2_b`, or the whole `lokr_w2` (b × d).
-            PeftKind::LoKr => {
-                let ((a, b), (c, d)) = weights::lokr_factors(l, job.adapter.decompose_factor);
-                out.push(of("lokr_w1", a * c, ab, true));
-                if 2 * rank < b.max(d) {
-                    out.push(of("lokr_w2_a", b * rank, ab, true));
-                    out.push(of("lokr_w2_b", rank * d, ab, true));
-                } else {
-                    out.push(of("lokr_w2", b * d, ab, true));
-                }
-            }
-            // `OFTRotationModule`: r skew-symmetric blocks of b(b − 1)/2, b = in / r.
-            PeftKind::Oft => {
-                let blocks = rank.max(1);
-                let b = l.in_features / blocks;
-                out.push(of("oft_R", blocks * b * b.saturating_sub(1) / 2, ab, true));
-            }
-            _ => {
-                out.push(of("lora_A", rank * l.in_features, ab, true));
-                out.push(of("lora_B", l.out_features * rank, ab, true));
-            }
+        for (name, (rows, cols)) in weights::adapter_tensors(model, job, l) {
+            out.push(of(name, rows * cols, r.adapter_bytes, true));
         }
     }
 }
