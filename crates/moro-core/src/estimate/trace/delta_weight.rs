@@ -24,7 +24,7 @@ use crate::job::{Job, PeftKind};
 use crate::model::Linear;
 
 use super::super::{Component, Regime, weights};
-use super::Builder;
+use super::{Builder, Tensor};
 
 /// What one LoHa or LoKr module allocates, in bytes ([`module_forward`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,7 +52,7 @@ impl DeltaModule {
     pub(crate) fn of(l: &Linear, job: &Job, r: &Regime, tokens: u64) -> Option<Self> {
         let (i, o) = (l.in_features, l.out_features);
         let ab = r.adapter_bytes;
-        let matmul = if r.autocast { 2 } else { ab };
+        let matmul = super::super::activations::delta_weight_bytes(r);
         let xb = r.stream_bytes;
         match job.adapter.method {
             PeftKind::LoHa => Some(Self::Hadamard {
@@ -63,7 +63,7 @@ impl DeltaModule {
                 let ((_, b), (_, d)) = weights::lokr_factors(l, job.adapter.decompose_factor);
                 let copies = r.autocast && ab != 2;
                 Some(Self::Kronecker {
-                    w2: if 2 * job.adapter.rank < b.max(d) {
+                    w2: if weights::lokr_w2_factored(job.adapter.rank, b, d) {
                         b * d * matmul
                     } else {
                         0
@@ -90,11 +90,14 @@ pub(crate) fn module_forward<'m>(
     keeps_graph: bool,
 ) {
     let at = Some(layer);
+    // A tensor of 0 bytes is not made: what the forward saves is made with the layer's
+    // saved tensors instead.
     let alloc = |b: &mut Builder<'m>, name: &'static str, bytes: u64| {
         (bytes > 0).then(|| b.alloc_in(name, None, at, Component::Transients, bytes, 1))
     };
-    let free = |b: &mut Builder<'m>, ts: &mut dyn Iterator<Item = Option<super::Tensor<'m>>>| {
-        for t in ts.flatten() {
+    let unless = |saved: bool, bytes: u64| if saved { 0 } else { bytes };
+    let free = |b: &mut Builder<'m>, ts: &[Option<Tensor<'m>>]| {
+        for &t in ts.iter().flatten() {
             b.free(t);
         }
     };
@@ -103,19 +106,11 @@ pub(crate) fn module_forward<'m>(
             let first = alloc(b, "LoHa w1a @ w1b", weight);
             let second = alloc(b, "LoHa w2a @ w2b", weight);
             let product = alloc(b, "LoHa product", weight);
-            free(b, &mut [first, second].into_iter());
-            let delta = if keeps_graph {
-                None
-            } else {
-                alloc(b, "LoHa ΔW", weight)
-            };
-            free(b, &mut [product].into_iter());
-            let x = if keeps_graph {
-                None
-            } else {
-                alloc(b, "LoHa x cast", x_cast)
-            };
-            free(b, &mut [delta, x].into_iter());
+            free(b, &[first, second]);
+            let delta = alloc(b, "LoHa ΔW", unless(keeps_graph, weight));
+            free(b, &[product]);
+            let x = alloc(b, "LoHa x cast", unless(keeps_graph, x_cast));
+            free(b, &[delta, x]);
         }
         DeltaModule::Kronecker {
             w2,
@@ -124,34 +119,17 @@ pub(crate) fn module_forward<'m>(
             weight_copy,
             x_copy,
         } => {
-            let copies = weight_copy > 0;
-            let w2 = if keeps_graph {
-                None
-            } else {
-                alloc(b, "LoKr w2", w2)
-            };
+            // Without autocast `F.linear` saves the scaled `kron` (ΔW) and the cast x
+            // themselves; with it, their 16-bit copies.
+            let saves_own = keeps_graph && weight_copy == 0;
+            let w2 = alloc(b, "LoKr w2", unless(keeps_graph, w2));
             let product = alloc(b, "LoKr kron", kron);
-            // The scaled `kron` is ΔW, saved by `F.linear` itself without autocast.
-            let delta = if keeps_graph && !copies {
-                None
-            } else {
-                alloc(b, "LoKr ΔW", kron)
-            };
-            free(b, &mut [product].into_iter());
-            let x = if keeps_graph && !copies {
-                None
-            } else {
-                alloc(b, "LoKr x cast", x_cast)
-            };
-            let (delta16, x16) = if keeps_graph {
-                (None, None)
-            } else {
-                (
-                    alloc(b, "LoKr ΔW (autocast)", weight_copy),
-                    alloc(b, "LoKr x (autocast)", x_copy),
-                )
-            };
-            free(b, &mut [delta16, x, delta, x16, w2].into_iter());
+            let delta = alloc(b, "LoKr ΔW", unless(saves_own, kron));
+            free(b, &[product]);
+            let x = alloc(b, "LoKr x cast", unless(saves_own, x_cast));
+            let delta16 = alloc(b, "LoKr ΔW (autocast)", unless(keeps_graph, weight_copy));
+            let x16 = alloc(b, "LoKr x (autocast)", unless(keeps_graph, x_copy));
+            free(b, &[delta16, x, delta, x16, w2]);
         }
     }
 }

@@ -57,27 +57,25 @@ pub fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
     let peft_ok = match job.method {
         Method::Full => true,
         Method::Adapters | Method::QuantizedAdapters => {
-            (job.adapter.method == PeftKind::Lora
-                // Prompt and prefix tuning's embedding, LN tuning's norm copies, on an
-                // unquantized model: the layers' saved tensors are the formulas' (prefix
-                // tuning's keys and values among them), over the prompt's tokens too
-                // ([`super::super::with_prompt_tokens`]).
-                || (job.adapter.method.uses_virtual_tokens()
-                    || job.adapter.method == PeftKind::LnTuning)
-                    && job.method == Method::Adapters
-                    && job.quantization == Quantization::None
-                // IA³'s and VeRA's vectors, LoHa's, LoKr's and OFT's weight-sized tensors
-                // on an unquantized model: their saved tensors are the formulas'
-                // ([`Activations`]), LoHa's and LoKr's ΔW built in each forward
-                // (`trace/delta_weight.rs`).
-                || matches!(
-                    job.adapter.method,
-                    PeftKind::Ia3 | PeftKind::Vera | PeftKind::LoHa | PeftKind::LoKr | PeftKind::Oft
-                )
-                    && job.method == Method::Adapters
-                    && job.quantization == Quantization::None
-                    && !job.adapter.dora)
-                && (!job.adapter.dora || job.quantization == Quantization::None)
+            let method_ok = match job.adapter.method {
+                PeftKind::Lora => !job.adapter.dora || job.quantization == Quantization::None,
+                // AdaLoRA's rank allocation runs between steps, outside the one the oracle
+                // records; lit-gpt's adapters are not PEFT's.
+                PeftKind::AdaLora | PeftKind::LlamaAdapter | PeftKind::AdapterV2 => false,
+                // The rest of PEFT's methods on an unquantized model: the layers' saved
+                // tensors are the formulas' ([`Activations`]): IA³'s and VeRA's vectors,
+                // LoHa's, LoKr's and OFT's weight-sized tensors (LoHa's and LoKr's ΔW built
+                // in each forward, `trace/delta_weight.rs`), LN tuning's norm copies, prompt
+                // and prefix tuning's embedding over the prompt's tokens too
+                // ([`super::super::with_prompt_tokens`]; prefix tuning's keys and values
+                // among the saved tensors).
+                _ => {
+                    !job.adapter.dora
+                        && job.method == Method::Adapters
+                        && job.quantization == Quantization::None
+                }
+            };
+            method_ok
                 && model.encoder.is_none()
                 && matches!(
                     job.quantization,
