@@ -68,6 +68,7 @@ def install_config(spec: dict) -> None:
         "VERA": peft.VeraConfig,
         "LN_TUNING": peft.LNTuningConfig,
         "OFT": peft.OFTConfig,
+        "BOFT": peft.BOFTConfig,
     }
     cls = classes[kind]
 
@@ -80,6 +81,51 @@ def install_config(spec: dict) -> None:
     peft.LoraConfig = make
     if kind in ("LOKR", "LOHA"):
         always_apply_module_dropout(kind)
+    if kind == "BOFT":
+        place_boft_permutations()
+
+
+def place_boft_permutations() -> None:
+    """BOFT registers its permutation `boft_P` as an fp32 buffer made on the CPU
+    (`BOFTLayer.update_layer`: `torch.empty(...)` in the default dtype) that PEFT never moves;
+    the HF Trainer then moves the whole model to the GPU (`Trainer._move_model_to_device`),
+    fp32 as made. The oracle builds PEFT's layers on the fake device in the base dtype, so
+    each `boft_P` is put back to fp32 there."""
+    import peft
+    import torch
+
+    build = peft.get_peft_model
+
+    def get_peft_model(*args, **kwargs):
+        model = build(*args, **kwargs)
+        for module in model.modules():
+            if isinstance(getattr(module, "boft_P", None), torch.Tensor):
+                module.boft_P = module.boft_P.to(torch.float32)
+        return model
+
+    peft.get_peft_model = get_peft_model
+
+    # PEFT builds the butterfly's block-diagonal matrix with its CUDA extension `fbd_cuda`
+    # and, without it, trains one butterfly factor whatever the config says. The extension's
+    # forward makes the (N, D·H, D·H) fp32 output and nothing else (`fbd_cuda_kernel.cu`);
+    # the same output, filled block by block, stands in for it on fake tensors.
+    import peft.tuners.boft.layer as boft_layer
+
+    class BlockDiag:
+        @staticmethod
+        def forward(blocks):
+            n, d, h, _ = blocks.shape
+            out = torch.zeros(n, d * h, d * h, dtype=blocks.dtype, device=blocks.device)
+            return [out]
+
+        @staticmethod
+        def backward(grad, blocks):
+            return [torch.empty_like(blocks)]
+
+    boft_layer.get_fbd_cuda = lambda: BlockDiag
+    # The butterfly permutations' indices are data a fake tensor does not hold; their
+    # matrices have the same shape whatever the order.
+    boft_layer.BOFTLayer.block_butterfly_perm = lambda self, n, *args, **kwargs: torch.arange(n)
 
 
 def always_apply_module_dropout(kind: str) -> None:

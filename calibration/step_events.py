@@ -28,6 +28,7 @@ and reserved peaks; `--matrix` regenerates its fixture,
   $PY calibration/step_events.py --matrix-peft-weight
   $PY calibration/step_events.py --matrix-peft-prompt
   $PY calibration/step_events.py --matrix-peft-ln
+  $PY calibration/step_events.py --matrix-peft-boft
 
 `--matrix-lengths` writes `validation/oracle-traces/step-events-lengths.jsonl` (compact): five
 jobs trained on 16 batches of varying length (`--lengths L1,L2,...`: one step per length).
@@ -41,6 +42,9 @@ same models, each building a weight-sized tensor per adapted module in every for
 (50 and 200, without: PEFT refuses it with checkpointing) on the same models.
 `--matrix-peft-ln` writes `validation/oracle-traces/step-events-peft-ln.jsonl` (compact): LN
 tuning on the same models, with and without checkpointing.
+`--matrix-peft-boft` writes `validation/oracle-traces/step-events-peft-boft.jsonl` (compact):
+BOFT (block size 4 with one butterfly factor, 16 with two, its CUDA extension's block-diagonal
+output stood in for on fake tensors) on the same models, with and without checkpointing.
 
 `--desc` adds `descs`: each allocation's op, dtype and shape as the tracker names them
 (`mm bfloat16 (2048, 4096)`; parameters and gradients have none), in allocation order, for
@@ -468,6 +472,23 @@ PEFT_WEIGHT_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces",
                                    "step-events-peft-weight.jsonl")
 
 
+def peft_boft_args(block, ckpt, model="meta-llama--Llama-3.1-8B", factor=1):
+    """BOFT (`--matrix-peft-boft`) on q and v of a model cut to 2 layers, bf16-mixed, 1 x 512,
+    blocks of `block` (PEFT's MetaMathQA setting: 4), `factor` butterfly factors."""
+    spec = {"peft_type": "BOFT", "boft_block_size": block, "boft_n_butterfly_factor": factor,
+            "target_modules": ["q_proj", "v_proj"]}
+    a = job_args(model, "lora", ckpt)[:-2]
+    label = "%s-L2-boft%d-f%d-b1s512%s" % (model, block, factor, "-ckpt" if ckpt else "")
+    return a + ["--adamw-impl", "fused", "--peft", json.dumps(spec), "--label", label]
+
+
+PEFT_BOFT_MATRIX = [peft_boft_args(b, c, m, f)
+                    for m in ("meta-llama--Llama-3.1-8B", "Qwen--Qwen2.5-7B")
+                    for b, f in ((4, 1), (16, 2)) for c in (True, False)]
+PEFT_BOFT_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces",
+                                 "step-events-peft-boft.jsonl")
+
+
 def peft_prompt_args(kind, ckpt, model="meta-llama--Llama-3.1-8B", tokens=50):
     """Prompt or prefix tuning (`--matrix-peft-prompt`) with `tokens` virtual tokens on a
     model cut to 2 layers, bf16-mixed, 1 x 512 (PEFT refuses prefix tuning with
@@ -614,6 +635,7 @@ def main():
         "--matrix-peft-weight": (PEFT_WEIGHT_MATRIX, PEFT_WEIGHT_FIXTURE, True),
         "--matrix-peft-prompt": (PEFT_PROMPT_MATRIX, PEFT_PROMPT_FIXTURE, True),
         "--matrix-peft-ln": (PEFT_LN_MATRIX, PEFT_LN_FIXTURE, True),
+        "--matrix-peft-boft": (PEFT_BOFT_MATRIX, PEFT_BOFT_FIXTURE, True),
     }
     if len(argv) == 1 and argv[0] in matrices:
         jobs, fixture, compact_rows = matrices[argv[0]]
