@@ -144,6 +144,9 @@ choice! {
         LoKr = "lokr" => LoKr,
         /// PEFT's OFT (`OFTConfig`), `lora_rank` is its number of blocks.
         Oft = "oft" => Oft,
+        /// PEFT's BOFT (`BOFTConfig`), with `boft_block_size` and
+        /// `boft_n_butterfly_factor`.
+        Boft = "boft" => Boft,
         /// PEFT's LN tuning (`LNTuningConfig`).
         LnTuning = "ln-tuning" | "ln_tuning" => LnTuning,
         /// PEFT's prompt tuning (`PromptTuningConfig`), `virtual_tokens` long.

@@ -675,6 +675,46 @@ fn loha_lokr_and_oft_are_traced() {
     assert_eq!(checked, 12);
 }
 
+/// PEFT's BOFT (`calibration/step_events.py --matrix-peft-boft`): blocks of 4 with one
+/// butterfly factor and of 16 with two, on q and v of the 2-layer Llama-3.1-8B and
+/// Qwen2.5-7B, with and without checkpointing, 1 × 512 under bf16 autocast, with the fp32
+/// permutation buffers on the GPU. Replayed from the reset after loading, allocated within
+/// 0.5 % and reserved within 2 %.
+///
+/// By hand, Llama-3.1-8B with one factor: q_proj and v_proj each read 4,096 wide, so each
+/// module saves the identity, the permutations' copy and the rotation, 3 × 4,096² × 2 B =
+/// 96 MiB (the first layer without checkpointing no rotation), and loading leaves 4 fp32
+/// buffers of 64 MiB.
+#[test]
+fn boft_is_traced() {
+    let rows = include_str!("../../../validation/oracle-traces/step-events-peft-boft.jsonl");
+    let checked = rows_within(
+        rows,
+        |label, job, trace| {
+            assert_eq!(
+                job.adapter.method,
+                moro_core::job::PeftKind::Boft,
+                "{label}"
+            );
+            let buffers: Vec<u64> = trace
+                .events
+                .iter()
+                .filter(|e| e.name == "boft_P")
+                .map(|e| e.bytes)
+                .collect();
+            let d = job.adapter.boft_butterfly_factor();
+            let width = if label.starts_with("Qwen") {
+                3_584
+            } else {
+                4_096
+            };
+            assert_eq!(buffers, vec![d * width * width * 4; 4], "{label}");
+        },
+        |_| (0.005, 0.02),
+    );
+    assert_eq!(checked, 8);
+}
+
 /// PEFT's prompt and prefix tuning (`calibration/step_events.py --matrix-peft-prompt`): 50
 /// virtual tokens (prefix tuning also 200; PEFT refuses it with checkpointing) on the
 /// 2-layer Llama-3.1-8B and Qwen2.5-7B, 1 × 512 under bf16 autocast, traced coarsely over

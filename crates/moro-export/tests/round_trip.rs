@@ -209,6 +209,7 @@ fn trl_peft_job(script: &str) -> JobSettings {
         "LoHaConfig",
         "LoKrConfig",
         "OFTConfig",
+        "BOFTConfig",
         "VeraConfig",
     ]
     .into_iter()
@@ -223,6 +224,7 @@ fn trl_peft_job(script: &str) -> JobSettings {
         "LoHaConfig" => PeftKind::LoHa,
         "LoKrConfig" => PeftKind::LoKr,
         "OFTConfig" => PeftKind::Oft,
+        "BOFTConfig" => PeftKind::Boft,
         "VeraConfig" => PeftKind::Vera,
         "IA3Config" => PeftKind::Ia3,
         "LNTuningConfig" => PeftKind::LnTuning,
@@ -258,6 +260,12 @@ fn trl_peft_job(script: &str) -> JobSettings {
         virtual_tokens: peft
             .get("num_virtual_tokens")
             .and_then(serde_json::Value::as_u64),
+        boft_block_size: peft
+            .get("boft_block_size")
+            .and_then(serde_json::Value::as_u64),
+        boft_n_butterfly_factor: peft
+            .get("boft_n_butterfly_factor")
+            .and_then(serde_json::Value::as_u64),
         micro_batch_size: sft["per_device_train_batch_size"].as_u64(),
         grad_accum: sft["gradient_accumulation_steps"].as_u64(),
         seq_len: sft["max_length"].as_u64(),
@@ -277,6 +285,7 @@ fn the_trl_script_is_the_peft_job_estimated() {
         "  peft: lokr\n  lora_rank: 32\n  lora_alpha: 64\n  decompose_factor: 4\n  target_modules: [q_proj, v_proj]\n",
         "  peft: loha\n  lora_rank: 16\n  target_modules: [q_proj, v_proj]\n",
         "  peft: oft\n  lora_rank: 32\n  target_modules: [q_proj, v_proj]\n",
+        "  peft: boft\n  boft_block_size: 8\n  boft_n_butterfly_factor: 2\n  target_modules: [q_proj, v_proj]\n",
         "  peft: vera\n  lora_rank: 256\n  target_modules: [q_proj, v_proj]\n",
         "  peft: ia3\n  target_modules: [k_proj, v_proj, down_proj]\n  feedforward_modules: [down_proj]\n",
         "  peft: prompt-tuning\n  virtual_tokens: 50\n",

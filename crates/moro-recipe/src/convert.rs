@@ -74,6 +74,12 @@ impl Recipe {
             decompose_factor: (write_lora && job.adapter.method == PeftKind::LoKr)
                 .then_some(lora.decompose_factor)
                 .flatten(),
+            boft_block_size: (write_lora && job.adapter.method == PeftKind::Boft)
+                .then_some(lora.block_size)
+                .flatten(),
+            boft_n_butterfly_factor: (write_lora && job.adapter.method == PeftKind::Boft)
+                .then_some(lora.butterfly_factor)
+                .flatten(),
         };
         let training = TrainingSection {
             micro_batch_size: job.micro_batch_size,
@@ -185,6 +191,8 @@ impl Recipe {
             feedforward_modules: m.feedforward_modules.clone().map(Into::into),
             virtual_tokens: m.virtual_tokens,
             decompose_factor: m.decompose_factor,
+            boft_block_size: m.boft_block_size,
+            boft_n_butterfly_factor: m.boft_n_butterfly_factor,
             micro_batch_size: Some(t.micro_batch_size),
             seq_len: Some(t.max_seq_length),
             grad_accum: Some(t.gradient_accumulation_steps),
@@ -299,6 +307,8 @@ pub fn job_field_path(field: &str) -> String {
         | "peft"
         | "virtual_tokens"
         | "decompose_factor"
+        | "boft_block_size"
+        | "boft_n_butterfly_factor"
         | "feedforward_modules" => {
             format!("model.{field}")
         }

@@ -100,6 +100,14 @@ pub struct ModelSection {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub decompose_factor: Option<u64>,
+    /// BOFT's `boft_block_size` (PEFT `BOFTConfig`). Default: PEFT's 4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
+    pub boft_block_size: Option<u64>,
+    /// BOFT's `boft_n_butterfly_factor` (PEFT `BOFTConfig`). Default: PEFT's 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 16)))]
+    pub boft_n_butterfly_factor: Option<u64>,
 }
 
 impl ModelSection {
@@ -119,6 +127,8 @@ impl ModelSection {
             feedforward_modules: None,
             virtual_tokens: None,
             decompose_factor: None,
+            boft_block_size: None,
+            boft_n_butterfly_factor: None,
         }
     }
 

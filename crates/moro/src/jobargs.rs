@@ -140,6 +140,12 @@ pub(crate) struct JobArgs {
     /// LoKr's decompose_factor (PEFT) [default: -1, factors near the square root].
     #[arg(long, value_parser = parse_count, help_heading = "LoRA")]
     pub(crate) decompose_factor: Option<u64>,
+    /// BOFT's boft_block_size (PEFT) [default: 4].
+    #[arg(long, value_parser = parse_count, help_heading = "LoRA")]
+    pub(crate) boft_block_size: Option<u64>,
+    /// BOFT's boft_n_butterfly_factor (PEFT) [default: 1].
+    #[arg(long, value_parser = parse_count, help_heading = "LoRA")]
+    pub(crate) boft_n_butterfly_factor: Option<u64>,
     /// Micro-batch per GPU (inference: concurrent sequences) [default: 1].
     #[arg(long, visible_alias = "batch-size", value_parser = parse_count, help_heading = "Shape")]
     pub(crate) micro_batch_size: Option<u64>,
@@ -272,6 +278,8 @@ impl JobArgs {
             feedforward_modules: self.feedforward_modules.as_ref().map(names),
             virtual_tokens: self.virtual_tokens,
             decompose_factor: self.decompose_factor,
+            boft_block_size: self.boft_block_size,
+            boft_n_butterfly_factor: self.boft_n_butterfly_factor,
             micro_batch_size: self.micro_batch_size,
             seq_len: self.seq_len,
             grad_accum: self.grad_accum,

@@ -59,6 +59,16 @@ const SETTINGS: &[Setting] = &[
         key: "model.decompose_factor",
     },
     Setting {
+        name: "block",
+        flag: "--boft-block-size",
+        key: "model.boft_block_size",
+    },
+    Setting {
+        name: "butterfly",
+        flag: "--boft-n-butterfly-factor",
+        key: "model.boft_n_butterfly_factor",
+    },
+    Setting {
         name: "mbs",
         flag: "--micro-batch-size",
         key: "training.micro_batch_size",
@@ -287,6 +297,11 @@ const CASES: &[Case] = &[
         &["method=lora", "peft=lokr", "rank=32", "factor=4"],
     ),
     case(LLAMA3B, &["method=lora", "peft=lokr", "rank=8"]),
+    case(LLAMA3B, &["method=lora", "peft=boft"]),
+    case(
+        LLAMA3B,
+        &["method=lora", "peft=boft", "block=8", "butterfly=2"],
+    ),
     case(LLAMA3B, &["method=lora", "peft=oft", "rank=32"]),
     case(
         LLAMA3B,

@@ -18,6 +18,7 @@
 
 pub mod activations;
 pub mod batches;
+pub mod boft;
 pub mod dora;
 pub mod inference;
 pub mod load;
@@ -740,9 +741,10 @@ fn training_phases(
     // [DERIVED, memory-anatomy §7]
     let cublas = 2 * device.cublas_workspace_bytes;
     let dequant = weights::dequant_transient(model, job, regime);
-    // DoRA's weight-norm transient exists in each adapted module's forward, before the
-    // logits, and again in the recompute under checkpointing.
-    let dora_forward = dora::forward_transient(model, job, regime);
+    // DoRA's weight-norm transient (BOFT's rotation) exists in each adapted module's
+    // forward, before the logits, and again in the recompute under checkpointing.
+    let dora_forward =
+        dora::forward_transient(model, job, regime) + boft::forward_transient(model, job, regime);
     let dora_recompute = if job.gradient_checkpointing {
         dora_forward
     } else {

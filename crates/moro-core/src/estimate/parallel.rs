@@ -132,7 +132,7 @@ impl Sharded {
         let adapters = if job.method.is_peft() {
             (added_params(model, job) * r.adapter_bytes
                 + adapter_kv_cache_bytes(model, job.adapter.method, r.adapter_bytes)
-                + super::weights::vera_buffers(model, job))
+                + super::weights::peft_buffers(model, job))
                 / split
         } else {
             0

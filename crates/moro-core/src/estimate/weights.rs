@@ -289,6 +289,17 @@ pub fn adapter_tensors(
             let b = i / r.max(1);
             vec![("oft_R", (r, b * b.saturating_sub(1) / 2))]
         }
+        PeftKind::Boft => {
+            // `boft_R` (D, in / b, b, b), then `boft_s` (out, 1) (`BOFTLayer.update_layer`).
+            let b = job.adapter.boft_block_size().max(1);
+            vec![
+                (
+                    "boft_R",
+                    (job.adapter.boft_butterfly_factor() * (i / b), b * b),
+                ),
+                ("boft_s", (o, 1)),
+            ]
+        }
         PeftKind::LoKr => {
             let ((a, b), (c, d)) = lokr_factors(l, job.adapter.decompose_factor);
             if lokr_w2_factored(r, b, d) {
@@ -373,6 +384,50 @@ pub fn vera_buffers(model: &ModelSpec, job: &Job) -> u64 {
     let max_in = targeted().map(|(_, l)| l.in_features).max().unwrap_or(0);
     let max_out = targeted().map(|(_, l)| l.out_features).max().unwrap_or(0);
     job.adapter.rank * (max_in + max_out) * 4
+}
+
+/// BOFT's permutation buffers `boft_P`, one per adapted Linear in forward order, D × in × in
+/// in fp32 (`BOFTLayer.update_layer`: `torch.empty` in the default dtype, registered with
+/// `register_buffer`): PEFT makes them on the CPU and never moves them
+/// (`_move_adapter_to_device_of_base_layer` moves `boft_R` and `boft_s` only); the HF
+/// Trainer then moves the whole model to the GPU for an unquantized base
+/// (`Trainer._move_model_to_device`) and leaves a bitsandbytes one where it is, so the
+/// buffers are on the GPU only for an unquantized base. Empty for other methods.
+#[must_use]
+pub fn boft_permutations(model: &ModelSpec, job: &Job) -> Vec<u64> {
+    if job.adapter.method != PeftKind::Boft
+        || !job.method.is_peft()
+        || job.quantization != crate::job::Quantization::None
+    {
+        return Vec::new();
+    }
+    let d = job.adapter.boft_butterfly_factor();
+    model
+        .layers
+        .iter()
+        .flat_map(|g| {
+            let one: Vec<u64> = g
+                .linears
+                .iter()
+                .filter(|l| job.adapts(l))
+                .flat_map(|l| {
+                    std::iter::repeat_n(d * l.in_features * l.in_features * 4, to_usize(l.count))
+                })
+                .collect();
+            std::iter::repeat_n(one, to_usize(g.count)).flatten()
+        })
+        .collect()
+}
+
+/// Frozen buffers a PEFT method keeps on the GPU beside its parameters: VeRA's projections
+/// ([`vera_buffers`]) and BOFT's permutations ([`boft_permutations`]).
+#[must_use]
+pub fn peft_buffers(model: &ModelSpec, job: &Job) -> u64 {
+    vera_buffers(model, job) + boft_permutations(model, job).iter().sum::<u64>()
+}
+
+fn to_usize(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
 }
 
 /// lit-gpt `adapter.Config.adapter_prompt_length`: tokens of the learned prefix.

@@ -11,6 +11,7 @@ use crate::model::ModelSpec;
 use crate::stack::DefaultLoss;
 
 pub mod against;
+mod boft;
 mod gemma3n;
 mod liger;
 mod recurrent;
@@ -106,6 +107,13 @@ pub enum PeftKind {
     /// matrix through the Cayley–Neumann series (5 terms), rotating the input before the
     /// frozen Linear. `adapter.rank` is OFT's r (the number of blocks).
     Oft,
+    /// PEFT's BOFT (`tuners/boft/layer.py`): per targeted Linear `boft_R`, D × (in / b)
+    /// skew-symmetric blocks of b × b (D butterfly factors, b the block size), and the
+    /// output scale `boft_s`; every forward builds the in × in rotation from them through
+    /// the fp32 permutation buffer `boft_P` and rotates the input before the frozen Linear.
+    /// `adapter.block_size` and `adapter.butterfly_factor` are PEFT's `boft_block_size` and
+    /// `boft_n_butterfly_factor`.
+    Boft,
     /// PEFT's LN tuning (`tuners/ln_tuning/layer.py`): a trainable copy of every norm
     /// (PEFT's default targets for decoders: both norms of each layer and the final norm).
     LnTuning,
@@ -120,7 +128,7 @@ pub enum PeftKind {
 
 impl PeftKind {
     /// All values.
-    pub const ALL: [Self; 12] = [
+    pub const ALL: [Self; 13] = [
         Self::Lora,
         Self::LlamaAdapter,
         Self::AdapterV2,
@@ -130,6 +138,7 @@ impl PeftKind {
         Self::LoHa,
         Self::LoKr,
         Self::Oft,
+        Self::Boft,
         Self::LnTuning,
         Self::PromptTuning,
         Self::PrefixTuning,
@@ -155,7 +164,7 @@ impl PeftKind {
     }
 
     /// Whether this is one of PEFT's methods other than LoRA (IA³, VeRA, AdaLoRA, LoHa, LoKr,
-    /// OFT, LN tuning, prompt and prefix tuning): modelled on one GPU or data parallel,
+    /// OFT, BOFT, LN tuning, prompt and prefix tuning): modelled on one GPU or data parallel,
     /// without sharding.
     #[must_use]
     pub const fn is_other_peft(self) -> bool {
@@ -167,6 +176,7 @@ impl PeftKind {
                 | Self::LoHa
                 | Self::LoKr
                 | Self::Oft
+                | Self::Boft
                 | Self::LnTuning
                 | Self::PromptTuning
                 | Self::PrefixTuning
@@ -174,7 +184,7 @@ impl PeftKind {
     }
 
     /// Whether the method's tensors sit on the `adapter` targets (LoRA, IA³, VeRA, AdaLoRA,
-    /// LoHa, LoKr, OFT).
+    /// LoHa, LoKr, OFT, BOFT).
     #[must_use]
     pub const fn uses_targets(self) -> bool {
         matches!(
@@ -186,7 +196,17 @@ impl PeftKind {
                 | Self::LoHa
                 | Self::LoKr
                 | Self::Oft
+                | Self::Boft
         )
+    }
+
+    /// Whether the method's weight-sized tensors are fewer in the first decoder layer
+    /// without checkpointing: its input comes from the frozen embedding, so autograd never
+    /// needs the input's gradient and skips what only that gradient reads (LoHa's and
+    /// LoKr's ΔW, saved by `F.linear` for it; BOFT's rotation, saved by `x @ R`).
+    #[must_use]
+    pub const fn first_layer_saves_less(self) -> bool {
+        matches!(self, Self::LoHa | Self::LoKr | Self::Boft)
     }
 
     /// Whether the method builds each targeted Linear's full ΔW every forward and
@@ -424,6 +444,26 @@ pub struct PeftConfig {
     /// LoKr's `decompose_factor`; `None` is PEFT's −1 (factors near the square root).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decompose_factor: Option<u64>,
+    /// BOFT's `boft_block_size`; `None` is PEFT's 4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<u64>,
+    /// BOFT's `boft_n_butterfly_factor`; `None` is PEFT's 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub butterfly_factor: Option<u64>,
+}
+
+impl PeftConfig {
+    /// BOFT's block size b (PEFT's default 4).
+    #[must_use]
+    pub fn boft_block_size(&self) -> u64 {
+        self.block_size.unwrap_or(4)
+    }
+
+    /// BOFT's butterfly factors D (PEFT's default 1).
+    #[must_use]
+    pub fn boft_butterfly_factor(&self) -> u64 {
+        self.butterfly_factor.unwrap_or(1)
+    }
 }
 
 impl Default for PeftConfig {
@@ -438,6 +478,8 @@ impl Default for PeftConfig {
             feedforward: None,
             virtual_tokens: 20,
             decompose_factor: None,
+            block_size: None,
+            butterfly_factor: None,
         }
     }
 }

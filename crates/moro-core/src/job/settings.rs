@@ -39,6 +39,10 @@ pub struct JobSettings {
     pub virtual_tokens: Option<u64>,
     /// LoKr's `decompose_factor`. Default: PEFT's −1 (factors near the square root).
     pub decompose_factor: Option<u64>,
+    /// BOFT's `boft_block_size`. Default: PEFT's 4.
+    pub boft_block_size: Option<u64>,
+    /// BOFT's `boft_n_butterfly_factor`. Default: PEFT's 1.
+    pub boft_n_butterfly_factor: Option<u64>,
     /// `micro_batch_size`. Default: 1.
     pub micro_batch_size: Option<u64>,
     /// `max_seq_length`. Default: 2048.
@@ -133,6 +137,8 @@ impl JobSettings {
             feedforward_modules: job.adapter.feedforward.clone(),
             virtual_tokens: Some(job.adapter.virtual_tokens),
             decompose_factor: job.adapter.decompose_factor,
+            boft_block_size: job.adapter.block_size,
+            boft_n_butterfly_factor: job.adapter.butterfly_factor,
             micro_batch_size: Some(job.micro_batch_size),
             seq_len: Some(job.seq_len),
             grad_accum: Some(job.grad_accum),
@@ -175,7 +181,8 @@ impl JobSettings {
         let b = base;
         layer!(a, b;
             method, quantization, peft, lora_rank, lora_alpha, lora_dropout, target_modules,
-            dora, feedforward_modules, virtual_tokens, decompose_factor, micro_batch_size, seq_len, grad_accum,
+            dora, feedforward_modules, virtual_tokens, decompose_factor, boft_block_size,
+            boft_n_butterfly_factor, micro_batch_size, seq_len, grad_accum,
             padding, optimizer, gradient_checkpointing, optimizer_in_backward, attention,
             precision, stack, loss, kv_dtype, gpus, tensor_parallel, pipeline_parallel,
             sharding, offload, nodes, reduce_bucket, fsdp_version, versions, images_per_sample, image_size,
@@ -243,6 +250,11 @@ impl JobSettings {
                 ("feedforward_modules", self.feedforward_modules.is_some()),
                 ("virtual_tokens", self.virtual_tokens.is_some()),
                 ("decompose_factor", self.decompose_factor.is_some()),
+                ("boft_block_size", self.boft_block_size.is_some()),
+                (
+                    "boft_n_butterfly_factor",
+                    self.boft_n_butterfly_factor.is_some(),
+                ),
             ];
             if let Some((field, _)) = adapter.iter().find(|(_, given)| *given) {
                 let what = if method == Method::Full {
@@ -323,6 +335,8 @@ impl JobSettings {
             feedforward: self.feedforward_modules.clone(),
             virtual_tokens: self.virtual_tokens.unwrap_or(d.virtual_tokens),
             decompose_factor: self.decompose_factor,
+            block_size: self.boft_block_size,
+            butterfly_factor: self.boft_n_butterfly_factor,
         };
         let versions = self.versions.unwrap_or_default();
         let mut parallel = self.parallel()?;

@@ -491,6 +491,9 @@ impl Job {
                     ),
                 );
             }
+            if self.adapter.method == PeftKind::Boft {
+                self.check_boft(model)?;
+            }
             if self.adapter.method == PeftKind::Oft
                 && let Some((_, l)) = model
                     .linears()

@@ -202,7 +202,7 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
         other => {
             return Err(format!(
                 "PEFT method `{other}` is not modelled (LoRA/QLoRA, DoRA, IA³, VeRA, AdaLoRA, LoHa, \
-                 LoKr, OFT, LN tuning, prompt and prefix tuning and lit-gpt's adapters only)"
+                 LoKr, OFT, BOFT, LN tuning, prompt and prefix tuning and lit-gpt's adapters only)"
             ));
         }
     };
@@ -401,6 +401,15 @@ pub fn interpret(v: &Value) -> Result<Row, String> {
                 .filter(|f| *f > 0);
             if truthy(l, "decompose_both") == Some(true) {
                 return Err("LoKr with `decompose_both` (w1 factored too) is not modelled".into());
+            }
+        }
+        if peft == PeftKind::Boft {
+            lora.block_size = num(l, "boft_block_size");
+            lora.butterfly_factor = num(l, "boft_n_butterfly_factor");
+            if num(l, "boft_block_num").is_some_and(|n| n > 0) {
+                return Err(
+                    "BOFT sized by `boft_block_num` is not read; give boft_block_size".into(),
+                );
             }
         }
         if peft == PeftKind::PrefixTuning && truthy(l, "prefix_projection") == Some(true) {

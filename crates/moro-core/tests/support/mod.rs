@@ -289,7 +289,7 @@ pub fn oracle_step_job(
 }
 
 /// The PEFT method of a row `peft_trace.py`'s `--peft` spec built (IA³, VeRA, LN tuning,
-/// LoHa, LoKr, OFT),
+/// LoHa, LoKr, OFT, BOFT),
 /// over `settings`; LoRA (no spec) as it is.
 fn with_peft(settings: JobSettings, spec: &Value) -> JobSettings {
     use moro_core::job::PeftKind;
@@ -305,6 +305,7 @@ fn with_peft(settings: JobSettings, spec: &Value) -> JobSettings {
         Some("LOHA") => PeftKind::LoHa,
         Some("LOKR") => PeftKind::LoKr,
         Some("OFT") => PeftKind::Oft,
+        Some("BOFT") => PeftKind::Boft,
         Some("PROMPT_TUNING") => PeftKind::PromptTuning,
         Some("PREFIX_TUNING") => PeftKind::PrefixTuning,
         _ => return settings,
@@ -314,6 +315,8 @@ fn with_peft(settings: JobSettings, spec: &Value) -> JobSettings {
         lora_rank: spec["r"].as_u64().or(settings.lora_rank),
         lora_alpha: spec["alpha"].as_f64().or(settings.lora_alpha),
         decompose_factor: spec["decompose_factor"].as_u64(),
+        boft_block_size: spec["boft_block_size"].as_u64(),
+        boft_n_butterfly_factor: spec["boft_n_butterfly_factor"].as_u64(),
         virtual_tokens: spec["num_virtual_tokens"].as_u64(),
         target_modules: names("target_modules").or(settings.target_modules),
         feedforward_modules: names("feedforward_modules"),

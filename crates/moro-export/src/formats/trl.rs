@@ -404,6 +404,14 @@ fn peft_config(p: &Plan<'_>) -> Result<(&'static str, Kwargs), ExportError> {
                 ("target_modules", targets()),
             ],
         ),
+        K::Boft => (
+            "BOFTConfig",
+            vec![
+                ("boft_block_size", a.boft_block_size().into()),
+                ("boft_n_butterfly_factor", a.boft_butterfly_factor().into()),
+                ("target_modules", targets()),
+            ],
+        ),
         K::Vera => (
             "VeraConfig",
             vec![

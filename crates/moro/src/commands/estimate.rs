@@ -544,6 +544,16 @@ fn describe(job: &Job, adapter_bytes: u64) -> String {
                 peft.decompose_factor
                     .map_or_else(|| "-1".to_owned(), |f| f.to_string())
             )),
+            PeftKind::Boft => s.push_str(&format!(
+                ", PEFT boft blocks of {}, {} butterfly factor{}",
+                peft.boft_block_size(),
+                peft.boft_butterfly_factor(),
+                if peft.boft_butterfly_factor() == 1 {
+                    ""
+                } else {
+                    "s"
+                }
+            )),
             PeftKind::Vera | PeftKind::AdaLora | PeftKind::LoHa | PeftKind::Oft => {
                 s.push_str(&format!(", PEFT {} r={}", peft.method.as_str(), peft.rank));
             }

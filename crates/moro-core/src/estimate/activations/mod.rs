@@ -32,6 +32,7 @@ use crate::model::{
 use crate::stack::{AttentionModule, CompileScope};
 
 use super::Regime;
+use super::boft::Boft;
 use super::weights::{ADAPTER_PROMPT_LENGTH, ADAPTER_START_LAYER};
 
 mod bart;
@@ -141,12 +142,12 @@ pub(crate) const fn delta_weight_bytes(r: &Regime) -> u64 {
     if r.autocast { 2 } else { r.adapter_bytes }
 }
 
-/// What LoHa's and LoKr's first-layer modules would save for their input's gradient
+/// What LoHa's, LoKr's and BOFT's first-layer modules would save for their input's gradient
 /// (`saves(l)` of each) where nothing asks for it: with the embedding frozen and nothing
 /// making it require grad (no checkpointing, no `prepare_model_for_kbit_training`), the
 /// first layer's hidden state has no gradient until an adapted module upstream in the layer
-/// gives it one, so `F.linear(x, ΔW)` keeps no ΔW (autograd saves a tensor only for the
-/// gradients it will make). Counted only for a text decoder whose every layer is adapted;
+/// gives it one, so `F.linear(x, ΔW)` keeps no ΔW and `x @ R` no rotation (autograd saves a
+/// tensor only for the gradients it will make). Counted only for a text decoder whose every layer is adapted;
 /// an attention input read from another projection (MLA's `q_b_proj`) is counted as saved.
 fn first_layer_unsaved(
     model: &ModelSpec,
@@ -161,7 +162,7 @@ fn first_layer_unsaved(
         Group::MlpOut => 3,
     };
     let applies = job.method == Method::Adapters
-        && job.adapter.method.builds_delta_weight()
+        && job.adapter.method.first_layer_saves_less()
         && !job.gradient_checkpointing
         && job.adapted_layers.is_none()
         && model.encoder.is_none()
@@ -462,9 +463,14 @@ impl Ctx<'_> {
                         PeftKind::AdaLora if job.versions.adalora_saves_dividend() => {
                             bytes += adapter_out * ab;
                         }
+                        // `result * boft_scale` saves the base output (`boft/layer.py`
+                        // `Linear.forward`); `x @ boft_rotation` saves x, as read.
+                        PeftKind::Boft => bytes += adapter_out * o,
                         _ => {}
                     }
-                    let cast_copy = if job.adapter.method == PeftKind::LoHa {
+                    let cast_copy = if job.adapter.method == PeftKind::Boft {
+                        None
+                    } else if job.adapter.method == PeftKind::LoHa {
                         // `_cast_input_dtype(x, ΔW.dtype)`: LoHa's ΔW is already the
                         // matmuls' dtype, so a 16-bit x under autocast is read as it is.
                         let d = delta_weight_bytes(r);
@@ -495,7 +501,7 @@ impl Ctx<'_> {
                     // saves the cast input and its weight, counted per layer; nor OFT: its
                     // `einsum` saves the cast input and the blocks).
                     if !(job.adapter.method.builds_delta_weight()
-                        || job.adapter.method == PeftKind::Oft)
+                        || matches!(job.adapter.method, PeftKind::Oft | PeftKind::Boft))
                     {
                         bytes += job.adapter.rank * ab * mult * l.count.min(1);
                     }
@@ -1448,8 +1454,10 @@ impl Activations {
         // 0.21.2 `tuners/lokr/layer.py` `make_kron`).
         let ab = r.adapter_bytes;
         let db = delta_weight_bytes(r);
+        let boft = Boft::new(job, r);
         let fixed = |l: &Linear| -> u64 {
             match job.adapter.method {
+                PeftKind::Boft => boft.saved(l),
                 PeftKind::LoHa => l.weight_numel() * db,
                 PeftKind::LoKr => {
                     let ((_, b), (_, d)) =
@@ -1467,7 +1475,7 @@ impl Activations {
             }
         };
         let per_module_saves = match job.adapter.method {
-            PeftKind::LoHa | PeftKind::LoKr | PeftKind::Oft => true,
+            PeftKind::LoHa | PeftKind::LoKr | PeftKind::Oft | PeftKind::Boft => true,
             PeftKind::Lora => job.adapter.dora,
             _ => false,
         };
@@ -1492,7 +1500,14 @@ impl Activations {
             let all = if job.gradient_checkpointing {
                 0
             } else {
-                let unsaved = first_layer_unsaved(model, job, h, |l| l.count * fixed(l));
+                let unsaved = first_layer_unsaved(model, job, h, |l| {
+                    l.count
+                        * if job.adapter.method == PeftKind::Boft {
+                            boft.rotation(l)
+                        } else {
+                            fixed(l)
+                        }
+                });
                 model
                     .layers
                     .iter()
@@ -1505,6 +1520,7 @@ impl Activations {
                 // `kron`'s backward (`rebuild * scale`, then the two broadcast products
                 // it reduces): the incoming ΔW gradient, its scaled copy and one product.
                 PeftKind::LoKr => 3 * widest,
+                PeftKind::Boft => boft.backward_transient(model, job),
                 _ => 0,
             };
             (all, one, bwd)

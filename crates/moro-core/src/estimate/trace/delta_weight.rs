@@ -23,8 +23,8 @@
 use crate::job::{Job, PeftKind};
 use crate::model::Linear;
 
-use super::super::{Component, Regime, weights};
-use super::{Builder, Tensor};
+use super::super::{Regime, weights};
+use super::{Builder, unless_saved};
 
 /// What one LoHa or LoKr module allocates, in bytes ([`module_forward`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,27 +90,16 @@ pub(crate) fn module_forward<'m>(
     keeps_graph: bool,
 ) {
     let at = Some(layer);
-    // A tensor of 0 bytes is not made: what the forward saves is made with the layer's
-    // saved tensors instead.
-    let alloc = |b: &mut Builder<'m>, name: &'static str, bytes: u64| {
-        (bytes > 0).then(|| b.alloc_in(name, None, at, Component::Transients, bytes, 1))
-    };
-    let unless = |saved: bool, bytes: u64| if saved { 0 } else { bytes };
-    let free = |b: &mut Builder<'m>, ts: &[Option<Tensor<'m>>]| {
-        for &t in ts.iter().flatten() {
-            b.free(t);
-        }
-    };
     match *m {
         DeltaModule::Hadamard { weight, x_cast } => {
-            let first = alloc(b, "LoHa w1a @ w1b", weight);
-            let second = alloc(b, "LoHa w2a @ w2b", weight);
-            let product = alloc(b, "LoHa product", weight);
-            free(b, &[first, second]);
-            let delta = alloc(b, "LoHa ΔW", unless(keeps_graph, weight));
-            free(b, &[product]);
-            let x = alloc(b, "LoHa x cast", unless(keeps_graph, x_cast));
-            free(b, &[delta, x]);
+            let first = b.module_tensor("LoHa w1a @ w1b", at, weight);
+            let second = b.module_tensor("LoHa w2a @ w2b", at, weight);
+            let product = b.module_tensor("LoHa product", at, weight);
+            b.free_made(&[first, second]);
+            let delta = b.module_tensor("LoHa ΔW", at, unless_saved(keeps_graph, weight));
+            b.free_made(&[product]);
+            let x = b.module_tensor("LoHa x cast", at, unless_saved(keeps_graph, x_cast));
+            b.free_made(&[delta, x]);
         }
         DeltaModule::Kronecker {
             w2,
@@ -122,14 +111,18 @@ pub(crate) fn module_forward<'m>(
             // Without autocast `F.linear` saves the scaled `kron` (ΔW) and the cast x
             // themselves; with it, their 16-bit copies.
             let saves_own = keeps_graph && weight_copy == 0;
-            let w2 = alloc(b, "LoKr w2", unless(keeps_graph, w2));
-            let product = alloc(b, "LoKr kron", kron);
-            let delta = alloc(b, "LoKr ΔW", unless(saves_own, kron));
-            free(b, &[product]);
-            let x = alloc(b, "LoKr x cast", unless(saves_own, x_cast));
-            let delta16 = alloc(b, "LoKr ΔW (autocast)", unless(keeps_graph, weight_copy));
-            let x16 = alloc(b, "LoKr x (autocast)", unless(keeps_graph, x_copy));
-            free(b, &[delta16, x, delta, x16, w2]);
+            let w2 = b.module_tensor("LoKr w2", at, unless_saved(keeps_graph, w2));
+            let product = b.module_tensor("LoKr kron", at, kron);
+            let delta = b.module_tensor("LoKr ΔW", at, unless_saved(saves_own, kron));
+            b.free_made(&[product]);
+            let x = b.module_tensor("LoKr x cast", at, unless_saved(saves_own, x_cast));
+            let delta16 = b.module_tensor(
+                "LoKr ΔW (autocast)",
+                at,
+                unless_saved(keeps_graph, weight_copy),
+            );
+            let x16 = b.module_tensor("LoKr x (autocast)", at, unless_saved(keeps_graph, x_copy));
+            b.free_made(&[delta16, x, delta, x16, w2]);
         }
     }
 }

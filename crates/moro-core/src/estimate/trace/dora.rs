@@ -32,7 +32,7 @@
 use crate::job::{Job, Quantization};
 use crate::model::Linear;
 
-use super::super::{Component, Regime};
+use super::super::Regime;
 use super::Builder;
 
 /// What one DoRA module allocates, in bytes ([`module_forward`]).
@@ -117,13 +117,10 @@ pub(crate) fn module_forward<'m>(
 ) {
     let layer = Some(layer);
     let mut held = Vec::new();
-    let alloc = |b: &mut Builder<'m>, name: &'static str, bytes: u64| {
-        (bytes > 0).then(|| b.alloc_in(name, None, layer, Component::Transients, bytes, 1))
-    };
-    let x_cast = alloc(b, "DoRA x cast", m.x_cast);
-    let dropped = alloc(b, "DoRA dropout(x)", m.dropped);
-    let eye = alloc(b, "DoRA identity", m.eye);
-    let eye_cast = alloc(b, "DoRA identity (autocast)", m.eye_cast);
+    let x_cast = b.module_tensor("DoRA x cast", layer, m.x_cast);
+    let dropped = b.module_tensor("DoRA dropout(x)", layer, m.dropped);
+    let eye = b.module_tensor("DoRA identity", layer, m.eye);
+    let eye_cast = b.module_tensor("DoRA identity (autocast)", layer, m.eye_cast);
     if let Some(t) = eye_cast {
         if keeps_graph {
             held.push(t);
@@ -131,7 +128,7 @@ pub(crate) fn module_forward<'m>(
             b.free(t);
         }
     }
-    let product = alloc(b, "DoRA lora_weight", m.product);
+    let product = b.module_tensor("DoRA lora_weight", layer, m.product);
     if let Some(t) = eye {
         // Without a 16-bit copy, `lora_A`'s matmul saves the identity itself.
         if keeps_graph && eye_cast.is_none() {
@@ -140,7 +137,7 @@ pub(crate) fn module_forward<'m>(
             b.free(t);
         }
     }
-    match alloc(b, "DoRA lora_weight cast", m.product_cast) {
+    match b.module_tensor("DoRA lora_weight cast", layer, m.product_cast) {
         Some(cast) => {
             held.push(cast);
             if let Some(t) = product {
@@ -149,37 +146,37 @@ pub(crate) fn module_forward<'m>(
         }
         None => held.extend(product),
     }
-    let dequantized = alloc(b, "DoRA dequantized weight", m.dequantized);
-    held.extend(alloc(b, "DoRA weight copy", m.weight_copy));
+    let dequantized = b.module_tensor("DoRA dequantized weight", layer, m.dequantized);
+    held.extend(b.module_tensor("DoRA weight copy", layer, m.weight_copy));
     if let Some(t) = dequantized {
         b.free(t);
     }
-    let scaled = alloc(b, "DoRA scaling * lora_weight", m.weight_sized);
-    let sum = alloc(b, "DoRA weight + scaled", m.weight_sized);
+    let scaled = b.module_tensor("DoRA scaling * lora_weight", layer, m.weight_sized);
+    let sum = b.module_tensor("DoRA weight + scaled", layer, m.weight_sized);
     for t in [scaled, sum].into_iter().flatten() {
         b.free(t);
     }
     // With dropout, `base_result = F.linear(dropout(x), weight)`; what it saves for its
     // backward is counted with the layer's saved tensors.
-    let weight_cast = alloc(b, "DoRA weight (autocast)", m.weight_cast);
-    let base_result = alloc(b, "DoRA base_result", m.base_result);
+    let weight_cast = b.module_tensor("DoRA weight (autocast)", layer, m.weight_cast);
+    let base_result = b.module_tensor("DoRA base_result", layer, m.base_result);
     if let Some(t) = weight_cast {
         b.free(t);
     }
     // `(m − 1) · base_result`, `m · lora_result`, `· scaling`, then their sum.
-    let first = alloc(b, "DoRA result", m.result);
-    let second = alloc(b, "DoRA result", m.result);
-    let scaled_result = alloc(b, "DoRA result", m.result);
+    let first = b.module_tensor("DoRA result", layer, m.result);
+    let second = b.module_tensor("DoRA result", layer, m.result);
+    let scaled_result = b.module_tensor("DoRA result", layer, m.result);
     if let Some(t) = second {
         b.free(t);
     }
-    let dora = alloc(b, "DoRA result", m.result);
+    let dora = b.module_tensor("DoRA result", layer, m.result);
     for t in [first, scaled_result].into_iter().flatten() {
         b.free(t);
     }
     b.free_all(held);
     // `result + result_dora`, out of place, then the cast back to the base output's dtype.
-    let out = alloc(b, "DoRA output", m.result);
+    let out = b.module_tensor("DoRA output", layer, m.result);
     for t in [dora, out, base_result, dropped, x_cast]
         .into_iter()
         .flatten()

@@ -8,6 +8,7 @@
 //! moro's traces to the allocation sequences of the real step recorded on fake CUDA tensors
 //! (`calibration/step_events.py`).
 
+mod boft;
 mod chunked_nll;
 mod decoder_layer;
 mod delta_weight;
@@ -322,6 +323,24 @@ impl<'m> Builder<'m> {
         self.push(Op::Free, &t);
     }
 
+    /// Makes one of a PEFT module's tensors in decoder layer `layer`, or nothing for 0 bytes
+    /// (what the forward saves is made with the layer's saved tensors instead).
+    pub(crate) fn module_tensor(
+        &mut self,
+        name: &'static str,
+        layer: Option<u64>,
+        bytes: u64,
+    ) -> Option<Tensor<'m>> {
+        (bytes > 0).then(|| self.alloc_in(name, None, layer, Component::Transients, bytes, 1))
+    }
+
+    /// Releases the tensors of `ts` that [`Self::module_tensor`] made.
+    pub(crate) fn free_made(&mut self, ts: &[Option<Tensor<'m>>]) {
+        for &t in ts.iter().flatten() {
+            self.free(t);
+        }
+    }
+
     /// Releases every tensor of `ts`.
     pub(crate) fn free_all(&mut self, ts: Vec<Tensor<'m>>) {
         for t in ts {
@@ -375,6 +394,12 @@ impl<'m> Builder<'m> {
             op_by_op: false,
         }
     }
+}
+
+/// `bytes`, or 0 where the forward `saved` it: a module's tensor made with its layer's
+/// saved tensors instead ([`Builder::module_tensor`]).
+pub(crate) const fn unless_saved(saved: bool, bytes: u64) -> u64 {
+    if saved { 0 } else { bytes }
 }
 
 #[cfg(test)]

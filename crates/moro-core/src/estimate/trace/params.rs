@@ -127,6 +127,15 @@ pub(super) fn params<'m>(model: &'m ModelSpec, job: &Job, r: &Regime) -> Vec<Par
             ..outside("vera_A and vera_B", vera / 4, false)
         });
     }
+    // BOFT's permutations, one fp32 buffer per adapted Linear, where the trainer moved them
+    // to the GPU ([`weights::boft_permutations`]); buffers come after the parameters.
+    for bytes in weights::boft_permutations(model, job) {
+        out.push(Param {
+            dtype_bytes: 4,
+            peft_extra: true,
+            ..outside("boft_P", bytes / 4, false)
+        });
+    }
     // Prompt tuning's `PromptEmbedding` and prefix tuning's `PrefixEncoder`: the
     // `prompt_encoder` PEFT registers after the base model ([`weights::lora_tensors`]).
     if job.method.is_peft() && job.adapter.method.uses_virtual_tokens() {

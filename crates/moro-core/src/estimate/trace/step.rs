@@ -43,6 +43,7 @@ use super::super::activations::Activations;
 use super::super::optimizer::{self, Trainable};
 use super::super::regime::grad_bytes;
 use super::super::{Component, DeviceProfile, Phase, PhaseBytes, Regime, weights};
+use super::boft::{self, BoftModule};
 use super::chunked_nll::ChunkedNll;
 use super::decoder_layer::{self, DecoderLayer, Grads, Kept, Mode};
 use super::delta_weight::{self, DeltaModule};
@@ -365,6 +366,8 @@ enum ModuleForward {
     Dora(DoraModule),
     /// LoHa's or LoKr's ΔW ([`delta_weight::module_forward`]).
     Delta(DeltaModule),
+    /// BOFT's rotation ([`boft::module_forward`]).
+    Boft(BoftModule),
 }
 
 impl ModuleForward {
@@ -373,6 +376,7 @@ impl ModuleForward {
         match self {
             Self::Dora(m) => dora::module_forward(b, m, layer, keeps_graph),
             Self::Delta(m) => delta_weight::module_forward(b, m, layer, keeps_graph),
+            Self::Boft(m) => boft::module_forward(b, m, layer, keeps_graph),
         }
     }
 }
@@ -439,6 +443,9 @@ impl<'m, 'j> Step<'m, 'j> {
                     .filter_map(|l| {
                         if job.adapter.dora {
                             Some(ModuleForward::Dora(DoraModule::of(l, job, r, t)))
+                        } else if job.adapter.method == PeftKind::Boft {
+                            let boft = super::super::boft::Boft::new(job, r);
+                            Some(ModuleForward::Boft(BoftModule::of(l, &boft, t)))
                         } else {
                             DeltaModule::of(l, job, r, t).map(ModuleForward::Delta)
                         }
