@@ -69,6 +69,7 @@ def install_config(spec: dict) -> None:
         "LN_TUNING": peft.LNTuningConfig,
         "OFT": peft.OFTConfig,
         "BOFT": peft.BOFTConfig,
+        "ADALORA": peft.AdaLoraConfig,
     }
     cls = classes[kind]
 
@@ -83,6 +84,41 @@ def install_config(spec: dict) -> None:
         always_apply_module_dropout(kind)
     if kind == "BOFT":
         place_boft_permutations()
+    if kind == "ADALORA":
+        allocate_ranks_after_each_step()
+
+
+def allocate_ranks_after_each_step() -> None:
+    """AdaLoRA's loop calls `model.base_model.update_and_allocate(step)` after
+    `optimizer.step()` and before `zero_grad()` (PEFT's docs and its MetaMathQA benchmark):
+    the `RankAllocator` then keeps, per `lora_` parameter, its importance and two smoothed
+    copies (`update_ipt`). The oracle's loop steps a `torch.optim.AdamW`, so its `step` is
+    wrapped to make that call too. Masking (`mask_to_budget`, after `tinit` steps) reads
+    scores as numbers, which fake tensors do not hold: the traced jobs set `tinit` past the
+    steps they run."""
+    import peft
+    import torch
+
+    build = peft.get_peft_model
+    models = []
+
+    def get_peft_model(*args, **kwargs):
+        model = build(*args, **kwargs)
+        models.append(model)
+        return model
+
+    peft.get_peft_model = get_peft_model
+    step = torch.optim.AdamW.step
+    done = [0]
+
+    def step_and_allocate(self, *args, **kwargs):
+        out = step(self, *args, **kwargs)
+        done[0] += 1
+        for model in models:
+            model.base_model.update_and_allocate(done[0])
+        return out
+
+    torch.optim.AdamW.step = step_and_allocate
 
 
 def place_boft_permutations() -> None:

@@ -29,6 +29,7 @@ and reserved peaks; `--matrix` regenerates its fixture,
   $PY calibration/step_events.py --matrix-peft-prompt
   $PY calibration/step_events.py --matrix-peft-ln
   $PY calibration/step_events.py --matrix-peft-boft
+  $PY calibration/step_events.py --matrix-peft-adalora
 
 `--matrix-lengths` writes `validation/oracle-traces/step-events-lengths.jsonl` (compact): five
 jobs trained on 16 batches of varying length (`--lengths L1,L2,...`: one step per length).
@@ -42,6 +43,9 @@ same models, each building a weight-sized tensor per adapted module in every for
 (50 and 200, without: PEFT refuses it with checkpointing) on the same models.
 `--matrix-peft-ln` writes `validation/oracle-traces/step-events-peft-ln.jsonl` (compact): LN
 tuning on the same models, with and without checkpointing.
+`--matrix-peft-adalora` writes `validation/oracle-traces/step-events-peft-adalora.jsonl`
+(compact): AdaLoRA (init_r 64 and 16, `update_and_allocate` after each optimizer step, before
+any masking) on the same models, with and without checkpointing.
 `--matrix-peft-boft` writes `validation/oracle-traces/step-events-peft-boft.jsonl` (compact):
 BOFT (block size 4 with one butterfly factor, 16 with two, its CUDA extension's block-diagonal
 output stood in for on fake tensors) on the same models, with and without checkpointing.
@@ -472,6 +476,24 @@ PEFT_WEIGHT_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces",
                                    "step-events-peft-weight.jsonl")
 
 
+def peft_adalora_args(rank, ckpt, model="meta-llama--Llama-3.1-8B"):
+    """AdaLoRA (`--matrix-peft-adalora`) at `init_r` `rank` on q and v of a model cut to 2
+    layers, bf16-mixed, 1 x 512; `tinit` past the two steps (no masking yet)."""
+    spec = {"peft_type": "ADALORA", "init_r": rank, "target_r": rank // 2, "total_step": 1000,
+            "tinit": 100, "tfinal": 100, "lora_alpha": 2 * rank,
+            "target_modules": ["q_proj", "v_proj"]}
+    a = job_args(model, "lora", ckpt)[:-2]
+    label = "%s-L2-adalora%d-b1s512%s" % (model, rank, "-ckpt" if ckpt else "")
+    return a + ["--adamw-impl", "fused", "--peft", json.dumps(spec), "--label", label]
+
+
+PEFT_ADALORA_MATRIX = [peft_adalora_args(r, c, m)
+                       for m in ("meta-llama--Llama-3.1-8B", "Qwen--Qwen2.5-7B")
+                       for r in (64, 16) for c in (True, False)]
+PEFT_ADALORA_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces",
+                                    "step-events-peft-adalora.jsonl")
+
+
 def peft_boft_args(block, ckpt, model="meta-llama--Llama-3.1-8B", factor=1):
     """BOFT (`--matrix-peft-boft`) on q and v of a model cut to 2 layers, bf16-mixed, 1 x 512,
     blocks of `block` (PEFT's MetaMathQA setting: 4), `factor` butterfly factors."""
@@ -636,6 +658,7 @@ def main():
         "--matrix-peft-prompt": (PEFT_PROMPT_MATRIX, PEFT_PROMPT_FIXTURE, True),
         "--matrix-peft-ln": (PEFT_LN_MATRIX, PEFT_LN_FIXTURE, True),
         "--matrix-peft-boft": (PEFT_BOFT_MATRIX, PEFT_BOFT_FIXTURE, True),
+        "--matrix-peft-adalora": (PEFT_ADALORA_MATRIX, PEFT_ADALORA_FIXTURE, True),
     }
     if len(argv) == 1 and argv[0] in matrices:
         jobs, fixture, compact_rows = matrices[argv[0]]

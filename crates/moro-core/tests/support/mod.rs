@@ -289,7 +289,7 @@ pub fn oracle_step_job(
 }
 
 /// The PEFT method of a row `peft_trace.py`'s `--peft` spec built (IA³, VeRA, LN tuning,
-/// LoHa, LoKr, OFT, BOFT),
+/// LoHa, LoKr, OFT, BOFT, AdaLoRA at its `init_r`),
 /// over `settings`; LoRA (no spec) as it is.
 fn with_peft(settings: JobSettings, spec: &Value) -> JobSettings {
     use moro_core::job::PeftKind;
@@ -306,14 +306,21 @@ fn with_peft(settings: JobSettings, spec: &Value) -> JobSettings {
         Some("LOKR") => PeftKind::LoKr,
         Some("OFT") => PeftKind::Oft,
         Some("BOFT") => PeftKind::Boft,
+        Some("ADALORA") => PeftKind::AdaLora,
         Some("PROMPT_TUNING") => PeftKind::PromptTuning,
         Some("PREFIX_TUNING") => PeftKind::PrefixTuning,
         _ => return settings,
     };
     JobSettings {
         peft: Some(kind),
-        lora_rank: spec["r"].as_u64().or(settings.lora_rank),
-        lora_alpha: spec["alpha"].as_f64().or(settings.lora_alpha),
+        lora_rank: spec["r"]
+            .as_u64()
+            .or(spec["init_r"].as_u64())
+            .or(settings.lora_rank),
+        lora_alpha: spec["alpha"]
+            .as_f64()
+            .or(spec["lora_alpha"].as_f64())
+            .or(settings.lora_alpha),
         decompose_factor: spec["decompose_factor"].as_u64(),
         boft_block_size: spec["boft_block_size"].as_u64(),
         boft_n_butterfly_factor: spec["boft_n_butterfly_factor"].as_u64(),

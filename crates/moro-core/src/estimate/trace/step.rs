@@ -60,13 +60,14 @@ pub fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
         Method::Adapters | Method::QuantizedAdapters => {
             let method_ok = match job.adapter.method {
                 PeftKind::Lora => !job.adapter.dora || job.quantization == Quantization::None,
-                // AdaLoRA's rank allocation runs between steps, outside the one the oracle
-                // records; lit-gpt's adapters are not PEFT's.
-                PeftKind::AdaLora | PeftKind::LlamaAdapter | PeftKind::AdapterV2 => false,
+                // lit-gpt's adapters are not PEFT's.
+                PeftKind::LlamaAdapter | PeftKind::AdapterV2 => false,
                 // The rest of PEFT's methods on an unquantized model: the layers' saved
                 // tensors are the formulas' ([`Activations`]): IA³'s and VeRA's vectors,
-                // LoHa's, LoKr's and OFT's weight-sized tensors (LoHa's and LoKr's ΔW built
-                // in each forward, `trace/delta_weight.rs`), LN tuning's norm copies, prompt
+                // AdaLoRA's dividend (its rank allocation after each optimizer step:
+                // [`Step::allocate_ranks`]), LoHa's, LoKr's, OFT's and BOFT's weight-sized
+                // tensors (LoHa's and LoKr's ΔW and BOFT's rotation built in each forward,
+                // `trace/delta_weight.rs`, `trace/boft.rs`), LN tuning's norm copies, prompt
                 // and prefix tuning's embedding over the prompt's tokens too
                 // ([`super::super::with_prompt_tokens`]; prefix tuning's keys and values
                 // among the saved tensors).
@@ -296,6 +297,7 @@ fn recorded_over_lengths<'m>(
         grads: vec![None; loading.ps.len()],
         states: Vec::new(),
         cublas: Vec::new(),
+        importance: Vec::new(),
     };
     let accum = usize::try_from(job.grad_accum.max(1)).unwrap_or(1);
     for (i, batches) in lengths.chunks(accum).enumerate() {
@@ -386,6 +388,9 @@ struct Held<'m> {
     grads: Vec<Option<Tensor<'m>>>,
     states: Vec<Tensor<'m>>,
     cublas: Vec<Tensor<'m>>,
+    /// AdaLoRA's importance, its smoothed copy and its uncertainty, three a `lora_`
+    /// parameter ([`Step::allocate_ranks`]).
+    importance: Vec<Tensor<'m>>,
 }
 
 /// What the forward leaves for the backward.
@@ -1078,6 +1083,54 @@ impl<'m, 'j> Step<'m, 'j> {
     /// The optimizer step: HF's parameter groups (weights with decay, then norms and
     /// biases), the states made in the first step; foreach AdamW's `_foreach_sqrt` copies of
     /// the second moments; `zero_grad(set_to_none=True)` (torch ≥ 2.0).
+    /// AdaLoRA's `update_and_allocate` after the optimizer step, before `zero_grad` (PEFT
+    /// 0.21.2 `tuners/adalora/layer.py` `RankAllocator.update_ipt`): for every `lora_`
+    /// parameter in `named_parameters` order, the first call makes `ipt`, `exp_avg_ipt` and
+    /// `exp_avg_unc` as zeros; then each is made anew from temporaries and replaces the one
+    /// before: `(p * p.grad).abs()`; `β₁ · avg + (1 − β₁) · ipt`; `β₂ · unc + (1 − β₂) ·
+    /// (ipt − avg).abs()`. Masking to the budget (`mask_to_budget`, after `tinit` steps)
+    /// makes score vectors of the ranks only and is not traced.
+    fn allocate_ranks(&self, b: &mut Builder<'m>, held: &mut Held<'m>) {
+        let first = held.importance.is_empty();
+        let mut k = 0;
+        for p in self
+            .ps
+            .iter()
+            .filter(|p| p.trainable && p.name.starts_with("lora_"))
+        {
+            let (n, e) = (p.numel, p.dtype_bytes);
+            let make = |b: &mut Builder<'m>, name| {
+                b.alloc_in(name, p.module, p.layer, Component::Transients, n, e)
+            };
+            let keep = |b: &mut Builder<'m>, name| {
+                b.alloc_in(name, p.module, p.layer, Component::OptimizerStates, n, e)
+            };
+            if first {
+                for name in ["ipt", "exp_avg_ipt", "exp_avg_unc"] {
+                    held.importance.push(keep(b, name));
+                }
+            }
+            let product = make(b, "p * p.grad");
+            let ipt = keep(b, "ipt");
+            b.free(product);
+            b.free(std::mem::replace(&mut held.importance[k], ipt));
+            let (x, y) = (make(b, "β₁ · exp_avg_ipt"), make(b, "(1 − β₁) · ipt"));
+            let avg = keep(b, "exp_avg_ipt");
+            b.free_all(vec![x, y]);
+            b.free(std::mem::replace(&mut held.importance[k + 1], avg));
+            let scaled = make(b, "β₂ · exp_avg_unc");
+            let difference = make(b, "ipt − exp_avg_ipt");
+            let magnitude = make(b, "|ipt − exp_avg_ipt|");
+            b.free(difference);
+            let weighted = make(b, "(1 − β₂) · |ipt − exp_avg_ipt|");
+            b.free(magnitude);
+            let unc = keep(b, "exp_avg_unc");
+            b.free_all(vec![scaled, weighted]);
+            b.free(std::mem::replace(&mut held.importance[k + 2], unc));
+            k += 3;
+        }
+    }
+
     fn optimizer_step(&self, b: &mut Builder<'m>, held: &mut Held<'m>, step: u8) {
         let (ps, job, r) = (&self.ps, self.job, self.r);
         b.at(Phase::OptimizerStep, step);
@@ -1130,6 +1183,9 @@ impl<'m, 'j> Step<'m, 'j> {
                 })
                 .collect();
             b.free_all(tmp);
+        }
+        if job.method.is_peft() && job.adapter.method == PeftKind::AdaLora {
+            self.allocate_ranks(b, held);
         }
         if !job.versions.zero_grad_keeps_grads() {
             for g in &mut held.grads {
