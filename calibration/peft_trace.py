@@ -126,17 +126,20 @@ def place_boft_permutations() -> None:
     (`BOFTLayer.update_layer`: `torch.empty(...)` in the default dtype) that PEFT never moves;
     the HF Trainer then moves the whole model to the GPU (`Trainer._move_model_to_device`),
     fp32 as made. The oracle builds PEFT's layers on the fake device in the base dtype, so
-    each `boft_P` is put back to fp32 there."""
+    each `boft_P` is put back to fp32 there; for a 4-bit base, which the Trainer does not
+    move, on the CPU, where `forward` copies it to the GPU (`self.boft_P.to(x)`)."""
     import peft
     import torch
 
     build = peft.get_peft_model
 
     def get_peft_model(*args, **kwargs):
+        quantized = getattr(args[0] if args else kwargs["model"], "is_loaded_in_4bit", False)
         model = build(*args, **kwargs)
         for module in model.modules():
             if isinstance(getattr(module, "boft_P", None), torch.Tensor):
-                module.boft_P = module.boft_P.to(torch.float32)
+                where = "cpu" if quantized else module.boft_P.device
+                module.boft_P = module.boft_P.to(where, torch.float32)
         return model
 
     peft.get_peft_model = get_peft_model
