@@ -29,6 +29,7 @@ and reserved peaks; `--matrix` regenerates its fixture,
   $PY calibration/step_events.py --matrix-peft-prompt
   $PY calibration/step_events.py --matrix-peft-ln
   $PY calibration/step_events.py --matrix-peft-boft
+  $PY calibration/step_events.py --matrix-peft-boft-qlora
   $PY calibration/step_events.py --matrix-peft-adalora
 
 `--matrix-lengths` writes `validation/oracle-traces/step-events-lengths.jsonl` (compact): five
@@ -494,13 +495,15 @@ PEFT_ADALORA_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces",
                                     "step-events-peft-adalora.jsonl")
 
 
-def peft_boft_args(block, ckpt, model="meta-llama--Llama-3.1-8B", factor=1):
-    """BOFT (`--matrix-peft-boft`) on q and v of a model cut to 2 layers, bf16-mixed, 1 x 512,
-    blocks of `block` (PEFT's MetaMathQA setting: 4), `factor` butterfly factors."""
+def peft_boft_args(block, ckpt, model="meta-llama--Llama-3.1-8B", factor=1, method="lora"):
+    """BOFT (`--matrix-peft-boft`, `--matrix-peft-boft-qlora`) on q and v of a model cut to 2
+    layers, bf16-mixed, 1 x 512, blocks of `block` (PEFT's MetaMathQA setting: 4), `factor`
+    butterfly factors, on a bf16 or (`method` qlora) a 4-bit base."""
     spec = {"peft_type": "BOFT", "boft_block_size": block, "boft_n_butterfly_factor": factor,
             "target_modules": ["q_proj", "v_proj"]}
-    a = job_args(model, "lora", ckpt)[:-2]
-    label = "%s-L2-boft%d-f%d-b1s512%s" % (model, block, factor, "-ckpt" if ckpt else "")
+    a = job_args(model, method, ckpt)[:-2]
+    label = "%s-L2-%sboft%d-f%d-b1s512%s" % (model, "q" if method == "qlora" else "", block,
+                                             factor, "-ckpt" if ckpt else "")
     return a + ["--adamw-impl", "fused", "--peft", json.dumps(spec), "--label", label]
 
 
@@ -509,6 +512,10 @@ PEFT_BOFT_MATRIX = [peft_boft_args(b, c, m, f)
                     for b, f in ((4, 1), (16, 2)) for c in (True, False)]
 PEFT_BOFT_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces",
                                  "step-events-peft-boft.jsonl")
+PEFT_BOFT_QLORA_MATRIX = [peft_boft_args(b, c, "meta-llama--Llama-3.1-8B", f, "qlora")
+                          for b, f, c in ((4, 1, True), (4, 1, False), (16, 2, False))]
+PEFT_BOFT_QLORA_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces",
+                                       "step-events-peft-boft-qlora.jsonl")
 
 
 def peft_prompt_args(kind, ckpt, model="meta-llama--Llama-3.1-8B", tokens=50):
@@ -658,6 +665,7 @@ def main():
         "--matrix-peft-prompt": (PEFT_PROMPT_MATRIX, PEFT_PROMPT_FIXTURE, True),
         "--matrix-peft-ln": (PEFT_LN_MATRIX, PEFT_LN_FIXTURE, True),
         "--matrix-peft-boft": (PEFT_BOFT_MATRIX, PEFT_BOFT_FIXTURE, True),
+        "--matrix-peft-boft-qlora": (PEFT_BOFT_QLORA_MATRIX, PEFT_BOFT_QLORA_FIXTURE, True),
         "--matrix-peft-adalora": (PEFT_ADALORA_MATRIX, PEFT_ADALORA_FIXTURE, True),
     }
     if len(argv) == 1 and argv[0] in matrices:

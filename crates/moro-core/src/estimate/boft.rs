@@ -34,6 +34,10 @@ pub(crate) struct Boft {
     pub(crate) stream: u64,
     /// Bytes per element of the `bmm` and `mm` outputs: 16-bit under autocast, else x's.
     pub(crate) matmul: u64,
+    /// Copies of the permutations the `bmm`s save: one (`boft_P.to(x)`, saved by both), or
+    /// under autocast with an fp32 x (a 4-bit base after `prepare_model_for_kbit_training`)
+    /// two, autocast's 16-bit casts of `Pᵀ` and `P`, one for each `bmm`.
+    pub(crate) permutation_copies: u64,
 }
 
 impl Boft {
@@ -43,18 +47,24 @@ impl Boft {
             factors: job.adapter.boft_butterfly_factor().max(1),
             stream: r.stream_bytes,
             matmul: if r.autocast { 2 } else { r.stream_bytes },
+            permutation_copies: if r.autocast && r.stream_bytes != 2 {
+                2
+            } else {
+                1
+            },
         }
     }
 
     /// The saved bytes of module `l` that do not grow with the tokens: the identity, the
-    /// permutations' copy, with D ≥ 2 the second `bmm`'s output and all products but the
-    /// last, and the rotation.
+    /// permutations' copies, with D ≥ 2 the second `bmm`'s output and all products but the
+    /// last, and the rotation, each in the matmuls' dtype (under autocast the 16-bit casts
+    /// are what is saved).
     #[must_use]
     pub(crate) fn saved(&self, l: &Linear) -> u64 {
         let square = l.in_features * l.in_features;
         let d = self.factors;
         let butterfly = if d >= 2 { 2 * d - 2 } else { 0 };
-        square * ((1 + d) * self.stream + butterfly * self.matmul) + self.rotation(l)
+        square * self.matmul * (1 + self.permutation_copies * d + butterfly) + self.rotation(l)
     }
 
     /// The rotation `x @ boft_rotation` saves, in × in.

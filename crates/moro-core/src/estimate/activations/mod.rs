@@ -144,7 +144,7 @@ pub(crate) const fn delta_weight_bytes(r: &Regime) -> u64 {
 
 /// What LoHa's, LoKr's and BOFT's first-layer modules would save for their input's gradient
 /// (`saves(l)` of each) where nothing asks for it: with the embedding frozen and nothing
-/// making it require grad (no checkpointing, no `prepare_model_for_kbit_training`), the
+/// making it require grad (no checkpointing, with which `enable_input_require_grads` comes), the
 /// first layer's hidden state has no gradient until an adapted module upstream in the layer
 /// gives it one, so `F.linear(x, ΔW)` keeps no ΔW and `x @ R` no rotation (autograd saves a
 /// tensor only for the gradients it will make). Counted only for a text decoder whose every layer is adapted;
@@ -161,7 +161,7 @@ fn first_layer_unsaved(
         Group::MlpIn | Group::Router => 2,
         Group::MlpOut => 3,
     };
-    let applies = job.method == Method::Adapters
+    let applies = job.method.is_peft()
         && job.adapter.method.first_layer_saves_less()
         && !job.gradient_checkpointing
         && job.adapted_layers.is_none()
