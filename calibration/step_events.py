@@ -29,7 +29,7 @@ and reserved peaks; `--matrix` regenerates its fixture,
   $PY calibration/step_events.py --matrix-peft-prompt
   $PY calibration/step_events.py --matrix-peft-ln
   $PY calibration/step_events.py --matrix-peft-boft
-  $PY calibration/step_events.py --matrix-peft-boft-qlora
+  $PY calibration/step_events.py --matrix-peft-qlora
   $PY calibration/step_events.py --matrix-peft-adalora
 
 `--matrix-lengths` writes `validation/oracle-traces/step-events-lengths.jsonl` (compact): five
@@ -50,6 +50,10 @@ any masking) on the same models, with and without checkpointing.
 `--matrix-peft-boft` writes `validation/oracle-traces/step-events-peft-boft.jsonl` (compact):
 BOFT (block size 4 with one butterfly factor, 16 with two, its CUDA extension's block-diagonal
 output stood in for on fake tensors) on the same models, with and without checkpointing.
+`--matrix-peft-qlora` writes `validation/oracle-traces/step-events-peft-qlora.jsonl` (compact):
+BOFT, OFT, IA³, VeRA and AdaLoRA on the 2-layer Llama-3.1-8B in NF4 (fp32 hidden states after
+`prepare_model_for_kbit_training`; BOFT's permutations on the host), with and without
+checkpointing: the methods the step trace leaves to the formulas on a 4-bit base.
 
 `--desc` adds `descs`: each allocation's op, dtype and shape as the tracker names them
 (`mm bfloat16 (2048, 4096)`; parameters and gradients have none), in allocation order, for
@@ -496,7 +500,7 @@ PEFT_ADALORA_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces",
 
 
 def peft_boft_args(block, ckpt, model="meta-llama--Llama-3.1-8B", factor=1, method="lora"):
-    """BOFT (`--matrix-peft-boft`, `--matrix-peft-boft-qlora`) on q and v of a model cut to 2
+    """BOFT (`--matrix-peft-boft`, `--matrix-peft-qlora`) on q and v of a model cut to 2
     layers, bf16-mixed, 1 x 512, blocks of `block` (PEFT's MetaMathQA setting: 4), `factor`
     butterfly factors, on a bf16 or (`method` qlora) a 4-bit base."""
     spec = {"peft_type": "BOFT", "boft_block_size": block, "boft_n_butterfly_factor": factor,
@@ -512,10 +516,31 @@ PEFT_BOFT_MATRIX = [peft_boft_args(b, c, m, f)
                     for b, f in ((4, 1), (16, 2)) for c in (True, False)]
 PEFT_BOFT_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces",
                                  "step-events-peft-boft.jsonl")
-PEFT_BOFT_QLORA_MATRIX = [peft_boft_args(b, c, "meta-llama--Llama-3.1-8B", f, "qlora")
-                          for b, f, c in ((4, 1, True), (4, 1, False), (16, 2, False))]
-PEFT_BOFT_QLORA_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces",
-                                       "step-events-peft-boft-qlora.jsonl")
+
+
+def peft_4bit_args(kind, ckpt):
+    """OFT, IA³, VeRA or AdaLoRA (`--matrix-peft-qlora`) on the 2-layer Llama-3.1-8B in NF4,
+    bf16-mixed, 1 x 512, as the unquantized matrices set them."""
+    spec = {"oft": {"peft_type": "OFT", "r": 32, "oft_block_size": 0,
+                    "target_modules": ["q_proj", "v_proj"]},
+            "ia3": {"peft_type": "IA3", "target_modules": ["k_proj", "v_proj", "down_proj"],
+                    "feedforward_modules": ["down_proj"]},
+            "vera": {"peft_type": "VERA", "r": 256, "target_modules": ["q_proj", "v_proj"]},
+            "adalora": {"peft_type": "ADALORA", "init_r": 64, "target_r": 32,
+                        "total_step": 1000, "tinit": 100, "tfinal": 100, "lora_alpha": 128,
+                        "target_modules": ["q_proj", "v_proj"]}}[kind]
+    model = "meta-llama--Llama-3.1-8B"
+    a = job_args(model, "qlora", ckpt)[:-2]
+    label = "%s-L2-q%s-b1s512%s" % (model, kind, "-ckpt" if ckpt else "")
+    return a + ["--adamw-impl", "fused", "--peft", json.dumps(spec), "--label", label]
+
+
+PEFT_QLORA_MATRIX = ([peft_boft_args(b, c, "meta-llama--Llama-3.1-8B", f, "qlora")
+                      for b, f, c in ((4, 1, True), (4, 1, False), (16, 2, False))]
+                     + [peft_4bit_args(k, c) for k in ("oft", "ia3", "vera", "adalora")
+                        for c in (True, False)])
+PEFT_QLORA_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces",
+                                  "step-events-peft-qlora.jsonl")
 
 
 def peft_prompt_args(kind, ckpt, model="meta-llama--Llama-3.1-8B", tokens=50):
@@ -665,7 +690,7 @@ def main():
         "--matrix-peft-prompt": (PEFT_PROMPT_MATRIX, PEFT_PROMPT_FIXTURE, True),
         "--matrix-peft-ln": (PEFT_LN_MATRIX, PEFT_LN_FIXTURE, True),
         "--matrix-peft-boft": (PEFT_BOFT_MATRIX, PEFT_BOFT_FIXTURE, True),
-        "--matrix-peft-boft-qlora": (PEFT_BOFT_QLORA_MATRIX, PEFT_BOFT_QLORA_FIXTURE, True),
+        "--matrix-peft-qlora": (PEFT_QLORA_MATRIX, PEFT_QLORA_FIXTURE, True),
         "--matrix-peft-adalora": (PEFT_ADALORA_MATRIX, PEFT_ADALORA_FIXTURE, True),
     }
     if len(argv) == 1 and argv[0] in matrices:

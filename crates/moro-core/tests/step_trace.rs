@@ -751,25 +751,24 @@ fn boft_is_traced() {
     assert_eq!(checked, 8);
 }
 
-/// BOFT on a 4-bit base (`calibration/step_events.py --matrix-peft-boft-qlora`), which the
-/// step trace leaves to the formulas: the 2-layer Llama-3.1-8B in NF4 after
-/// `prepare_model_for_kbit_training` (fp32 hidden states, so autocast casts the identity, the
-/// rotation and each `bmm`'s permutations to 16 bits and saves those casts), the permutation
+/// PEFT's methods on a 4-bit base (`calibration/step_events.py --matrix-peft-qlora`), which
+/// the step trace leaves to the formulas: BOFT (blocks of 4 with and without checkpointing,
+/// of 16 with two factors), OFT, IA³, VeRA and AdaLoRA with and without checkpointing, on the
+/// 2-layer Llama-3.1-8B in NF4 after `prepare_model_for_kbit_training` (fp32 hidden states,
+/// so autocast casts the matmuls' fp32 inputs to 16 bits; BOFT saves those casts of the
+/// identity, the rotation and the permutations, once for each `bmm`), BOFT's permutation
 /// buffers on the host. The estimate's allocated peak within 1 % of the oracle's: counting
-/// one fp32 copy of the permutations and a rotation in the first layer, it was about 3 % over.
+/// BOFT's one fp32 copy of the permutations and a rotation in the first layer, it was about
+/// 3 % over.
 #[test]
-fn boft_on_a_4bit_base_matches_the_oracle() {
-    let rows = include_str!("../../../validation/oracle-traces/step-events-peft-boft-qlora.jsonl");
+fn peft_methods_on_a_4bit_base_match_the_oracle() {
+    let rows = include_str!("../../../validation/oracle-traces/step-events-peft-qlora.jsonl");
     let mut checked = 0;
     for line in rows.lines() {
         let v: Value = serde_json::from_str(line).unwrap();
         let label = v["label"].as_str().unwrap();
         let (m, job, _, device) = support::oracle_step_job(&v);
-        assert_eq!(
-            job.adapter.method,
-            moro_core::job::PeftKind::Boft,
-            "{label}"
-        );
+        assert!(job.adapter.method.is_other_peft(), "{label}");
         assert!(
             job.quantization != moro_core::job::Quantization::None,
             "{label}"
@@ -782,7 +781,7 @@ fn boft_on_a_4bit_base_matches_the_oracle() {
         assert!(err.abs() < 0.01, "{label}: {err:+.4}");
         checked += 1;
     }
-    assert_eq!(checked, 3);
+    assert_eq!(checked, 11);
 }
 
 /// PEFT's prompt and prefix tuning (`calibration/step_events.py --matrix-peft-prompt`): 50
