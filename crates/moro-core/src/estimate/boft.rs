@@ -17,8 +17,13 @@
 //! - `x @ boft_rotation` (dropped), the frozen Linear's output, saved by `result * boft_scale`,
 //!   and that product in fp32 (`boft_scale` is an fp32 parameter), cast back to x's dtype.
 //!
-//! `validation/oracle-traces/step-events-peft-boft.jsonl` records these on fake tensors (with
-//! D = 2 through a stand-in for the CUDA extension's output). PEFT uses D = 1 whatever the
+//! Under autocast with an fp32 x (a 4-bit base after `prepare_model_for_kbit_training`) each
+//! matmul casts its fp32 inputs to 16 bits and saves those casts, the permutations once for
+//! each `bmm`.
+//!
+//! `validation/oracle-traces/step-events-peft-boft.jsonl` and `step-events-peft-qlora.jsonl`
+//! record these on fake tensors (with D = 2 through a stand-in for the CUDA extension's
+//! output). PEFT uses D = 1 whatever the
 //! config says when the extension does not build (`update_layer`); moro takes the config's D.
 
 use super::regime::Regime;
