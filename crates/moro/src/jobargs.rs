@@ -111,8 +111,9 @@ pub(crate) struct JobArgs {
     #[arg(long, value_parser = parse_quantization, help_heading = "Job")]
     pub(crate) quantization: Option<Quantization>,
     /// PEFT method of a lora/qlora job: lora; PEFT's ia3, vera, loha, lokr and oft (r =
-    /// --lora-rank), adalora (init_r = --lora-rank), ln-tuning, prompt-tuning, prefix-tuning;
-    /// or lit-gpt's adapter / adapter-v2 (LLaMA-Adapter; implies --stack litgpt) [default: lora].
+    /// --lora-rank), adalora (init_r = --lora-rank), boft (--boft-block-size), ln-tuning,
+    /// prompt-tuning, prefix-tuning; or lit-gpt's adapter / adapter-v2 (LLaMA-Adapter; implies
+    /// --stack litgpt) [default: lora].
     #[arg(long, value_parser = parse_peft, help_heading = "Job")]
     pub(crate) peft: Option<PeftKind>,
     /// LoRA rank [default: 16].
