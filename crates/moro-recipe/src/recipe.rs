@@ -106,7 +106,7 @@ pub struct ModelSection {
     pub boft_block_size: Option<u64>,
     /// BOFT's `boft_n_butterfly_factor` (PEFT `BOFTConfig`). Default: PEFT's 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = 16)))]
+    #[cfg_attr(feature = "schema", schemars(range(min = 1)))]
     pub boft_n_butterfly_factor: Option<u64>,
 }
 

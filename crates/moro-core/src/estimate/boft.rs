@@ -23,8 +23,8 @@
 //!
 //! `validation/oracle-traces/step-events-peft-boft.jsonl` and `step-events-peft-qlora.jsonl`
 //! record these on fake tensors (with D = 2 through a stand-in for the CUDA extension's
-//! output). PEFT uses D = 1 whatever the
-//! config says when the extension does not build (`update_layer`); moro takes the config's D.
+//! output). PEFT uses D = 1 whatever the config says when the extension does not build
+//! (`update_layer`); moro takes the config's D.
 
 use super::regime::Regime;
 use crate::job::{Job, PeftKind};

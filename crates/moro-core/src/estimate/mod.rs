@@ -743,10 +743,10 @@ fn training_phases(
     let dequant = weights::dequant_transient(model, job, regime);
     // DoRA's weight-norm transient (BOFT's rotation) exists in each adapted module's
     // forward, before the logits, and again in the recompute under checkpointing.
-    let dora_forward =
+    let module_forward =
         dora::forward_transient(model, job, regime) + boft::forward_transient(model, job, regime);
-    let dora_recompute = if job.gradient_checkpointing {
-        dora_forward
+    let module_recompute = if job.gradient_checkpointing {
+        module_forward
     } else {
         0
     };
@@ -792,7 +792,7 @@ fn training_phases(
                 cublas
                     + dequant
                         .max(head.forward_transient)
-                        .max(dora_forward.saturating_sub(head.forward_peak))
+                        .max(module_forward.saturating_sub(head.forward_peak))
                     + comm
                     + unit_at_loss,
             ),
@@ -891,7 +891,7 @@ fn training_phases(
                 cublas
                     + acts.layer_backward_transient.max(between_stacks)
                     + head.output_tangents
-                    + dequant.max(dora_recompute)
+                    + dequant.max(module_recompute)
                     + comm_bwd
                     + par.unit_grad_assembly
                     + unit,
@@ -922,7 +922,7 @@ fn training_phases(
                 cublas
                     + held_inputs
                     + acts.layer_backward_transient.max(tied)
-                    + dequant.max(dora_recompute)
+                    + dequant.max(module_recompute)
                     + comm_bwd
                     + par.unit_grad_assembly
                     + unit,

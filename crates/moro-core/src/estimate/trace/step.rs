@@ -436,6 +436,7 @@ impl<'m, 'j> Step<'m, 'j> {
             .flat_map(|g| std::iter::repeat_n(g, usize::try_from(g.count).unwrap_or(0)))
             .collect();
         let n_layers = layers.len().max(1) as u64;
+        let boft = super::super::boft::Boft::new(job, r);
         let modules_by_layer = layers
             .iter()
             .map(|g| {
@@ -449,7 +450,6 @@ impl<'m, 'j> Step<'m, 'j> {
                         if job.adapter.dora {
                             Some(ModuleForward::Dora(DoraModule::of(l, job, r, t)))
                         } else if job.adapter.method == PeftKind::Boft {
-                            let boft = super::super::boft::Boft::new(job, r);
                             Some(ModuleForward::Boft(BoftModule::of(l, &boft, t)))
                         } else {
                             DeltaModule::of(l, job, r, t).map(ModuleForward::Delta)
