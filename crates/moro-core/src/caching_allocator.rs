@@ -90,9 +90,20 @@ fn index(i: usize) -> u32 {
     u32::try_from(i).expect("fewer than 2^32 blocks")
 }
 
-/// A handle to an allocated block.
+/// A handle to an allocated block: its index plus one, so that `Option<Handle>` takes four
+/// bytes (a replay keeps one for every tensor it has made).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Handle(usize);
+pub struct Handle(std::num::NonZeroU32);
+
+impl Handle {
+    fn of(i: usize) -> Self {
+        Self(std::num::NonZeroU32::MIN.saturating_add(index(i)))
+    }
+
+    const fn index(self) -> usize {
+        (self.0.get() - 1) as usize
+    }
+}
 
 /// A cached free block: (stream, size, address, block index).
 type FreeKey = (Stream, u64, u64, usize);
@@ -251,18 +262,11 @@ impl CachingAllocator {
         let size = round_size(nbytes);
         let small = size <= SMALL_SIZE;
         let found = if small {
-            self.small_free
-                .iter()
-                .find(|p| p.stream == stream)
-                .and_then(|p| p.best_fit(size))
+            self.small_pool(stream).take(size)
         } else {
-            self.large_free
-                .iter()
-                .find(|p| p.stream == stream)
-                .and_then(|p| p.best_fit(size))
+            self.large_pool(stream).take(size)
         };
         let i = if let Some(i) = found {
-            self.uncache(i);
             if self.is_whole(i) {
                 self.idle -= self.blocks[i].size;
             }
@@ -306,27 +310,28 @@ impl CachingAllocator {
         self.allocated += self.blocks[i].size;
         self.peak_allocated = self.peak_allocated.max(self.allocated);
         self.peak_needed = self.peak_needed.max(self.reserved - self.idle);
-        Handle(i)
+        Handle::of(i)
     }
 
     /// `Tensor.record_stream(stream)`: the block is also used on `stream`, so a free waits
     /// for that stream's work (`recordStream` adds to `stream_uses`; its own stream is
     /// ignored).
     pub fn record_stream(&mut self, h: Handle, stream: Stream) {
-        if stream == self.blocks[h.0].stream {
+        let i = h.index();
+        if stream == self.blocks[i].stream {
             return;
         }
-        match self.uses.iter_mut().find(|u| u.0 == h.0) {
+        match self.uses.iter_mut().find(|u| u.0 == i) {
             Some((_, streams)) if !streams.contains(&stream) => streams.push(stream),
             Some(_) => {}
-            None => self.uses.push((h.0, vec![stream])),
+            None => self.uses.push((i, vec![stream])),
         }
     }
 
     /// Frees a block allocated by [`Self::malloc`] (once). It no longer counts as allocated;
     /// if it was used on other streams it is cached only once they [`Self::synchronize`].
     pub fn free(&mut self, h: Handle) {
-        let i = h.0;
+        let i = h.index();
         debug_assert!(!self.blocks[i].free, "double free");
         self.allocated -= self.blocks[i].size;
         if !self.uses.iter().any(|u| u.0 == i) {

@@ -37,7 +37,9 @@ type Entry = (u64, u64, u32);
 /// moves nothing (in the middle it moves the shorter side).
 const FEW: usize = 128;
 
-/// One class's blocks by size, then address.
+/// One class's blocks: a few from the largest size and highest address down (the block a
+/// request takes is then near the end, and a vector moves little), many in a ring buffer
+/// from the smallest size and lowest address up (taken from the front).
 #[derive(Debug, Clone)]
 enum Class {
     Few(Vec<Entry>),
@@ -50,16 +52,29 @@ impl Default for Class {
     }
 }
 
+/// A few entries in the ring buffer's order.
+fn ascending(mut v: Vec<Entry>) -> VecDeque<Entry> {
+    v.reverse();
+    v.into()
+}
+
+/// A ring buffer's entries in the order of a few.
+fn descending(ring: VecDeque<Entry>) -> Vec<Entry> {
+    let mut v: Vec<Entry> = ring.into();
+    v.reverse();
+    v
+}
+
 impl Class {
     fn insert(&mut self, e: Entry) {
         if let Self::Few(v) = self
             && v.len() >= FEW
         {
-            *self = Self::Many(std::mem::take(v).into());
+            *self = Self::Many(ascending(std::mem::take(v)));
         }
         match self {
             Self::Few(v) => {
-                let at = v.partition_point(|x| (x.0, x.1) < (e.0, e.1));
+                let at = v.partition_point(|x| (x.0, x.1) > (e.0, e.1));
                 v.insert(at, e);
             }
             Self::Many(ring) => {
@@ -73,7 +88,7 @@ impl Class {
     fn remove(&mut self, size: u64, addr: u64) -> bool {
         match self {
             Self::Few(v) => {
-                if let Ok(at) = v.binary_search_by(|x| (x.0, x.1).cmp(&(size, addr))) {
+                if let Ok(at) = v.binary_search_by(|x| (size, addr).cmp(&(x.0, x.1))) {
                     v.remove(at);
                 }
                 v.is_empty()
@@ -83,7 +98,7 @@ impl Class {
                     ring.remove(at);
                 }
                 if ring.len() < FEW / 4 {
-                    *self = Self::Few(std::mem::take(ring).into());
+                    *self = Self::Few(descending(std::mem::take(ring)));
                 }
                 self.is_empty()
             }
@@ -97,17 +112,28 @@ impl Class {
         }
     }
 
-    /// The first block of at least `size` bytes.
-    fn at_least(&self, size: u64) -> Option<u32> {
+    /// Removes and returns the first block of at least `size` bytes: the smallest, the
+    /// lowest address among equal sizes.
+    fn take_at_least(&mut self, size: u64) -> Option<u32> {
         match self {
-            Self::Few(v) => v.get(v.partition_point(|x| x.0 < size)).map(|x| x.2),
-            Self::Many(ring) => ring.get(ring.partition_point(|x| x.0 < size)).map(|x| x.2),
+            Self::Few(v) => {
+                let at = v.partition_point(|x| x.0 >= size);
+                (at > 0).then(|| v.remove(at - 1).2)
+            }
+            Self::Many(ring) => {
+                let at = ring.partition_point(|x| x.0 < size);
+                let taken = ring.remove(at).map(|x| x.2);
+                if ring.len() < FEW / 4 {
+                    *self = Self::Few(descending(std::mem::take(ring)));
+                }
+                taken
+            }
         }
     }
 
     fn entries(&self) -> Box<dyn Iterator<Item = &Entry> + '_> {
         match self {
-            Self::Few(v) => Box::new(v.iter()),
+            Self::Few(v) => Box::new(v.iter().rev()),
             Self::Many(ring) => Box::new(ring.iter()),
         }
     }
@@ -167,13 +193,34 @@ impl LargePool {
         }
     }
 
-    /// The smallest cached block of at least `size` bytes, the lowest address first: in
-    /// `size`'s own class, else the first of the next class that holds one.
-    pub(super) fn best_fit(&self, size: u64) -> Option<usize> {
+    /// Removes and returns the smallest cached block of at least `size` bytes, the lowest
+    /// address first: in `size`'s own class, else the first of the next class that holds one.
+    pub(super) fn take(&mut self, size: u64) -> Option<usize> {
         let c = class(size);
-        if let Some(i) = self.list(c).and_then(|own| own.at_least(size)) {
-            return Some(i as usize);
+        let own = self.list_mut(c).and_then(|own| {
+            let i = own.take_at_least(size)?;
+            Some((i, own.is_empty()))
+        });
+        let (k, (i, emptied)) = match own {
+            Some(taken) => (c, taken),
+            None => {
+                let k = self.next_occupied(c)?;
+                let list = self.list_mut(k)?;
+                let i = list.take_at_least(0)?;
+                (k, (i, list.is_empty()))
+            }
+        };
+        if emptied {
+            self.occupied[k / 64] &= !(1 << (k % 64));
+            if self.occupied[k / 64] == 0 {
+                self.words &= !(1 << (k / 64));
+            }
         }
+        Some(i as usize)
+    }
+
+    /// The first class above `c` that holds a block.
+    fn next_occupied(&self, c: usize) -> Option<usize> {
         let above = |x: u64, from: usize| x & u64::MAX.checked_shl(from as u32).unwrap_or(0);
         let mut w = c / 64;
         let mut bits = above(self.occupied[w], c % 64 + 1);
@@ -185,8 +232,7 @@ impl LargePool {
             w = later.trailing_zeros() as usize;
             bits = self.occupied[w];
         }
-        let k = w * 64 + bits.trailing_zeros() as usize;
-        self.list(k)?.at_least(0).map(|i| i as usize)
+        Some(w * 64 + bits.trailing_zeros() as usize)
     }
 
     pub(super) fn blocks(&self) -> Vec<(u64, usize)> {
@@ -199,6 +245,7 @@ impl LargePool {
             .collect()
     }
 
+    #[cfg(test)]
     fn list(&self, c: usize) -> Option<&Class> {
         let k = *self.slot.get(c)?;
         self.lists.get(k as usize)
@@ -216,24 +263,25 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
-    /// The smallest block that fits, the lowest address among equal sizes; a removed block
-    /// is no longer offered.
+    /// The smallest block that fits, the lowest address among equal sizes; a taken or
+    /// removed block is no longer offered.
     #[test]
-    fn best_fit_is_the_smallest_then_the_lowest_address() {
+    fn take_is_the_smallest_then_the_lowest_address() {
         let mut p = LargePool::new(Stream::COMPUTE);
-        assert_eq!(p.best_fit(2 * MIB), None);
+        assert_eq!(p.take(2 * MIB), None);
         p.insert(40 * MIB, 0, 1);
         p.insert(8 * MIB, 900 * MIB, 2);
         p.insert(8 * MIB, 500 * MIB, 3);
         p.insert(3 * MIB, 700 * MIB, 4);
-        assert_eq!(p.best_fit(2 * MIB), Some(4));
-        assert_eq!(p.best_fit(4 * MIB), Some(3), "lowest address of the size");
+        p.insert(8 * MIB, 100 * MIB, 5);
+        assert_eq!(p.take(2 * MIB), Some(4));
+        assert_eq!(p.take(4 * MIB), Some(5), "lowest address of the size");
         p.remove(8 * MIB, 500 * MIB);
-        assert_eq!(p.best_fit(4 * MIB), Some(2));
-        p.remove(8 * MIB, 900 * MIB);
-        assert_eq!(p.best_fit(4 * MIB), Some(1));
-        assert_eq!(p.best_fit(41 * MIB), None);
-        assert_eq!(p.blocks(), [(3 * MIB, 4), (40 * MIB, 1)]);
+        assert_eq!(p.take(4 * MIB), Some(2));
+        assert_eq!(p.blocks(), [(40 * MIB, 1)]);
+        assert_eq!(p.take(41 * MIB), None);
+        assert_eq!(p.take(4 * MIB), Some(1), "the next occupied class");
+        assert_eq!(p.take(2 * MIB), None);
     }
 
     /// The same answers across the switch to a tree and back: sizes 2 MiB up, inserted out
@@ -249,7 +297,8 @@ mod tests {
         }
         // 11 MiB is the smallest size over 10 MiB; its lower address is the second block.
         let j = (0..n).find(|&j| size(j) == 11 * MIB).unwrap_or(0) as usize;
-        assert_eq!(p.best_fit(10 * MIB + 1), Some(2 * j + 1));
+        assert_eq!(p.take(10 * MIB + 1), Some(2 * j + 1));
+        p.insert(11 * MIB, 11 * MIB, 2 * j + 1);
         let blocks = p.blocks();
         assert_eq!(blocks.len(), 2 * n as usize);
         assert!(blocks.windows(2).all(|w| w[0].0 <= w[1].0));
@@ -258,7 +307,7 @@ mod tests {
             p.remove(size(j), size(j));
         }
         assert!(p.occupied.iter().all(|&w| w == 0));
-        assert_eq!(p.best_fit(MIB), None);
+        assert_eq!(p.take(MIB), None);
     }
 
     /// Thousands of blocks of one size (ZeRO-3's partitions) are served lowest address
@@ -272,11 +321,12 @@ mod tests {
         }
         p.insert(7 * MIB, 0, n as usize);
         assert!(matches!(p.list(class(6 * MIB)), Some(Class::Many(_))));
-        for j in 0..n {
-            assert_eq!(p.best_fit(5 * MIB), Some(j as usize));
-            p.remove(6 * MIB, j * 8 * MIB);
+        p.remove(6 * MIB, 8 * MIB);
+        assert_eq!(p.take(5 * MIB), Some(0));
+        for j in 2..n {
+            assert_eq!(p.take(5 * MIB), Some(j as usize));
         }
         assert!(matches!(p.list(class(6 * MIB)), Some(Class::Few(_))));
-        assert_eq!(p.best_fit(5 * MIB), Some(n as usize), "the next size up");
+        assert_eq!(p.take(5 * MIB), Some(n as usize), "the next size up");
     }
 }
