@@ -77,6 +77,10 @@ impl Class {
                 let at = v.partition_point(|x| (x.0, x.1) > (e.0, e.1));
                 v.insert(at, e);
             }
+            // Mostly returned at the back: no search then.
+            Self::Many(ring) if ring.back().is_none_or(|x| (x.0, x.1) < (e.0, e.1)) => {
+                ring.push_back(e);
+            }
             Self::Many(ring) => {
                 let at = ring.partition_point(|x| (x.0, x.1) < (e.0, e.1));
                 ring.insert(at, e);
@@ -328,5 +332,24 @@ mod tests {
         }
         assert!(matches!(p.list(class(6 * MIB)), Some(Class::Few(_))));
         assert_eq!(p.take(5 * MIB), Some(n as usize), "the next size up");
+    }
+
+    /// A crowded class filled from the back, then given a block in its middle, serves the
+    /// lowest address first.
+    #[test]
+    fn a_crowded_class_keeps_its_order() {
+        let mut p = LargePool::new(Stream::COMPUTE);
+        let n = 2 * FEW as u64;
+        for j in 0..n {
+            p.insert(6 * MIB, 16 * j * MIB, j as usize);
+        }
+        assert!(matches!(p.list(class(6 * MIB)), Some(Class::Many(_))));
+        p.insert(6 * MIB, 8 * MIB, n as usize);
+        assert_eq!(p.take(5 * MIB), Some(0));
+        assert_eq!(p.take(5 * MIB), Some(n as usize), "the middle one");
+        for j in 1..n {
+            assert_eq!(p.take(5 * MIB), Some(j as usize));
+        }
+        assert_eq!(p.take(5 * MIB), None);
     }
 }
