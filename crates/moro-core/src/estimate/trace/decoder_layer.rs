@@ -29,6 +29,10 @@
 //! stack makes the input embeddings require grad under checkpointing (TRL's
 //! `enable_input_require_grads`), the first layer computes its input's gradient too.
 //!
+//! Prompt tuning (PEFT 0.21 `PeftModelForCausalLM.forward`: the prompt's embedding
+//! concatenated before the sequence's) runs the same layer with no adapter, over the
+//! prompt's tokens too; the layer's input needs a gradient from the first layer on.
+//!
 //! A full fine-tune of a bf16 model without autocast runs the same layer with every
 //! projection and norm trainable and no adapters: each projection saves its 16-bit input for
 //! its weight's gradient, each norm its 16-bit cast, and the backward makes each weight's
@@ -61,21 +65,22 @@ const DOWN: usize = 6;
 /// adapters, on unquantized 16-bit weights (under bf16 autocast, or without it and without
 /// dropout; SDPA, flash-attn or eager attention) or on bitsandbytes 4-bit weights under
 /// bf16 autocast with SDPA or flash-attn, after PEFT's `prepare_model_for_kbit_training`
-/// (classic QLoRA) or as TRL prepares them (bf16 stream, norms and adapters); or a full
-/// fine-tune of a bf16 model without autocast (SDPA, flash-attn or eager); and a
+/// (classic QLoRA) or as TRL prepares them (bf16 stream, norms and adapters); prompt
+/// tuning on unquantized 16-bit weights (its embedding in any dtype: no layer reads it); or
+/// a full fine-tune of a bf16 model without autocast (SDPA, flash-attn or eager); and a
 /// Llama, Mistral, Qwen2 or Qwen3 layer (RMSNorm, the seven projections one Linear each, q,
 /// k or v adapted).
 #[must_use]
 pub(super) fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
-    let dense = job.method == Method::Adapters
+    let frozen_16_bit = job.method == Method::Adapters
         && job.quantization == Quantization::None
         && r.stream_bytes == 2
         && r.frozen_bytes == 2
-        && r.adapter_bytes == 4
         && matches!(
             job.attention,
             Attention::Sdpa | Attention::Flash | Attention::Eager
         );
+    let dense = frozen_16_bit && r.adapter_bytes == 4;
     // Classic QLoRA: fp32 stream, norms and adapters after `prepare_model_for_kbit_training`;
     // TRL's: no preparation, the stream and norms bf16, the adapters cast to bf16.
     let classic =
@@ -112,7 +117,10 @@ pub(super) fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
             .layers
             .first()
             .is_some_and(|g| g.linears.iter().take(3).any(|l| job.adapts(l)));
-    (lora || full)
+    // Prompt tuning: the frozen layers, whose input (the prompt's embedding and the
+    // sequence's) needs a gradient from the first layer on.
+    let prompt = frozen_16_bit && job.adapter.method == PeftKind::PromptTuning;
+    (lora || prompt || full)
         && job.padding == Padding::Packed
         && !job.liger.rms_norm
         && !job.liger.glu
@@ -1110,7 +1118,9 @@ impl DecoderLayer {
                 .layers
                 .first()
                 .and_then(|g| g.linears.iter().find(|l| l.name == n))
-                .is_some_and(|l| job.method.is_peft() && job.adapts(l))
+                .is_some_and(|l| {
+                    job.method.is_peft() && job.adapter.method == PeftKind::Lora && job.adapts(l)
+                })
         });
         let d = Dims {
             t: job.micro_batch_size * job.seq_len,
@@ -1183,7 +1193,9 @@ impl DecoderLayer {
             // gradient like any other.
             first: layer_forward(
                 &d,
-                !(d.full || job.gradient_checkpointing && job.stack.profile().peft_input_grads),
+                !(d.full
+                    || job.adapter.method == PeftKind::PromptTuning
+                    || job.gradient_checkpointing && job.stack.profile().peft_input_grads),
             ),
             rest: layer_forward(&d, false),
             params,

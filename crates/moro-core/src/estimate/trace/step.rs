@@ -70,7 +70,8 @@ pub fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
                 // `trace/delta_weight.rs`, `trace/boft.rs`), LN tuning's norm copies, prompt
                 // and prefix tuning's embedding over the prompt's tokens too
                 // ([`super::super::with_prompt_tokens`]; prefix tuning's keys and values
-                // among the saved tensors).
+                // among the saved tensors; prompt tuning's frozen layers op by op where
+                // [`decoder_layer`] models them).
                 _ => {
                     !job.adapter.dora
                         && job.method == Method::Adapters
