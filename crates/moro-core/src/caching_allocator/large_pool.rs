@@ -101,11 +101,18 @@ impl Class {
                 if let Ok(at) = ring.binary_search_by(|x| (x.0, x.1).cmp(&(size, addr))) {
                     ring.remove(at);
                 }
-                if ring.len() < FEW / 4 {
-                    *self = Self::Few(descending(std::mem::take(ring)));
-                }
+                self.thin();
                 self.is_empty()
             }
+        }
+    }
+
+    /// A ring buffer grown thin becomes a few again.
+    fn thin(&mut self) {
+        if let Self::Many(ring) = self
+            && ring.len() < FEW / 4
+        {
+            *self = Self::Few(descending(std::mem::take(ring)));
         }
     }
 
@@ -113,6 +120,14 @@ impl Class {
         match self {
             Self::Few(v) => v.is_empty(),
             Self::Many(ring) => ring.is_empty(),
+        }
+    }
+
+    /// Whether a block of at least `size` bytes is here.
+    fn has_at_least(&self, size: u64) -> bool {
+        match self {
+            Self::Few(v) => v.first().is_some_and(|x| x.0 >= size),
+            Self::Many(ring) => ring.back().is_some_and(|x| x.0 >= size),
         }
     }
 
@@ -127,9 +142,7 @@ impl Class {
             Self::Many(ring) => {
                 let at = ring.partition_point(|x| x.0 < size);
                 let taken = ring.remove(at).map(|x| x.2);
-                if ring.len() < FEW / 4 {
-                    *self = Self::Few(descending(std::mem::take(ring)));
-                }
+                self.thin();
                 taken
             }
         }
@@ -190,10 +203,15 @@ impl LargePool {
         if let Some(class) = self.list_mut(c)
             && class.remove(size, addr)
         {
-            self.occupied[c / 64] &= !(1 << (c % 64));
-            if self.occupied[c / 64] == 0 {
-                self.words &= !(1 << (c / 64));
-            }
+            self.vacate(c);
+        }
+    }
+
+    /// Class `c` holds no block any more.
+    const fn vacate(&mut self, c: usize) {
+        self.occupied[c / 64] &= !(1 << (c % 64));
+        if self.occupied[c / 64] == 0 {
+            self.words &= !(1 << (c / 64));
         }
     }
 
@@ -201,24 +219,14 @@ impl LargePool {
     /// address first: in `size`'s own class, else the first of the next class that holds one.
     pub(super) fn take(&mut self, size: u64) -> Option<usize> {
         let c = class(size);
-        let own = self.list_mut(c).and_then(|own| {
-            let i = own.take_at_least(size)?;
-            Some((i, own.is_empty()))
-        });
-        let (k, (i, emptied)) = match own {
-            Some(taken) => (c, taken),
-            None => {
-                let k = self.next_occupied(c)?;
-                let list = self.list_mut(k)?;
-                let i = list.take_at_least(0)?;
-                (k, (i, list.is_empty()))
-            }
+        let (k, size) = match self.list(c) {
+            Some(own) if own.has_at_least(size) => (c, size),
+            _ => (self.next_occupied(c)?, 0),
         };
-        if emptied {
-            self.occupied[k / 64] &= !(1 << (k % 64));
-            if self.occupied[k / 64] == 0 {
-                self.words &= !(1 << (k / 64));
-            }
+        let list = self.list_mut(k)?;
+        let i = list.take_at_least(size)?;
+        if list.is_empty() {
+            self.vacate(k);
         }
         Some(i as usize)
     }
@@ -249,7 +257,6 @@ impl LargePool {
             .collect()
     }
 
-    #[cfg(test)]
     fn list(&self, c: usize) -> Option<&Class> {
         let k = *self.slot.get(c)?;
         self.lists.get(k as usize)
