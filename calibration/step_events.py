@@ -320,7 +320,16 @@ H200_MATRIX = [
     ("moro-cal-04f2bd94cc", "mistralai--Mistral-7B-v0.3", "qlora", False, "step-events-h200.jsonl"),
     ("moro-cal-566e30cdce", "meta-llama--Llama-3.1-8B", "lora", True,
      "step-events-h200-dora.jsonl"),
+    ("moro-cal-d01d2061c2", "meta-llama--Llama-3.2-1B-Instruct", "full", False,
+     "step-events-h200-full.jsonl"),
+    ("moro-cal-8f7aee3b3a", "Qwen--Qwen2.5-1.5B", "full", False, "step-events-h200-full.jsonl"),
 ]
+# The full fine-tunes' harness settings (bf16 weights without autocast; the harness left
+# lm_head a parameter of its own, the rows' `model_overrides`), by H200 row.
+H200_FULL = {
+    "moro-cal-d01d2061c2": "fused",
+    "moro-cal-8f7aee3b3a": "foreach",
+}
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -342,10 +351,15 @@ def run_child(a):
     return json.loads(proc.stdout)
 
 
-def h200_args(model, method, dora):
+def h200_args(model, method, dora, h200_row=None):
     cfg = os.path.join(MODELS_DIR, model + ".json")
     if not os.path.exists(cfg):
         cfg = os.path.join(ROOT, "data", "models", model + ".json")
+    if method == "full":
+        return ["--config", cfg, "--override", "tie_word_embeddings=false", "--method", "full",
+                "--precision", "bf16", "--seq", "2048", "--batch", "1", "--steps", "2",
+                "--grad-ckpt", "--adamw-impl", H200_FULL[h200_row],
+                "--label", "%s-full-b1s2048-ckpt" % model]
     a = ["--config", cfg, "--method", method, "--precision", "bf16-mixed", "--seq", "2048",
          "--batch", "1", "--steps", "2", "--grad-ckpt", "--adamw-impl", "fused",
          "--lora-r", "16", "--lora-alpha", "32", "--lora-dropout", "0",
@@ -659,7 +673,7 @@ def main():
     if argv == ["--matrix-h200"]:
         rows = {}
         for h200_row, model, method, dora, fixture in H200_MATRIX:
-            row = compact(run_child(h200_args(model, method, dora)), h200_row)
+            row = compact(run_child(h200_args(model, method, dora, h200_row)), h200_row)
             rows.setdefault(fixture, []).append(json.dumps(row, separators=(",", ":")))
         for fixture, lines in rows.items():
             path = os.path.join(ROOT, "validation", "oracle-traces", fixture)

@@ -5,9 +5,10 @@
 //! The sequences (`validation/oracle-traces/step-events-h200*.jsonl`,
 //! `calibration/step_events.py --matrix-h200`) are every allocation and free of the real
 //! Hugging Face step — transformers 5.25, PEFT 0.21.2, bitsandbytes 0.50.2, torch 2.15 —
-//! run whole on fake CUDA tensors, with the settings of three H200 harness runs
+//! run whole on fake CUDA tensors, with the settings of five H200 harness runs
 //! (`validation/h200/`: Llama-3.1-8B LoRA, the same with DoRA, and Mistral-7B-v0.3 QLoRA,
-//! bf16-mixed, 1 × 2048 tokens, checkpointing, fused AdamW). The measurements were made with
+//! bf16-mixed, 1 × 2048 tokens, checkpointing, fused AdamW; two full fine-tunes in bf16
+//! without autocast). The measurements were made with
 //! torch 2.11 and transformers 5.17 on the GPU, so the sequences are near, not equal, to what
 //! ran there.
 
@@ -20,6 +21,11 @@ const SEQUENCES: [&str; 2] = [
     include_str!("../../../validation/oracle-traces/step-events-h200.jsonl"),
     include_str!("../../../validation/oracle-traces/step-events-h200-dora.jsonl"),
 ];
+/// Two full fine-tunes of bf16 models without autocast, as the harness ran them
+/// (`calibration/step_events.py --matrix-h200`): Llama-3.2-1B-Instruct with fused AdamW and
+/// Qwen2.5-1.5B with foreach AdamW, lm_head untied, 1 × 2048, checkpointing.
+const FULL_SEQUENCES: &str =
+    include_str!("../../../validation/oracle-traces/step-events-h200-full.jsonl");
 const H200: [&str; 2] = [
     include_str!("../../../validation/h200/measured.jsonl"),
     include_str!("../../../validation/h200/settings.jsonl"),
@@ -74,4 +80,38 @@ fn the_real_sequence_reaches_the_measured_reserved_level() {
         checked += 1;
     }
     assert_eq!(checked, 3);
+}
+
+/// The full fine-tunes' real sequences: allocated within 0.6 % of the H200's. Replayed,
+/// Qwen2.5-1.5B's reserved level is 0.4 % under the measured one, and Llama-3.2-1B's 7.3 %
+/// under (14.11 GB against 15.23): the GPU cached one more segment the size of the fp32
+/// logits (1,002 MiB) than the step's own allocations and the allocator model account for.
+/// moro's trace follows this sequence (`step_trace.rs`), so its estimate of that row is
+/// under by as much; what the GPU run added is not in the sequence the oracle records.
+#[test]
+fn the_full_fine_tunes_real_sequences_against_the_h200() {
+    let mut checked = 0;
+    for line in FULL_SEQUENCES.lines() {
+        let row: Value = serde_json::from_str(line).expect("sequence");
+        let h200 = row["h200_row"].as_str().expect("h200 row");
+        let (allocated, reserved) = replay(&row);
+        #[allow(clippy::cast_precision_loss)]
+        let (allocated, reserved) = (allocated as f64, reserved as f64);
+        let ea = allocated / measured(h200, "allocated") - 1.0;
+        let er = reserved / measured(h200, "reserved") - 1.0;
+        eprintln!(
+            "{h200}: allocated {:+.2} %, reserved {:+.2} %",
+            ea * 100.0,
+            er * 100.0
+        );
+        assert!(ea.abs() <= 0.006, "{h200}: allocated {ea}");
+        let one_segment_more = h200 == "moro-cal-d01d2061c2";
+        if one_segment_more {
+            assert!((-0.08..=-0.065).contains(&er), "{h200}: reserved {er}");
+        } else {
+            assert!(er.abs() <= 0.005, "{h200}: reserved {er}");
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 2);
 }
