@@ -619,6 +619,53 @@ fn lora_layers_are_traced_op_by_op() {
     assert!(err(reserved, want_reserved).abs() <= 0.005);
 }
 
+/// The H200's full fine-tunes of Llama-3.2-1B-Instruct and Qwen2.5-1.5B (bf16 weights
+/// without autocast, 1 × 2048, checkpointing; `step-events-h200-full.jsonl`, the real HF step
+/// of the harness's job on fake tensors): moro's trace of each row's job, replayed from the
+/// reset after loading, reaches the real sequence's allocated peak within 0.01 %, and
+/// Qwen2.5-1.5B's reserved peak within 0.1 %. Llama-3.2-1B's reserved level sits on an edge:
+/// whether the fourth fp32 logits-sized block (1,002 MiB) finds a cached segment turns on a
+/// few MiB placed earlier. Without the cuBLAS workspace (as here) moro's trace reserves 1,000
+/// MiB more than the real sequence (15.16 GB against 14.11); with it, as the estimate
+/// counts it, the trace reserves 14.18 GB and the real sequence with a 32 MiB workspace 14.15.
+/// Before the copies `ViewBackward0` makes of q's and k's gradients were traced, the two
+/// flipped the other way (14.10 and 15.23 GB, the latter the H200's own measurement).
+#[test]
+fn full_fine_tunes_follow_the_h200_sequences() {
+    use moro_core::validation::{CatalogModels, explain};
+    let h200 = include_str!("../../../validation/h200/measured.jsonl");
+    let mut checked = 0;
+    for line in
+        include_str!("../../../validation/oracle-traces/step-events-h200-full.jsonl").lines()
+    {
+        let whole: Value = serde_json::from_str(line).unwrap();
+        let row = whole["h200_row"].as_str().unwrap();
+        let x = explain(h200, &CatalogModels, &format!("{row}-reserved")).unwrap();
+        let regime = Regime::resolve(&x.model, &x.job);
+        let trace = step::trace(&x.model, &x.job, &regime, &no_cublas()).unwrap();
+        assert!(trace.op_by_op, "{row}");
+        let (want_alloc, want_reserved) = replay_compact(&whole);
+        let (alloc, reserved) = replay_after_load(&trace);
+        #[allow(clippy::cast_precision_loss)]
+        let err = |a: u64, b: u64| a as f64 / b as f64 - 1.0;
+        let (ea, er) = (err(alloc, want_alloc), err(reserved, want_reserved));
+        eprintln!(
+            "{row}: allocated {:+.3} %, reserved {:+.3} %",
+            ea * 100.0,
+            er * 100.0
+        );
+        assert!(ea.abs() <= 0.0001, "{row}: allocated {ea}");
+        if row == "moro-cal-d01d2061c2" {
+            // 1,000 MiB more: the logits-sized segment, less what the others then leave.
+            assert_eq!(reserved - want_reserved, 1000 << 20, "{row}");
+        } else {
+            assert!(er.abs() <= 0.001, "{row}: reserved {er}");
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 2);
+}
+
 /// PEFT's IA³ and VeRA (`calibration/step_events.py --matrix-peft`): vectors on a few
 /// Linears (IA³ on k, v and the MLP's down projection, scaling down's input; VeRA at r 256
 /// on q and v, with its shared frozen A and B), traced coarsely (the layer's saved bytes
@@ -989,6 +1036,14 @@ fn rows_within(
             .unwrap()
             .unwrap_or_else(|| panic!("{label}: traced"));
         check(label, &job, &trace);
+        if let Ok(dir) = std::env::var("MORO_TRACE_DUMP") {
+            let lines: Vec<String> = trace
+                .events
+                .iter()
+                .map(|e| serde_json::to_string(e).unwrap())
+                .collect();
+            std::fs::write(format!("{dir}/{label}.jsonl"), lines.join("\n")).unwrap();
+        }
         let (want_alloc, want_reserved) = replay_compact(&v);
         let (alloc, reserved) = replay_after_load(&trace);
         #[allow(clippy::cast_precision_loss)]

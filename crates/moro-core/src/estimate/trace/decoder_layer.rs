@@ -1406,13 +1406,13 @@ impl DecoderLayer {
             Some(kept) => bw.norm_into(dk, kept, d.kv, None, None),
             None => dk,
         };
-        let dk = bw.contiguous_rotated(K, dk, s * t * d.kv);
+        let dk = bw.contiguous_rotated(dk, s * t * d.kv);
         sum = bw.linear(K, roles, dk, true, sum, needs, None);
         let dq = match roles.qk_norms[0] {
             Some(kept) => bw.norm_into(dq, kept, d.q, None, None),
             None => dq,
         };
-        let dq = bw.contiguous_rotated(Q, dq, s * t * d.q);
+        let dq = bw.contiguous_rotated(dq, s * t * d.q);
         sum = bw.linear(Q, roles, dq, true, sum, needs, None);
         match (roles.norm1, sum) {
             (Some(norm1), Some(sum)) => Some(bw.norm_into(sum, norm1, d.h, Some(dr), norms[0])),
@@ -1746,17 +1746,12 @@ impl<'m> Backward<'_, '_, 'm> {
         c
     }
 
-    /// k's or q's gradient after RoPE's backward: copied contiguous under eager attention
-    /// and on an fp32 stream (RoPE's fp32 gradients come in the heads-first layout the
-    /// projection's `view` backward reshapes), and where a trainable projection's weight
-    /// gradient reads it after a bias or a per-head norm; else `g`.
-    fn contiguous_rotated(&mut self, m: usize, g: Tensor<'m>, bytes: u64) -> Tensor<'m> {
-        let d = self.d;
-        if d.heads_first() || d.stream == 4 || d.full && (d.bias[m] || d.qk_norm) {
-            self.cast(g, bytes)
-        } else {
-            g
-        }
+    /// k's or q's gradient after RoPE's backward, copied contiguous (`g` freed): RoPE's
+    /// backward sums into a tensor laid out (batch, heads, tokens), so the `transpose` and
+    /// `view` that made the projection's output heads-first come back as a `reshape` that
+    /// copies (`ViewBackward0`; `clone` in the oracle's records, every kernel and stream).
+    fn contiguous_rotated(&mut self, g: Tensor<'m>, bytes: u64) -> Tensor<'m> {
+        self.cast(g, bytes)
     }
 
     /// [`Self::linear`] on a 4-bit layer ([`four_bit_forward`]): the adapter branch as on a
