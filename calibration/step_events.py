@@ -36,7 +36,7 @@ and reserved peaks; `--matrix` regenerates its fixture,
 jobs trained on 16 batches of varying length (`--lengths L1,L2,...`: one step per length).
 `--matrix-peft` writes `validation/oracle-traces/step-events-peft.jsonl` (compact): IA³ and
 VeRA (`--peft`, as `peft_trace.py` builds them) on the 2-layer Llama-3.1-8B and Qwen2.5-7B,
-with and without checkpointing. `--matrix-peft-weight` writes
+with and without checkpointing, and IA³ on q, o, up and down of the 2-layer Qwen2.5-7B. `--matrix-peft-weight` writes
 `validation/oracle-traces/step-events-peft-weight.jsonl` (compact): LoHa, LoKr and OFT on the
 same models, each building a weight-sized tensor per adapted module in every forward.
 `--matrix-peft-prompt` writes `validation/oracle-traces/step-events-peft-prompt.jsonl`
@@ -461,17 +461,24 @@ FULL_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-fu
 def peft_vector_args(kind, ckpt, model="meta-llama--Llama-3.1-8B"):
     """IA³ or VeRA (`--matrix-peft`) on a model cut to 2 layers, bf16-mixed, 1 x 512: PEFT's
     defaults for IA³ on a decoder (k, v and the MLP's down projection, down as the
-    feedforward module), VeRA at r 256 on q and v."""
-    spec = ({"peft_type": "IA3", "target_modules": ["k_proj", "v_proj", "down_proj"],
-             "feedforward_modules": ["down_proj"]} if kind == "ia3" else
-            {"peft_type": "VERA", "r": 256, "target_modules": ["q_proj", "v_proj"]})
+    feedforward module), IA³ on q, o, up and down (up and down scaling their inputs:
+    `ia3-qoud`), VeRA at r 256 on q and v."""
+    spec = {
+        "ia3": {"peft_type": "IA3", "target_modules": ["k_proj", "v_proj", "down_proj"],
+                "feedforward_modules": ["down_proj"]},
+        "ia3-qoud": {"peft_type": "IA3",
+                     "target_modules": ["q_proj", "o_proj", "up_proj", "down_proj"],
+                     "feedforward_modules": ["up_proj", "down_proj"]},
+        "vera": {"peft_type": "VERA", "r": 256, "target_modules": ["q_proj", "v_proj"]},
+    }[kind]
     a = job_args(model, "lora", ckpt)[:-2]
     label = "%s-L2-%s-b1s512%s" % (model, kind, "-ckpt" if ckpt else "")
     return a + ["--adamw-impl", "fused", "--peft", json.dumps(spec), "--label", label]
 
 
 PEFT_MATRIX = [peft_vector_args(k, c, m) for m in ("meta-llama--Llama-3.1-8B", "Qwen--Qwen2.5-7B")
-               for k in ("ia3", "vera") for c in (True, False)]
+               for k in ("ia3", "vera") for c in (True, False)] + [
+    peft_vector_args("ia3-qoud", c, "Qwen--Qwen2.5-7B") for c in (True, False)]
 PEFT_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-peft.jsonl")
 
 

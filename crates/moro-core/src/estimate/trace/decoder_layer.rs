@@ -33,6 +33,12 @@
 //! concatenated before the sequence's) runs the same layer with no adapter, over the
 //! prompt's tokens too; the layer's input needs a gradient from the first layer on.
 //!
+//! IA³ (PEFT 0.21 `ia3.Linear.forward`, fp32 `ia3_l`) scales a projection's output, or a
+//! feedforward module's input, by `1 * ia3_l`: 16-bit activations times the fp32 vector make
+//! fp32 products, cast back to 16 bits ([`scaled_forward`], [`Backward::scaled_linear`]).
+//! Where no adapter or scaling trains in q's or k's projection, a layer whose input needs no
+//! gradient drops the attention kernel's gradient of it at once.
+//!
 //! A full fine-tune of a bf16 model without autocast runs the same layer with every
 //! projection and norm trainable and no adapters: each projection saves its 16-bit input for
 //! its weight's gradient, each norm its 16-bit cast, and the backward makes each weight's
@@ -46,7 +52,7 @@
 use crate::job::{Attention, Job, Method, Padding, PeftKind, Quantization};
 use crate::model::{AttentionKind, ModelSpec, NormKind};
 
-use super::super::weights::NF4_BLOCK;
+use super::super::weights::{self, NF4_BLOCK};
 use super::super::{Component, DeviceProfile, Regime};
 use super::params::Param;
 use super::{Builder, Tensor};
@@ -66,7 +72,8 @@ const DOWN: usize = 6;
 /// dropout; SDPA, flash-attn or eager attention) or on bitsandbytes 4-bit weights under
 /// bf16 autocast with SDPA or flash-attn, after PEFT's `prepare_model_for_kbit_training`
 /// (classic QLoRA) or as TRL prepares them (bf16 stream, norms and adapters); prompt
-/// tuning on unquantized 16-bit weights (its embedding in any dtype: no layer reads it); or
+/// tuning on unquantized 16-bit weights (its embedding in any dtype: no layer reads it); IA³
+/// with fp32 vectors on unquantized 16-bit weights; or
 /// a full fine-tune of a bf16 model without autocast (SDPA, flash-attn or eager); and a
 /// Llama, Mistral, Qwen2 or Qwen3 layer (RMSNorm, the seven projections one Linear each, q,
 /// k or v adapted).
@@ -120,7 +127,10 @@ pub(super) fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
     // Prompt tuning: the frozen layers, whose input (the prompt's embedding and the
     // sequence's) needs a gradient from the first layer on.
     let prompt = frozen_16_bit && job.adapter.method == PeftKind::PromptTuning;
-    (lora || prompt || full)
+    // IA³ with fp32 vectors: `mul` promotes the 16-bit activations to fp32 and `.to` casts
+    // them back, under autocast or without it (neither op is on its lists).
+    let ia3 = frozen_16_bit && r.adapter_bytes == 4 && job.adapter.method == PeftKind::Ia3;
+    (lora || prompt || ia3 || full)
         && job.padding == Padding::Packed
         && !job.liger.rms_norm
         && !job.liger.glu
@@ -183,6 +193,9 @@ enum Ev {
     Free(usize),
     /// The last use of a saved tensor in the forward.
     Release(usize),
+    /// An op saves a parameter (a frozen matmul's weight) before it computes: where the
+    /// last save is one, checkpointing's recompute stops there.
+    Pack,
 }
 
 /// One layer's forward as events over numbered tensors.
@@ -225,6 +238,9 @@ impl Tape {
         );
         self.evs.push(Ev::Release(i));
     }
+    fn pack(&mut self) {
+        self.evs.push(Ev::Pack);
+    }
     /// The last use of `i` in the forward: a temporary is freed, a saved tensor released.
     fn last_use(&mut self, i: usize) {
         if self.kinds[i] == Kind::Temp {
@@ -262,6 +278,33 @@ struct Adapter {
     b_copy: Option<usize>,
     /// Dropout's mask, where the input needs a gradient.
     mask: Option<usize>,
+}
+
+/// Where IA³ scales a projection (PEFT 0.21 `ia3.Linear.forward`): its output, or, on a
+/// feedforward module, its input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scale {
+    Output,
+    Input,
+}
+
+/// The saved tensors of a projection IA³ scales.
+#[derive(Debug, Clone, Copy)]
+struct Scaled {
+    scale: Scale,
+    /// `1 * ia3_l`, saved where the scaled tensor needs a gradient.
+    scaling: usize,
+    /// What `mul` saves for the scaling's gradient: the frozen matmul's output, or the
+    /// input's fp32 copy.
+    operand: usize,
+    saves_scaling: bool,
+}
+
+/// The saved tensors of the projections' adapters, by projection.
+#[derive(Debug, Default)]
+struct Modules {
+    adapters: [Option<Adapter>; 7],
+    scaled: [Option<Scaled>; 7],
 }
 
 /// What the attention kernel saves.
@@ -305,6 +348,7 @@ struct Roles {
     /// Qwen3's q and k norms: their fp32 inputs and `rsqrt`, where kept.
     qk_norms: [Option<NormKept>; 2],
     adapters: [Option<Adapter>; 7],
+    scaled: [Option<Scaled>; 7],
     /// The 16-bit input each projection saves as is and releases in its backward.
     inputs: [Option<usize>; 7],
     v: usize,
@@ -331,7 +375,10 @@ struct Dims {
     heads: u64,
     head_dim: u64,
     rank: u64,
+    /// LoRA adapts the projection.
     adapted: [bool; 7],
+    /// IA³ scales the projection.
+    scales: [Option<Scale>; 7],
     /// LoRA's dropout is on (`lora_dropout > 0`).
     dropout: bool,
     /// bf16 autocast (else fp32 adapters on a 16-bit model).
@@ -384,6 +431,11 @@ impl Dims {
     const fn heads_first(&self) -> bool {
         self.eager || self.math
     }
+    /// Projection `m`'s output needs a gradient even where its input needs none: an adapter
+    /// or a scaling trains in it.
+    const fn trains_in(&self, m: usize) -> bool {
+        self.adapted[m] || self.scales[m].is_some()
+    }
     const fn width_in(&self, m: usize) -> u64 {
         match m {
             O => self.q,
@@ -410,6 +462,8 @@ pub(super) struct DecoderLayer {
     /// Each layer's `lora_A` and `lora_B` per projection, indices into the step's
     /// parameters.
     params: Vec<[Option<(usize, usize)>; 7]>,
+    /// Each layer's IA³ `ia3_l` per projection.
+    scalings: Vec<[Option<usize>; 7]>,
     /// Each layer's trainable weights of a full fine-tune.
     trained: Vec<Trained>,
 }
@@ -487,24 +541,32 @@ fn rms_forward(
     (keep.then_some(kept), out)
 }
 
-/// One projection on `x`: its output (of `kind`) and, adapted, the adapter's saved tensors.
-/// `needs_input`: its input needs a gradient (dropout's mask is then saved).
+/// One projection on `x`: its output (of `kind`); an adapter's or a scaling's saved tensors
+/// go to `saves`. `needs_input`: its input needs a gradient (dropout's mask is then saved).
 fn linear_forward(
     tp: &mut Tape,
     d: &Dims,
     m: usize,
     kind: Kind,
     needs_input: bool,
-) -> (usize, Option<Adapter>) {
+    saves: &mut Modules,
+) -> usize {
     if let Some(q4) = d.four_bit {
-        return four_bit_forward(tp, d, q4, m, kind, needs_input);
+        let (y, a) = four_bit_forward(tp, d, q4, m, kind, needs_input);
+        saves.adapters[m] = a;
+        return y;
+    }
+    if let Some(scale) = d.scales[m] {
+        let (y, scaled) = scaled_forward(tp, d, m, scale, kind, needs_input);
+        saves.scaled[m] = Some(scaled);
+        return y;
     }
     let (i, o, r, t) = (d.width_in(m), d.width_out(m), d.rank, d.t);
     if !d.adapted[m] {
-        return (
-            tp.alloc(2 * t * o, "projection output", Some(m), kind),
-            None,
-        );
+        if needs_input {
+            tp.pack();
+        }
+        return tp.alloc(2 * t * o, "projection output", Some(m), kind);
     }
     let base = tp.alloc(2 * t * o, "frozen matmul output", Some(m), Kind::Temp);
     if !d.autocast {
@@ -523,14 +585,14 @@ fn linear_forward(
         tp.release(x);
         let y = tp.alloc(2 * t * o, "LoRA sum cast", Some(m), kind);
         tp.free(sum);
-        let saved = Adapter {
+        saves.adapters[m] = Some(Adapter {
             a_copy: None,
             x: Some(x),
             a_out,
             b_copy: None,
             mask: None,
-        };
-        return (y, Some(saved));
+        });
+        return y;
     }
     let x32 = tp.alloc(4 * t * i, "LoRA input fp32", Some(m), Kind::Temp);
     let (saved, scaled) = autocast_adapter(tp, d, m, 4, needs_input);
@@ -538,7 +600,61 @@ fn linear_forward(
     tp.free(scaled);
     tp.free(base);
     tp.free(x32);
-    (y, Some(saved))
+    saves.adapters[m] = Some(saved);
+    y
+}
+
+/// Projection `m` under PEFT 0.21 `ia3.Linear.forward` with an fp32 `ia3_l`: the scaling
+/// `1 * ia3_l` first, then on the output the frozen matmul, its fp32 product with the
+/// scaling (`mul` promotes) and the cast back (`.to(result_dtype)`), the product and then
+/// the matmul's output dropped (`result` reassigned), the scaling at the return; on the
+/// input (a feedforward module) the input's fp32 copy (`x.to(ia3_l.dtype)`), the product,
+/// its cast back, then the frozen matmul on it, the copy, the scaling and the cast dropped
+/// at the return. `mul` keeps the operand the scaling's gradient needs, and the scaling
+/// where the other operand needs one (`needs_input`).
+fn scaled_forward(
+    tp: &mut Tape,
+    d: &Dims,
+    m: usize,
+    scale: Scale,
+    kind: Kind,
+    needs_input: bool,
+) -> (usize, Scaled) {
+    let t = d.t;
+    let (i, o) = (d.width_in(m), d.width_out(m));
+    let width = if scale == Scale::Output { o } else { i };
+    let scaling_kind = if needs_input { Kind::Saved } else { Kind::Temp };
+    let scaling = tp.alloc(4 * width, "IA³ scaling", Some(m), scaling_kind);
+    let (y, operand) = if scale == Scale::Output {
+        if needs_input {
+            tp.pack();
+        }
+        let base = tp.saved(2 * t * o, "frozen matmul output", Some(m));
+        let product = tp.temp(4 * t * o, "IA³ product");
+        let y = tp.alloc(2 * t * o, "IA³ output", Some(m), kind);
+        tp.free(product);
+        tp.release(base);
+        tp.last_use(scaling);
+        (y, base)
+    } else {
+        let x32 = tp.saved(4 * t * i, "IA³ input fp32", Some(m));
+        let product = tp.temp(4 * t * i, "IA³ product");
+        let cast = tp.temp(2 * t * i, "IA³ scaled input");
+        tp.free(product);
+        tp.pack();
+        let y = tp.alloc(2 * t * o, "projection output", Some(m), kind);
+        tp.release(x32);
+        tp.last_use(scaling);
+        tp.free(cast);
+        (y, x32)
+    };
+    let scaled = Scaled {
+        scale,
+        scaling,
+        operand,
+        saves_scaling: needs_input,
+    };
+    (y, scaled)
 }
 
 /// An adapted projection's adapter branch under autocast, up to its scaled output, on an
@@ -839,13 +955,13 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
     let o_owner = owner(&[O]).filter(|_| d.math);
     let held = |o: Option<usize>| if o.is_some() { Kind::Saved } else { Kind::Temp };
     let (norm1, x1) = rms_forward(tp, d, !first, d.h, t, None, held(qkv_owner));
-    let mut adapters = [None; 7];
+    let mut saves = Modules::default();
     // Qwen3 normalizes q and k per head right after their projections
     // (`Qwen3Attention.forward`), the projection's output freed once normalized; the norm
     // keeps its input where that needs a gradient.
     // On an fp32 stream the norm saves the projection's output itself, not an fp32 copy.
     let mut qk_norms = [None, None];
-    let keep_q = !first || d.adapted[Q];
+    let keep_q = !first || d.trains_in(Q);
     let norm_saves = |keep: bool| {
         if d.qk_norm && d.stream == 4 && keep {
             Kind::Saved
@@ -853,8 +969,7 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
             Kind::Temp
         }
     };
-    let (q, a) = linear_forward(tp, d, Q, norm_saves(keep_q), !first);
-    adapters[Q] = a;
+    let q = linear_forward(tp, d, Q, norm_saves(keep_q), !first, &mut saves);
     let q = if d.qk_norm {
         let (kept, normed) = rms_forward(tp, d, keep_q, d.q, t * d.heads, Some(q), Kind::Temp);
         tp.last_use(q);
@@ -863,9 +978,8 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
     } else {
         q
     };
-    let keep_k = !first || d.adapted[K];
-    let (k, a) = linear_forward(tp, d, K, norm_saves(keep_k), !first);
-    adapters[K] = a;
+    let keep_k = !first || d.trains_in(K);
+    let k = linear_forward(tp, d, K, norm_saves(keep_k), !first, &mut saves);
     let k = if d.qk_norm {
         let heads = d.kv / d.head_dim.max(1);
         let (kept, normed) = rms_forward(tp, d, keep_k, d.kv, t * heads, Some(k), Kind::Temp);
@@ -890,8 +1004,7 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
     } else {
         Kind::Saved
     };
-    let (v, a) = linear_forward(tp, d, V, kv_kind, !first);
-    adapters[V] = a;
+    let v = linear_forward(tp, d, V, kv_kind, !first, &mut saves);
     let q_rot = rope_forward(tp, d.stream * t * d.q, q_kind);
     let k_rot = rope_forward(tp, d.stream * t * d.kv, kv_kind);
     tp.free(q);
@@ -987,8 +1100,7 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
             out,
         )
     };
-    let (o, a) = linear_forward(tp, d, O, Kind::Temp, true);
-    adapters[O] = a;
+    let o = linear_forward(tp, d, O, Kind::Temp, true, &mut saves);
     if d.eager {
         tp.free(o_input);
         if copied {
@@ -1018,17 +1130,14 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
         rsqrt: 0,
         cast: None,
     });
-    let (gate, a) = linear_forward(tp, d, GATE, Kind::Saved, true);
-    adapters[GATE] = a;
+    let gate = linear_forward(tp, d, GATE, Kind::Saved, true, &mut saves);
     let act = tp.saved(d.stream * t * d.i, "activation", None);
     tp.release(gate);
-    let (up, a) = linear_forward(tp, d, UP, Kind::Saved, true);
-    adapters[UP] = a;
+    let up = linear_forward(tp, d, UP, Kind::Saved, true, &mut saves);
     let product = tp.alloc(d.stream * t * d.i, "gate·up", None, held(down_owner));
     tp.release(act);
     tp.release(up);
-    let (down, a) = linear_forward(tp, d, DOWN, Kind::Temp, true);
-    adapters[DOWN] = a;
+    let down = linear_forward(tp, d, DOWN, Kind::Temp, true, &mut saves);
     tp.last_use(product);
     tp.last_use(x2);
     let output = tp.temp(d.stream * t * d.h, "layer output");
@@ -1051,7 +1160,7 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
     ] {
         inputs[m] = (owner == Some(m)).then_some(x);
         // A 4-bit layer's `lora_A` saves that shared input: its owner releases it.
-        if let Some(a) = adapters[m].as_mut() {
+        if let Some(a) = saves.adapters[m].as_mut() {
             a.x = a.x.or(inputs[m]);
         }
     }
@@ -1060,7 +1169,8 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
         norm2,
         qk_norms,
         inputs,
-        adapters,
+        adapters: saves.adapters,
+        scaled: saves.scaled,
         v,
         q_rot,
         k_rot,
@@ -1079,6 +1189,10 @@ pub(super) struct Kept<'m> {
     live: Vec<Option<Tensor<'m>>>,
     /// The layer's input, where its first norm saves it ([`DecoderLayer::saves_input`]).
     input: Option<Tensor<'m>>,
+    /// Checkpointing's recompute made them: a backward function unpacks them as locals and
+    /// drops them when it returns, before its outputs are reduced to their inputs' shapes
+    /// (else autograd frees them after).
+    recomputed: bool,
 }
 
 impl<'m> Kept<'m> {
@@ -1122,6 +1236,22 @@ impl DecoderLayer {
                     job.method.is_peft() && job.adapter.method == PeftKind::Lora && job.adapts(l)
                 })
         });
+        let scales = NAMES.map(|n| {
+            model
+                .layers
+                .first()
+                .and_then(|g| g.linears.iter().find(|l| l.name == n))
+                .filter(|l| {
+                    job.method.is_peft() && job.adapter.method == PeftKind::Ia3 && job.adapts(l)
+                })
+                .map(|l| {
+                    if weights::ia3_feedforward(model, job, l) {
+                        Scale::Input
+                    } else {
+                        Scale::Output
+                    }
+                })
+        });
         let d = Dims {
             t: job.micro_batch_size * job.seq_len,
             b: job.micro_batch_size,
@@ -1134,6 +1264,7 @@ impl DecoderLayer {
             head_dim: model.head_dim,
             rank: job.adapter.rank,
             adapted,
+            scales,
             dropout: job.adapter.dropout > 0.0,
             autocast: r.autocast,
             adapter_copies: r.autocast && r.adapter_bytes == 4,
@@ -1164,6 +1295,16 @@ impl DecoderLayer {
                             .find(|&j| ps[j].module == Some(name) && ps[j].name == p)
                     };
                     find("lora_A").zip(find("lora_B"))
+                })
+            })
+            .collect();
+        let scalings = ranges
+            .iter()
+            .map(|range| {
+                NAMES.map(|name| {
+                    range
+                        .clone()
+                        .find(|&j| ps[j].module == Some(name) && ps[j].name == "ia3_l")
                 })
             })
             .collect();
@@ -1199,6 +1340,7 @@ impl DecoderLayer {
             ),
             rest: layer_forward(&d, false),
             params,
+            scalings,
             trained,
         }
     }
@@ -1230,6 +1372,7 @@ impl DecoderLayer {
             kept: &mut kept,
             grads,
             params: self.params[k],
+            scalings: self.scalings[k],
             trained: self.trained[k],
         };
         Some(bw.start(DOWN, dy, false))
@@ -1252,7 +1395,10 @@ impl DecoderLayer {
             Mode::Recompute => tape
                 .evs
                 .iter()
-                .rposition(|e| matches!(e, Ev::Alloc { kind, .. } if *kind != Kind::Temp))
+                .rposition(|e| {
+                    matches!(e, Ev::Pack)
+                        || matches!(e, Ev::Alloc { kind, .. } if *kind != Kind::Temp)
+                })
                 .map_or(tape.evs.len(), |p| p + 1),
             _ => tape.evs.len(),
         };
@@ -1290,6 +1436,7 @@ impl DecoderLayer {
                         b.free(t);
                     }
                 }
+                Ev::Pack => {}
             }
         }
         let output = if mode == Mode::Recompute {
@@ -1305,7 +1452,12 @@ impl DecoderLayer {
         } else {
             live[roles.output].take()
         };
-        (Kept { live, input: None }, cached, output)
+        let kept = Kept {
+            live,
+            input: None,
+            recomputed: mode == Mode::Recompute,
+        };
+        (kept, cached, output)
     }
 
     /// Layer `k`'s backward from the gradient `dy` of its output; returns the gradient of
@@ -1328,6 +1480,7 @@ impl DecoderLayer {
             kept,
             grads,
             params: self.params[k],
+            scalings: self.scalings[k],
             trained: self.trained[k],
         };
         let d = self.d;
@@ -1385,35 +1538,50 @@ impl DecoderLayer {
                 probs,
             } => bw.eager(d_attn, [q, k_rep, v_rep, soft, probs]),
         };
+        // In a layer whose input needs no gradient, q's and k's paths need one only where
+        // their projection trains: the kernel's gradient of the other is dropped at once.
+        let needs = roles.norm1.is_some();
+        let mut needed = |m: usize, g: Tensor<'m>| {
+            if needs || d.trains_in(m) {
+                Some(g)
+            } else {
+                bw.free(g);
+                None
+            }
+        };
+        let (dq, dk) = (needed(Q, dq), needed(K, dk));
         // On an fp32 stream the kernel read 16-bit casts of q, k and v (autocast's, or
         // `fa_peft_integration_check`'s): their backward, in autograd's order: v, k, q.
         let (dq, dk, dv) = if s == 4 {
             let dv = bw.cast(dv, 4 * t * d.kv);
-            let dk = bw.cast(dk, 4 * t * d.kv);
-            (bw.cast(dq, 4 * t * d.q), dk, dv)
+            let dk = dk.map(|g| bw.cast(g, 4 * t * d.kv));
+            (dq.map(|g| bw.cast(g, 4 * t * d.q)), dk, dv)
         } else {
             (dq, dk, dv)
         };
-        let dk = bw.rope(dk, s * t * d.kv);
-        let dq = bw.rope(dq, s * t * d.q);
-        let needs = roles.norm1.is_some();
+        let dk = dk.map(|g| bw.rope(g, s * t * d.kv));
+        let dq = dq.map(|g| bw.rope(g, s * t * d.q));
         // Eager attention's gradients come in the (batch, heads, tokens) layout, and so do
         // RoPE's fp32 ones: each is copied contiguous as its projection's backward reshapes
         // it.
         let dv = bw.contiguous(dv, 2 * t * d.kv);
         let mut sum = bw.linear(V, roles, dv, true, None, needs, None);
-        let dk = match roles.qk_norms[1] {
-            Some(kept) => bw.norm_into(dk, kept, d.kv, None, None),
-            None => dk,
-        };
-        let dk = bw.contiguous_rotated(dk, s * t * d.kv);
-        sum = bw.linear(K, roles, dk, true, sum, needs, None);
-        let dq = match roles.qk_norms[0] {
-            Some(kept) => bw.norm_into(dq, kept, d.q, None, None),
-            None => dq,
-        };
-        let dq = bw.contiguous_rotated(dq, s * t * d.q);
-        sum = bw.linear(Q, roles, dq, true, sum, needs, None);
+        if let Some(dk) = dk {
+            let dk = match roles.qk_norms[1] {
+                Some(kept) => bw.norm_into(dk, kept, d.kv, None, None),
+                None => dk,
+            };
+            let dk = bw.contiguous_rotated(dk, s * t * d.kv);
+            sum = bw.linear(K, roles, dk, true, sum, needs, None);
+        }
+        if let Some(dq) = dq {
+            let dq = match roles.qk_norms[0] {
+                Some(kept) => bw.norm_into(dq, kept, d.q, None, None),
+                None => dq,
+            };
+            let dq = bw.contiguous_rotated(dq, s * t * d.q);
+            sum = bw.linear(Q, roles, dq, true, sum, needs, None);
+        }
         match (roles.norm1, sum) {
             (Some(norm1), Some(sum)) => Some(bw.norm_into(sum, norm1, d.h, Some(dr), norms[0])),
             _ => {
@@ -1440,6 +1608,8 @@ struct Backward<'a, 'b, 'm> {
     grads: &'a mut Grads<'b, 'm>,
     /// This layer's `lora_A` and `lora_B` per projection, indices into the parameters.
     params: [Option<(usize, usize)>; 7],
+    /// This layer's `ia3_l` per projection.
+    scalings: [Option<usize>; 7],
     /// This layer's weights where they train.
     trained: Trained,
 }
@@ -1612,6 +1782,9 @@ impl<'m> Backward<'_, '_, 'm> {
         if let Some(q4) = d.four_bit {
             return self.four_bit_linear(q4, m, roles, g, free_g, sum, needs_input, started);
         }
+        if let Some(scaled) = roles.scaled[m] {
+            return self.scaled_linear(m, scaled, g, free_g, sum, needs_input);
+        }
         let (i, t) = (d.width_in(m), d.t);
         if d.full {
             // `MmBackward`: the weight's gradient (it becomes `.grad`), then the input's,
@@ -1674,6 +1847,89 @@ impl<'m> Backward<'_, '_, 'm> {
         if let Some(g_in) = g_in {
             sum = Some(self.accumulate(sum, g_in, 2 * t * i));
         }
+        sum
+    }
+
+    /// Projection `m`'s backward under IA³ ([`scaled_forward`]) from `g` (freed where
+    /// `free_g`), its input's gradient summed into `sum` where `needs_input`. `MulBackward0`
+    /// makes the scaling's product first, then the other operand's (cast to a 16-bit
+    /// operand's dtype); the scaling's is summed over the tokens, the saved tensors dropped
+    /// (as it returns after a recompute, else after the sum), and `ia3_l`'s gradient comes
+    /// last. On the output: `.to`'s fp32 cast of `g` first, the frozen matmul's input
+    /// gradient after `mul`; on the input: the matmul's first, cast to fp32, and the input's
+    /// gradient cast back after `mul`.
+    fn scaled_linear(
+        &mut self,
+        m: usize,
+        s: Scaled,
+        g: Tensor<'m>,
+        free_g: bool,
+        mut sum: Option<Tensor<'m>>,
+        needs_input: bool,
+    ) -> Option<Tensor<'m>> {
+        let d = *self.d;
+        let (i, t) = (d.width_in(m), d.t);
+        let w = if s.scale == Scale::Output {
+            d.width_out(m)
+        } else {
+            i
+        };
+        let recomputed = self.kept.recomputed;
+        let g32 = if s.scale == Scale::Output {
+            let g32 = self.temp(4 * t * w);
+            if free_g {
+                self.free(g);
+            }
+            g32
+        } else {
+            let g16 = self.temp(2 * t * i);
+            if free_g {
+                self.free(g);
+            }
+            self.cast(g16, 4 * t * i)
+        };
+        let for_scaling = self.temp(4 * t * w);
+        let for_other = s.saves_scaling.then(|| self.temp(4 * t * w));
+        let release = |bw: &mut Self| {
+            if recomputed {
+                bw.release(s.operand);
+                bw.release(s.scaling);
+            } else {
+                bw.release(s.scaling);
+                bw.release(s.operand);
+            }
+        };
+        if recomputed {
+            release(self);
+        }
+        // On the output the other operand is the 16-bit matmul output: its gradient is
+        // cast to it inside `mul`'s backward.
+        let output_grad = match for_other {
+            Some(p) if s.scale == Scale::Output => Some(self.cast(p, 2 * t * w)),
+            other => other,
+        };
+        let summed = self.temp(4 * w);
+        self.free(for_scaling);
+        self.free(g32);
+        if !recomputed {
+            release(self);
+        }
+        let g_in = if s.scale == Scale::Output {
+            let g_in = needs_input.then(|| self.temp(2 * t * i));
+            if let Some(c) = output_grad {
+                self.free(c);
+            }
+            g_in
+        } else {
+            output_grad.map(|p| self.cast(p, 2 * t * i))
+        };
+        if let Some(g_in) = g_in {
+            sum = Some(self.accumulate(sum, g_in, 2 * t * i));
+        }
+        if let Some(p) = self.scalings[m] {
+            self.grad(p);
+        }
+        self.free(summed);
         sum
     }
 

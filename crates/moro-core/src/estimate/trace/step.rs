@@ -18,8 +18,8 @@
 //!   moves BERT-large's replayed fragmentation from 1.2 to 0.2 GiB (the V100 rows of the HF
 //!   docs measure about 1.2): which cached block a request just over a power of two finds
 //!   decides it, and that is not yet modelled.
-//! - **op by op** ([`decoder_layer`]): LoRA, QLoRA and bf16 full fine-tunes of Llama-style
-//!   layers, where [`op_by_op`] says so.
+//! - **op by op** ([`decoder_layer`]): LoRA, QLoRA, IA³, prompt tuning and bf16 full
+//!   fine-tunes of Llama-style layers, where [`op_by_op`] says so.
 //! - **LoRA and QLoRA** otherwise: the backward's temporaries before the layer's gradients, which
 //!   come in the reverse of the forward's module order; bitsandbytes' dequantized weight in
 //!   every quantized matmul; with DoRA, each adapted module's forward (`trace/dora.rs`) in
