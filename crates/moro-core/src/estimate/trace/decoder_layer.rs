@@ -33,6 +33,9 @@
 //! concatenated before the sequence's) runs the same layer with no adapter, over the
 //! prompt's tokens too; the layer's input needs a gradient from the first layer on.
 //!
+//! On a 16-bit stream the model's final norm runs op by op too ([`final_norm_forward`]),
+//! its backward from lm_head's input gradient before the last layer's.
+//!
 //! IA³ (PEFT 0.21 `ia3.Linear.forward`, fp32 `ia3_l`) scales a projection's output, or a
 //! feedforward module's input, by `1 * ia3_l`: 16-bit activations times the fp32 vector make
 //! fp32 products, cast back to 16 bits ([`scaled_forward`], [`Backward::scaled_linear`]).
@@ -466,6 +469,8 @@ pub(super) struct DecoderLayer {
     scalings: Vec<[Option<usize>; 7]>,
     /// Each layer's trainable weights of a full fine-tune.
     trained: Vec<Trained>,
+    /// The final norm's program, on a 16-bit stream.
+    head: Option<(Tape, NormKept, usize)>,
 }
 
 /// A full fine-tune's weights of one layer, indices into the step's parameters: each
@@ -1216,6 +1221,83 @@ pub(super) struct Grads<'a, 'm> {
     pub(super) bytes: u64,
 }
 
+/// Runs `tape` in `mode` as layer `layer`'s (none: the final norm): its tensors by tape
+/// number (those still held), autocast's copies a `no_grad` forward caches, and how many
+/// tensors it made (a recompute stops after the last save).
+fn run<'m>(
+    tape: &Tape,
+    b: &mut Builder<'m>,
+    layer: Option<u64>,
+    mode: Mode,
+) -> (Vec<Option<Tensor<'m>>>, Vec<Tensor<'m>>, usize) {
+    let mut live: Vec<Option<Tensor<'m>>> = vec![None; tape.kinds.len()];
+    let mut cached = Vec::new();
+    let stop = match mode {
+        Mode::Recompute => tape
+            .evs
+            .iter()
+            .rposition(|e| {
+                matches!(e, Ev::Pack) || matches!(e, Ev::Alloc { kind, .. } if *kind != Kind::Temp)
+            })
+            .map_or(tape.evs.len(), |p| p + 1),
+        _ => tape.evs.len(),
+    };
+    let mut n = 0;
+    for e in &tape.evs[..stop] {
+        match *e {
+            Ev::Alloc {
+                bytes,
+                name,
+                module,
+                kind,
+            } => {
+                let component = if kind == Kind::Temp {
+                    Component::Transients
+                } else {
+                    Component::Activations
+                };
+                let t = b.alloc_in(name, module.map(|m| NAMES[m]), layer, component, bytes, 1);
+                if kind == Kind::Cached && mode == Mode::NoGrad {
+                    cached.push(t);
+                } else {
+                    live[n] = Some(t);
+                }
+                n += 1;
+            }
+            Ev::Free(i) => {
+                if let Some(t) = live[i].take() {
+                    b.free(t);
+                }
+            }
+            Ev::Release(i) => {
+                if mode == Mode::NoGrad
+                    && let Some(t) = live[i].take()
+                {
+                    b.free(t);
+                }
+            }
+            Ev::Pack => {}
+        }
+    }
+    (live, cached, n)
+}
+
+/// The final norm (`LlamaModel.norm`) on a 16-bit stream: the layers' RMSNorm on the last
+/// layer's output, its fp32 input and `rsqrt` kept; its output is what lm_head reads,
+/// which saves it where lm_head's weight trains (a full fine-tune, whose norm weight saves
+/// its 16-bit cast too).
+fn final_norm_forward(d: &Dims) -> (Tape, NormKept, usize) {
+    let mut tp = Tape::default();
+    let out_kind = if d.full { Kind::Saved } else { Kind::Temp };
+    let (kept, out) = rms_forward(&mut tp, d, true, d.h, d.t, None, out_kind);
+    let kept = kept.unwrap_or(NormKept {
+        x: None,
+        rsqrt: 0,
+        cast: None,
+    });
+    (tp, kept, out)
+}
+
 impl DecoderLayer {
     /// The layer program of `job` on `model` (see [`models`]); `ps` the step's parameters,
     /// `ranges` each layer's.
@@ -1342,6 +1424,7 @@ impl DecoderLayer {
             params,
             scalings,
             trained,
+            head: (d.stream == 2).then(|| final_norm_forward(&d)),
         }
     }
 
@@ -1349,6 +1432,49 @@ impl DecoderLayer {
     /// cast), which must then live until that norm's backward ([`Kept::hold_input`]).
     pub(super) const fn saves_input(&self) -> bool {
         self.d.stream == 4
+    }
+
+    /// Whether the final norm is traced op by op ([`Self::norm_forward`]).
+    pub(super) const fn traces_final_norm(&self) -> bool {
+        self.head.is_some()
+    }
+
+    /// The final norm's forward on the last layer's output: what it keeps and its output
+    /// (none off a 16-bit stream).
+    pub(super) fn norm_forward<'m>(&self, b: &mut Builder<'m>) -> Option<(Kept<'m>, Tensor<'m>)> {
+        let (tape, _, output) = self.head.as_ref()?;
+        let (mut live, _, _) = run(tape, b, None, Mode::Grad);
+        let out = live[*output].take()?;
+        let kept = Kept {
+            live,
+            input: None,
+            recomputed: false,
+        };
+        Some((kept, out))
+    }
+
+    /// The final norm's backward from `g`, lm_head's input gradient (freed): its input's
+    /// gradient; `weight`, the norm's weight where it trains, gets its gradient.
+    pub(super) fn norm_backward<'m>(
+        &self,
+        b: &mut Builder<'m>,
+        kept: &mut Kept<'m>,
+        grads: &mut Grads<'_, 'm>,
+        g: Tensor<'m>,
+        weight: Option<usize>,
+    ) -> Option<Tensor<'m>> {
+        let (_, norm, _) = self.head.as_ref()?;
+        let mut bw = Backward {
+            b,
+            d: &self.d,
+            layer: None,
+            kept,
+            grads,
+            params: [None; 7],
+            scalings: [None; 7],
+            trained: Trained::default(),
+        };
+        Some(bw.rms(g, *norm, self.d.h, weight))
     }
 
     /// Under checkpointing, layer `k`'s backward up to the first op that reads a saved
@@ -1388,57 +1514,7 @@ impl DecoderLayer {
         mode: Mode,
     ) -> (Kept<'m>, Vec<Tensor<'m>>, Option<Tensor<'m>>) {
         let (tape, roles) = if k == 0 { &self.first } else { &self.rest };
-        let layer = Some(k as u64);
-        let mut live: Vec<Option<Tensor<'m>>> = vec![None; tape.kinds.len()];
-        let mut cached = Vec::new();
-        let stop = match mode {
-            Mode::Recompute => tape
-                .evs
-                .iter()
-                .rposition(|e| {
-                    matches!(e, Ev::Pack)
-                        || matches!(e, Ev::Alloc { kind, .. } if *kind != Kind::Temp)
-                })
-                .map_or(tape.evs.len(), |p| p + 1),
-            _ => tape.evs.len(),
-        };
-        let mut n = 0;
-        for e in &tape.evs[..stop] {
-            match *e {
-                Ev::Alloc {
-                    bytes,
-                    name,
-                    module,
-                    kind,
-                } => {
-                    let component = if kind == Kind::Temp {
-                        Component::Transients
-                    } else {
-                        Component::Activations
-                    };
-                    let t = b.alloc_in(name, module.map(|m| NAMES[m]), layer, component, bytes, 1);
-                    if kind == Kind::Cached && mode == Mode::NoGrad {
-                        cached.push(t);
-                    } else {
-                        live[n] = Some(t);
-                    }
-                    n += 1;
-                }
-                Ev::Free(i) => {
-                    if let Some(t) = live[i].take() {
-                        b.free(t);
-                    }
-                }
-                Ev::Release(i) => {
-                    if mode == Mode::NoGrad
-                        && let Some(t) = live[i].take()
-                    {
-                        b.free(t);
-                    }
-                }
-                Ev::Pack => {}
-            }
-        }
+        let (mut live, cached, n) = run(tape, b, Some(k as u64), mode);
         let output = if mode == Mode::Recompute {
             // The temporaries the recompute made and nothing keeps, newest first.
             for i in (0..n).rev() {

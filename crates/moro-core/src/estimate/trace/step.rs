@@ -352,6 +352,10 @@ struct Step<'m, 'j> {
     head_copy: u64,
     /// The decoder layers op by op ([`decoder_layer`]), where it models them.
     ops: Option<DecoderLayer>,
+    /// The final norm is traced op by op too (a 16-bit stream into transformers' own loss),
+    /// and where its weight trains, that weight's index: its gradient is made in the norm's
+    /// backward, not with [`Self::firsts`].
+    final_norm: Option<Option<usize>>,
     /// The parameters whose gradients the loss's backward makes (lm_head's, or the tied
     /// embedding's; an encoder's pooler and classifier).
     heads: Vec<usize>,
@@ -402,6 +406,8 @@ struct Forward<'m> {
     /// What each layer's op-level forward keeps ([`decoder_layer`]); empty otherwise.
     kept: Vec<Kept<'m>>,
     head_saved: Vec<Tensor<'m>>,
+    /// What the op-level final norm keeps for its backward.
+    final_norm: Option<Kept<'m>>,
     logprobs: Option<Tensor<'m>>,
     softcap: Option<Tensor<'m>>,
     /// Liger's fused loss: the input's gradient, made in the forward.
@@ -519,6 +525,25 @@ impl<'m, 'j> Step<'m, 'j> {
         };
         let ops = decoder_layer::models(model, job, r)
             .then(|| DecoderLayer::new(model, job, r, device, &ps, &ranges));
+        let final_norm = ops
+            .as_ref()
+            .is_some_and(|o| {
+                o.traces_final_norm()
+                    && r.loss == LossImpl::Standard
+                    && !model.logit_softcapping
+                    && head_copy == 0
+                    && !job.compile
+            })
+            .then(|| {
+                let weight = ps
+                    .iter()
+                    .position(|p| p.name == "final_norm")
+                    .filter(|&j| ps[j].trainable);
+                if let Some(j) = weight {
+                    firsts.retain(|&f| f != j);
+                }
+                weight
+            });
         let chunked = (r.loss == LossImpl::ChunkedNll && !encoder).then(|| ChunkedNll {
             batch: job.micro_batch_size,
             tokens: t,
@@ -553,6 +578,7 @@ impl<'m, 'j> Step<'m, 'j> {
             modules_by_layer,
             head_copy,
             ops,
+            final_norm,
             heads,
             firsts,
             tied,
@@ -796,18 +822,29 @@ impl<'m, 'j> Step<'m, 'j> {
         } else {
             0
         };
-        let head_bytes = saved_tensors(
-            self.acts
-                .head
-                .saturating_sub(self.head_copy)
-                .saturating_sub(head_input),
-            t,
-            model,
-            self.e,
-            &[],
-        );
-        for bytes in head_bytes {
-            head_saved.push(b.alloc("saved (head)", Component::Activations, bytes, 1));
+        let mut final_norm = None;
+        let mut norm_output = None;
+        if let Some((kept, out)) = self
+            .final_norm
+            .and(self.ops.as_ref())
+            .and_then(|o| o.norm_forward(b))
+        {
+            final_norm = Some(kept);
+            norm_output = Some(out);
+        } else {
+            let head_bytes = saved_tensors(
+                self.acts
+                    .head
+                    .saturating_sub(self.head_copy)
+                    .saturating_sub(head_input),
+                t,
+                model,
+                self.e,
+                &[],
+            );
+            for bytes in head_bytes {
+                head_saved.push(b.alloc("saved (head)", Component::Activations, bytes, 1));
+            }
         }
         // The last layer's output and the embedding's, once the final norm has read them.
         for x in hidden.into_iter().chain(embedding) {
@@ -851,8 +888,18 @@ impl<'m, 'j> Step<'m, 'j> {
             if let Some(u) = upcast {
                 b.free(u);
             }
+            // The final norm's output, dropped as the model's forward returns, unless
+            // lm_head's matmul saved it for its weight's gradient.
+            if let Some(out) = norm_output.take() {
+                if self.full {
+                    head_saved.push(out);
+                } else {
+                    b.free(out);
+                }
+            }
             b.free(logits);
         }
+        head_saved.extend(norm_output);
         // Autocast's cache is cleared when the forward leaves autocast, after the loss
         // (transformers `Trainer.compute_loss` runs inside `autocast_smart_context_manager`).
         b.free_all(cached);
@@ -862,6 +909,7 @@ impl<'m, 'j> Step<'m, 'j> {
             saved,
             kept,
             head_saved,
+            final_norm,
             logprobs,
             softcap,
             flce,
@@ -925,6 +973,20 @@ impl<'m, 'j> Step<'m, 'j> {
             b.free(d);
         }
         b.free_all(fwd.head_saved);
+        let dhidden = match (fwd.final_norm, &self.ops) {
+            (Some(mut kept), Some(ops)) => {
+                let mut grads = Grads {
+                    ps: &self.ps,
+                    slots: &mut held.grads,
+                    bytes: self.gb,
+                };
+                let weight = self.final_norm.flatten();
+                let d = ops.norm_backward(b, &mut kept, &mut grads, dhidden, weight);
+                b.free_all(kept.into_rest());
+                d.unwrap_or(dhidden)
+            }
+            _ => dhidden,
+        };
         ([dhidden, fwd.labels, fwd.input_ids], fwd.saved, fwd.kept)
     }
 
