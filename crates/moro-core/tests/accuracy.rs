@@ -296,11 +296,11 @@ fn multi_gpu_rows_do_not_regress() {
     assert_within(&s, 0.04, 0.12, 0.09);
 }
 
-/// Llama-3.2-1B-Instruct's full fine-tune on the H200, whose reserved level turns on whether
-/// a fourth fp32 logits-sized block finds a cached segment: the real step's own sequence,
-/// replayed, reserves 7.3 % under the measurement (`real_step_replay.rs`), and so does
-/// moro's trace of it with the cuBLAS workspace (`step_trace.rs`), 6.9 % under.
-const ON_AN_EDGE: &str = "moro-cal-d01d2061c2";
+/// Qwen2.5-1.5B's full fine-tune on the H200 (foreach AdamW): the real step's own sequence
+/// (torch 2.15 on fake tensors), replayed with the two cuBLAS workspaces where the GPU makes
+/// them, reserves 5.4 % under the measurement (torch 2.11), and moro's trace, which follows
+/// that sequence (`step_trace.rs`), as much.
+const ON_AN_EDGE: &str = "moro-cal-8f7aee3b3a";
 
 /// Real GPU measurements moro never saw while it was built: `calibration/harness.py` on an
 /// NVIDIA H200 (torch 2.11, transformers 5.17, PEFT 0.21, bitsandbytes 0.50.2), 37 jobs at
@@ -308,7 +308,7 @@ const ON_AN_EDGE: &str = "moro-cal-d01d2061c2";
 /// (8-bit AdamW's full fine-tune is the widest, +7.7 %, over); LoRA, QLoRA and inference jobs
 /// do not come in more than 6.5 % under at any level. Full fine-tunes' reserve comes from the
 /// replayed steps (`estimate::replay`): no job is more than 3.2 % under at any level but
-/// [`ON_AN_EDGE`]'s reserved and device levels, 6.9 and 5.5 % (the ratio model before it was up
+/// [`ON_AN_EDGE`]'s reserved and device levels, 5.4 and 4.5 % (the ratio model before it was up
 /// to 15.5 % under).
 #[test]
 fn h200_measurements_are_reproduced() {
@@ -331,7 +331,7 @@ fn h200_measurements_are_reproduced() {
             assert!(e >= -0.065, "{} {e}", row.id);
             not_full += 1;
         } else if row.id.starts_with(ON_AN_EDGE) {
-            assert!(e >= -0.075, "{} {e}", row.id);
+            assert!(e >= -0.06, "{} {e}", row.id);
         } else {
             assert!(e >= -0.035, "{} {e}", row.id);
         }
@@ -382,7 +382,7 @@ fn h200_liger_dora_and_compile_rows_are_reproduced() {
 /// and foreach AdamW; Llama-3.2-1B; Qwen2.5-1.5B, whose q, k and v have biases) are traced
 /// op by op (`estimate/trace/decoder_layer.rs`) and their reserve is the replay of that trace:
 /// each reserved peak within 0.2 % of the measured one (the coarse trace's replay, floored
-/// by a ratio of the churning bytes, gave −0.4 to +0.4 %), Llama-3.2-1B's but
+/// by a ratio of the churning bytes, gave −0.4 to +0.4 %), Qwen2.5-1.5B's but
 /// ([`ON_AN_EDGE`]). The 8-bit AdamW run is left out: its harness gave the embedding 8-bit
 /// states (the row's notes).
 #[test]

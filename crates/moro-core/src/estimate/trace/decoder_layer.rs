@@ -1196,8 +1196,13 @@ pub(super) struct Kept<'m> {
     input: Option<Tensor<'m>>,
     /// Checkpointing's recompute made them: a backward function unpacks them as locals and
     /// drops them when it returns, before its outputs are reduced to their inputs' shapes
-    /// (else autograd frees them after).
+    /// and before its incoming gradient (else autograd frees them after both).
     recomputed: bool,
+    /// The layer's input under checkpointing, freed once the first norm's fp32 input, the
+    /// last tensor the recompute saved that the backward reads, is dropped
+    /// ([`DecoderLayer::hold_checkpoint`]).
+    checkpoint: Option<Tensor<'m>>,
+    checkpoint_after: Option<usize>,
 }
 
 impl<'m> Kept<'m> {
@@ -1208,9 +1213,18 @@ impl<'m> Kept<'m> {
     pub(super) const fn hold_input(&mut self, input: Tensor<'m>) {
         self.input = Some(input);
     }
+    /// Holds a checkpointed layer's input until its recomputed tensors are read.
+    pub(super) const fn hold_checkpoint(&mut self, input: Tensor<'m>) {
+        self.checkpoint = Some(input);
+    }
     /// Every tensor still held, in tape order.
     pub(super) fn into_rest(self) -> Vec<Tensor<'m>> {
-        self.live.into_iter().flatten().chain(self.input).collect()
+        self.live
+            .into_iter()
+            .flatten()
+            .chain(self.input)
+            .chain(self.checkpoint)
+            .collect()
     }
 }
 
@@ -1447,8 +1461,7 @@ impl DecoderLayer {
         let out = live[*output].take()?;
         let kept = Kept {
             live,
-            input: None,
-            recomputed: false,
+            ..Kept::default()
         };
         Some((kept, out))
     }
@@ -1528,10 +1541,13 @@ impl DecoderLayer {
         } else {
             live[roles.output].take()
         };
+        let checkpoint_after = roles.norm1.and_then(|n| n.x);
         let kept = Kept {
             live,
             input: None,
             recomputed: mode == Mode::Recompute,
+            checkpoint: None,
+            checkpoint_after,
         };
         (kept, cached, output)
     }
@@ -1885,10 +1901,14 @@ impl<'m> Backward<'_, '_, 'm> {
                     self.grad(p);
                 }
                 let g_in = needs_input.then(|| self.temp(2 * t * i));
+                let recomputed = self.kept.recomputed;
+                if recomputed && let Some(x) = roles.inputs[m] {
+                    self.release(x);
+                }
                 if free_g {
                     self.free(g);
                 }
-                if let Some(x) = roles.inputs[m] {
+                if !recomputed && let Some(x) = roles.inputs[m] {
                     self.release(x);
                 }
                 g_in
@@ -2186,9 +2206,25 @@ impl<'m> Backward<'_, '_, 'm> {
         let through_mean = self.temp(4 * th);
         self.free(scalar);
         self.free(pow);
-        self.free(div);
-        if let Some(x32) = x32 {
-            self.release(x32);
+        if self.kept.recomputed {
+            // `PowBackward0` drops the recomputed input as it returns, then its incoming
+            // gradient; with the layer's last saved tensor unpacked, checkpointing's frame
+            // lets the layer's input go.
+            if let Some(x32) = x32 {
+                self.release(x32);
+            }
+            self.free(div);
+            if x32.is_some()
+                && x32 == self.kept.checkpoint_after
+                && let Some(c) = self.kept.checkpoint.take()
+            {
+                self.free(c);
+            }
+        } else {
+            self.free(div);
+            if let Some(x32) = x32 {
+                self.release(x32);
+            }
         }
         let sum = self.temp(4 * th);
         self.free(by_rsqrt);
@@ -2243,10 +2279,16 @@ impl<'m> Backward<'_, '_, 'm> {
         for w in ws.into_iter().rev() {
             self.free(w);
         }
-        self.free(d_attn);
+        let recomputed = self.kept.recomputed;
+        if !recomputed {
+            self.free(d_attn);
+        }
         let (q, k, v) = casts.unwrap_or((roles.q_rot, roles.k_rot, roles.v));
         for x in [q, k, v, out, lse].into_iter().chain(rng) {
             self.release(x);
+        }
+        if recomputed {
+            self.free(d_attn);
         }
         (dq, dk, dv)
     }

@@ -1012,18 +1012,23 @@ impl<'m, 'j> Step<'m, 'j> {
                     bytes: self.gb,
                 };
                 let Some(dy) = dh.take() else { break };
+                let mut layer_saved = saved.pop().unwrap_or_default();
                 // Under checkpointing the backward runs until an op reads a saved tensor,
-                // which starts the recompute.
+                // which starts the recompute; the layer's input (its checkpoint) goes once
+                // the recomputed tensors have been read.
                 let started = if self.job.gradient_checkpointing {
                     let started = ops.start(b, k, &mut grads, dy);
                     layer = ops.forward(b, k, Mode::Recompute).0;
+                    for input in layer_saved.drain(..) {
+                        layer.hold_checkpoint(input);
+                    }
                     started
                 } else {
                     None
                 };
                 dh = ops.backward(b, k, &mut layer, &mut grads, dy, started);
                 b.free_all(layer.into_rest());
-                b.free_all(saved.pop().unwrap_or_default());
+                b.free_all(layer_saved);
             }
             return dh;
         }
