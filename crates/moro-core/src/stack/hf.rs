@@ -45,7 +45,12 @@ pub(super) const PROFILE: StackProfile = StackProfile {
     loop_keeps_previous_loss: false,
     trainer_embedding_override: true,
     ddp_bucket_copy: true,
-    peft_input_grads: false,
+    // transformers 5.25 `activation_checkpointing_enable` calls `enable_input_require_grads`
+    // for every model whose main input is `input_ids` (the fix for transformers#42489), and
+    // PEFT 0.21's `PeftModel.__init__` calls it for a model already checkpointing, and TRL's
+    // `SFTTrainer.__init__` for every PEFT model under checkpointing (TRL f2cd577): the
+    // oracle's LoRA steps compute the first layer's input gradient.
+    peft_input_grads: true,
     step_replay: true,
     kv_cache: KvCacheLayout::Transformers,
     tp_replicates_embeddings: false,

@@ -8,8 +8,5 @@ pub(super) const PROFILE: StackProfile = StackProfile {
     default_checkpointing: DefaultCheckpointing::On,
     default_loss: DefaultLoss::SftTrainer,
     kbit_prepare: KbitPrepare::SftTrainerLegacy,
-    // `SFTTrainer.__init__` calls it for every PEFT model under checkpointing (TRL f2cd577
-    // sft_trainer.py, working around transformers#42489).
-    peft_input_grads: true,
     ..super::hf::PROFILE
 };
