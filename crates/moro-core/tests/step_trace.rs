@@ -15,7 +15,8 @@ use moro_core::caching_allocator::{CachingAllocator, Handle};
 use moro_core::estimate::trace::{Op, Trace, step};
 use moro_core::estimate::{Component, DeviceProfile, Regime};
 use moro_core::job::{
-    Attention, Job, JobSettings, Method, Optimizer, Precision, Quantization, Stack, Targets,
+    Attention, Job, JobSettings, Method, Optimizer, PeftKind, Precision, Quantization, Stack,
+    Targets,
 };
 use moro_core::model::ModelSpec;
 use serde_json::Value;
@@ -246,14 +247,7 @@ fn traces_match_the_recorded_steps() {
         let regime = Regime::resolve(&model, &job);
         let trace = step::trace(&model, &job, &regime, &no_cublas())
             .unwrap_or_else(|| panic!("{}: not traced", rec.label));
-        if let Ok(dir) = std::env::var("MORO_TRACE_DUMP") {
-            let lines: Vec<String> = trace
-                .events
-                .iter()
-                .map(|e| serde_json::to_string(e).unwrap())
-                .collect();
-            std::fs::write(format!("{dir}/{}.jsonl", rec.label), lines.join("\n")).unwrap();
-        }
+        dump_trace(&rec.label, &trace);
         let (want_alloc, want_reserved) = replay_recorded(&rec);
         let ours = trace.replay();
         #[allow(clippy::cast_precision_loss)]
@@ -554,6 +548,35 @@ fn replay_after_load(t: &Trace) -> (u64, u64) {
     (allocated, reserved)
 }
 
+/// With `MORO_TRACE_DUMP=DIR`, writes `trace` to `DIR/<label>.jsonl` (one event a line), to
+/// compare with the oracle's `--desc` events event by event.
+fn dump_trace(label: &str, trace: &Trace) {
+    if let Ok(dir) = std::env::var("MORO_TRACE_DUMP") {
+        let lines: Vec<String> = trace
+            .events
+            .iter()
+            .map(|e| serde_json::to_string(e).unwrap())
+            .collect();
+        std::fs::write(format!("{dir}/{label}.jsonl"), lines.join("\n")).unwrap();
+    }
+}
+
+/// moro's trace `t` against the oracle's compact row `v`, both replayed from the reset after
+/// loading: the relative errors of the allocated and reserved peaks, printed under `label`.
+fn errors_after_load(label: &str, t: &Trace, v: &Value) -> (f64, f64) {
+    let (want_alloc, want_reserved) = replay_compact(v);
+    let (alloc, reserved) = replay_after_load(t);
+    #[allow(clippy::cast_precision_loss)]
+    let err = |a: u64, b: u64| a as f64 / b as f64 - 1.0;
+    let (ea, er) = (err(alloc, want_alloc), err(reserved, want_reserved));
+    eprintln!(
+        "{label}: allocated {:+.3} %, reserved {:+.3} %",
+        ea * 100.0,
+        er * 100.0
+    );
+    (ea, er)
+}
+
 /// LoRA under bf16 autocast on a Llama-style layer is traced op by op
 /// (`trace/decoder_layer.rs`). Against the recorded steps of the 2-layer Llama-3.1-8B and
 /// Qwen2.5-1.5B, with and without checkpointing, the allocated peaks agree within 0.1 %,
@@ -606,17 +629,9 @@ fn lora_layers_are_traced_op_by_op() {
     let regime = Regime::resolve(&x.model, &x.job);
     let trace = step::trace(&x.model, &x.job, &regime, &no_cublas()).unwrap();
     assert!(trace.op_by_op);
-    let (want_alloc, want_reserved) = replay_compact(&whole);
-    let (alloc, reserved) = replay_after_load(&trace);
-    #[allow(clippy::cast_precision_loss)]
-    let err = |a: u64, b: u64| a as f64 / b as f64 - 1.0;
-    eprintln!(
-        "Llama-3.1-8B whole: allocated {:+.3} %, reserved {:+.3} %",
-        err(alloc, want_alloc) * 100.0,
-        err(reserved, want_reserved) * 100.0
-    );
-    assert!(err(alloc, want_alloc).abs() <= 0.005);
-    assert!(err(reserved, want_reserved).abs() <= 0.005);
+    let (ea, er) = errors_after_load("Llama-3.1-8B whole", &trace, &whole);
+    assert!(ea.abs() <= 0.005);
+    assert!(er.abs() <= 0.005);
 }
 
 /// The H200's full fine-tunes of Llama-3.2-1B-Instruct and Qwen2.5-1.5B (bf16 weights
@@ -643,16 +658,7 @@ fn full_fine_tunes_follow_the_h200_sequences() {
         let regime = Regime::resolve(&x.model, &x.job);
         let trace = step::trace(&x.model, &x.job, &regime, &no_cublas()).unwrap();
         assert!(trace.op_by_op, "{row}");
-        let (want_alloc, want_reserved) = replay_compact(&whole);
-        let (alloc, reserved) = replay_after_load(&trace);
-        #[allow(clippy::cast_precision_loss)]
-        let err = |a: u64, b: u64| a as f64 / b as f64 - 1.0;
-        let (ea, er) = (err(alloc, want_alloc), err(reserved, want_reserved));
-        eprintln!(
-            "{row}: allocated {:+.3} %, reserved {:+.3} %",
-            ea * 100.0,
-            er * 100.0
-        );
+        let (ea, er) = errors_after_load(row, &trace, &whole);
         assert!(ea.abs() <= 0.0001, "{row}: allocated {ea}");
         assert!(er.abs() <= 0.001, "{row}: reserved {er}");
         checked += 1;
@@ -673,27 +679,12 @@ fn full_fine_tunes_follow_the_h200_sequences() {
 #[test]
 fn ia3_and_vera_are_traced() {
     let rows = include_str!("../../../validation/oracle-traces/step-events-peft.jsonl");
-    let checked = rows_within(
+    let checked = one_method_op_by_op(
         rows,
-        |label, job, trace| {
-            assert_ne!(
-                job.adapter.method,
-                moro_core::job::PeftKind::Lora,
-                "{label}"
-            );
-            assert_eq!(
-                trace.op_by_op,
-                job.adapter.method == moro_core::job::PeftKind::Ia3,
-                "{label}"
-            );
-        },
-        |label| {
-            if label.contains("-ia3-") {
-                (0.001, 0.001)
-            } else {
-                (0.005, 0.03)
-            }
-        },
+        PeftKind::Ia3,
+        (0.001, 0.001),
+        (0.005, 0.03),
+        |label, job, _| assert_ne!(job.adapter.method, PeftKind::Lora, "{label}"),
     );
     assert_eq!(checked, 10);
 }
@@ -718,14 +709,12 @@ fn loha_lokr_and_oft_are_traced() {
             assert!(
                 matches!(
                     job.adapter.method,
-                    moro_core::job::PeftKind::LoHa
-                        | moro_core::job::PeftKind::LoKr
-                        | moro_core::job::PeftKind::Oft
+                    PeftKind::LoHa | PeftKind::LoKr | PeftKind::Oft
                 ),
                 "{label}"
             );
         },
-        |_| (0.005, 0.02),
+        |_, _| (0.005, 0.02),
     );
     assert_eq!(checked, 12);
 }
@@ -745,11 +734,7 @@ fn adalora_is_traced() {
     let checked = rows_within(
         rows,
         |label, job, trace| {
-            assert_eq!(
-                job.adapter.method,
-                moro_core::job::PeftKind::AdaLora,
-                "{label}"
-            );
+            assert_eq!(job.adapter.method, PeftKind::AdaLora, "{label}");
             let importance: u64 = trace
                 .events
                 .iter()
@@ -761,7 +746,7 @@ fn adalora_is_traced() {
                 assert_eq!(importance, 2 * 2 * 852_096 * 4, "{label}");
             }
         },
-        |_| (0.005, 0.02),
+        |_, _| (0.005, 0.02),
     );
     assert_eq!(checked, 8);
 }
@@ -782,11 +767,7 @@ fn boft_is_traced() {
     let checked = rows_within(
         rows,
         |label, job, trace| {
-            assert_eq!(
-                job.adapter.method,
-                moro_core::job::PeftKind::Boft,
-                "{label}"
-            );
+            assert_eq!(job.adapter.method, PeftKind::Boft, "{label}");
             let buffers: Vec<u64> = trace
                 .events
                 .iter()
@@ -801,7 +782,7 @@ fn boft_is_traced() {
             };
             assert_eq!(buffers, vec![d * width * width * 4; 4], "{label}");
         },
-        |_| (0.005, 0.02),
+        |_, _| (0.005, 0.02),
     );
     assert_eq!(checked, 8);
 }
@@ -851,8 +832,11 @@ fn peft_methods_on_a_4bit_base_match_the_oracle() {
 #[test]
 fn prompt_and_prefix_tuning_are_traced() {
     let rows = include_str!("../../../validation/oracle-traces/step-events-peft-prompt.jsonl");
-    let checked = rows_within(
+    let checked = one_method_op_by_op(
         rows,
+        PeftKind::PromptTuning,
+        (0.002, 0.006),
+        (0.005, 0.02),
         |label, job, trace| {
             assert!(job.adapter.method.uses_virtual_tokens(), "{label}");
             assert!(
@@ -862,18 +846,6 @@ fn prompt_and_prefix_tuning_are_traced() {
                     .all(|e| e.name != "lora_A" && e.name != "lora_B"),
                 "{label}"
             );
-            assert_eq!(
-                trace.op_by_op,
-                job.adapter.method == moro_core::job::PeftKind::PromptTuning,
-                "{label}"
-            );
-        },
-        |label| {
-            if label.contains("prompt") {
-                (0.002, 0.006)
-            } else {
-                (0.005, 0.02)
-            }
         },
     );
     assert_eq!(checked, 8);
@@ -891,17 +863,13 @@ fn ln_tuning_is_traced() {
     let checked = rows_within(
         rows,
         |label, job, trace| {
-            assert_eq!(
-                job.adapter.method,
-                moro_core::job::PeftKind::LnTuning,
-                "{label}"
-            );
+            assert_eq!(job.adapter.method, PeftKind::LnTuning, "{label}");
             assert!(
                 trace.events.iter().any(|e| e.name == "ln_tuning_layers"),
                 "{label}"
             );
         },
-        |_| (0.008, 0.02),
+        |_, _| (0.008, 0.02),
     );
     assert_eq!(checked, 4);
 }
@@ -1021,18 +989,44 @@ fn op_level_rows_within(rows: &str, tolerance: impl Fn(&str) -> f64) -> usize {
     rows_within(
         rows,
         |label, _, trace| assert!(trace.op_by_op, "{label}"),
-        |label| (tolerance(label), tolerance(label)),
+        |label, _| (tolerance(label), tolerance(label)),
+    )
+}
+
+/// [`rows_within`] over a fixture of two PEFT methods: `op_level`'s rows are traced op by op
+/// and held to `op` (allocated, reserved), the other method's are not and are held to
+/// `coarse`; `check` asserts what else each row's job and trace must be.
+fn one_method_op_by_op(
+    rows: &str,
+    op_level: PeftKind,
+    op: (f64, f64),
+    coarse: (f64, f64),
+    check: impl Fn(&str, &Job, &Trace),
+) -> usize {
+    rows_within(
+        rows,
+        |label, job, trace| {
+            check(label, job, trace);
+            assert_eq!(trace.op_by_op, job.adapter.method == op_level, "{label}");
+        },
+        |_, job| {
+            if job.adapter.method == op_level {
+                op
+            } else {
+                coarse
+            }
+        },
     )
 }
 
 /// Replays each compact row of `rows` and moro's trace of the same job from the reset after
 /// loading; `check` asserts what the row's job and trace must be, and the allocated and
-/// reserved peaks are held within `tolerance` of the row's label. Returns the number of
-/// rows checked.
+/// reserved peaks are held within `tolerance` of the row's label and job. Returns the number
+/// of rows checked.
 fn rows_within(
     rows: &str,
-    check: impl Fn(&str, &moro_core::job::Job, &Trace),
-    tolerance: impl Fn(&str) -> (f64, f64),
+    check: impl Fn(&str, &Job, &Trace),
+    tolerance: impl Fn(&str, &Job) -> (f64, f64),
 ) -> usize {
     let mut checked = 0;
     for line in rows.lines() {
@@ -1044,25 +1038,9 @@ fn rows_within(
             .unwrap()
             .unwrap_or_else(|| panic!("{label}: traced"));
         check(label, &job, &trace);
-        if let Ok(dir) = std::env::var("MORO_TRACE_DUMP") {
-            let lines: Vec<String> = trace
-                .events
-                .iter()
-                .map(|e| serde_json::to_string(e).unwrap())
-                .collect();
-            std::fs::write(format!("{dir}/{label}.jsonl"), lines.join("\n")).unwrap();
-        }
-        let (want_alloc, want_reserved) = replay_compact(&v);
-        let (alloc, reserved) = replay_after_load(&trace);
-        #[allow(clippy::cast_precision_loss)]
-        let err = |a: u64, b: u64| a as f64 / b as f64 - 1.0;
-        let (ea, er) = (err(alloc, want_alloc), err(reserved, want_reserved));
-        eprintln!(
-            "{label}: allocated {:+.3} %, reserved {:+.3} %",
-            ea * 100.0,
-            er * 100.0
-        );
-        let (ta, tr) = tolerance(label);
+        dump_trace(label, &trace);
+        let (ea, er) = errors_after_load(label, &trace, &v);
+        let (ta, tr) = tolerance(label, &job);
         assert!(
             ea.abs() <= ta && er.abs() <= tr,
             "{label}: {ea:+.4} / {er:+.4}"

@@ -1304,12 +1304,7 @@ fn final_norm_forward(d: &Dims) -> (Tape, NormKept, usize) {
     let mut tp = Tape::default();
     let out_kind = if d.full { Kind::Saved } else { Kind::Temp };
     let (kept, out) = rms_forward(&mut tp, d, true, d.h, d.t, None, out_kind);
-    let kept = kept.unwrap_or(NormKept {
-        x: None,
-        rsqrt: 0,
-        cast: None,
-    });
-    (tp, kept, out)
+    (tp, kept.expect("a norm told to keep keeps"), out)
 }
 
 impl DecoderLayer {
@@ -1323,30 +1318,25 @@ impl DecoderLayer {
         ps: &[Param<'_>],
         ranges: &[std::ops::Range<usize>],
     ) -> Self {
-        let adapted = NAMES.map(|n| {
+        // The seven projections of a layer (every layer's are the same, [`llama_style`]).
+        let linears = NAMES.map(|n| {
             model
                 .layers
                 .first()
                 .and_then(|g| g.linears.iter().find(|l| l.name == n))
-                .is_some_and(|l| {
-                    job.method.is_peft() && job.adapter.method == PeftKind::Lora && job.adapts(l)
-                })
         });
-        let scales = NAMES.map(|n| {
-            model
-                .layers
-                .first()
-                .and_then(|g| g.linears.iter().find(|l| l.name == n))
-                .filter(|l| {
-                    job.method.is_peft() && job.adapter.method == PeftKind::Ia3 && job.adapts(l)
-                })
-                .map(|l| {
-                    if weights::ia3_feedforward(model, job, l) {
-                        Scale::Input
-                    } else {
-                        Scale::Output
-                    }
-                })
+        let peft = |kind: PeftKind, l: &crate::model::Linear| {
+            job.method.is_peft() && job.adapter.method == kind && job.adapts(l)
+        };
+        let adapted = linears.map(|l| l.is_some_and(|l| peft(PeftKind::Lora, l)));
+        let scales = linears.map(|l| {
+            l.filter(|l| peft(PeftKind::Ia3, l)).map(|l| {
+                if weights::ia3_feedforward(model, job, l) {
+                    Scale::Input
+                } else {
+                    Scale::Output
+                }
+            })
         });
         let d = Dims {
             t: job.micro_batch_size * job.seq_len,
@@ -1373,36 +1363,21 @@ impl DecoderLayer {
                 nested: job.quantization.double_quant(),
             }),
             full: job.method == Method::Full,
-            bias: NAMES.map(|n| {
-                model
-                    .layers
-                    .first()
-                    .and_then(|g| g.linears.iter().find(|l| l.name == n))
-                    .is_some_and(|l| l.bias)
-            }),
+            bias: linears.map(|l| l.is_some_and(|l| l.bias)),
+        };
+        // Parameter `p` of projection `name` in a layer's range of the step's parameters.
+        let find = |range: &std::ops::Range<usize>, name: &str, p: &str| {
+            range
+                .clone()
+                .find(|&j| ps[j].module == Some(name) && ps[j].name == p)
         };
         let params = ranges
             .iter()
-            .map(|range| {
-                NAMES.map(|name| {
-                    let find = |p: &str| {
-                        range
-                            .clone()
-                            .find(|&j| ps[j].module == Some(name) && ps[j].name == p)
-                    };
-                    find("lora_A").zip(find("lora_B"))
-                })
-            })
+            .map(|range| NAMES.map(|n| find(range, n, "lora_A").zip(find(range, n, "lora_B"))))
             .collect();
         let scalings = ranges
             .iter()
-            .map(|range| {
-                NAMES.map(|name| {
-                    range
-                        .clone()
-                        .find(|&j| ps[j].module == Some(name) && ps[j].name == "ia3_l")
-                })
-            })
+            .map(|range| NAMES.map(|n| find(range, n, "ia3_l")))
             .collect();
         let trained = ranges
             .iter()
@@ -1413,12 +1388,7 @@ impl DecoderLayer {
                     .filter(|&j| ps[j].name == "norm")
                     .filter(trains);
                 Trained {
-                    linears: NAMES.map(|name| {
-                        range
-                            .clone()
-                            .filter(trains)
-                            .find(|&j| ps[j].module == Some(name) && ps[j].name == "weight")
-                    }),
+                    linears: NAMES.map(|n| find(range, n, "weight").filter(trains)),
                     norms: [norms.next(), norms.next()],
                 }
             })
@@ -1426,8 +1396,8 @@ impl DecoderLayer {
         Self {
             d,
             // With the input embeddings requiring grad (a full fine-tune's embedding trains;
-            // TRL makes them under checkpointing), the first layer computes its input's
-            // gradient like any other.
+            // transformers and TRL make them under checkpointing; prompt tuning's prompt
+            // trains), the first layer computes its input's gradient like any other.
             first: layer_forward(
                 &d,
                 !(d.full
@@ -1658,21 +1628,17 @@ impl DecoderLayer {
         // it.
         let dv = bw.contiguous(dv, 2 * t * d.kv);
         let mut sum = bw.linear(V, roles, dv, true, None, needs, None);
-        if let Some(dk) = dk {
-            let dk = match roles.qk_norms[1] {
-                Some(kept) => bw.norm_into(dk, kept, d.kv, None, None),
-                None => dk,
+        for (m, g, norm, w) in [
+            (K, dk, roles.qk_norms[1], d.kv),
+            (Q, dq, roles.qk_norms[0], d.q),
+        ] {
+            let Some(g) = g else { continue };
+            let g = match norm {
+                Some(kept) => bw.norm_into(g, kept, w, None, None),
+                None => g,
             };
-            let dk = bw.contiguous_rotated(dk, s * t * d.kv);
-            sum = bw.linear(K, roles, dk, true, sum, needs, None);
-        }
-        if let Some(dq) = dq {
-            let dq = match roles.qk_norms[0] {
-                Some(kept) => bw.norm_into(dq, kept, d.q, None, None),
-                None => dq,
-            };
-            let dq = bw.contiguous_rotated(dq, s * t * d.q);
-            sum = bw.linear(Q, roles, dq, true, sum, needs, None);
+            let g = bw.contiguous_rotated(g, s * t * w);
+            sum = bw.linear(m, roles, g, true, sum, needs, None);
         }
         match (roles.norm1, sum) {
             (Some(norm1), Some(sum)) => Some(bw.norm_into(sum, norm1, d.h, Some(dr), norms[0])),
