@@ -31,6 +31,7 @@ and reserved peaks; `--matrix` regenerates its fixture,
   $PY calibration/step_events.py --matrix-peft-boft
   $PY calibration/step_events.py --matrix-peft-qlora
   $PY calibration/step_events.py --matrix-peft-adalora
+  $PY calibration/step_events.py --matrix-liger
 
 `--matrix-lengths` writes `validation/oracle-traces/step-events-lengths.jsonl` (compact): five
 jobs trained on 16 batches of varying length (`--lengths L1,L2,...`: one step per length).
@@ -54,6 +55,12 @@ output stood in for on fake tensors) on the same models, with and without checkp
 BOFT, OFT, IA³, VeRA and AdaLoRA on the 2-layer Llama-3.1-8B in NF4 (fp32 hidden states after
 `prepare_model_for_kbit_training`; BOFT's permutations on the host), with and without
 checkpointing: the methods the step trace leaves to the formulas on a 4-bit base.
+
+`--liger` applies Liger's kernels as the Trainer's `use_liger_kernel=True` does
+(`liger_fake.py`: liger-kernel 0.8.5's own Python, its Triton launches doing nothing on fake
+tensors). `--matrix-liger` writes `validation/oracle-traces/step-events-liger.jsonl`
+(compact): LoRA on the 2-layer Llama-3.1-8B with and without checkpointing and on Qwen3-8B,
+QLoRA on Llama-3.1-8B and Qwen2.5-7B, full fine-tunes of Llama-3.1-8B and Qwen2.5-7B.
 
 `--desc` adds `descs`: each allocation's op, dtype and shape as the tracker names them
 (`mm bfloat16 (2048, 4096)`; parameters and gradients have none), in allocation order, for
@@ -229,9 +236,14 @@ def install_lengths(lengths):
     torch.randint = randint
 
 
-def run(argv, descs=False, flash_attn=False, lengths=None):
+def run(argv, descs=False, flash_attn=False, lengths=None, liger=False):
     sys.path.insert(0, ORACLE_DIR)
     import tracker as tracker_module
+
+    if liger:
+        import liger_fake
+
+        liger_fake.install()
 
     install_dequant_forward()
     if lengths:
@@ -661,6 +673,16 @@ MATH_MHA_MATRIX = [with_attention(a, "math", ["--sdpa-backend", "math"]) for a i
 MATH_MHA_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-math-mha.jsonl")
 DORA_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-dora.jsonl")
 
+# Liger's kernels as the Trainer's `use_liger_kernel=True` applies them (`liger_fake.py`):
+# LoRA with and without checkpointing, on Qwen3's q and k norms, QLoRA's fp32 stream, full
+# fine-tunes.
+LIGER_MATRIX = [with_attention(a, "liger", ["--liger"]) for a in (
+    lora_args("bf16-mixed", 0.0, True), lora_args("bf16-mixed", 0.0, False),
+    lora_args("bf16-mixed", 0.0, True, model="Qwen--Qwen3-8B"),
+    qlora_args(True, seq=512), qlora_args(False, seq=512, model="Qwen--Qwen2.5-7B"),
+    full_args(True), full_args(False, model="Qwen--Qwen2.5-7B"))]
+LIGER_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-liger.jsonl")
+
 
 def write_matrix(matrix, fixture, compact_rows=False):
     """Runs each job of `matrix` in its own process and writes the rows to `fixture`, in
@@ -705,6 +727,7 @@ def main():
         "--matrix-flash": (FLASH_MATRIX, FLASH_FIXTURE, True),
         "--matrix-math": (MATH_MATRIX, MATH_FIXTURE, True),
         "--matrix-math-mha": (MATH_MHA_MATRIX, MATH_MHA_FIXTURE, True),
+        "--matrix-liger": (LIGER_MATRIX, LIGER_FIXTURE, True),
         "--matrix-lengths": (LENGTHS_MATRIX, LENGTHS_FIXTURE, True),
         "--matrix-peft": (PEFT_MATRIX, PEFT_FIXTURE, True),
         "--matrix-peft-weight": (PEFT_WEIGHT_MATRIX, PEFT_WEIGHT_FIXTURE, True),
@@ -720,17 +743,20 @@ def main():
         return
     descs = "--desc" in argv
     flash_attn = "--flash-attn" in argv
+    liger = "--liger" in argv
     lengths = None
     if "--lengths" in argv:
         i = argv.index("--lengths")
         lengths = [int(x) for x in argv[i + 1].split(",")]
         argv = argv[:i] + argv[i + 2:] + ["--steps", str(len(lengths))]
-    row = run([a for a in argv if a not in ("--desc", "--flash-attn")], descs, flash_attn,
-              lengths)
+    row = run([a for a in argv if a not in ("--desc", "--flash-attn", "--liger")], descs,
+              flash_attn, lengths, liger)
     if lengths:
         row["lengths"] = lengths
     if flash_attn:
         row["job"]["attn_implementation"] = "flash_attention_2"
+    if liger:
+        row["job"]["liger_kernel"] = True
     if spec is not None:
         row["job"]["peft"] = spec
     print(json.dumps(row, separators=(",", ":")))
