@@ -266,6 +266,8 @@ pub fn oracle_step_job(
         lora_alpha: j["lora"]["alpha"].as_f64(),
         lora_dropout: j["lora"]["dropout"].as_f64(),
         target_modules: targets.map(Targets::Names),
+        // `--liger`: what the Trainer's `use_liger_kernel=True` applies (`liger_fake.py`).
+        liger: (j["liger_kernel"] == true).then_some(moro_core::job::Liger::ALL),
         ..JobSettings::default()
     };
     let settings = with_peft(settings, &j["peft"]);

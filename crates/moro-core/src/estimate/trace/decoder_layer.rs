@@ -133,11 +133,12 @@ pub(super) fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
     // IA³ with fp32 vectors: `mul` promotes the 16-bit activations to fp32 and `.to` casts
     // them back, under autocast or without it (neither op is on its lists).
     let ia3 = frozen_16_bit && r.adapter_bytes == 4 && job.adapter.method == PeftKind::Ia3;
-    (lora || prompt || ia3 || full)
+    // Liger's RMSNorm, SwiGLU and RoPE (liger-kernel 0.8.5, the Trainer's instance patch)
+    // are traced under LoRA, QLoRA and full fine-tunes; under the other methods the layers
+    // stay coarse.
+    let liger = job.liger.rms_norm || job.liger.glu || job.liger.rope;
+    (lora || full || !liger && (prompt || ia3))
         && job.padding == Padding::Packed
-        && !job.liger.rms_norm
-        && !job.liger.glu
-        && !job.liger.rope
         && llama_style(model)
 }
 
@@ -200,6 +201,11 @@ enum Ev {
     /// last save is one, checkpointing's recompute stops there.
     Pack,
 }
+
+/// The SMs liger-kernel's RMSNorm backward gives a row of partial weight gradients each
+/// (`sm_count`, `ops/rms_norm.py`): an H100's or H200's 132 (an A100 has 108, an RTX 4090
+/// 128; the rows are fp32, 4·h bytes each, freed within the norm's backward).
+const LIGER_SM_COUNT: u64 = 132;
 
 /// One layer's forward as events over numbered tensors.
 #[derive(Debug, Default)]
@@ -359,7 +365,8 @@ struct Roles {
     k_rot: usize,
     attention: Attn,
     gate: usize,
-    act: usize,
+    /// The activation's output (none under Liger's SwiGLU, which recomputes it).
+    act: Option<usize>,
     up: usize,
     output: usize,
 }
@@ -407,6 +414,12 @@ struct Dims {
     full: bool,
     /// Each projection has a bias (Qwen2's q, k and v).
     bias: [bool; 7],
+    /// Liger's `LigerRMSNorm` on every norm (Qwen3's q and k norms too).
+    liger_norm: bool,
+    /// Liger's `LigerSiLUMulFunction` in the MLP.
+    liger_glu: bool,
+    /// Liger's RoPE, rotating q and k in place.
+    liger_rope: bool,
 }
 
 /// bitsandbytes 0.50 `Linear4bit` under PEFT 0.21 `lora.bnb.Linear4bit`.
@@ -505,6 +518,19 @@ fn rms_forward(
 ) -> (Option<NormKept>, usize) {
     let th = d.t * w;
     let kind = if keep { Kind::Saved } else { Kind::Temp };
+    if d.liger_norm {
+        // liger-kernel 0.8.5 `rms_norm_forward`: `Y` in the input's dtype, then `RSTD`, fp32,
+        // one a row; `LigerRMSNormFunction` saves the input itself and `RSTD`.
+        let out = tp.alloc(d.stream * th, "LigerRMSNorm output", None, out_kind);
+        let rstd = tp.alloc(4 * rows, "LigerRMSNorm rstd", None, kind);
+        tp.last_use(rstd);
+        let kept = NormKept {
+            x: input,
+            rsqrt: rstd,
+            cast: None,
+        };
+        return (keep.then_some(kept), out);
+    }
     if d.stream == 4 {
         let pow = tp.temp(4 * th, "RMSNorm pow");
         let mean = tp.temp(4 * rows, "RMSNorm mean");
@@ -968,31 +994,11 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
     let mut qk_norms = [None, None];
     let keep_q = !first || d.trains_in(Q);
     let norm_saves = |keep: bool| {
-        if d.qk_norm && d.stream == 4 && keep {
+        if d.qk_norm && (d.stream == 4 || d.liger_norm) && keep {
             Kind::Saved
         } else {
             Kind::Temp
         }
-    };
-    let q = linear_forward(tp, d, Q, norm_saves(keep_q), !first, &mut saves);
-    let q = if d.qk_norm {
-        let (kept, normed) = rms_forward(tp, d, keep_q, d.q, t * d.heads, Some(q), Kind::Temp);
-        tp.last_use(q);
-        qk_norms[0] = kept;
-        normed
-    } else {
-        q
-    };
-    let keep_k = !first || d.trains_in(K);
-    let k = linear_forward(tp, d, K, norm_saves(keep_k), !first, &mut saves);
-    let k = if d.qk_norm {
-        let heads = d.kv / d.head_dim.max(1);
-        let (kept, normed) = rms_forward(tp, d, keep_k, d.kv, t * heads, Some(k), Kind::Temp);
-        tp.last_use(k);
-        qk_norms[1] = kept;
-        normed
-    } else {
-        k
     };
     // Eager attention with grouped KV heads saves `repeat_kv`'s copies, not k and v.
     // `matmul` folds (batch, heads) into bmm's batch: a view with one sequence, a copy (which
@@ -1009,11 +1015,46 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
     } else {
         Kind::Saved
     };
+    let keep_k = !first || d.trains_in(K);
+    // Liger's RoPE rotates q and k where they are (`rope_forward`: the transposes undo the
+    // projections' own, `contiguous` copies nothing): what the attention saves is then the
+    // projection's output, or its q or k norm's.
+    let rotated_in_place = |kind: Kind| if d.liger_rope { kind } else { Kind::Temp };
+    let (q_out, k_out) = if d.liger_rope && !d.qk_norm {
+        (q_kind, kv_kind)
+    } else {
+        (norm_saves(keep_q), norm_saves(keep_k))
+    };
+    let (normed_q, normed_k) = (rotated_in_place(q_kind), rotated_in_place(kv_kind));
+    let q = linear_forward(tp, d, Q, q_out, !first, &mut saves);
+    let q = if d.qk_norm {
+        let (kept, normed) = rms_forward(tp, d, keep_q, d.q, t * d.heads, Some(q), normed_q);
+        tp.last_use(q);
+        qk_norms[0] = kept;
+        normed
+    } else {
+        q
+    };
+    let k = linear_forward(tp, d, K, k_out, !first, &mut saves);
+    let k = if d.qk_norm {
+        let heads = d.kv / d.head_dim.max(1);
+        let (kept, normed) = rms_forward(tp, d, keep_k, d.kv, t * heads, Some(k), normed_k);
+        tp.last_use(k);
+        qk_norms[1] = kept;
+        normed
+    } else {
+        k
+    };
     let v = linear_forward(tp, d, V, kv_kind, !first, &mut saves);
-    let q_rot = rope_forward(tp, d.stream * t * d.q, q_kind);
-    let k_rot = rope_forward(tp, d.stream * t * d.kv, kv_kind);
-    tp.free(q);
-    tp.free(k);
+    let (q_rot, k_rot) = if d.liger_rope {
+        (q, k)
+    } else {
+        let q_rot = rope_forward(tp, d.stream * t * d.q, q_kind);
+        let k_rot = rope_forward(tp, d.stream * t * d.kv, kv_kind);
+        tp.free(q);
+        tp.free(k);
+        (q_rot, k_rot)
+    };
     let (attention, o_input) = if d.eager {
         // transformers 5.25 `eager_attention_forward`: `repeat_kv`'s copies, q·kᵀ, its
         // scaling and mask, the fp32 softmax and its cast (p = 0 dropout makes nothing),
@@ -1121,8 +1162,9 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
         }
     }
     tp.last_use(x1);
-    // On an fp32 stream the second norm saves its input, this sum, itself.
-    let r1_kind = if d.stream == 4 {
+    // On an fp32 stream, or under Liger's norm, the second norm saves its input, this sum,
+    // itself.
+    let r1_kind = if d.stream == 4 || d.liger_norm {
         Kind::Saved
     } else {
         Kind::Temp
@@ -1136,12 +1178,28 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
         cast: None,
     });
     let gate = linear_forward(tp, d, GATE, Kind::Saved, true, &mut saves);
-    let act = tp.saved(d.stream * t * d.i, "activation", None);
-    tp.release(gate);
-    let up = linear_forward(tp, d, UP, Kind::Saved, true, &mut saves);
-    let product = tp.alloc(d.stream * t * d.i, "gate·up", None, held(down_owner));
-    tp.release(act);
-    tp.release(up);
+    let (act, up, product) = if d.liger_glu {
+        // liger-kernel 0.8.5 `LigerSiLUMulFunction`: the output `empty_like(gate)`; gate's
+        // and up's outputs saved, the activation never made.
+        let up = linear_forward(tp, d, UP, Kind::Saved, true, &mut saves);
+        let product = tp.alloc(
+            d.stream * t * d.i,
+            "LigerSiLUMul output",
+            None,
+            held(down_owner),
+        );
+        tp.release(gate);
+        tp.release(up);
+        (None, up, product)
+    } else {
+        let act = tp.saved(d.stream * t * d.i, "activation", None);
+        tp.release(gate);
+        let up = linear_forward(tp, d, UP, Kind::Saved, true, &mut saves);
+        let product = tp.alloc(d.stream * t * d.i, "gate·up", None, held(down_owner));
+        tp.release(act);
+        tp.release(up);
+        (Some(act), up, product)
+    };
     let down = linear_forward(tp, d, DOWN, Kind::Temp, true, &mut saves);
     tp.last_use(product);
     tp.last_use(x2);
@@ -1364,6 +1422,9 @@ impl DecoderLayer {
             }),
             full: job.method == Method::Full,
             bias: linears.map(|l| l.is_some_and(|l| l.bias)),
+            liger_norm: job.liger.rms_norm,
+            liger_glu: job.liger.glu,
+            liger_rope: job.liger.rope,
         };
         // Parameter `p` of projection `name` in a layer's range of the step's parameters.
         let find = |range: &std::ops::Range<usize>, name: &str, p: &str| {
@@ -1408,14 +1469,14 @@ impl DecoderLayer {
             params,
             scalings,
             trained,
-            head: (d.stream == 2).then(|| final_norm_forward(&d)),
+            head: (d.stream == 2 || d.liger_norm).then(|| final_norm_forward(&d)),
         }
     }
 
     /// Whether a layer's first norm saves the layer's input itself (an fp32 stream: no
     /// cast), which must then live until that norm's backward ([`Kept::hold_input`]).
     pub(super) const fn saves_input(&self) -> bool {
-        self.d.stream == 4
+        self.d.stream == 4 || self.d.liger_norm
     }
 
     /// Whether the final norm is traced op by op ([`Self::norm_forward`]).
@@ -1457,7 +1518,11 @@ impl DecoderLayer {
             scalings: [None; 7],
             trained: Trained::default(),
         };
-        Some(bw.rms(g, *norm, self.d.h, weight))
+        Some(if self.d.liger_norm {
+            bw.liger_rms(g, *norm, self.d.h, None, weight)
+        } else {
+            bw.rms(g, *norm, self.d.h, weight)
+        })
     }
 
     /// Under checkpointing, layer `k`'s backward up to the first op that reads a saved
@@ -1551,16 +1616,26 @@ impl DecoderLayer {
         let dp = bw
             .linear(DOWN, roles, dy, false, None, true, started)
             .expect("down_proj's input needs a gradient");
-        let d_up = bw.temp(s * t * d.i);
-        let d_act = bw.temp(s * t * d.i);
-        bw.free(dp);
-        bw.release(roles.up);
-        bw.release(roles.act);
-        let sum = bw.linear(UP, roles, d_up, true, None, true, None);
-        let d_gate = bw.temp(s * t * d.i);
-        bw.free(d_act);
-        bw.release(roles.gate);
-        let sum = bw.linear(GATE, roles, d_gate, true, sum, true, None);
+        let sum = if let Some(act) = roles.act {
+            let d_up = bw.temp(s * t * d.i);
+            let d_act = bw.temp(s * t * d.i);
+            bw.free(dp);
+            bw.release(roles.up);
+            bw.release(act);
+            let sum = bw.linear(UP, roles, d_up, true, None, true, None);
+            let d_gate = bw.temp(s * t * d.i);
+            bw.free(d_act);
+            bw.release(roles.gate);
+            bw.linear(GATE, roles, d_gate, true, sum, true, None)
+        } else {
+            // Liger's SwiGLU backward writes gate's and up's gradients into their saved
+            // outputs and returns those.
+            let d_gate = bw.take(roles.gate);
+            let d_up = bw.take(roles.up);
+            bw.free(dp);
+            let sum = bw.linear(UP, roles, d_up, true, None, true, None);
+            bw.linear(GATE, roles, d_gate, true, sum, true, None)
+        };
         let norms = bw.trained.norms;
         let dr = bw.norm_into(
             sum.expect("the MLP input's gradient"),
@@ -1571,10 +1646,13 @@ impl DecoderLayer {
         );
         // Attention: o_proj, SDPA, RoPE, then v, k and q. On an fp32 stream o_proj's
         // 16-bit output takes the residual's gradient cast to 16 bits.
+        // In a layer whose input needs no gradient, o_proj's is the residual gradient's last
+        // use.
+        let last_use = roles.norm1.is_none();
         let (g_o, free_g_o) = if s == 4 {
             (bw.temp(2 * t * d.h), true)
         } else {
-            (dr, false)
+            (dr, last_use)
         };
         let d_attn = bw
             .linear(O, roles, g_o, free_g_o, None, true, None)
@@ -1621,8 +1699,16 @@ impl DecoderLayer {
         } else {
             (dq, dk, dv)
         };
-        let dk = dk.map(|g| bw.rope(g, s * t * d.kv));
-        let dq = dq.map(|g| bw.rope(g, s * t * d.q));
+        // Liger's RoPE backward rotates the gradients where they are, in the layout the
+        // projections' outputs had: nothing to copy after it either.
+        let (dk, dq) = if d.liger_rope {
+            (dk, dq)
+        } else {
+            (
+                dk.map(|g| bw.rope(g, s * t * d.kv)),
+                dq.map(|g| bw.rope(g, s * t * d.q)),
+            )
+        };
         // Eager attention's gradients come in the (batch, heads, tokens) layout, and so do
         // RoPE's fp32 ones: each is copied contiguous as its projection's backward reshapes
         // it.
@@ -1637,13 +1723,19 @@ impl DecoderLayer {
                 Some(kept) => bw.norm_into(g, kept, w, None, None),
                 None => g,
             };
-            let g = bw.contiguous_rotated(g, s * t * w);
+            let g = if d.liger_rope {
+                g
+            } else {
+                bw.contiguous_rotated(g, s * t * w)
+            };
             sum = bw.linear(m, roles, g, true, sum, needs, None);
         }
         match (roles.norm1, sum) {
             (Some(norm1), Some(sum)) => Some(bw.norm_into(sum, norm1, d.h, Some(dr), norms[0])),
             _ => {
-                bw.free(dr);
+                if s == 4 || !last_use {
+                    bw.free(dr);
+                }
                 None
             }
         }
@@ -1691,6 +1783,12 @@ impl<'m> Backward<'_, '_, 'm> {
         if let Some(t) = self.kept.take(i) {
             self.b.free(t);
         }
+    }
+    /// A saved tensor that goes on as a gradient (the backward wrote into it).
+    fn take(&mut self, i: usize) -> Tensor<'m> {
+        self.kept
+            .take(i)
+            .expect("a saved tensor is there until its backward")
     }
     /// A parameter's gradient: the first micro-batch's becomes `.grad`; a later one's is
     /// added in place and dropped.
@@ -2011,6 +2109,9 @@ impl<'m> Backward<'_, '_, 'm> {
         weight: Option<usize>,
     ) -> Tensor<'m> {
         let th = self.d.t * w;
+        if self.d.liger_norm {
+            return self.liger_rms(g, kept, w, acc, weight);
+        }
         let NormKept { x, rsqrt, .. } = kept;
         if self.d.stream != 4 {
             let j = self.rms(g, kept, w, weight);
@@ -2054,6 +2155,50 @@ impl<'m> Backward<'_, '_, 'm> {
         let sum = self.temp(4 * th);
         self.free(first);
         self.free(through_mean);
+        sum
+    }
+
+    /// liger-kernel 0.8.5 `rms_norm_backward` from `g` (`in_place`: the input's gradient is
+    /// written into `g`, which it returns): a trainable weight's gradient from one fp32 row
+    /// per SM ([`LIGER_SM_COUNT`]) summed and cast to the weight's dtype; then the saved
+    /// input and `RSTD` go (a checkpointed layer's input with its first norm's), and `acc`,
+    /// the residual's gradient, is summed in.
+    fn liger_rms(
+        &mut self,
+        g: Tensor<'m>,
+        kept: NormKept,
+        w: u64,
+        acc: Option<Tensor<'m>>,
+        weight: Option<usize>,
+    ) -> Tensor<'m> {
+        if let Some(p) = weight {
+            let partial = self.temp(4 * LIGER_SM_COUNT * w);
+            if self.grads.bytes == 4 {
+                self.grad(p);
+            } else {
+                let sum = self.temp(4 * w);
+                self.grad(p);
+                self.free(sum);
+            }
+            self.free(partial);
+        }
+        self.release(kept.rsqrt);
+        match kept.x {
+            Some(x) => self.release(x),
+            // The first layer's input under PEFT is the embedding's output made to require a
+            // gradient (`enable_input_require_grads`): a leaf, which its `AccumulateGrad`
+            // holds until the backward's graph goes.
+            None if self.layer == Some(0) && !self.d.full => {}
+            None => {
+                if let Some(input) = self.kept.input.take().or(self.kept.checkpoint.take()) {
+                    self.free(input);
+                }
+            }
+        }
+        let Some(acc) = acc else { return g };
+        let sum = self.temp(self.d.stream * self.d.t * w);
+        self.free(acc);
+        self.free(g);
         sum
     }
 

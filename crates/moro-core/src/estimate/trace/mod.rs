@@ -13,6 +13,7 @@ mod chunked_nll;
 mod decoder_layer;
 mod delta_weight;
 mod dora;
+mod fused_linear_ce;
 pub mod generate;
 mod levels;
 mod params;

@@ -48,6 +48,7 @@ use super::chunked_nll::ChunkedNll;
 use super::decoder_layer::{self, DecoderLayer, Grads, Kept, Mode};
 use super::delta_weight::{self, DeltaModule};
 use super::dora::{self, DoraModule};
+use super::fused_linear_ce::FusedLinearCe;
 use super::params::{Param, params};
 use super::shapes::{attention_maps, encoder_tensors, saved_tensors};
 use super::{Builder, Replayed, Tensor, Trace};
@@ -341,6 +342,8 @@ struct Step<'m, 'j> {
     /// Liger's fused linear cross-entropy ([`LossImpl::Fused`]): its chunk buffers, made
     /// and dropped in the forward; no logits.
     fused_chunk: Option<u64>,
+    /// Liger's fused linear cross-entropy tensor by tensor, after the final norm op by op.
+    fused: Option<FusedLinearCe>,
     /// TRL's `chunked_nll` ([`LossImpl::ChunkedNll`]): no logits, 256-token chunks.
     chunked: Option<ChunkedNll>,
     /// A 4-bit matmul's dequantized weight.
@@ -515,7 +518,27 @@ impl<'m, 'j> Step<'m, 'j> {
         };
         // A prompt or prefix embedding's gradient is made once every layer's is.
         firsts.extend(n..ps.len());
+        let ops = decoder_layer::models(model, job, r)
+            .then(|| DecoderLayer::new(model, job, r, device, &ps, &ranges));
+        let traces_head = ops.as_ref().is_some_and(DecoderLayer::traces_final_norm)
+            && !model.logit_softcapping
+            && !job.compile
+            && !encoder;
+        let fused =
+            (traces_head && r.loss == LossImpl::Fused && job.liger.fused_linear_cross_entropy)
+                .then(|| FusedLinearCe {
+                    batch: job.micro_batch_size,
+                    tokens: t,
+                    hidden: model.hidden_size,
+                    vocab: model.vocab_size,
+                    input_bytes: r.stream_bytes,
+                    weight_bytes: ps[heads[0]].dtype_bytes,
+                    autocast: r.autocast,
+                })
+                .filter(|f| f.models(full));
+        // Liger's loss casts lm_head within each chunk where it casts it at all.
         let head_copy = if r.autocast
+            && fused.is_none()
             && (r.frozen_fp32_head
                 || full && !encoder && r.autocast_weight_copies && r.param_bytes == 4)
         {
@@ -523,27 +546,18 @@ impl<'m, 'j> Step<'m, 'j> {
         } else {
             0
         };
-        let ops = decoder_layer::models(model, job, r)
-            .then(|| DecoderLayer::new(model, job, r, device, &ps, &ranges));
-        let final_norm = ops
-            .as_ref()
-            .is_some_and(|o| {
-                o.traces_final_norm()
-                    && r.loss == LossImpl::Standard
-                    && !model.logit_softcapping
-                    && head_copy == 0
-                    && !job.compile
-            })
-            .then(|| {
-                let weight = ps
-                    .iter()
-                    .position(|p| p.name == "final_norm")
-                    .filter(|&j| ps[j].trainable);
-                if let Some(j) = weight {
-                    firsts.retain(|&f| f != j);
-                }
-                weight
-            });
+        let final_norm = (traces_head
+            && (r.loss == LossImpl::Standard && head_copy == 0 || fused.is_some()))
+        .then(|| {
+            let weight = ps
+                .iter()
+                .position(|p| p.name == "final_norm")
+                .filter(|&j| ps[j].trainable);
+            if let Some(j) = weight {
+                firsts.retain(|&f| f != j);
+            }
+            weight
+        });
         let chunked = (r.loss == LossImpl::ChunkedNll && !encoder).then(|| ChunkedNll {
             batch: job.micro_batch_size,
             tokens: t,
@@ -574,6 +588,7 @@ impl<'m, 'j> Step<'m, 'j> {
             chunked,
             fused_chunk: (r.loss == LossImpl::Fused)
                 .then(|| super::super::loss::Loss::new(model, job, r, 1).forward_transient),
+            fused,
             dequant: weights::dequant_transient(model, job, r),
             modules_by_layer,
             head_copy,
@@ -824,11 +839,17 @@ impl<'m, 'j> Step<'m, 'j> {
         };
         let mut final_norm = None;
         let mut norm_output = None;
-        if let Some((kept, out)) = self
+        if let Some((mut kept, out)) = self
             .final_norm
             .and(self.ops.as_ref())
             .and_then(|o| o.norm_forward(b))
         {
+            // Liger's norm saves the last layer's output itself.
+            if self.ops.as_ref().is_some_and(DecoderLayer::saves_input)
+                && let Some(x) = hidden.take()
+            {
+                kept.hold_input(x);
+            }
             final_norm = Some(kept);
             norm_output = Some(out);
         } else {
@@ -861,6 +882,16 @@ impl<'m, 'j> Step<'m, 'j> {
         let mut gathered = None;
         if let Some(c) = chunked {
             gathered = Some(c.forward(b));
+        } else if let Some(f) = self.fused {
+            flce = Some(f.forward(b, |b| {
+                if self.full {
+                    self.grads_of(b, held, &self.heads);
+                }
+            }));
+            // The final norm's output goes as the model's forward returns.
+            if let Some(out) = norm_output.take() {
+                b.free(out);
+            }
         } else if let Some(chunk) = self.fused_chunk {
             // Liger 0.8.5 `ops/fused_linear_cross_entropy.py`: the input's gradient
             // (T·h, the input's dtype) is filled chunk by chunk in the forward, each chunk's
