@@ -555,3 +555,44 @@ fn usage_errors_are_exit_2() {
         "field `model.base`",
     );
 }
+
+/// The README's `moro run` transcript is what the binary prints: its recipe, run as the
+/// README shows it (two out-of-memory starts in a 24 GiB budget), gives the README's `moro:`
+/// lines, the config directory aside (the README's is `/tmp/demo-config`).
+#[test]
+fn readme_heal_transcript_is_true() {
+    let readme = include_str!("../../../README.md");
+    let start = readme
+        .find("$ cat moro.yaml\n")
+        .expect("the transcript is in the README");
+    let block = &readme[start..start + readme[start..].find("\n```").unwrap()];
+    let recipe: String = block
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.starts_with('$'))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let case = Case::new(&recipe);
+    let out = case.run(
+        &[
+            "--memory",
+            "24GiB",
+            "--output-dir",
+            "out",
+            "--resume-flag",
+            "hf",
+        ],
+        &[("FAKE_OOM_STARTS", "2"), ("FAKE_BUDGET_MIB", "24576")],
+    );
+    let config = case.path("config");
+    let printed = stderr(&out).replace(&*config.to_string_lossy(), "/tmp/demo-config");
+    let moro_lines = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| l.starts_with("moro: "))
+            .map(str::to_owned)
+            .collect()
+    };
+    let shown = moro_lines(block);
+    assert!(shown.len() >= 8, "{block}");
+    assert_eq!(shown, moro_lines(&printed));
+}
