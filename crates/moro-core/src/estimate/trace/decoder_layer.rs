@@ -42,6 +42,16 @@
 //! Where no adapter or scaling trains in q's or k's projection, a layer whose input needs no
 //! gradient drops the attention kernel's gradient of it at once.
 //!
+//! VeRA (PEFT 0.21 `vera.Linear.forward`, fp32 vectors and shared matrices, under autocast)
+//! runs each adapted projection's input through autocast's copies of the sliced shared
+//! matrices and scales each matmul's output by its fp32 vector ([`vera_forward`],
+//! [`Backward::vera_linear`]).
+//!
+//! Liger's kernels (liger-kernel 0.8.5, as the Trainer applies them) replace the norms, RoPE
+//! and the MLP's activation: `LigerRMSNorm` saves its input itself and writes the input's
+//! gradient into the incoming one, RoPE rotates q and k in place, and SwiGLU writes its
+//! gradients into the gate's and up's saved outputs.
+//!
 //! A full fine-tune of a bf16 model without autocast runs the same layer with every
 //! projection and norm trainable and no adapters: each projection saves its 16-bit input for
 //! its weight's gradient, each norm its 16-bit cast, and the backward makes each weight's
@@ -133,11 +143,14 @@ pub(super) fn models(model: &ModelSpec, job: &Job, r: &Regime) -> bool {
     // IA³ with fp32 vectors: `mul` promotes the 16-bit activations to fp32 and `.to` casts
     // them back, under autocast or without it (neither op is on its lists).
     let ia3 = frozen_16_bit && r.adapter_bytes == 4 && job.adapter.method == PeftKind::Ia3;
+    // VeRA with fp32 vectors and shared matrices under autocast.
+    let vera =
+        frozen_16_bit && r.adapter_bytes == 4 && r.autocast && job.adapter.method == PeftKind::Vera;
     // Liger's RMSNorm, SwiGLU and RoPE (liger-kernel 0.8.5, the Trainer's instance patch)
     // are traced under LoRA, QLoRA and full fine-tunes; under the other methods the layers
     // stay coarse.
     let liger = job.liger.rms_norm || job.liger.glu || job.liger.rope;
-    (lora || full || !liger && (prompt || ia3))
+    (lora || full || !liger && (prompt || ia3 || vera))
         && job.padding == Padding::Packed
         && llama_style(model)
 }
@@ -309,11 +322,25 @@ struct Scaled {
     saves_scaling: bool,
 }
 
+/// The saved tensors of a projection VeRA adapts ([`vera_forward`]).
+#[derive(Debug, Clone, Copy)]
+struct Veraed {
+    /// Autocast's 16-bit copy of the sliced `vera_A` (kept where the input needs a gradient).
+    a: usize,
+    /// `vera_A`'s output, kept for `λd`'s gradient.
+    a_out: usize,
+    /// Autocast's 16-bit copy of the sliced `vera_B`, kept for `λd`'s path.
+    b: usize,
+    /// `vera_B`'s output, kept for `λb`'s gradient.
+    b_out: usize,
+}
+
 /// The saved tensors of the projections' adapters, by projection.
 #[derive(Debug, Default)]
 struct Modules {
     adapters: [Option<Adapter>; 7],
     scaled: [Option<Scaled>; 7],
+    vera: [Option<Veraed>; 7],
 }
 
 /// What the attention kernel saves.
@@ -358,6 +385,7 @@ struct Roles {
     qk_norms: [Option<NormKept>; 2],
     adapters: [Option<Adapter>; 7],
     scaled: [Option<Scaled>; 7],
+    vera: [Option<Veraed>; 7],
     /// The 16-bit input each projection saves as is and releases in its backward.
     inputs: [Option<usize>; 7],
     v: usize,
@@ -389,6 +417,8 @@ struct Dims {
     adapted: [bool; 7],
     /// IA³ scales the projection.
     scales: [Option<Scale>; 7],
+    /// VeRA adapts the projection.
+    vera: [bool; 7],
     /// LoRA's dropout is on (`lora_dropout > 0`).
     dropout: bool,
     /// bf16 autocast (else fp32 adapters on a 16-bit model).
@@ -450,7 +480,7 @@ impl Dims {
     /// Projection `m`'s output needs a gradient even where its input needs none: an adapter
     /// or a scaling trains in it.
     const fn trains_in(&self, m: usize) -> bool {
-        self.adapted[m] || self.scales[m].is_some()
+        self.adapted[m] || self.scales[m].is_some() || self.vera[m]
     }
     const fn width_in(&self, m: usize) -> u64 {
         match m {
@@ -475,8 +505,8 @@ pub(super) struct DecoderLayer {
     d: Dims,
     first: (Tape, Roles),
     rest: (Tape, Roles),
-    /// Each layer's `lora_A` and `lora_B` per projection, indices into the step's
-    /// parameters.
+    /// Each layer's `lora_A` and `lora_B` per projection (a VeRA module's `λb` and `λd`),
+    /// indices into the step's parameters.
     params: Vec<[Option<(usize, usize)>; 7]>,
     /// Each layer's IA³ `ia3_l` per projection.
     scalings: Vec<[Option<usize>; 7]>,
@@ -592,6 +622,11 @@ fn linear_forward(
         saves.scaled[m] = Some(scaled);
         return y;
     }
+    if d.vera[m] {
+        let (y, veraed) = vera_forward(tp, d, m, kind, needs_input);
+        saves.vera[m] = Some(veraed);
+        return y;
+    }
     let (i, o, r, t) = (d.width_in(m), d.width_out(m), d.rank, d.t);
     if !d.adapted[m] {
         if needs_input {
@@ -686,6 +721,49 @@ fn scaled_forward(
         saves_scaling: needs_input,
     };
     (y, scaled)
+}
+
+/// Projection `m` under PEFT 0.21 `vera.Linear.forward` with fp32 `λd`, `λb` and shared
+/// `vera_A`, `vera_B` under autocast: the frozen matmul; the input cast to fp32
+/// (`_cast_input_dtype`); `F.linear` on the sliced `vera_A` (autocast's 16-bit copy of it,
+/// then of the input); `λd` times that (fp32: `mul` promotes); `F.linear` on the sliced
+/// `vera_B` (its copy, then the product's); `λb` times that (fp32); the sum with the base
+/// output (fp32) and its cast back. Each `mul` keeps the 16-bit operand its vector's gradient
+/// needs; `vera_B`'s copy is kept for `λd`'s path, `vera_A`'s where the input needs a
+/// gradient.
+fn vera_forward(
+    tp: &mut Tape,
+    d: &Dims,
+    m: usize,
+    kind: Kind,
+    needs_input: bool,
+) -> (usize, Veraed) {
+    let (i, o, r, t) = (d.width_in(m), d.width_out(m), d.rank, d.t);
+    let base = tp.temp(2 * t * o, "frozen matmul output");
+    let x32 = tp.temp(4 * t * i, "VeRA input fp32");
+    let a_kind = if needs_input { Kind::Saved } else { Kind::Temp };
+    let a = tp.alloc(2 * r * i, "vera_A copy", Some(m), a_kind);
+    let x16 = tp.temp(2 * t * i, "VeRA input cast");
+    let a_out = tp.saved(2 * t * r, "vera_A output", Some(m));
+    tp.free(x16);
+    tp.last_use(a);
+    let by_d = tp.temp(4 * t * r, "λd product");
+    tp.release(a_out);
+    let b = tp.saved(2 * o * r, "vera_B copy", Some(m));
+    let d16 = tp.temp(2 * t * r, "λd product cast");
+    let b_out = tp.saved(2 * t * o, "vera_B output", Some(m));
+    tp.release(b);
+    tp.free(d16);
+    tp.free(by_d);
+    let by_b = tp.temp(4 * t * o, "λb product");
+    tp.release(b_out);
+    let sum = tp.temp(4 * t * o, "VeRA sum");
+    tp.free(by_b);
+    tp.free(base);
+    let y = tp.alloc(2 * t * o, "VeRA output", Some(m), kind);
+    tp.free(sum);
+    tp.free(x32);
+    (y, Veraed { a, a_out, b, b_out })
 }
 
 /// An adapted projection's adapter branch under autocast, up to its scaled output, on an
@@ -1234,6 +1312,7 @@ fn layer_forward(d: &Dims, first: bool) -> (Tape, Roles) {
         inputs,
         adapters: saves.adapters,
         scaled: saves.scaled,
+        vera: saves.vera,
         v,
         q_rot,
         k_rot,
@@ -1387,6 +1466,7 @@ impl DecoderLayer {
             job.method.is_peft() && job.adapter.method == kind && job.adapts(l)
         };
         let adapted = linears.map(|l| l.is_some_and(|l| peft(PeftKind::Lora, l)));
+        let vera = linears.map(|l| l.is_some_and(|l| peft(PeftKind::Vera, l)));
         let scales = linears.map(|l| {
             l.filter(|l| peft(PeftKind::Ia3, l)).map(|l| {
                 if weights::ia3_feedforward(model, job, l) {
@@ -1409,6 +1489,7 @@ impl DecoderLayer {
             rank: job.adapter.rank,
             adapted,
             scales,
+            vera,
             dropout: job.adapter.dropout > 0.0,
             autocast: r.autocast,
             adapter_copies: r.autocast && r.adapter_bytes == 4,
@@ -1434,7 +1515,15 @@ impl DecoderLayer {
         };
         let params = ranges
             .iter()
-            .map(|range| NAMES.map(|n| find(range, n, "lora_A").zip(find(range, n, "lora_B"))))
+            .map(|range| {
+                NAMES.map(|n| {
+                    find(range, n, "lora_A")
+                        .zip(find(range, n, "lora_B"))
+                        .or_else(|| {
+                            find(range, n, "vera_lambda_b").zip(find(range, n, "vera_lambda_d"))
+                        })
+                })
+            })
             .collect();
         let scalings = ranges
             .iter()
@@ -1756,7 +1845,8 @@ struct Backward<'a, 'b, 'm> {
     layer: Option<u64>,
     kept: &'a mut Kept<'m>,
     grads: &'a mut Grads<'b, 'm>,
-    /// This layer's `lora_A` and `lora_B` per projection, indices into the parameters.
+    /// This layer's `lora_A` and `lora_B` per projection (a VeRA module's `λb` and `λd`),
+    /// indices into the parameters.
     params: [Option<(usize, usize)>; 7],
     /// This layer's `ia3_l` per projection.
     scalings: [Option<usize>; 7],
@@ -1783,6 +1873,12 @@ impl<'m> Backward<'_, '_, 'm> {
         if let Some(t) = self.kept.take(i) {
             self.b.free(t);
         }
+    }
+    /// The layer's input is a leaf: the first layer's under PEFT is the embedding's output
+    /// made to require a gradient (`enable_input_require_grads`), which its
+    /// `AccumulateGrad` holds until the backward's graph goes, after the layer's backward.
+    fn input_is_leaf(&self) -> bool {
+        self.layer == Some(0) && !self.d.full
     }
     /// A saved tensor that goes on as a gradient (the backward wrote into it).
     fn take(&mut self, i: usize) -> Tensor<'m> {
@@ -1941,6 +2037,9 @@ impl<'m> Backward<'_, '_, 'm> {
         if let Some(scaled) = roles.scaled[m] {
             return self.scaled_linear(m, scaled, g, free_g, sum, needs_input);
         }
+        if let Some(v) = roles.vera[m] {
+            return self.vera_linear(m, v, g, free_g, sum, needs_input);
+        }
         let (i, t) = (d.width_in(m), d.t);
         if d.full {
             // `MmBackward`: the weight's gradient (it becomes `.grad`), then the input's,
@@ -2093,6 +2192,101 @@ impl<'m> Backward<'_, '_, 'm> {
         sum
     }
 
+    /// Projection `m`'s backward under VeRA ([`vera_forward`]) from `g` (freed where
+    /// `free_g`), its input's gradient summed into `sum` where `needs_input`: the cast
+    /// back's fp32 gradient, the base output's 16-bit share of it, then down the adapter
+    /// (`λb`'s `mul`: the operand's gradient, then `λb`'s; `vera_B`'s matmul; the cast; `λd`'s
+    /// `mul`; `vera_A`'s matmul and the input's two casts), each saved tensor dropped after
+    /// its op, and the frozen matmul's input gradient last.
+    fn vera_linear(
+        &mut self,
+        m: usize,
+        v: Veraed,
+        g: Tensor<'m>,
+        free_g: bool,
+        mut sum: Option<Tensor<'m>>,
+        needs_input: bool,
+    ) -> Option<Tensor<'m>> {
+        let d = *self.d;
+        let (i, o, r, t) = (d.width_in(m), d.width_out(m), d.rank, d.t);
+        let (lambda_b, lambda_d) = match self.params[m] {
+            Some((b, d)) => (Some(b), Some(d)),
+            None => (None, None),
+        };
+        let g32 = self.temp(4 * t * o);
+        if free_g {
+            self.free(g);
+        }
+        // The base output's share: cast to its 16-bit dtype where the input needs a gradient.
+        let g_base = needs_input.then(|| self.temp(2 * t * o));
+        // `λb · b_out`, then `λd · a_out`: `MulBackward0` makes the operand's gradient, then
+        // the vector's (summed over the tokens); the engine casts the operand's to 16 bits.
+        // A recomputed saved operand goes as the function returns, else after the incoming
+        // gradient.
+        let g_out = self.vector_mul(lambda_b, v.b_out, g32, 4 * t * o);
+        // `vera_B`'s matmul, the cast of `λd`'s product.
+        let g_d16 = self.temp(2 * t * r);
+        self.drop_saved_then(v.b, g_out);
+        let g_d = self.cast(g_d16, 4 * t * r);
+        let g_a = self.vector_mul(lambda_d, v.a_out, g_d, 4 * t * r);
+        match g_base {
+            Some(g_base) => {
+                let g_x16 = self.temp(2 * t * i);
+                self.drop_saved_then(v.a, g_a);
+                let g_x32 = self.cast(g_x16, 4 * t * i);
+                let g_x = self.cast(g_x32, 2 * t * i);
+                sum = Some(self.accumulate(sum, g_x, 2 * t * i));
+                let g_in = self.temp(2 * t * i);
+                self.free(g_base);
+                sum = Some(self.accumulate(sum, g_in, 2 * t * i));
+            }
+            None => self.free(g_a),
+        }
+        sum
+    }
+
+    /// `MulBackward0` of a trainable fp32 vector (`vector`, a parameter index) times a saved
+    /// 16-bit `operand`, from its fp32 incoming gradient `g` (of `bytes`, freed): the
+    /// operand's gradient and the vector's, the vector's summed into its `.grad`, the
+    /// operand's cast to 16 bits. Returns the operand's.
+    fn vector_mul(
+        &mut self,
+        vector: Option<usize>,
+        operand: usize,
+        g: Tensor<'m>,
+        bytes: u64,
+    ) -> Tensor<'m> {
+        let for_operand = self.temp(bytes);
+        let for_vector = self.temp(bytes);
+        if let Some(p) = vector {
+            self.grad(p);
+        }
+        let recomputed = self.kept.recomputed;
+        if recomputed {
+            self.release(operand);
+        }
+        self.free(for_vector);
+        let cast = self.cast(for_operand, bytes / 2);
+        self.free(g);
+        if !recomputed {
+            self.release(operand);
+        }
+        cast
+    }
+
+    /// The end of a backward function that read the saved tensor `saved` and was handed
+    /// `incoming`: a recomputed saved tensor goes as the function returns, before the
+    /// incoming gradient; else after it.
+    fn drop_saved_then(&mut self, saved: usize, incoming: Tensor<'m>) {
+        if self.kept.recomputed {
+            self.release(saved);
+            self.free(incoming);
+        } else {
+            self.free(incoming);
+            self.release(saved);
+        }
+    }
+
     /// A `w`-wide RMSNorm's backward from `g` (freed): its input's gradient, summed into
     /// `acc` where given (the gradient the residual brought to the same tensor; freed).
     ///
@@ -2185,10 +2379,7 @@ impl<'m> Backward<'_, '_, 'm> {
         self.release(kept.rsqrt);
         match kept.x {
             Some(x) => self.release(x),
-            // The first layer's input under PEFT is the embedding's output made to require a
-            // gradient (`enable_input_require_grads`): a leaf, which its `AccumulateGrad`
-            // holds until the backward's graph goes.
-            None if self.layer == Some(0) && !self.d.full => {}
+            None if self.input_is_leaf() => {}
             None => {
                 if let Some(input) = self.kept.input.take().or(self.kept.checkpoint.take()) {
                     self.free(input);
@@ -2327,6 +2518,7 @@ impl<'m> Backward<'_, '_, 'm> {
             self.free(div);
             if x32.is_some()
                 && x32 == self.kept.checkpoint_after
+                && !self.input_is_leaf()
                 && let Some(c) = self.kept.checkpoint.take()
             {
                 self.free(c);
