@@ -210,10 +210,10 @@ pub const RUNNERS_UP: usize = 5;
 /// the closest configuration is the smallest of the whole space as judged without the step
 /// trace (within 3 % of the smallest estimated in full, `tests/search.rs`). Configurations
 /// are judged without keeping their estimates; the ones reported are estimated again in
-/// full.
+/// full, from the step traces their probes replayed (a cache of this search's own).
 #[must_use]
 pub fn search(model: &ModelSpec, space: &Space, caps: &Caps) -> Outcome {
-    search_cached(model, space, caps, None)
+    search_cached(model, space, caps, Some(&EstimateCache::default()))
 }
 
 /// [`search`], with estimates shared through `cache` with other searches of the same model
