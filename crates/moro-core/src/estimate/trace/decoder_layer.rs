@@ -2209,10 +2209,7 @@ impl<'m> Backward<'_, '_, 'm> {
     ) -> Option<Tensor<'m>> {
         let d = *self.d;
         let (i, o, r, t) = (d.width_in(m), d.width_out(m), d.rank, d.t);
-        let (lambda_b, lambda_d) = match self.params[m] {
-            Some((b, d)) => (Some(b), Some(d)),
-            None => (None, None),
-        };
+        let (lambda_b, lambda_d) = self.params[m].unzip();
         let g32 = self.temp(4 * t * o);
         if free_g {
             self.free(g);
