@@ -22,6 +22,12 @@ the number of shifted tokens; the memory traced is unchanged.
 `model.enable_input_require_grads()` after `get_peft_model`, so the first layer's input needs
 a gradient.
 
+`--liger` (with `--trl-peft` and `--events`) runs the step as `SFTTrainer` does with
+`use_liger_kernel=True`: TRL's loss is then the model's own (`loss_type` "nll"), which Liger's
+patch makes its fused linear cross-entropy (`step_events.py --liger`); `--matrix-trl-liger`
+writes `validation/oracle-traces/step-events-trl-liger.jsonl` (compact): QLoRA on the 2-layer
+Llama-3.1-8B with and without checkpointing and on Qwen2.5-7B, LoRA with checkpointing.
+
 `--events FILE` also writes the step's allocation sequence (`step_events.py`'s format);
 `--matrix FILE` regenerates the cases `crates/moro-core/tests/step_trace.rs` reads into
 `validation/oracle-traces/trl-chunked-nll.jsonl`; `--matrix-trl-peft` writes
@@ -186,17 +192,33 @@ def peft_matrix() -> list[list[str]]:
 
 
 PEFT_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-trl-peft.jsonl")
+LIGER_FIXTURE = os.path.join(ROOT, "validation", "oracle-traces", "step-events-trl-liger.jsonl")
 
 
-def run_peft_matrix(source: str | None) -> None:
-    """Runs [`peft_matrix`] each in its own process; writes the compact rows."""
+def liger_matrix() -> list[list[str]]:
+    """`--matrix-trl-liger`: [`peft_matrix`]'s jobs run with Liger's kernels."""
+    jobs = peft_matrix()
+    picked = [jobs[0], jobs[1], jobs[5], jobs[8]]
+    out = []
+    for a in picked:
+        a = list(a)
+        i = a.index("--label") + 1
+        a[i] = a[i] + "-liger"
+        out.append(a + ["--liger"])
+    return out
+
+
+def run_peft_matrix(source: str | None, liger: bool = False) -> None:
+    """Runs [`peft_matrix`] (or [`liger_matrix`]) each in its own process; writes the compact
+    rows."""
     import tempfile
 
     import step_events
 
-    tmp = PEFT_FIXTURE + ".tmp"
+    fixture = LIGER_FIXTURE if liger else PEFT_FIXTURE
+    tmp = fixture + ".tmp"
     with open(tmp, "w") as out:
-        for a in peft_matrix():
+        for a in liger_matrix() if liger else peft_matrix():
             with tempfile.NamedTemporaryFile(suffix=".jsonl") as f:
                 cmd = [sys.executable, os.path.abspath(__file__), "--trl-peft", "--events", f.name]
                 cmd += (["--trl-source", source] if source else []) + a
@@ -204,7 +226,7 @@ def run_peft_matrix(source: str | None) -> None:
                 row = json.loads(open(f.name).readline())
             print(a[a.index("--label") + 1], flush=True)
             out.write(json.dumps(step_events.compact(row, None), separators=(",", ":")) + "\n")
-    os.replace(tmp, PEFT_FIXTURE)
+    os.replace(tmp, fixture)
 
 
 def run_matrix(out: str, source: str | None) -> None:
@@ -254,25 +276,30 @@ def main() -> None:
     if "--trl-peft" in rest:
         sys.path.insert(0, ORACLE_DIR)
         rest = install_trl_peft(rest)
-    if rest == ["--matrix-trl-peft"]:
+    if rest in (["--matrix-trl-peft"], ["--matrix-trl-liger"]):
         sys.path.insert(0, HERE)
-        run_peft_matrix(source)
+        run_peft_matrix(source, liger=rest == ["--matrix-trl-liger"])
         return
     matrix, rest = take(rest, "--matrix")
     if matrix is not None:
         run_matrix(matrix, source)
         return
     events, rest = take(rest, "--events")
-    ns = load_chunked_loss(trl_source(source))
+    liger = "--liger" in rest
+    rest = [a for a in rest if a != "--liger"]
     sys.path.insert(0, ORACLE_DIR)
     sys.path.insert(0, HERE)
-    install_patch(ns)
+    if not liger:
+        ns = load_chunked_loss(trl_source(source))
+        install_patch(ns)
     if events is not None:
         import step_events
 
-        rec = step_events.run([a for a in rest if a != "--desc"], "--desc" in rest)
-        rec["loss"] = "trl chunked_nll"
+        rec = step_events.run([a for a in rest if a != "--desc"], "--desc" in rest, liger=liger)
+        rec["loss"] = "liger fused linear cross-entropy" if liger else "trl chunked_nll"
         rec["stack"] = "trl"
+        if liger:
+            rec["job"]["liger_kernel"] = True
         with open(events, "a") as f:
             f.write(json.dumps(rec) + "\n")
         print("peak_allocated %d bytes" % rec["peak_allocated_bytes"])
