@@ -216,8 +216,9 @@ enum Ev {
 }
 
 /// The SMs liger-kernel's RMSNorm backward gives a row of partial weight gradients each
-/// (`sm_count`, `ops/rms_norm.py`): an H100's or H200's 132 (an A100 has 108, an RTX 4090
-/// 128; the rows are fp32, 4·h bytes each, freed within the norm's backward).
+/// (`sm_count`, `ops/rms_norm.py`): an H100 SXM's or H200's 132 (an H100 PCIe has 114, an
+/// A100 108, an RTX 4090 128; the rows are fp32, 4·h bytes each, freed within the norm's
+/// backward).
 const LIGER_SM_COUNT: u64 = 132;
 
 /// One layer's forward as events over numbered tensors.
