@@ -16,6 +16,8 @@ model's own defaults), right after it is built.
 from __future__ import annotations
 
 SM_COUNT = 132
+# What a host read of a fake tensor returns: a count that scales values, not sizes.
+COUNTED_TOKENS = 1
 
 
 def install() -> None:
@@ -40,15 +42,17 @@ def install() -> None:
     torch.cuda.device.__enter__ = lambda self: None
     torch.cuda.device.__exit__ = lambda self, *a: False
 
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
     orig_item = torch.Tensor.item
 
     def item(self):
         try:
             return orig_item(self)
-        except Exception:
+        except DataDependentOutputException:
             # A fake tensor has no value: the only host reads in Liger's step are the
             # counts of tokens its losses average over, none ignored.
-            return NON_IGNORED[0]
+            return COUNTED_TOKENS
 
     torch.Tensor.item = item
 
@@ -75,5 +79,3 @@ def install() -> None:
 
     transformers.AutoModelForCausalLM.from_config = from_config
 
-
-NON_IGNORED = [1]

@@ -451,6 +451,10 @@ struct Dims {
     liger_glu: bool,
     /// Liger's RoPE, rotating q and k in place.
     liger_rope: bool,
+    /// The first layer's input is a leaf: under PEFT the embedding's output made to require
+    /// a gradient (`enable_input_require_grads`), not a full fine-tune's (the embedding's
+    /// backward made it) or prompt tuning's (the prompt's concatenation made it).
+    leaf_input: bool,
 }
 
 /// bitsandbytes 0.50 `Linear4bit` under PEFT 0.21 `lora.bnb.Linear4bit`.
@@ -1507,6 +1511,7 @@ impl DecoderLayer {
             liger_norm: job.liger.rms_norm,
             liger_glu: job.liger.glu,
             liger_rope: job.liger.rope,
+            leaf_input: job.method != Method::Full && job.adapter.method != PeftKind::PromptTuning,
         };
         // Parameter `p` of projection `name` in a layer's range of the step's parameters.
         let find = |range: &std::ops::Range<usize>, name: &str, p: &str| {
@@ -1875,11 +1880,10 @@ impl<'m> Backward<'_, '_, 'm> {
             self.b.free(t);
         }
     }
-    /// The layer's input is a leaf: the first layer's under PEFT is the embedding's output
-    /// made to require a gradient (`enable_input_require_grads`), which its
-    /// `AccumulateGrad` holds until the backward's graph goes, after the layer's backward.
+    /// The layer's input is a leaf ([`Dims::leaf_input`]), which its `AccumulateGrad` holds
+    /// until the backward's graph goes, after the layer's backward.
     fn input_is_leaf(&self) -> bool {
-        self.layer == Some(0) && !self.d.full
+        self.layer == Some(0) && self.d.leaf_input
     }
     /// A saved tensor that goes on as a gradient (the backward wrote into it).
     fn take(&mut self, i: usize) -> Tensor<'m> {

@@ -522,8 +522,7 @@ impl<'m, 'j> Step<'m, 'j> {
             .then(|| DecoderLayer::new(model, job, r, device, &ps, &ranges));
         let traces_head = ops.as_ref().is_some_and(DecoderLayer::traces_final_norm)
             && !model.logit_softcapping
-            && !job.compile
-            && !encoder;
+            && !job.compile;
         let fused =
             (traces_head && r.loss == LossImpl::Fused && job.liger.fused_linear_cross_entropy)
                 .then(|| FusedLinearCe {
